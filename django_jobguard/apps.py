@@ -1,0 +1,18 @@
+"""App configuration: wires settings reloads, system checks and task discovery."""
+
+from django.apps import AppConfig
+from django.core.signals import setting_changed
+from django.utils.translation import gettext_lazy as _
+
+
+class JobguardConfig(AppConfig):
+    name = "django_jobguard"
+    label = "jobguard"
+    verbose_name = _("Jobguard")
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks, conf, registry  # noqa: F401 - checks register on import
+
+        setting_changed.connect(conf.reload, dispatch_uid="jobguard_settings_reload")
+        registry.autodiscover()

@@ -1,0 +1,67 @@
+"""Django system checks (``jobguard.E0xx`` errors, ``jobguard.W0xx`` warnings).
+
+IDs are listed in docs/reference/checks.md; a retired ID is never reused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+
+
+@checks.register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.E001: the JOBGUARD setting is invalid."""
+    from .conf import get_settings
+
+    try:
+        get_settings()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), hint="See docs/reference/settings.md.", id="jobguard.E001")]
+    return []
+
+
+@checks.register(checks.Tags.database)
+def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.E002: unsupported database; jobguard.W001: SQLite without IMMEDIATE transactions."""
+    from django.db import connections
+
+    from .conf import get_settings
+
+    try:
+        alias = get_settings().database_alias
+    except ImproperlyConfigured:
+        return []
+    if alias not in connections.settings:
+        return [
+            checks.Error(
+                f"JOBGUARD['DATABASE_ALIAS'] is {alias!r}, which is not in DATABASES.",
+                hint="Name one of your DATABASES aliases.",
+                id="jobguard.E002",
+            )
+        ]
+    connection = connections[alias]
+    messages: list[checks.CheckMessage] = []
+    if connection.vendor not in ("postgresql", "sqlite"):
+        messages.append(
+            checks.Error(
+                f"django-jobguard supports PostgreSQL and SQLite; {alias!r} is {connection.vendor}.",
+                hint="Point JOBGUARD['DATABASE_ALIAS'] at a PostgreSQL or SQLite database.",
+                id="jobguard.E003",
+            )
+        )
+    elif connection.vendor == "sqlite":
+        options = connection.settings_dict.get("OPTIONS", {})
+        if options.get("transaction_mode") != "IMMEDIATE":
+            messages.append(
+                checks.Warning(
+                    "SQLite without OPTIONS['transaction_mode'] = 'IMMEDIATE': concurrent workers "
+                    "can fail with 'database is locked' when a transaction upgrades to a write.",
+                    hint="Set OPTIONS={'transaction_mode': 'IMMEDIATE', 'timeout': 20} "
+                    "(and 'init_command': 'PRAGMA journal_mode=WAL;').",
+                    id="jobguard.W001",
+                )
+            )
+    return messages

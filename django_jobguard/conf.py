@@ -1,0 +1,339 @@
+"""The ``JOBGUARD`` setting: every default, typed, in one place, validated on first use.
+
+Resolution order for per-job options (visibility timeout, attempts, retry schedule):
+the ``@task(...)`` option, then the queue's entry in ``JOBGUARD["QUEUES"]``, then the
+global default below. Top-level keys and group keys (``LOCKS``...) are upper case; queue
+options and retry policies are lower case because they mirror ``@task`` keyword arguments.
+
+Values are parsed once and cached; the cache is dropped on ``setting_changed`` so
+``override_settings(JOBGUARD=...)`` works in tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+__all__ = ["QueueConfig", "RetryPolicy", "Settings", "get_settings", "reload"]
+
+DEFAULT_VISIBILITY_TIMEOUT_SECONDS = 60
+DEFAULT_MAX_ATTEMPTS = 5
+
+#: Every setting with its default. The settings reference in docs/ is generated from this.
+DEFAULTS: dict[str, Any] = {
+    # Database alias that stores jobs, keys and dead letters. Enqueue joins the caller's
+    # transaction only when it runs on this alias.
+    "DATABASE_ALIAS": "default",
+    # Queue used when a task names none.
+    "DEFAULT_QUEUE": "default",
+    # Per-queue options: visibility_timeout, max_attempts, retry, recoverable_retry.
+    "QUEUES": {},
+    # Seconds a claimed job stays invisible to other workers without a heartbeat.
+    "VISIBILITY_TIMEOUT": DEFAULT_VISIBILITY_TIMEOUT_SECONDS,
+    # Attempts before a failing job is dead-lettered (the first run counts).
+    "MAX_ATTEMPTS": DEFAULT_MAX_ATTEMPTS,
+    # Backoff for transient errors: min(max, base * 2**(attempt-1)) + uniform(0, jitter).
+    "RETRY": {"base": 5.0, "max": 300.0, "jitter": 3.0},
+    # Backoff for recoverable errors (a degraded dependency): the same formula, longer.
+    "RECOVERABLE_RETRY": {"base": 60.0, "max": 3600.0, "jitter": 30.0},
+    # How an exception that is not classified is treated: "transient" or "permanent".
+    "UNCLASSIFIED_ERRORS": "transient",
+    # Handler version recorded on jobs and dead letters when a task names none.
+    "HANDLER_VERSION": "",
+    # Worker: seconds an idle worker waits between polls (LISTEN/NOTIFY wakes it sooner).
+    "POLL_INTERVAL": 1.0,
+    # Worker: seconds between passes of the reaper over expired leases.
+    "REAPER_INTERVAL": 2.0,
+    # Worker: jobs claimed per round trip; 0 means twice the concurrency.
+    "BATCH_SIZE": 0,
+    # Worker: seconds in-flight jobs get to finish after SIGTERM before they are handed back.
+    "SHUTDOWN_GRACE": 30.0,
+    "LOCKS": {
+        # "database" (embedded default, any database) or "redis" (django-redis).
+        "BACKEND": "database",
+        # Cache alias whose django-redis connection the redis back end uses.
+        "CACHE_ALIAS": "default",
+        # Prefix of every lock key, so keys read jobguard:lock:order:123.
+        "PREFIX": "jobguard:lock:",
+        # Seconds a task lock lives without renewal; the heartbeat renews it.
+        "TTL": 30.0,
+        # Seconds a job waits before it is retried when its lock is taken (no attempt used).
+        "CONTENTION_DELAY": 2.0,
+    },
+    "IDEMPOTENCY": {
+        # Seconds an idempotency key is remembered after it was created.
+        "TTL": 7 * 24 * 3600.0,
+        # Let each worker prune expired keys while idle.
+        "PRUNE_IN_WORKER": False,
+    },
+    "REPLAY": {
+        # Let the user who requested a replay approve it too.
+        "ALLOW_SELF_APPROVAL": False,
+        # Approved replays redriven per minute at most, across all workers.
+        "RATE_PER_MINUTE": 60,
+    },
+}
+
+_QUEUE_OPTIONS = {"visibility_timeout", "max_attempts", "retry", "recoverable_retry"}
+_RETRY_KEYS = {"base", "max", "jitter"}
+_CLASSIFICATIONS = {"transient", "permanent"}
+_LOCK_BACKENDS = {"database", "redis"}
+
+
+def _key(*parts: str) -> str:
+    return "JOBGUARD" + "".join(f"[{p!r}]" for p in parts)
+
+
+def _fail(path: tuple[str, ...], message: str) -> ImproperlyConfigured:
+    return ImproperlyConfigured(f"{_key(*path)} {message}")
+
+
+def _number(value: Any, path: tuple[str, ...], *, minimum: float = 0, allow_zero: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _fail(path, f"must be a number of seconds, not {value!r}.")
+    if value < minimum or (not allow_zero and value == 0):
+        raise _fail(
+            path, f"must be {'more than' if not allow_zero else 'at least'} {minimum}, not {value!r}."
+        )
+    return float(value)
+
+
+def _integer(value: Any, path: tuple[str, ...], *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _fail(path, f"must be an integer of at least {minimum}, not {value!r}.")
+    return value
+
+
+def _mapping(value: Any, path: tuple[str, ...]) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise _fail(path, f"must be a dict, not {type(value).__name__}.")
+    return value
+
+
+def _unknown(given: Mapping[str, Any], allowed: set[str], path: tuple[str, ...]) -> None:
+    extra = sorted(set(given) - allowed)
+    if extra:
+        raise _fail(
+            (*path, extra[0]),
+            f"is not a known setting; known keys here: {', '.join(sorted(allowed))}. "
+            "See docs/reference/settings.md.",
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Exponential backoff with jitter: ``min(max, base * 2**(attempt-1)) + uniform(0, jitter)``."""
+
+    base: float
+    max: float
+    jitter: float
+
+    @classmethod
+    def parse(cls, value: Any, path: tuple[str, ...], fallback: RetryPolicy | None = None) -> RetryPolicy:
+        """Build a policy from a dict, filling missing keys from ``fallback``."""
+        if isinstance(value, RetryPolicy):
+            return value
+        data = _mapping(value, path)
+        _unknown(data, _RETRY_KEYS, path)
+        merged = {**(dataclasses.asdict(fallback) if fallback else {}), **data}
+        missing = _RETRY_KEYS - set(merged)
+        if missing:
+            raise _fail((*path, sorted(missing)[0]), "is required.")
+        policy = cls(
+            base=_number(merged["base"], (*path, "base")),
+            max=_number(merged["max"], (*path, "max")),
+            jitter=_number(merged["jitter"], (*path, "jitter")),
+        )
+        if policy.max < policy.base:
+            raise _fail((*path, "max"), f"({policy.max}) must not be below base ({policy.base}).")
+        return policy
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """Options of one queue, already merged with the global defaults."""
+
+    name: str
+    visibility_timeout: float
+    max_attempts: int
+    retry: RetryPolicy
+    recoverable_retry: RetryPolicy
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LockSettings:
+    """``JOBGUARD["LOCKS"]``."""
+
+    backend: str
+    cache_alias: str
+    prefix: str
+    ttl: float
+    contention_delay: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class IdempotencySettings:
+    """``JOBGUARD["IDEMPOTENCY"]``."""
+
+    ttl: float
+    prune_in_worker: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplaySettings:
+    """``JOBGUARD["REPLAY"]``."""
+
+    allow_self_approval: bool
+    rate_per_minute: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settings:
+    """The parsed, validated ``JOBGUARD`` setting."""
+
+    database_alias: str
+    default_queue: str
+    visibility_timeout: float
+    max_attempts: int
+    retry: RetryPolicy
+    recoverable_retry: RetryPolicy
+    unclassified_errors: str
+    handler_version: str
+    poll_interval: float
+    reaper_interval: float
+    batch_size: int
+    shutdown_grace: float
+    locks: LockSettings
+    idempotency: IdempotencySettings
+    replay: ReplaySettings
+    queues: Mapping[str, QueueConfig]
+
+    def queue(self, name: str) -> QueueConfig:
+        """The configuration of queue ``name`` (global defaults for queues not listed)."""
+        config = self.queues.get(name)
+        if config is None:
+            config = QueueConfig(
+                name=name,
+                visibility_timeout=self.visibility_timeout,
+                max_attempts=self.max_attempts,
+                retry=self.retry,
+                recoverable_retry=self.recoverable_retry,
+            )
+        return config
+
+
+def _string(value: Any, path: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or not value:
+        raise _fail(path, f"must be a non-empty string, not {value!r}.")
+    return value
+
+
+def _boolean(value: Any, path: tuple[str, ...]) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(path, f"must be True or False, not {value!r}.")
+    return value
+
+
+def _group(raw: Mapping[str, Any], name: str) -> dict[str, Any]:
+    given = _mapping(raw.get(name, {}), (name,))
+    _unknown(given, set(DEFAULTS[name]), (name,))
+    return {**DEFAULTS[name], **given}
+
+
+def parse(raw: Any) -> Settings:
+    """Validate ``raw`` (the ``JOBGUARD`` dict) and return the typed settings."""
+    raw = _mapping(raw if raw is not None else {}, ())
+    _unknown(raw, set(DEFAULTS), ())
+    merged = {**DEFAULTS, **raw}
+
+    retry = RetryPolicy.parse(merged["RETRY"], ("RETRY",), RetryPolicy.parse(DEFAULTS["RETRY"], ("RETRY",)))
+    recoverable = RetryPolicy.parse(
+        merged["RECOVERABLE_RETRY"],
+        ("RECOVERABLE_RETRY",),
+        RetryPolicy.parse(DEFAULTS["RECOVERABLE_RETRY"], ("RECOVERABLE_RETRY",)),
+    )
+    visibility = _number(merged["VISIBILITY_TIMEOUT"], ("VISIBILITY_TIMEOUT",), minimum=1)
+    attempts = _integer(merged["MAX_ATTEMPTS"], ("MAX_ATTEMPTS",), minimum=1)
+
+    queues: dict[str, QueueConfig] = {}
+    for name, options in _mapping(merged["QUEUES"], ("QUEUES",)).items():
+        path = ("QUEUES", str(name))
+        _string(name, path)
+        options = _mapping(options, path)
+        _unknown(options, _QUEUE_OPTIONS, path)
+        queues[name] = QueueConfig(
+            name=name,
+            visibility_timeout=_number(
+                options.get("visibility_timeout", visibility), (*path, "visibility_timeout"), minimum=1
+            ),
+            max_attempts=_integer(options.get("max_attempts", attempts), (*path, "max_attempts"), minimum=1),
+            retry=RetryPolicy.parse(options.get("retry", {}), (*path, "retry"), retry),
+            recoverable_retry=RetryPolicy.parse(
+                options.get("recoverable_retry", {}), (*path, "recoverable_retry"), recoverable
+            ),
+        )
+
+    unclassified = merged["UNCLASSIFIED_ERRORS"]
+    if unclassified not in _CLASSIFICATIONS:
+        raise _fail(
+            ("UNCLASSIFIED_ERRORS",), f"must be one of {sorted(_CLASSIFICATIONS)}, not {unclassified!r}."
+        )
+    if not isinstance(merged["HANDLER_VERSION"], str):
+        raise _fail(("HANDLER_VERSION",), "must be a string.")
+
+    locks = _group(raw, "LOCKS")
+    if locks["BACKEND"] not in _LOCK_BACKENDS:
+        raise _fail(
+            ("LOCKS", "BACKEND"), f"must be one of {sorted(_LOCK_BACKENDS)}, not {locks['BACKEND']!r}."
+        )
+    idem = _group(raw, "IDEMPOTENCY")
+    replay = _group(raw, "REPLAY")
+
+    return Settings(
+        database_alias=_string(merged["DATABASE_ALIAS"], ("DATABASE_ALIAS",)),
+        default_queue=_string(merged["DEFAULT_QUEUE"], ("DEFAULT_QUEUE",)),
+        visibility_timeout=visibility,
+        max_attempts=attempts,
+        retry=retry,
+        recoverable_retry=recoverable,
+        unclassified_errors=unclassified,
+        handler_version=merged["HANDLER_VERSION"],
+        poll_interval=_number(merged["POLL_INTERVAL"], ("POLL_INTERVAL",), allow_zero=False),
+        reaper_interval=_number(merged["REAPER_INTERVAL"], ("REAPER_INTERVAL",), allow_zero=False),
+        batch_size=_integer(merged["BATCH_SIZE"], ("BATCH_SIZE",), minimum=0),
+        shutdown_grace=_number(merged["SHUTDOWN_GRACE"], ("SHUTDOWN_GRACE",)),
+        locks=LockSettings(
+            backend=locks["BACKEND"],
+            cache_alias=_string(locks["CACHE_ALIAS"], ("LOCKS", "CACHE_ALIAS")),
+            prefix=_string(locks["PREFIX"], ("LOCKS", "PREFIX")),
+            ttl=_number(locks["TTL"], ("LOCKS", "TTL"), allow_zero=False),
+            contention_delay=_number(locks["CONTENTION_DELAY"], ("LOCKS", "CONTENTION_DELAY")),
+        ),
+        idempotency=IdempotencySettings(
+            ttl=_number(idem["TTL"], ("IDEMPOTENCY", "TTL"), allow_zero=False),
+            prune_in_worker=_boolean(idem["PRUNE_IN_WORKER"], ("IDEMPOTENCY", "PRUNE_IN_WORKER")),
+        ),
+        replay=ReplaySettings(
+            allow_self_approval=_boolean(replay["ALLOW_SELF_APPROVAL"], ("REPLAY", "ALLOW_SELF_APPROVAL")),
+            rate_per_minute=_integer(replay["RATE_PER_MINUTE"], ("REPLAY", "RATE_PER_MINUTE"), minimum=1),
+        ),
+        queues=queues,
+    )
+
+
+@functools.cache
+def get_settings() -> Settings:
+    """The current settings, parsed from ``django.conf.settings.JOBGUARD`` on first use."""
+    from django.conf import settings
+
+    return parse(getattr(settings, "JOBGUARD", None))
+
+
+def reload(**kwargs: Any) -> None:
+    """Drop the cached settings (connected to ``setting_changed``)."""
+    if kwargs.get("setting", "JOBGUARD") == "JOBGUARD":
+        get_settings.cache_clear()

@@ -1,0 +1,90 @@
+"""``JobContext``: what a ``takes_context=True`` handler learns about its own run."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import LeaseLost
+
+if TYPE_CHECKING:
+    from .task import Task
+
+__all__ = ["JobContext"]
+
+
+@dataclasses.dataclass(eq=False)
+class JobContext:
+    """Passed as the first argument to handlers of ``takes_context=True`` tasks.
+
+    ``idempotency_key`` is the job's key, to hand on to external services (for example
+    as a payment provider's idempotency key). ``checkpoint()`` records how far a
+    non-atomic handler got, so a retry can resume after the last finished phase.
+    ``lease_lost`` / ``lock_lost`` turn true when the heartbeat finds the job's lease or
+    lock gone: a long handler should check them between steps and stop.
+    """
+
+    task: Task[Any, Any]
+    job_id: int | None
+    attempt: int
+    max_attempts: int
+    queue_name: str
+    idempotency_key: str | None = None
+    lock_key: str = ""
+    fencing_token: int | None = None
+    worker_id: str = ""
+    _lease_token: str | None = dataclasses.field(default=None, repr=False)
+    _alias: str = dataclasses.field(default="default", repr=False)
+    _checkpoints: dict[str, Any] | None = dataclasses.field(default=None, repr=False)
+    _lease_lost: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
+    _lock_lost: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
+
+    @classmethod
+    def detached(cls, task: Task[Any, Any]) -> JobContext:
+        """A context for ``Task.call()``: no job, checkpoints kept in memory."""
+        return cls(task=task, job_id=None, attempt=1, max_attempts=1, queue_name="", _checkpoints={})
+
+    @property
+    def lease_lost(self) -> bool:
+        """True once the worker learnt that this job's lease expired and moved on."""
+        return self._lease_lost.is_set()
+
+    @property
+    def lock_lost(self) -> bool:
+        """True once the worker failed to renew this job's lock."""
+        return self._lock_lost.is_set()
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+    @property
+    def checkpoints(self) -> dict[str, Any]:
+        """Recovery points recorded by earlier attempts of this job (name → data)."""
+        if self._checkpoints is None:
+            from . import leasing
+
+            self._checkpoints = leasing.read_checkpoints(self._alias, self.job_id) if self.job_id else {}
+        return dict(self._checkpoints)
+
+    def get_checkpoint(self, name: str, default: Any = None) -> Any:
+        """The data recorded under ``name`` by this or an earlier attempt, or ``default``."""
+        return self.checkpoints.get(name, default)
+
+    def checkpoint(self, name: str, data: Any = True) -> None:
+        """Record that phase ``name`` finished, with JSON ``data``; fenced by the lease.
+
+        Raises :class:`LeaseLost` if the lease moved on, so the handler stops there.
+        """
+        from . import leasing
+        from .enqueue import normalize_json
+
+        data = normalize_json(data, f"checkpoint {name!r}")
+        current = self.checkpoints
+        current[name] = data
+        if self.job_id is not None:
+            if not leasing.write_checkpoints(self._alias, self.job_id, self._lease_token, current):
+                self._lease_lost.set()
+                raise LeaseLost(f"job {self.job_id}: lease lost before checkpoint {name!r}")
+        self._checkpoints = current

@@ -1,0 +1,81 @@
+"""Exceptions users raise from handlers and catch around enqueue and locks."""
+
+from __future__ import annotations
+
+
+class JobguardError(Exception):
+    """Base class of every exception django-jobguard raises."""
+
+
+class TaskError(JobguardError):
+    """Base class of the errors a handler raises to classify its own failure.
+
+    ``retry_after`` (seconds) asks for a specific delay before the next attempt,
+    for example the value of a rate limit's ``Retry-After`` header.
+    """
+
+    category = "transient"
+
+    def __init__(self, message: str = "", *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        if retry_after is not None and retry_after < 0:
+            raise ValueError("retry_after must be zero or more seconds")
+        self.retry_after = retry_after
+
+
+class TransientError(TaskError):
+    """A passing failure (timeout, dropped connection): retry with backoff and jitter."""
+
+    category = "transient"
+
+
+class RecoverableError(TaskError):
+    """A dependency is degraded: retry on the longer recoverable schedule."""
+
+    category = "recoverable"
+
+
+class PermanentError(TaskError):
+    """Retrying cannot help (invalid payload, broken invariant): dead-letter at once."""
+
+    category = "permanent"
+
+
+class InvalidTaskError(JobguardError):
+    """A task was declared with options that cannot work."""
+
+
+class UnknownTaskError(JobguardError, LookupError):
+    """No task is registered under that name."""
+
+
+class InvalidArgumentsError(JobguardError, TypeError):
+    """Arguments do not bind to the task's signature or are not JSON-serialisable."""
+
+
+class IdempotencyConflict(JobguardError):  # noqa: N818 - public name fixed by the design
+    """The idempotency key was used before with different arguments."""
+
+    def __init__(self, key: str, scope: str) -> None:
+        super().__init__(
+            f"Idempotency key {key!r} (scope {scope!r}) was already used with different "
+            "arguments; use a new key for a different business action."
+        )
+        self.key = key
+        self.scope = scope
+
+
+class LeaseLost(JobguardError):  # noqa: N818 - reads as a state, like Django's DoesNotExist
+    """The worker's lease on a job expired and the job moved on: its writes must not commit."""
+
+
+class LockUnavailable(JobguardError):  # noqa: N818 - public name fixed by the design
+    """The lock back end cannot be reached, so the lock cannot be taken."""
+
+
+class LockNotAcquired(JobguardError):  # noqa: N818 - reads as a state
+    """The lock is held by someone else (contention), or ours expired and was taken over."""
+
+
+class ReplayError(JobguardError):
+    """A replay transition is not allowed (wrong state, missing permission, self-approval)."""

@@ -1,0 +1,425 @@
+"""Claim, heartbeat, complete, requeue, dead-mark and reap: the one home of vendor SQL.
+
+Every write a worker makes to a job it holds matches ``id AND lease_token``. A claim
+writes a fresh random token, and every path that takes a job away from a worker (the
+reaper, a shutdown hand-back, an operator) clears it. So a worker whose lease expired
+and whose job moved on updates zero rows, raises :class:`LeaseLost`, and rolls back:
+it cannot commit a stale ack, retry or dead-letter.
+
+Lease times come from the database clock only (``statement_timestamp()`` /
+``strftime('now')``), never from the worker's, so a worker with a skewed clock can
+neither expire a live lease early nor start a job before its ``run_after``.
+
+The SQL is raw on purpose: this is the hot path (one statement per claim batch, one per
+ack) and the ORM cannot express ``FOR UPDATE SKIP LOCKED`` inside an ``UPDATE``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import select
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.db import connections
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ClaimedJob",
+    "Listener",
+    "claim",
+    "complete",
+    "heartbeat",
+    "mark_dead",
+    "reap",
+    "requeue",
+]
+
+#: Expired leases handled per reaper statement, so one pass never holds many row locks.
+REAP_BATCH = 200
+#: PostgreSQL channel the enqueue trigger notifies (payload: the queue name).
+NOTIFY_CHANNEL = "jobguard_jobs"
+
+_TABLE = "jobguard_job"
+_RETURNING = (
+    "id, task_name, queue_name, args, kwargs, priority, attempts, max_attempts, lease_token, "
+    "visibility_timeout, idempotency_key, lock_key, handler_version"
+)
+
+_RETURNING_J = ", ".join(f"j.{column}" for column in _RETURNING.split(", "))
+
+# PostgreSQL: statement_timestamp() is the database clock at the start of this statement.
+_PG_NOW = "statement_timestamp()"
+# SQLite: the same clock and the same text format Django stores datetimes in (UTC).
+_SQLITE_NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+
+
+@dataclasses.dataclass(slots=True)
+class ClaimedJob:
+    """A job a worker holds a lease on: just what running it needs, no model instance."""
+
+    id: int
+    task_name: str
+    queue_name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    priority: int
+    attempts: int
+    max_attempts: int
+    lease_token: str
+    visibility_timeout: float
+    idempotency_key: str | None
+    lock_key: str
+    handler_version: str
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> ClaimedJob:
+        args, kwargs = row[3], row[4]
+        return cls(
+            id=row[0],
+            task_name=row[1],
+            queue_name=row[2],
+            args=json.loads(args) if isinstance(args, str | bytes) else args,
+            kwargs=json.loads(kwargs) if isinstance(kwargs, str | bytes) else kwargs,
+            priority=row[5],
+            attempts=row[6],
+            max_attempts=row[7],
+            lease_token=row[8],
+            visibility_timeout=float(row[9]),
+            idempotency_key=row[10],
+            lock_key=row[11] or "",
+            handler_version=row[12] or "",
+        )
+
+
+def _vendor(alias: str) -> str:
+    vendor = connections[alias].vendor
+    if vendor not in ("postgresql", "sqlite"):
+        raise NotImplementedError(f"django-jobguard supports PostgreSQL and SQLite, not {vendor}.")
+    return vendor
+
+
+def _in(values: Sequence[Any]) -> str:
+    return ", ".join(["%s"] * len(values))
+
+
+def writes_while_busy(alias: str) -> bool:
+    """Whether another connection can write while a job's transaction is open.
+
+    True on PostgreSQL (row locks). False on SQLite, where an open write transaction
+    holds the whole database, so a running atomic job blocks every other write.
+    """
+    return _vendor(alias) == "postgresql"
+
+
+def claim(alias: str, queues: Sequence[str] | None, limit: int, worker_id: str) -> list[ClaimedJob]:
+    """Lease up to ``limit`` due jobs of ``queues`` (all queues if None) in one statement."""
+    if limit <= 0:
+        return []
+    vendor = _vendor(alias)
+    params: list[Any] = []
+    if vendor == "postgresql":
+        # SKIP LOCKED lets concurrent workers pass over rows another claim is taking,
+        # instead of queueing behind it; the partial index keeps the scan to queued rows.
+        queue_filter = ""
+        if queues:
+            queue_filter = "AND queue_name = ANY(%s) "
+            params.append(list(queues))
+        params += [limit, worker_id]
+        sql = (
+            f"WITH picked AS (SELECT id FROM {_TABLE} WHERE status = 'queued' {queue_filter}"
+            f"AND run_after <= {_PG_NOW} AND attempts < max_attempts "
+            "ORDER BY priority DESC, run_after, id LIMIT %s FOR UPDATE SKIP LOCKED) "
+            f"UPDATE {_TABLE} AS j SET status = 'running', attempts = j.attempts + 1, "
+            "lease_token = replace(gen_random_uuid()::text, '-', ''), "
+            f"lease_expires_at = {_PG_NOW} + j.visibility_timeout * interval '1 second', "
+            f"started_at = {_PG_NOW}, worker_id = %s "
+            f"FROM picked WHERE j.id = picked.id RETURNING {_RETURNING_J}"
+        )
+    else:
+        # SQLite has one writer at a time, so a single UPDATE ... WHERE id IN (SELECT ...)
+        # is already exclusive; the status re-check guards the statement all the same.
+        queue_filter = ""
+        if queues:
+            queue_filter = f"AND queue_name IN ({_in(queues)}) "
+            params += list(queues)
+        params = [worker_id, *params, limit]
+        sql = (
+            f"UPDATE {_TABLE} SET status = 'running', attempts = attempts + 1, "
+            "lease_token = lower(hex(randomblob(16))), "
+            "lease_expires_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', "
+            "'+' || visibility_timeout || ' seconds'), "
+            f"started_at = {_SQLITE_NOW}, worker_id = %s "
+            f"WHERE id IN (SELECT id FROM {_TABLE} WHERE status = 'queued' {queue_filter}"
+            f"AND run_after <= {_SQLITE_NOW} AND attempts < max_attempts "
+            "ORDER BY priority DESC, run_after, id LIMIT %s) AND status = 'queued' "
+            f"RETURNING {_RETURNING}"
+        )
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    jobs = [ClaimedJob.from_row(row) for row in rows]
+    jobs.sort(key=lambda job: (-job.priority, job.id))
+    return jobs
+
+
+def heartbeat(alias: str, leases: Iterable[tuple[int, str]]) -> set[int]:
+    """Extend the leases still held; the ids renewed (the others were lost)."""
+    leases = list(leases)
+    if not leases:
+        return set()
+    ids = [job_id for job_id, _ in leases]
+    tokens = [token for _, token in leases]
+    if _vendor(alias) == "postgresql":
+        # Tokens are random per claim, so matching id and token sets is exact enough.
+        sql = (
+            f"UPDATE {_TABLE} SET lease_expires_at = {_PG_NOW} + visibility_timeout * interval '1 second' "
+            "WHERE id = ANY(%s) AND lease_token = ANY(%s) RETURNING id"
+        )
+        params: list[Any] = [ids, tokens]
+    else:
+        sql = (
+            f"UPDATE {_TABLE} SET lease_expires_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', "
+            "'+' || visibility_timeout || ' seconds') "
+            f"WHERE id IN ({_in(ids)}) AND lease_token IN ({_in(tokens)}) RETURNING id"
+        )
+        params = [*ids, *tokens]
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, params)
+        return {row[0] for row in cursor.fetchall()}
+
+
+def complete(alias: str, job_id: int, lease_token: str, result_json: str) -> bool:
+    """Mark the job succeeded with its JSON result, if the lease is still ours."""
+    cast = "::jsonb" if _vendor(alias) == "postgresql" else ""
+    now = _PG_NOW if cast else _SQLITE_NOW
+    sql = (
+        f"UPDATE {_TABLE} SET status = 'succeeded', finished_at = {now}, lease_token = NULL, "
+        f"lease_expires_at = NULL, result = %s{cast} WHERE id = %s AND lease_token = %s"
+    )
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, [result_json, job_id, lease_token])
+        return bool(cursor.rowcount == 1)
+
+
+def requeue(
+    alias: str,
+    job_id: int,
+    lease_token: str,
+    *,
+    delay: float,
+    error: str | None,
+    refund_attempt: bool = False,
+    contention: bool = False,
+) -> bool:
+    """Give the job back to the queue, due after ``delay`` seconds, if the lease is ours.
+
+    A failed attempt keeps its count; a lock contention or a shutdown hand-back before
+    the handler started refunds it (``refund_attempt``).
+    """
+    failed = error is not None
+    if _vendor(alias) == "postgresql":
+        run_after = f"{_PG_NOW} + %s * interval '1 second'"
+        delay_param: Any = delay
+        now = _PG_NOW
+    else:
+        run_after = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
+        delay_param = f"+{delay:.6f} seconds"
+        now = _SQLITE_NOW
+    sets = [
+        "status = 'queued'",
+        "lease_token = NULL",
+        "lease_expires_at = NULL",
+        "worker_id = ''",
+        f"run_after = {run_after}",
+        f"attempts = attempts - {1 if refund_attempt else 0}",
+        f"lock_contentions = lock_contentions + {1 if contention else 0}",
+    ]
+    params: list[Any] = [delay_param]
+    if failed:
+        sets += ["last_error = %s", f"first_failed_at = COALESCE(first_failed_at, {now})"]
+        params.append(error)
+    sql = f"UPDATE {_TABLE} SET {', '.join(sets)} WHERE id = %s AND lease_token = %s"
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, [*params, job_id, lease_token])
+        return bool(cursor.rowcount == 1)
+
+
+def mark_dead(alias: str, job_id: int, lease_token: str, error: str) -> bool:
+    """Mark the job dead, if the lease is ours. Call inside the dead letter's transaction."""
+    now = _PG_NOW if _vendor(alias) == "postgresql" else _SQLITE_NOW
+    sql = (
+        f"UPDATE {_TABLE} SET status = 'dead', finished_at = {now}, lease_token = NULL, "
+        f"lease_expires_at = NULL, last_error = %s, first_failed_at = COALESCE(first_failed_at, {now}) "
+        "WHERE id = %s AND lease_token = %s"
+    )
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, [error, job_id, lease_token])
+        return bool(cursor.rowcount == 1)
+
+
+def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """Put expired leases back in their queue; report the out-of-attempts ones.
+
+    Returns ``(requeued, exhausted)``: ``(id, queue_name)`` of jobs made visible again
+    (each counted as a visibility-timeout reappearance on the row), and ``(id,
+    lease_token)`` of expired jobs with no attempt left, which the caller dead-letters
+    (fenced by that token, so a late ack and the reaper cannot both win).
+    """
+    vendor = _vendor(alias)
+    message = "lease expired: the worker stopped heartbeating (crashed, frozen or cut off)"
+    if vendor == "postgresql":
+        requeue_sql = (
+            f"WITH expired AS (SELECT id FROM {_TABLE} WHERE status = 'running' "
+            f"AND lease_expires_at < {_PG_NOW} AND attempts < max_attempts "
+            "ORDER BY lease_expires_at LIMIT %s FOR UPDATE SKIP LOCKED) "
+            f"UPDATE {_TABLE} AS j SET status = 'queued', lease_token = NULL, lease_expires_at = NULL, "
+            f"run_after = {_PG_NOW}, reappearances = j.reappearances + 1, worker_id = '', "
+            f"first_failed_at = COALESCE(j.first_failed_at, {_PG_NOW}), last_error = %s "
+            "FROM expired WHERE j.id = expired.id RETURNING j.id, j.queue_name"
+        )
+        requeue_params: list[Any] = [limit, message]
+        exhausted_sql = (
+            f"SELECT id, lease_token FROM {_TABLE} WHERE status = 'running' "
+            f"AND lease_expires_at < {_PG_NOW} AND attempts >= max_attempts "
+            "ORDER BY lease_expires_at LIMIT %s FOR UPDATE SKIP LOCKED"
+        )
+    else:
+        requeue_sql = (
+            f"UPDATE {_TABLE} SET status = 'queued', lease_token = NULL, lease_expires_at = NULL, "
+            f"run_after = {_SQLITE_NOW}, reappearances = reappearances + 1, worker_id = '', "
+            f"first_failed_at = COALESCE(first_failed_at, {_SQLITE_NOW}), last_error = %s "
+            f"WHERE id IN (SELECT id FROM {_TABLE} WHERE status = 'running' "
+            f"AND lease_expires_at < {_SQLITE_NOW} AND attempts < max_attempts "
+            "ORDER BY lease_expires_at LIMIT %s) AND status = 'running' RETURNING id, queue_name"
+        )
+        requeue_params = [message, limit]
+        exhausted_sql = (
+            f"SELECT id, lease_token FROM {_TABLE} WHERE status = 'running' "
+            f"AND lease_expires_at < {_SQLITE_NOW} AND attempts >= max_attempts "
+            "ORDER BY lease_expires_at LIMIT %s"
+        )
+    with connections[alias].cursor() as cursor:
+        cursor.execute(requeue_sql, requeue_params)
+        requeued = [(row[0], row[1]) for row in cursor.fetchall()]
+        cursor.execute(exhausted_sql, [limit])
+        exhausted = [(row[0], row[1]) for row in cursor.fetchall()]
+    return requeued, exhausted
+
+
+def read_checkpoints(alias: str, job_id: int) -> dict[str, Any]:
+    from .models import Job
+
+    value = Job.objects.using(alias).filter(pk=job_id).values_list("checkpoints", flat=True).first()
+    return dict(value or {})
+
+
+def write_checkpoints(alias: str, job_id: int, lease_token: str | None, checkpoints: dict[str, Any]) -> bool:
+    from .models import Job
+
+    return bool(
+        Job.objects.using(alias).filter(pk=job_id, lease_token=lease_token).update(checkpoints=checkpoints)
+    )
+
+
+class Listener:
+    """Wakes an idle worker when jobs are enqueued: LISTEN/NOTIFY on PostgreSQL.
+
+    :meth:`wait` sleeps until a notification for one of our queues arrives, :meth:`wake`
+    is called (a signal handler may call it: it only writes to a pipe), or the timeout
+    passes. Elsewhere, or while listening fails, it is a plain interruptible sleep and
+    the worker falls back to polling every ``POLL_INTERVAL`` seconds.
+    """
+
+    #: Seconds before a failed LISTEN connection is tried again.
+    RECONNECT_DELAY_SECONDS = 5.0
+
+    def __init__(self, alias: str, queues: Sequence[str] | None) -> None:
+        self.alias = alias
+        self.queues = set(queues) if queues else None
+        self._conn: Any = None
+        self._failed_at = -self.RECONNECT_DELAY_SECONDS
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    def _connect(self) -> Any:
+        if self._conn is not None or _vendor(self.alias) != "postgresql":
+            return self._conn
+        if time.monotonic() - self._failed_at < self.RECONNECT_DELAY_SECONDS:
+            return None
+        try:
+            import psycopg
+
+            params = connections[self.alias].get_connection_params()
+            for key in ("cursor_factory", "context", "prepare_threshold"):
+                params.pop(key, None)
+            conn = psycopg.connect(**params, autocommit=True)
+            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            self._conn = conn
+        except Exception:
+            logger.warning("listen_failed alias=%s; polling instead", self.alias, exc_info=True)
+            self._failed_at = time.monotonic()
+            self._conn = None
+        return self._conn
+
+    def wake(self) -> None:
+        """Make a current or the next :meth:`wait` return at once."""
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full or closed: a wake-up is pending or moot
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds; True if a notification for our queues arrived."""
+        conn = self._connect()
+        watched = [self._wake_r] if conn is None else [self._wake_r, conn.fileno()]
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                ready, _, _ = select.select(watched, [], [], remaining)
+                if self._wake_r in ready:
+                    self._drain_pipe()
+                    return False
+                if not ready:
+                    return False
+                # Many enqueues wake us once: the claim that follows takes a whole batch.
+                payloads = {note.payload for note in conn.notifies(timeout=0)}
+                if (self.queues is None and payloads) or payloads & (self.queues or set()):
+                    return True
+        except Exception:
+            logger.warning("listen_lost alias=%s; reconnecting", self.alias, exc_info=True)
+            self._close_conn()
+            return False
+
+    def _drain_pipe(self) -> None:
+        try:
+            while os.read(self._wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _close_conn(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:  # noqa: S110 - closing a broken connection may fail; nothing to do
+                pass
+            self._conn = None
+            self._failed_at = time.monotonic()
+
+    def close(self) -> None:
+        self._close_conn()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -1,0 +1,52 @@
+"""Structured fields for job log records.
+
+Every record about a job carries the same ``extra=`` fields so a JSON formatter (see the
+example project) turns them into searchable keys: ``job_id``, ``job_type`` (the task),
+``queue``, ``attempt``, ``idempotency_key``, ``lock_key`` / ``resource_id``, ``worker_id``,
+and ``duration`` / ``outcome`` once the attempt ends.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+__all__ = ["JOB_LOG_FIELDS", "job_fields"]
+
+JOB_LOG_FIELDS = (
+    "job_id",
+    "job_type",
+    "queue",
+    "attempt",
+    "idempotency_key",
+    "lock_key",
+    "resource_id",
+    "worker_id",
+    "duration",
+    "outcome",
+)
+
+
+class _JobLike(Protocol):
+    id: int
+    task_name: str
+    queue_name: str
+    attempts: int
+    idempotency_key: str | None
+    lock_key: str
+
+
+def job_fields(job: _JobLike, worker_id: str = "", **more: Any) -> dict[str, Any]:
+    """The ``extra=`` dict for a log record about ``job``; ``more`` adds duration, outcome..."""
+    fields: dict[str, Any] = {
+        "job_id": job.id,
+        "job_type": job.task_name,
+        "queue": job.queue_name,
+        "attempt": job.attempts,
+        "idempotency_key": job.idempotency_key,
+        "lock_key": job.lock_key or None,
+        # The resource a lock key guards ("order:123"), for dashboards that group by it.
+        "resource_id": job.lock_key or None,
+        "worker_id": worker_id,
+    }
+    fields.update(more)
+    return fields

@@ -1,0 +1,119 @@
+"""``manage.py jobguard_worker``: parse and validate options, then run a Worker."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ...conf import get_settings
+from ...worker import Worker
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError(value)
+    return number
+
+
+def _positive_float(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise ValueError(value)
+    return number
+
+
+def _non_negative_float(value: str) -> float:
+    number = float(value)
+    if number < 0:
+        raise ValueError(value)
+    return number
+
+
+class Command(BaseCommand):
+    help = "Run jobs: claim due jobs of the given queues with leases, heartbeat them, and ack or retry them."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--queue",
+            "-q",
+            action="append",
+            dest="queues",
+            metavar="QUEUE",
+            help="Queue to take jobs from; repeat for several. Default: every queue.",
+        )
+        parser.add_argument(
+            "--concurrency",
+            "-c",
+            type=_positive_int,
+            default=1,
+            help="Jobs run at once, each in its own thread with its own database connection (default 1).",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=_positive_int,
+            default=None,
+            help="Most jobs held (claimed) at once, taken in one round trip (default: twice --concurrency).",
+        )
+        parser.add_argument("--burst", action="store_true", help="Run the jobs that are due, then exit.")
+        parser.add_argument(
+            "--max-jobs",
+            type=_positive_int,
+            default=None,
+            help="Exit after claiming this many jobs (a supervisor restarts the worker).",
+        )
+        parser.add_argument(
+            "--worker-id", default=None, help="Name in job rows and logs (default host:pid:random)."
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=_positive_float,
+            default=None,
+            help="Seconds between polls when idle (default JOBGUARD['POLL_INTERVAL']).",
+        )
+        parser.add_argument(
+            "--reaper-interval",
+            type=_positive_float,
+            default=None,
+            help="Seconds between passes over expired leases (default JOBGUARD['REAPER_INTERVAL']).",
+        )
+        parser.add_argument(
+            "--shutdown-grace",
+            type=_non_negative_float,
+            default=None,
+            help=(
+                "Seconds running jobs get after SIGTERM before they are handed back "
+                "(default JOBGUARD['SHUTDOWN_GRACE'])."
+            ),
+        )
+        parser.add_argument(
+            "--database",
+            default=None,
+            help="Database alias holding the jobs (default JOBGUARD['DATABASE_ALIAS']).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        conf = get_settings()
+        queues = options["queues"]
+        for name in queues or ():
+            if not name or len(name) > 100:
+                raise CommandError(f"--queue {name!r}: a queue name is 1 to 100 characters.")
+        if options["verbosity"] >= 2:
+            logging.getLogger("django_jobguard").setLevel(logging.DEBUG)
+        worker = Worker(
+            queues=queues,
+            concurrency=options["concurrency"],
+            batch_size=options["batch_size"],
+            burst=options["burst"],
+            max_jobs=options["max_jobs"],
+            worker_id=options["worker_id"],
+            database_alias=options["database"] or conf.database_alias,
+            poll_interval=options["poll_interval"],
+            reaper_interval=options["reaper_interval"],
+            shutdown_grace=options["shutdown_grace"],
+        )
+        code = worker.run()
+        if code:
+            raise SystemExit(code)

@@ -1,0 +1,332 @@
+"""Jobs, idempotency keys, dead letters and their replay audit trail, database locks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+from django.db.models.functions import Now
+from django.utils.translation import gettext_lazy as _
+
+
+class JobStatus(models.TextChoices):
+    """Life cycle of a job: queued → running → succeeded | dead (| cancelled)."""
+
+    QUEUED = "queued", _("queued")
+    RUNNING = "running", _("running")
+    SUCCEEDED = "succeeded", _("succeeded")
+    DEAD = "dead", _("dead")
+    CANCELLED = "cancelled", _("cancelled")
+
+
+TERMINAL_STATUSES = (JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED)
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    """Named states of jobs."""
+
+    def queued(self) -> JobQuerySet:
+        return self.filter(status=JobStatus.QUEUED)
+
+    def due(self) -> JobQuerySet:
+        """Queued jobs whose ``run_after`` has passed (database clock)."""
+        return self.filter(status=JobStatus.QUEUED, run_after__lte=Now())
+
+    def scheduled(self) -> JobQuerySet:
+        """Queued jobs that may not start yet."""
+        return self.filter(status=JobStatus.QUEUED, run_after__gt=Now())
+
+    def running(self) -> JobQuerySet:
+        return self.filter(status=JobStatus.RUNNING)
+
+    def expired_leases(self) -> JobQuerySet:
+        """Running jobs whose lease ran out (database clock): their worker is gone or stuck."""
+        return self.filter(status=JobStatus.RUNNING, lease_expires_at__lt=Now())
+
+    def finished(self) -> JobQuerySet:
+        return self.filter(status__in=TERMINAL_STATUSES)
+
+
+class Job(models.Model):
+    """One enqueued run of a task, and the lease of the worker running it."""
+
+    id = models.BigAutoField(primary_key=True)
+    task_name = models.CharField(_("task"), max_length=255, help_text=_("Dotted path of the task."))
+    queue_name = models.CharField(_("queue"), max_length=100, default="default")
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    priority = models.SmallIntegerField(default=0, help_text=_("-100 to 100; higher runs first."))
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
+    run_after = models.DateTimeField(db_default=Now(), help_text=_("The job does not start before this."))
+    attempts = models.PositiveIntegerField(default=0, help_text=_("Attempts started (claims)."))
+    max_attempts = models.PositiveIntegerField(default=5)
+    visibility_timeout = models.FloatField(
+        default=60, help_text=_("Seconds a claim lasts without a heartbeat.")
+    )
+    # NULL, not "", so the check constraint can say "running iff leased".
+    lease_token = models.CharField(max_length=32, null=True, blank=True, editable=False)  # noqa: DJ001
+    lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    worker_id = models.CharField(max_length=128, blank=True, default="")
+    enqueued_at = models.DateTimeField(db_default=Now(), editable=False)
+    started_at = models.DateTimeField(null=True, blank=True, help_text=_("Claim time of the last attempt."))
+    finished_at = models.DateTimeField(null=True, blank=True)
+    first_failed_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    reappearances = models.PositiveIntegerField(
+        default=0, help_text=_("Times the lease expired and the job became visible again.")
+    )
+    lock_contentions = models.PositiveIntegerField(
+        default=0, help_text=_("Times the job was put back because its lock was taken.")
+    )
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 - NULL: no key
+    lock_key = models.CharField(max_length=255, blank=True, default="")
+    handler_version = models.CharField(max_length=64, blank=True, default="")
+    result = models.JSONField(null=True, blank=True)
+    checkpoints = models.JSONField(default=dict, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("job")
+        verbose_name_plural = _("jobs")
+        indexes = [
+            # The claim scans only queued rows, so it stays flat however many finished
+            # rows pile up.
+            models.Index(
+                F("queue_name"),
+                F("priority").desc(),
+                F("run_after"),
+                F("id"),
+                name="jobguard_job_due_idx",
+                condition=Q(status="queued"),
+            ),
+            models.Index(
+                fields=["lease_expires_at"], name="jobguard_job_lease_idx", condition=Q(status="running")
+            ),
+            models.Index(fields=["idempotency_key"], name="jobguard_job_idem_idx"),
+            models.Index(fields=["status", "finished_at"], name="jobguard_job_finished_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(priority__gte=-100, priority__lte=100), name="jobguard_job_priority_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(attempts__lte=F("max_attempts")), name="jobguard_job_attempts_le_max"
+            ),
+            # A running job always holds a lease; no other state does.
+            models.CheckConstraint(
+                condition=(
+                    Q(status="running", lease_token__isnull=False, lease_expires_at__isnull=False)
+                    | (~Q(status="running") & Q(lease_token__isnull=True))
+                ),
+                name="jobguard_job_lease_iff_running",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_name}#{self.pk} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class IdempotencyStatus(models.TextChoices):
+    IN_PROGRESS = "in_progress", _("in progress")
+    SUCCEEDED = "succeeded", _("succeeded")
+    FAILED = "failed", _("failed")
+
+
+class IdempotencyKeyQuerySet(models.QuerySet["IdempotencyKey"]):
+    def live(self) -> IdempotencyKeyQuerySet:
+        return self.filter(expires_at__gt=Now())
+
+    def expired(self) -> IdempotencyKeyQuerySet:
+        return self.filter(expires_at__lte=Now())
+
+
+class IdempotencyKey(models.Model):
+    """A business action's identity (``charge:order:123``), and what became of it."""
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(max_length=255)
+    scope = models.CharField(max_length=255, help_text=_("The task name unless configured otherwise."))
+    fingerprint = models.CharField(max_length=64, help_text=_("SHA-256 of the canonical arguments."))
+    status = models.CharField(
+        max_length=16, choices=IdempotencyStatus.choices, default=IdempotencyStatus.IN_PROGRESS
+    )
+    result = models.JSONField(null=True, blank=True)
+    job = models.ForeignKey(
+        Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="idempotency_keys"
+    )
+    duplicates = models.PositiveIntegerField(default=0, help_text=_("Duplicates this key prevented."))
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    updated_at = models.DateTimeField(db_default=Now())
+    expires_at = models.DateTimeField()
+
+    objects = IdempotencyKeyQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("idempotency key")
+        verbose_name_plural = _("idempotency keys")
+        constraints = [
+            # The final guard: two concurrent writers cannot both own one key.
+            models.UniqueConstraint(fields=["scope", "key"], name="jobguard_idem_scope_key_uniq"),
+        ]
+        indexes = [models.Index(fields=["expires_at"], name="jobguard_idem_expires_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.scope}:{self.key} ({self.status})"
+
+
+class ErrorCategory(models.TextChoices):
+    TRANSIENT = "transient", _("transient")
+    RECOVERABLE = "recoverable", _("recoverable")
+    PERMANENT = "permanent", _("permanent")
+
+
+class DeadLetterReason(models.TextChoices):
+    """Why a job was dead-lettered."""
+
+    PERMANENT_ERROR = "permanent_error", _("permanent error")
+    RETRIES_EXHAUSTED = "retries_exhausted", _("retries exhausted")
+    LEASE_EXPIRED = "lease_expired", _("lease expired on the last attempt")
+    UNKNOWN_TASK = "unknown_task", _("task not registered")
+    INVALID_PAYLOAD = "invalid_payload", _("payload does not fit the task")
+    INVALID_RESULT = "invalid_result", _("return value is not JSON")
+    HARD_TIMEOUT = "hard_timeout", _("ran past its hard timeout")
+
+
+class ReplayState(models.TextChoices):
+    NONE = "none", _("none")
+    REQUESTED = "requested", _("requested")
+    APPROVED = "approved", _("approved")
+    REJECTED = "rejected", _("rejected")
+    REPLAYED = "replayed", _("replayed")
+
+
+class DeadLetterQuerySet(models.QuerySet["DeadLetter"]):
+    def pending_approval(self) -> DeadLetterQuerySet:
+        return self.filter(replay_state=ReplayState.REQUESTED)
+
+    def awaiting_redrive(self) -> DeadLetterQuerySet:
+        return self.filter(replay_state=ReplayState.APPROVED)
+
+
+class DeadLetter(models.Model):
+    """A job that will not be retried again, kept whole for diagnosis and approved replay."""
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.OneToOneField(
+        Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="dead_letter"
+    )
+    task_name = models.CharField(max_length=255)
+    queue_name = models.CharField(max_length=100)
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    attempts = models.PositiveIntegerField()
+    max_attempts = models.PositiveIntegerField()
+    reason = models.CharField(max_length=32, choices=DeadLetterReason.choices)
+    category = models.CharField(max_length=16, choices=ErrorCategory.choices)
+    error_class = models.CharField(max_length=255, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+    traceback = models.TextField(blank=True, default="")
+    first_failed_at = models.DateTimeField()
+    last_failed_at = models.DateTimeField()
+    handler_version = models.CharField(max_length=64, blank=True, default="")
+    worker_id = models.CharField(max_length=128, blank=True, default="")
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 - NULL: no key
+    lock_key = models.CharField(max_length=255, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    replay_state = models.CharField(max_length=16, choices=ReplayState.choices, default=ReplayState.NONE)
+    replay_args = models.JSONField(null=True, blank=True, help_text=_("Corrected args for the replay."))
+    replay_kwargs = models.JSONField(null=True, blank=True, help_text=_("Corrected kwargs for the replay."))
+    replay_requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    replay_requested_at = models.DateTimeField(null=True, blank=True)
+    replay_reason = models.TextField(blank=True, default="")
+    replay_decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    replay_decided_at = models.DateTimeField(null=True, blank=True)
+    replay_job = models.OneToOneField(
+        Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="replayed_from"
+    )
+    replayed_at = models.DateTimeField(null=True, blank=True)
+
+    objects = DeadLetterQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("dead letter")
+        verbose_name_plural = _("dead letters")
+        ordering = ["-created_at", "-id"]
+        permissions = [
+            ("request_replay", _("Can request a dead-letter replay")),
+            ("approve_replay", _("Can approve or reject a dead-letter replay")),
+            ("view_payload", _("Can view job payloads and tracebacks")),
+        ]
+        indexes = [
+            models.Index(fields=["replay_state", "replay_decided_at"], name="jobguard_dl_replay_idx"),
+            models.Index(fields=["queue_name", "created_at"], name="jobguard_dl_queue_idx"),
+            models.Index(fields=["task_name", "created_at"], name="jobguard_dl_task_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_name} dead letter #{self.pk} ({self.reason})"
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        return {"args": self.args, "kwargs": self.kwargs}
+
+
+class ReplayAction(models.TextChoices):
+    REQUESTED = "requested", _("requested")
+    APPROVED = "approved", _("approved")
+    REJECTED = "rejected", _("rejected")
+    REPLAYED = "replayed", _("replayed")
+
+
+class ReplayEvent(models.Model):
+    """One step of a dead letter's replay: who, when, why. Append-only."""
+
+    id = models.BigAutoField(primary_key=True)
+    dead_letter = models.ForeignKey(DeadLetter, on_delete=models.CASCADE, related_name="replay_events")
+    action = models.CharField(max_length=16, choices=ReplayAction.choices)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_name = models.CharField(
+        max_length=150, blank=True, default="", help_text=_("Kept if the user goes.")
+    )
+    reason = models.TextField(blank=True, default="")
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        verbose_name = _("replay event")
+        verbose_name_plural = _("replay events")
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.action} by {self.actor_name or 'system'}"
+
+
+class Lock(models.Model):
+    """A lock of the database lock back end: one row per key, kept to carry the fencing counter."""
+
+    key = models.CharField(max_length=255, primary_key=True)
+    token = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001 - NULL: free
+    expires_at = models.DateTimeField(null=True, blank=True)
+    fencing_token = models.BigIntegerField(default=0)
+    acquired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("lock")
+        verbose_name_plural = _("locks")
+
+    def __str__(self) -> str:
+        return self.key

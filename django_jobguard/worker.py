@@ -1,0 +1,796 @@
+"""The worker: claim loop, executor threads, heartbeat, reaper, OS signals, graceful shutdown.
+
+One process runs:
+
+- the **main thread**, which claims batches of due jobs (never more than it has room
+  for), reaps expired leases every ``REAPER_INTERVAL`` seconds, and sleeps on
+  LISTEN/NOTIFY (PostgreSQL) or a poll timer when there is nothing to do;
+- ``concurrency`` **executor threads**, each with its own database connection, running
+  one job at a time;
+- a **heartbeat thread** that extends the leases (and renews the locks) of held jobs
+  every third of their visibility timeout, and fails jobs past their hard ``timeout``.
+
+SIGTERM / SIGINT stop the claiming; jobs not started are handed back at once, running
+ones get ``SHUTDOWN_GRACE`` seconds, and what is still running then is handed back (it
+will run again: handlers must be idempotent). A second signal skips the grace period.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError, connections, transaction
+
+from . import _faults, dlq, idempotency, leasing, metrics, retry, signals
+from .conf import get_settings
+from .context import JobContext
+from .enqueue import normalize_json
+from .exceptions import InvalidArgumentsError, LeaseLost, LockNotAcquired, LockUnavailable
+from .log import job_fields
+from .models import DeadLetterReason
+from .registry import registry
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Worker"]
+
+#: How often the heartbeat thread wakes to see whose lease or lock needs renewing.
+HEARTBEAT_TICK_SECONDS = 0.25
+#: Leases are renewed when this fraction of the visibility timeout has passed.
+HEARTBEAT_FRACTION = 1 / 3
+#: Back-off after a database error in the loop (the connection is reopened), doubling to the max.
+DB_ERROR_BACKOFF_SECONDS = 0.5
+DB_ERROR_BACKOFF_MAX_SECONDS = 5.0
+#: Executor threads abandoned past their hard timeout before the worker exits to be restarted.
+MAX_ABANDONED_THREADS = 16
+
+
+class _InvalidResultError(Exception):
+    """The handler returned something that cannot be stored as JSON."""
+
+
+class _LockLostError(Exception):
+    """The job's lock could not be renewed: its writes must not commit."""
+
+
+@dataclasses.dataclass(eq=False)
+class _Held:
+    """A job this worker holds a lease on, from claim to ack or hand-back."""
+
+    job: leasing.ClaimedJob
+    renewed_at: float
+    state: str = "waiting"  # waiting → running → done | handed_back | abandoned
+    started_at: float = 0.0
+    deadline: float | None = None
+    context: JobContext | None = None
+    lock: Any = None
+    lock_renewed_at: float = 0.0
+    lease_lost: bool = False
+
+
+class Worker:
+    """Runs jobs of some queues until stopped. ``manage.py jobguard_worker`` builds one."""
+
+    def __init__(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        concurrency: int = 1,
+        batch_size: int | None = None,
+        burst: bool = False,
+        max_jobs: int | None = None,
+        worker_id: str | None = None,
+        database_alias: str | None = None,
+        poll_interval: float | None = None,
+        reaper_interval: float | None = None,
+        shutdown_grace: float | None = None,
+        install_signal_handlers: bool = True,
+    ) -> None:
+        conf = get_settings()
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.queues = list(queues) if queues else None
+        self.concurrency = concurrency
+        self.capacity = batch_size or conf.batch_size or concurrency * 2
+        self.burst = burst
+        self.max_jobs = max_jobs
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.alias = database_alias or conf.database_alias
+        self.poll_interval = poll_interval if poll_interval is not None else conf.poll_interval
+        self.reaper_interval = reaper_interval if reaper_interval is not None else conf.reaper_interval
+        self.shutdown_grace = shutdown_grace if shutdown_grace is not None else conf.shutdown_grace
+        self.install_signal_handlers = install_signal_handlers
+
+        self._lock = threading.Lock()
+        self._held: dict[int, _Held] = {}
+        self._ready: queue.SimpleQueue[_Held | None] = queue.SimpleQueue()
+        self._slot_freed = threading.Event()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._forced = False
+        self._heartbeat_stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._abandoned = 0
+        self._listener: leasing.Listener | None = None
+        self.claimed = 0
+        self.processed = 0
+
+    # -- public ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until stopped (or, with ``burst``, until nothing is due). Returns the exit code."""
+        if self.install_signal_handlers:
+            self._install_signal_handlers()
+        logger.info(
+            "worker_started worker_id=%s queues=%s concurrency=%d batch=%d",
+            self.worker_id,
+            ",".join(self.queues) if self.queues else "*",
+            self.concurrency,
+            self.capacity,
+            extra={"worker_id": self.worker_id},
+        )
+        for index in range(self.concurrency):
+            self._start_executor(index)
+        heartbeat = threading.Thread(target=self._heartbeat_loop, name="jobguard-heartbeat", daemon=True)
+        heartbeat.start()
+        listener = self._listener = leasing.Listener(self.alias, self.queues)
+        try:
+            self._loop(listener)
+        finally:
+            listener.close()
+            abandoned = self._shutdown()
+            self._heartbeat_stop.set()
+            heartbeat.join(timeout=5)
+            connections.close_all()
+        logger.info(
+            "worker_stopped worker_id=%s processed=%d",
+            self.worker_id,
+            self.processed,
+            extra={"worker_id": self.worker_id},
+        )
+        if abandoned:
+            # Threads still inside handlers cannot be joined; leave without waiting for them.
+            logging.shutdown()
+            os._exit(0)
+        return 0
+
+    def stop(self, *, force: bool = False) -> None:
+        """Stop claiming and shut down (what SIGTERM does); ``force`` skips the grace period."""
+        self._forced = self._forced or force or self._stopping
+        self._stopping = True
+        self._wake.set()
+        self._slot_freed.set()
+        if self._listener is not None:
+            self._listener.wake()
+
+    # -- main loop ---------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> None:
+        def handle(signum: int, frame: Any) -> None:
+            logger.info("worker_stopping worker_id=%s signal=%s", self.worker_id, signal.Signals(signum).name)
+            self.stop(force=self._stopping)
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    def _loop(self, listener: leasing.Listener) -> None:
+        next_reap = 0.0
+        backoff = DB_ERROR_BACKOFF_SECONDS
+        wait = self.poll_interval
+        while not self._stopping:
+            self._slot_freed.clear()
+            try:
+                now = time.monotonic()
+                if now >= next_reap:
+                    self._reap()
+                    next_reap = now + self.reaper_interval
+                free = self.capacity - len(self._held)
+                if self.max_jobs is not None:
+                    free = min(free, self.max_jobs - self.claimed)
+                    if free <= 0 and not self._held:
+                        return
+                claimed = self._claim(free) if free > 0 else 0
+                backoff = DB_ERROR_BACKOFF_SECONDS
+            except (DatabaseError, InterfaceError):
+                logger.warning(
+                    "claim_failed worker_id=%s; retrying in %.1fs", self.worker_id, backoff, exc_info=True
+                )
+                connections[self.alias].close()
+                self._wake.wait(backoff)
+                backoff = min(backoff * 2, DB_ERROR_BACKOFF_MAX_SECONDS)
+                continue
+            if self.burst and claimed == 0 and not self._held:
+                return
+            if free <= 0 or claimed == free or self.burst:
+                # Full (or draining in burst mode): wait for an executor to free a slot.
+                self._slot_freed.wait(wait)
+            else:
+                # Nothing more is due: sleep until a NOTIFY, the next reaper pass or a poll.
+                listener.wait(max(0.0, min(wait, next_reap - time.monotonic())))
+
+    def _claim(self, limit: int) -> int:
+        jobs = leasing.claim(self.alias, self.queues, limit, self.worker_id)
+        if not jobs:
+            return 0
+        if _faults.ENABLED:
+            _faults.maybe_crash("after_claim")
+        now = time.monotonic()
+        with self._lock:
+            for job in jobs:
+                held = _Held(job=job, renewed_at=now)
+                self._held[job.id] = held
+                self._ready.put(held)
+        self.claimed += len(jobs)
+        return len(jobs)
+
+    def _reap(self) -> None:
+        requeued, exhausted = leasing.reap(self.alias)
+        for job_id, queue_name in requeued:
+            metrics.reappeared(queue_name)
+            logger.warning(
+                "lease_expired job_id=%s queue=%s; job visible again",
+                job_id,
+                queue_name,
+                extra={
+                    "job_id": job_id,
+                    "queue": queue_name,
+                    "worker_id": self.worker_id,
+                    "outcome": "reappeared",
+                },
+            )
+        for job_id, token in exhausted:
+            try:
+                dlq.dead_letter(
+                    self.alias,
+                    job_id,
+                    token,
+                    reason=DeadLetterReason.LEASE_EXPIRED,
+                    category=retry.TRANSIENT,
+                    error_class="LeaseExpired",
+                    error_message="the lease expired on the last attempt (worker crashed, froze or cut off)",
+                    worker_id="",
+                )
+            except LeaseLost:
+                continue  # its worker acked it just in time
+
+    # -- executors ---------------------------------------------------------------------
+
+    def _start_executor(self, index: int) -> None:
+        thread = threading.Thread(target=self._executor_loop, name=f"jobguard-exec-{index}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _executor_loop(self) -> None:
+        try:
+            while True:
+                held = self._ready.get()
+                if held is None:
+                    return
+                with self._lock:
+                    if self._stopping or held.state != "waiting":
+                        start = False
+                    else:
+                        held.state = "running"
+                        held.started_at = time.monotonic()
+                        start = True
+                try:
+                    if start:
+                        self._execute(held)
+                    elif held.state == "waiting":
+                        self._hand_back(held, refund=True)
+                except (DatabaseError, InterfaceError):
+                    # The job keeps its lease until it expires; the reaper gives it back.
+                    logger.warning(
+                        "job_db_error job_id=%s; connection reset",
+                        held.job.id,
+                        exc_info=True,
+                        extra=job_fields(held.job, self.worker_id, outcome="db_error"),
+                    )
+                    connections[self.alias].close()
+                except Exception:
+                    logger.exception(
+                        "job_crashed job_id=%s", held.job.id, extra=job_fields(held.job, self.worker_id)
+                    )
+                finally:
+                    with self._lock:
+                        # An abandoned job's slot went to a replacement thread already.
+                        replaced = held.state == "abandoned"
+                        if not replaced:
+                            if held.state in ("waiting", "running"):
+                                held.state = "done"
+                            self._held.pop(held.job.id, None)
+                            self.processed += 1
+                    self._slot_freed.set()
+                if replaced:
+                    return
+        finally:
+            connections.close_all()
+
+    def _execute(self, held: _Held) -> None:
+        job = held.job
+        task = registry.find(job.task_name)
+        if task is None:
+            self._dead(
+                held,
+                None,
+                DeadLetterReason.UNKNOWN_TASK,
+                retry.PERMANENT,
+                "UnknownTaskError",
+                f"no task is registered as {job.task_name!r} in this worker; it was never run",
+            )
+            return
+        try:
+            task.bind(job.args, job.kwargs)
+        except InvalidArgumentsError as exc:
+            self._dead(
+                held,
+                task,
+                DeadLetterReason.INVALID_PAYLOAD,
+                retry.PERMANENT,
+                "InvalidArgumentsError",
+                str(exc),
+            )
+            return
+        scope = idempotency.scope_of(task) if job.idempotency_key else ""
+        if job.idempotency_key:
+            stored = idempotency.stored_result(self.alias, scope, job.idempotency_key)
+            if stored is not idempotency.MISSING:
+                self._ack_duplicate(held, task, stored)
+                return
+        if job.lock_key and not self._take_lock(held, task):
+            return
+        if task.timeout:
+            held.deadline = held.started_at + task.timeout
+        context = None
+        if task.takes_context:
+            context = JobContext(
+                task=task,
+                job_id=job.id,
+                attempt=job.attempts,
+                max_attempts=job.max_attempts,
+                queue_name=job.queue_name,
+                idempotency_key=job.idempotency_key,
+                lock_key=job.lock_key,
+                fencing_token=getattr(held.lock, "fencing_token", None),
+                worker_id=self.worker_id,
+                _lease_token=job.lease_token,
+                _alias=self.alias,
+            )
+            held.context = context
+        if signals.job_started.has_listeners(None):
+            signals.job_started.send(
+                sender=None, job_id=job.id, task_name=job.task_name, attempt=job.attempts
+            )
+        began = time.perf_counter()
+        try:
+            try:
+                if task.atomic:
+                    with transaction.atomic(using=self.alias):
+                        result = (
+                            task.func(context, *job.args, **job.kwargs)
+                            if context
+                            else task.func(*job.args, **job.kwargs)
+                        )
+                        if _faults.ENABLED:
+                            _faults.maybe_crash("after_effect")
+                        self._ack(held, scope, result)
+                else:
+                    result = (
+                        task.func(context, *job.args, **job.kwargs)
+                        if context
+                        else task.func(*job.args, **job.kwargs)
+                    )
+                    if _faults.ENABLED:
+                        _faults.maybe_crash("after_effect")
+                    if scope:
+                        with transaction.atomic(using=self.alias):
+                            self._ack(held, scope, result)
+                    else:
+                        self._ack(held, scope, result)
+            finally:
+                self._release_lock(held)
+        except LeaseLost:
+            metrics.lease_lost(job.queue_name, job.task_name, "ack")
+            logger.warning(
+                "ack_rejected job_id=%s; the lease moved on, nothing committed",
+                job.id,
+                extra=job_fields(job, self.worker_id, outcome="stale"),
+            )
+            return
+        except _InvalidResultError as exc:
+            self._dead(held, task, DeadLetterReason.INVALID_RESULT, retry.PERMANENT, "TypeError", str(exc))
+            return
+        except (KeyboardInterrupt, GeneratorExit):
+            raise
+        except BaseException as exc:
+            # SystemExit from a handler is a failing job, not a request to stop the worker.
+            self._failed(held, task, exc, time.perf_counter() - began)
+            return
+        duration = time.perf_counter() - began
+        if _faults.ENABLED:
+            _faults.maybe_crash("after_complete")
+        metrics.job_succeeded(job.queue_name, job.task_name, duration)
+        logger.info(
+            "job_succeeded job_id=%s task=%s duration=%.4f",
+            job.id,
+            job.task_name,
+            duration,
+            extra=job_fields(job, self.worker_id, duration=duration, outcome="succeeded"),
+        )
+        if signals.job_succeeded.has_listeners(None):
+            signals.job_succeeded.send(
+                sender=None, job_id=job.id, task_name=job.task_name, result=result, duration=duration
+            )
+
+    def _ack(self, held: _Held, scope: str, result: Any) -> None:
+        """Mark the job succeeded (and its idempotency key), fenced by the lease token."""
+        job = held.job
+        if held.state == "abandoned":
+            raise LeaseLost(f"job {job.id}: abandoned past its hard timeout")
+        if held.context is not None and held.context.lock_lost:
+            raise _LockLostError(f"job {job.id}: lock {job.lock_key!r} was lost while the handler ran")
+        if result is None:
+            result_json = "null"
+        else:
+            try:
+                result = normalize_json(result, "return value")
+            except InvalidArgumentsError as exc:
+                raise _InvalidResultError(str(exc)) from None
+            result_json = json.dumps(result)
+        if scope and job.idempotency_key:
+            idempotency.record_success(self.alias, scope, job.idempotency_key, job.id, result)
+        if _faults.ENABLED:
+            _faults.maybe_crash("in_complete")
+        if not leasing.complete(self.alias, job.id, job.lease_token, result_json):
+            raise LeaseLost(f"job {job.id}: lease lost before the ack")
+
+    def _ack_duplicate(self, held: _Held, task: Any, stored: Any) -> None:
+        job = held.job
+        result_json = json.dumps(stored)
+        if not leasing.complete(self.alias, job.id, job.lease_token, result_json):
+            metrics.lease_lost(job.queue_name, job.task_name, "ack")
+            return
+        metrics.duplicate_prevented(job.task_name, "execution")
+        logger.info(
+            "job_duplicate job_id=%s idempotency_key=%s; stored result returned, handler not run",
+            job.id,
+            job.idempotency_key,
+            extra=job_fields(job, self.worker_id, outcome="duplicate"),
+        )
+
+    # -- locks -------------------------------------------------------------------------
+
+    def _take_lock(self, held: _Held, task: Any) -> bool:
+        """Acquire the job's lock; on contention or outage, give the job back and say False."""
+        from . import locks
+
+        job = held.job
+        conf = get_settings().locks
+        handle = locks.lock(job.lock_key, ttl=task.lock_ttl or conf.ttl)
+        try:
+            acquired = handle.acquire(blocking=False)
+        except LockUnavailable as exc:
+            metrics.lock_failed(job.queue_name, job.task_name, "unavailable")
+            logger.warning(
+                "lock_unavailable job_id=%s lock_key=%s: %s",
+                job.id,
+                job.lock_key,
+                exc,
+                extra=job_fields(job, self.worker_id, outcome="lock_unavailable"),
+            )
+            self._failed(held, task, exc, None, forced_category=retry.TRANSIENT)
+            return False
+        if not acquired:
+            metrics.lock_contended(job.queue_name, job.task_name)
+            logger.info(
+                "lock_contended job_id=%s lock_key=%s; retry in %.1fs",
+                job.id,
+                job.lock_key,
+                conf.contention_delay,
+                extra=job_fields(job, self.worker_id, outcome="lock_contended"),
+            )
+            if not leasing.requeue(
+                self.alias,
+                job.id,
+                job.lease_token,
+                delay=conf.contention_delay,
+                error=None,
+                refund_attempt=True,
+                contention=True,
+            ):
+                metrics.lease_lost(job.queue_name, job.task_name, "requeue")
+            return False
+        held.lock = handle
+        held.lock_renewed_at = time.monotonic()
+        return True
+
+    def _release_lock(self, held: _Held) -> None:
+        handle, held.lock = held.lock, None
+        if handle is None:
+            return
+        try:
+            handle.release()
+        except (LockUnavailable, LockNotAcquired):
+            # Not ours any more or unreachable: its TTL frees it; nothing else to do.
+            logger.warning(
+                "lock_release_failed job_id=%s lock_key=%s",
+                held.job.id,
+                held.job.lock_key,
+                extra=job_fields(held.job, self.worker_id),
+            )
+
+    # -- failures ----------------------------------------------------------------------
+
+    def _failed(
+        self,
+        held: _Held,
+        task: Any,
+        exc: BaseException,
+        duration: float | None,
+        *,
+        forced_category: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """Classify a failed attempt: retry later with backoff, or dead-letter."""
+        job = held.job
+        category = forced_category or (
+            retry.TRANSIENT if isinstance(exc, _LockLostError) else retry.classify(exc, task)
+        )
+        error_class = f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins.")
+        message = str(exc)
+        tb = "".join(traceback.format_exception(exc))
+        if category == retry.PERMANENT:
+            metrics.job_failed(job.queue_name, job.task_name, category, duration, retried=False)
+            self._dead(
+                held, task, reason or DeadLetterReason.PERMANENT_ERROR, category, error_class, message, tb
+            )
+            return
+        if job.attempts >= job.max_attempts:
+            metrics.job_failed(job.queue_name, job.task_name, category, duration, retried=False)
+            self._dead(
+                held, task, reason or DeadLetterReason.RETRIES_EXHAUSTED, category, error_class, message, tb
+            )
+            return
+        delay = retry.requested_delay(exc)
+        if delay is None:
+            delay = retry.backoff(retry.policy_for(task, job.queue_name, category), job.attempts)
+        if _faults.ENABLED:
+            _faults.maybe_crash("in_retry")
+        if not leasing.requeue(
+            self.alias, job.id, job.lease_token, delay=delay, error=f"{error_class}: {message}"
+        ):
+            metrics.lease_lost(job.queue_name, job.task_name, "retry")
+            logger.warning(
+                "retry_rejected job_id=%s; the lease moved on",
+                job.id,
+                extra=job_fields(job, self.worker_id, outcome="stale"),
+            )
+            return
+        metrics.job_failed(job.queue_name, job.task_name, category, duration, retried=True)
+        logger.warning(
+            "job_retry job_id=%s task=%s attempt=%d category=%s delay=%.2f error=%s",
+            job.id,
+            job.task_name,
+            job.attempts,
+            category,
+            delay,
+            error_class,
+            extra=job_fields(job, self.worker_id, duration=duration, outcome="retry"),
+        )
+        if signals.job_retried.has_listeners(None):
+            signals.job_retried.send(
+                sender=None,
+                job_id=job.id,
+                task_name=job.task_name,
+                attempt=job.attempts,
+                error=exc,
+                delay=delay,
+            )
+
+    def _dead(
+        self,
+        held: _Held,
+        task: Any,
+        reason: str,
+        category: str,
+        error_class: str,
+        message: str,
+        tb: str = "",
+    ) -> None:
+        job = held.job
+        if _faults.ENABLED:
+            _faults.maybe_crash("in_dead_letter")
+        try:
+            dlq.dead_letter(
+                self.alias,
+                job.id,
+                job.lease_token,
+                reason=reason,
+                category=category,
+                error_class=error_class,
+                error_message=message,
+                traceback=tb,
+                worker_id=self.worker_id,
+                idempotency_scope=idempotency.scope_of(task) if task is not None else None,
+            )
+        except LeaseLost:
+            metrics.lease_lost(job.queue_name, job.task_name, "dead_letter")
+            return
+        logger.error(
+            "job_dead_lettered job_id=%s task=%s reason=%s error=%s",
+            job.id,
+            job.task_name,
+            reason,
+            error_class,
+            extra=job_fields(job, self.worker_id, outcome="dead"),
+        )
+
+    # -- heartbeat ---------------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        try:
+            while not self._heartbeat_stop.wait(HEARTBEAT_TICK_SECONDS):
+                try:
+                    self._heartbeat_once()
+                except (DatabaseError, InterfaceError):
+                    logger.warning("heartbeat_failed worker_id=%s", self.worker_id, exc_info=True)
+                    connections[self.alias].close()
+                except Exception:
+                    logger.exception("heartbeat_crashed worker_id=%s", self.worker_id)
+        finally:
+            connections.close_all()
+
+    def _heartbeat_once(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            held = [h for h in self._held.values() if h.state in ("waiting", "running") and not h.lease_lost]
+        due = [h for h in held if now - h.renewed_at >= h.job.visibility_timeout * HEARTBEAT_FRACTION]
+        if due:
+            if _faults.ENABLED:
+                _faults.maybe_crash("in_heartbeat")
+            renewed = leasing.heartbeat(self.alias, [(h.job.id, h.job.lease_token) for h in due])
+            for h in due:
+                if h.job.id in renewed:
+                    h.renewed_at = now
+                else:
+                    h.lease_lost = True
+                    if h.context is not None:
+                        h.context._lease_lost.set()
+                    metrics.lease_lost(h.job.queue_name, h.job.task_name, "heartbeat")
+                    logger.warning(
+                        "lease_lost job_id=%s; another worker may run it now",
+                        h.job.id,
+                        extra=job_fields(h.job, self.worker_id, outcome="lease_lost"),
+                    )
+        for h in held:
+            if h.lock is not None and now - h.lock_renewed_at >= h.lock.ttl * HEARTBEAT_FRACTION:
+                self._renew_lock(h, now)
+            if h.deadline is not None and now >= h.deadline and h.state == "running":
+                self._abandon(h)
+
+    def _renew_lock(self, held: _Held, now: float) -> None:
+        try:
+            kept = held.lock.extend()
+        except LockUnavailable:
+            kept = False
+        if kept:
+            held.lock_renewed_at = now
+            return
+        metrics.lock_failed(held.job.queue_name, held.job.task_name, "lost")
+        if held.context is not None:
+            held.context._lock_lost.set()
+        else:
+            # Without a context the handler cannot notice; the ack refuses instead.
+            held.context = JobContext(
+                task=registry.get(held.job.task_name),
+                job_id=held.job.id,
+                attempt=held.job.attempts,
+                max_attempts=held.job.max_attempts,
+                queue_name=held.job.queue_name,
+            )
+            held.context._lock_lost.set()
+        logger.warning(
+            "lock_lost job_id=%s lock_key=%s",
+            held.job.id,
+            held.job.lock_key,
+            extra=job_fields(held.job, self.worker_id, outcome="lock_lost"),
+        )
+
+    def _abandon(self, held: _Held) -> None:
+        """Fail a job past its hard timeout and replace the thread stuck in it."""
+        with self._lock:
+            if held.state != "running":
+                return
+            held.state = "abandoned"
+            self._held.pop(held.job.id, None)
+            self._abandoned += 1
+        task = registry.find(held.job.task_name)
+        timeout = task.timeout if task else None
+        error = TimeoutError(f"the handler ran past its hard timeout of {timeout}s; its thread was abandoned")
+        self._failed(
+            held, task, error, None, forced_category=retry.TRANSIENT, reason=DeadLetterReason.HARD_TIMEOUT
+        )
+        self._release_lock(held)
+        self._slot_freed.set()
+        if self._abandoned > MAX_ABANDONED_THREADS:
+            logger.error("too_many_abandoned_threads worker_id=%s; stopping for a restart", self.worker_id)
+            self.stop()
+            return
+        self._start_executor(len(self._threads))
+
+    # -- shutdown ----------------------------------------------------------------------
+
+    def _hand_back(self, held: _Held, *, refund: bool) -> None:
+        job = held.job
+        started = held.state in ("running", "abandoned")
+        if leasing.requeue(self.alias, job.id, job.lease_token, delay=0, error=None, refund_attempt=refund):
+            logger.info(
+                "job_handed_back job_id=%s started=%s",
+                job.id,
+                started,
+                extra=job_fields(job, self.worker_id, outcome="handed_back"),
+            )
+        with self._lock:
+            held.state = "handed_back"
+
+    def _shutdown(self) -> bool:
+        """Hand back what did not start, wait for the rest; True if threads had to be abandoned."""
+        self._stopping = True
+        for _ in self._threads:
+            self._ready.put(None)
+        deadline = time.monotonic() + (0 if self._forced else self.shutdown_grace)
+        while True:
+            with self._lock:
+                running = [h for h in self._held.values() if h.state == "running"]
+                waiting = [h for h in self._held.values() if h.state == "waiting"]
+                for h in waiting:
+                    h.state = "handing_back"
+            for h in waiting:
+                try:
+                    self._hand_back(h, refund=True)
+                except (DatabaseError, InterfaceError):
+                    logger.warning("hand_back_failed job_id=%s; its lease will expire", h.job.id)
+                with self._lock:
+                    self._held.pop(h.job.id, None)
+            if not running:
+                break
+            if time.monotonic() >= deadline or self._forced:
+                # On SQLite a running job's open transaction blocks our write: leave it to
+                # its lease, which expires and lets the reaper of another worker return it.
+                hand_back = leasing.writes_while_busy(self.alias)
+                for h in running:
+                    with self._lock:
+                        if h.state != "running":
+                            continue
+                        h.state = "abandoned"
+                    if not hand_back:
+                        logger.warning(
+                            "job_abandoned job_id=%s; it reappears when its lease expires",
+                            h.job.id,
+                            extra=job_fields(h.job, self.worker_id, outcome="abandoned"),
+                        )
+                        continue
+                    try:
+                        # The attempt is refunded: the worker stopped it, the job did not fail.
+                        self._hand_back(h, refund=True)
+                    except (DatabaseError, InterfaceError):
+                        logger.warning("hand_back_failed job_id=%s; its lease will expire", h.job.id)
+                    self._release_lock(h)
+                return True
+            self._slot_freed.wait(0.1)
+            self._slot_freed.clear()
+        for thread in self._threads:
+            thread.join(timeout=1)
+        return self._abandoned > 0

@@ -1,0 +1,118 @@
+"""Fixtures shared by the suite: server markers, worker processes, a clean registry."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+ON_POSTGRES = bool(os.environ.get("JOBGUARD_TEST_DATABASE_URL"))
+HAS_REDIS = bool(os.environ.get("JOBGUARD_TEST_REDIS_URL"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_pg = pytest.mark.skip(
+        reason="needs PostgreSQL: set JOBGUARD_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/jobguard"
+    )
+    skip_redis = pytest.mark.skip(reason="needs Redis: set JOBGUARD_TEST_REDIS_URL=redis://127.0.0.1:6379/0")
+    for item in items:
+        if "postgres" in item.keywords and not ON_POSTGRES:
+            item.add_marker(skip_pg)
+        if "redis" in item.keywords and not HAS_REDIS:
+            item.add_marker(skip_redis)
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    """Environment for a worker subprocess: same settings, the test database."""
+    env = dict(os.environ)
+    env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    env["JOBGUARD_TEST_DB_NAME"] = str(connection.settings_dict["NAME"])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    env.update(extra)
+    return env
+
+
+def worker_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "django", "jobguard_worker", *args]
+
+
+class WorkerProcesses:
+    """Starts real ``manage.py jobguard_worker`` processes and cleans them up.
+
+    Each process logs (at INFO) to its own file, readable with :meth:`log`.
+    """
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._logs: dict[int, Path] = {}
+
+    def start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        path = self.log_dir / f"worker-{len(self.procs)}.log"
+        with path.open("wb") as log:
+            proc = subprocess.Popen(
+                worker_command(*args),
+                cwd=ROOT,
+                env=worker_env(JOBGUARD_TEST_LOG_LEVEL="INFO", **(env or {})),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.procs.append(proc)
+        self._logs[proc.pid] = path
+        return proc
+
+    def log(self, proc: subprocess.Popen[bytes]) -> str:
+        return self._logs[proc.pid].read_text(errors="replace")
+
+    def wait_started(self, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+        wait_for(lambda: "worker_started" in self.log(proc), timeout, message="the worker to start")
+
+    def burst(
+        self, *args: str, env: dict[str, str] | None = None, timeout: float = 300
+    ) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            worker_command("--burst", *args),
+            cwd=ROOT,
+            env=worker_env(**(env or {})),
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[WorkerProcesses]:
+    pool = WorkerProcesses(tmp_path)
+    yield pool
+    pool.stop_all()
+
+
+def wait_for(
+    predicate: Callable[[], bool], timeout: float = 60, interval: float = 0.1, message: str = ""
+) -> None:
+    """Poll ``predicate`` until true; fail the test with ``message`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for: {message or predicate}")

@@ -1,0 +1,116 @@
+"""The worker run in this process (burst mode), for outcomes that need no crash."""
+
+import time
+
+import pytest
+
+from django_jobguard.models import DeadLetter, Job
+from django_jobguard.worker import Worker
+from tests.testapp import tasks
+from tests.testapp.models import Execution, LedgerEntry
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run_until(job, status, attempts=100):
+    """Burst repeatedly (retries come due after a short backoff) until ``job`` reaches ``status``."""
+    for _ in range(attempts):
+        assert run_burst() == 0
+        job.refresh_from_db()
+        if job.status == status:
+            return
+        time.sleep(0.05)
+
+
+def run_burst(**options):
+    options.setdefault("concurrency", 2)
+    return Worker(burst=True, install_signal_handlers=False, poll_interval=0.05, **options).run()
+
+
+def test_burst_runs_every_due_job_once_and_stores_results():
+    jobs = [tasks.add.enqueue(i, b=1) for i in range(10)]
+    assert run_burst() == 0
+    for job in jobs:
+        job.refresh_from_db()
+        assert (job.status, job.result, job.attempts) == ("succeeded", job.args[0] + 1, 1)
+        assert job.finished_at is not None and job.lease_token is None
+
+
+def test_atomic_task_writes_and_ack_commit_together():
+    job = tasks.record.enqueue("alpha", amount=5)
+    run_burst()
+    job.refresh_from_db()
+    assert job.status == "succeeded"
+    assert LedgerEntry.objects.get(effect_key="alpha").job_id == job.pk
+
+
+def test_failing_atomic_task_rolls_back_its_writes_before_retrying():
+    # The same marker twice: the second job's ledger insert violates the unique key.
+    tasks.record.enqueue("dup")
+    second = tasks.record.enqueue("dup")
+    Job.objects.filter(pk=second.pk).update(max_attempts=1)
+    run_burst(concurrency=1)
+    second.refresh_from_db()
+    assert second.status == "dead"
+    # Its Execution row was written in the same transaction, so it rolled back too.
+    assert Execution.objects.filter(job_id=second.pk).count() == 0
+    assert LedgerEntry.objects.count() == 1
+
+
+def test_unknown_task_is_never_run_and_goes_to_the_dead_letter_queue():
+    job = tasks.add.enqueue(1)
+    Job.objects.filter(pk=job.pk).update(task_name="tests.testapp.tasks.removed")
+    run_burst()
+    job.refresh_from_db()
+    assert job.status == "dead"
+    letter = DeadLetter.objects.get(job=job)
+    assert (letter.reason, letter.category, letter.error_class) == (
+        "unknown_task",
+        "permanent",
+        "UnknownTaskError",
+    )
+    assert "tests.testapp.tasks.removed" in letter.error_message
+
+
+def test_payload_that_no_longer_binds_is_dead_lettered_as_invalid():
+    job = tasks.add.enqueue(1)
+    Job.objects.filter(pk=job.pk).update(kwargs={"c": 3})
+    run_burst()
+    letter = DeadLetter.objects.get(job=job)
+    assert (letter.reason, letter.category) == ("invalid_payload", "permanent")
+    assert "unexpected keyword argument 'c'" in letter.error_message
+    assert letter.kwargs == {"c": 3}
+
+
+def test_non_json_return_value_is_dead_lettered():
+    job = tasks.returns_object.enqueue()
+    run_burst()
+    letter = DeadLetter.objects.get(job=job)
+    assert letter.reason == "invalid_result"
+    assert "return value" in letter.error_message
+
+
+def test_transient_failures_are_retried_then_succeed():
+    job = tasks.flaky.enqueue("t", failures=2)
+    run_until(job, "succeeded")
+    assert (job.status, job.attempts, job.result) == ("succeeded", 3, 3)
+    assert "planned failure 2/2" in job.last_error
+    assert Execution.objects.filter(marker="t").count() == 3
+
+
+def test_permanent_error_goes_to_the_dead_letter_queue_at_once_with_its_traceback():
+    job = tasks.flaky.enqueue("p", failures=5, error="invalid_order")
+    run_burst()
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == ("dead", 1)
+    letter = DeadLetter.objects.get(job=job)
+    assert letter.reason == "permanent_error"
+    assert letter.error_class == "tests.testapp.tasks.InvalidOrder"
+    assert "Traceback" in letter.traceback and "planned failure 1/5" in letter.traceback
+    assert letter.first_failed_at == letter.last_failed_at == job.finished_at
+
+
+def test_system_exit_in_a_handler_fails_the_job_not_the_worker():
+    job = tasks.flaky.enqueue("s", failures=1, error="system_exit")
+    run_until(job, "succeeded")
+    assert (job.status, job.attempts) == ("succeeded", 2)

@@ -1,0 +1,129 @@
+"""Crashed, frozen and stopped workers: leases expire, jobs come back, stale acks are refused."""
+
+import signal
+
+import pytest
+from django.db import connection
+
+from tests.conftest import wait_for
+from tests.testapp import tasks
+from tests.testapp.models import Execution, LedgerEntry
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
+
+
+def status_of(job):
+    job.refresh_from_db()
+    return job.status
+
+
+def test_a_job_killed_mid_run_is_reclaimed_after_its_lease_and_completed_by_another_worker(workers):
+    job = tasks.short_lease.enqueue("crash", seconds=30)
+    first = workers.start("--worker-id", "first")
+    wait_for(lambda: status_of(job) == "running", message="the first worker to claim the job")
+    first.kill()  # SIGKILL mid-job: no chance to clean up
+    first.wait(timeout=10)
+    second = workers.start("--worker-id", "second")
+    wait_for(lambda: status_of(job) == "succeeded", timeout=60, message="the second worker to finish it")
+    assert (job.attempts, job.reappearances, job.worker_id) == (2, 1, "second")
+    assert job.result == second.pid
+    # The killed attempt's transaction never committed: one execution, one effect.
+    assert list(Execution.objects.values_list("attempt", flat=True)) == [2]
+    assert LedgerEntry.objects.get(effect_key="crash").job_id == job.pk
+
+
+def freeze_until_another_worker_finishes(workers, job):
+    frozen = workers.start("--worker-id", "frozen")
+    wait_for(lambda: status_of(job) == "running", message="the first worker to claim the job")
+    frozen.send_signal(signal.SIGSTOP)  # no heartbeat: its 2 s lease runs out
+    workers.start("--worker-id", "healthy")
+    wait_for(lambda: status_of(job) == "succeeded", timeout=60, message="the healthy worker to finish it")
+    assert job.worker_id == "healthy"
+    frozen.send_signal(signal.SIGCONT)
+    # The frozen worker wakes, finishes its handler, and its fenced ack finds the token gone.
+    wait_for(lambda: "ack_rejected" in workers.log(frozen), timeout=30, message="the stale ack to be refused")
+    assert frozen.poll() is None  # the stale worker carries on serving
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.worker_id) == ("succeeded", 2, "healthy")
+
+
+@pytest.mark.postgres
+def test_a_frozen_workers_late_atomic_ack_is_refused_and_its_writes_roll_back(workers):
+    # PostgreSQL only: on SQLite a writer frozen inside its transaction blocks every other writer.
+    job = tasks.short_lease.enqueue("stale", seconds=4, per_attempt=True)
+    freeze_until_another_worker_finishes(workers, job)
+    # Only the healthy attempt's effect exists; the stale attempt's writes rolled back with its ack.
+    assert list(LedgerEntry.objects.values_list("effect_key", flat=True)) == ["stale:2"]
+    assert list(Execution.objects.values_list("attempt", flat=True)) == [2]
+
+
+def test_a_frozen_workers_late_ack_is_refused(workers):
+    job = tasks.short_lease_plain.enqueue("stale-plain", seconds=4)
+    freeze_until_another_worker_finishes(workers, job)
+    # Both attempts ran (at-least-once), but only the healthy one's ack counted.
+    assert sorted(Execution.objects.values_list("attempt", flat=True)) == [1, 2]
+
+
+def test_sigterm_lets_the_running_job_finish_and_exits_zero(workers):
+    job = tasks.short_lease.enqueue("graceful", seconds=1.5)
+    proc = workers.start("--shutdown-grace", "20")
+    wait_for(lambda: status_of(job) == "running", message="the worker to claim the job")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    assert status_of(job) == "succeeded"
+    assert LedgerEntry.objects.filter(effect_key="graceful").exists()
+
+
+def test_jobs_past_the_grace_period_are_given_back_and_run_again(workers):
+    job = tasks.short_lease.enqueue("handback", seconds=30)
+    proc = workers.start("--shutdown-grace", "0.5")
+    wait_for(lambda: status_of(job) == "running", message="the worker to claim the job")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    assert not LedgerEntry.objects.exists()  # its transaction died with the process
+    if connection.vendor == "postgresql":
+        # Handed back at once, the attempt refunded: the worker stopped it, it did not fail.
+        job.refresh_from_db()
+        assert (job.status, job.attempts, job.lease_token) == ("queued", 0, None)
+        assert "job_handed_back" in workers.log(proc)
+    else:
+        # SQLite: the open transaction blocked the hand-back; the lease expiry returns it.
+        assert "job_abandoned" in workers.log(proc)
+    workers.start()
+    wait_for(lambda: status_of(job) == "succeeded", timeout=60, message="another worker to run it")
+    assert LedgerEntry.objects.filter(effect_key="handback").count() == 1
+
+
+def test_double_sigint_skips_the_grace_period(workers):
+    job = tasks.short_lease.enqueue("impatient", seconds=30)
+    proc = workers.start("--shutdown-grace", "600")
+    wait_for(lambda: status_of(job) == "running", message="the worker to claim the job")
+    proc.send_signal(signal.SIGINT)
+    wait_for(lambda: "worker_stopping" in workers.log(proc), message="the first SIGINT to be seen")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 0
+    assert not LedgerEntry.objects.exists()
+
+
+def test_jobs_not_yet_started_are_handed_back_on_sigterm(workers):
+    blocker = tasks.short_lease.enqueue("blocker", seconds=3)
+    waiting = tasks.add.enqueue(1)
+    proc = workers.start("--concurrency", "1", "--batch-size", "2", "--shutdown-grace", "20")
+    wait_for(
+        lambda: status_of(blocker) == "running" and status_of(waiting) == "running", message="both claimed"
+    )
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    assert status_of(blocker) == "succeeded"
+    waiting.refresh_from_db()
+    assert (waiting.status, waiting.attempts) == ("queued", 0)
+
+
+@pytest.mark.postgres
+def test_an_idle_worker_wakes_on_notify_without_polling(workers):
+    proc = workers.start("--poll-interval", "600", "--reaper-interval", "600")
+    workers.wait_started(proc)
+    job = tasks.add.enqueue(2, b=3)
+    # With polling and reaping set to 10 minutes only the NOTIFY can wake the worker in time.
+    wait_for(lambda: status_of(job) == "succeeded", timeout=20, message="the NOTIFY to wake the worker")
+    assert job.result == 5

@@ -1,0 +1,125 @@
+"""Settings for the test suite.
+
+SQLite (a file, so worker subprocesses share it) and local-memory cache by default.
+``JOBGUARD_TEST_DATABASE_URL=postgres://user@host:port/name`` switches to PostgreSQL;
+``JOBGUARD_TEST_REDIS_URL=redis://host:port/db`` adds a django-redis cache alias "redis".
+``JOBGUARD_TEST_DB_NAME`` is set by the suite for the worker processes it spawns, so they
+use the test database pytest-django created.
+"""
+
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+BASE_DIR = Path(__file__).resolve().parent
+SECRET_KEY = "tests-only-not-secret"  # noqa: S105
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+
+DATABASE_URL = os.environ.get("JOBGUARD_TEST_DATABASE_URL", "")
+REDIS_URL = os.environ.get("JOBGUARD_TEST_REDIS_URL", "")
+
+if DATABASE_URL:
+    url = urlparse(DATABASE_URL)
+    if url.scheme not in ("postgres", "postgresql"):
+        raise ValueError("JOBGUARD_TEST_DATABASE_URL must be a postgres:// URL")
+    DATABASES: dict[str, dict[str, Any]] = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": unquote(url.path.lstrip("/")) or "jobguard",
+            "USER": unquote(url.username or ""),
+            "PASSWORD": unquote(url.password or ""),
+            "HOST": url.hostname or "",
+            "PORT": str(url.port or ""),
+        }
+    }
+else:
+    DB_DIR = BASE_DIR / ".db"
+    DB_DIR.mkdir(exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(DB_DIR / "jobguard.sqlite3"),
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+            # A file, not :memory:, so worker subprocesses see the same database.
+            "TEST": {
+                "NAME": str(DB_DIR / f"test_jobguard_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.sqlite3")
+            },
+        }
+    }
+
+if os.environ.get("JOBGUARD_TEST_DB_NAME"):
+    DATABASES["default"]["NAME"] = os.environ["JOBGUARD_TEST_DB_NAME"]
+
+CACHES: dict[str, dict[str, Any]] = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+if REDIS_URL:
+    CACHES["redis"] = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": REDIS_URL,
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 1, "SOCKET_TIMEOUT": 2},
+    }
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_jobguard",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "/static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast test users
+
+JOBGUARD: dict[str, Any] = {
+    "QUEUES": {"default": {"visibility_timeout": 30}, "slow": {"visibility_timeout": 120}},
+    # Fast retries so process tests do not wait on production backoff.
+    "RETRY": {"base": 0.05, "max": 0.5, "jitter": 0.05},
+    "RECOVERABLE_RETRY": {"base": 0.2, "max": 1.0, "jitter": 0.1},
+    "POLL_INTERVAL": 0.2,
+    "REAPER_INTERVAL": 0.5,
+    "LOCKS": {"CONTENTION_DELAY": 0.1},
+}
+if os.environ.get("JOBGUARD_TEST_LOCK_BACKEND") == "redis":
+    JOBGUARD["LOCKS"] = {**JOBGUARD["LOCKS"], "BACKEND": "redis", "CACHE_ALIAS": "redis"}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {
+        "django_jobguard": {
+            "handlers": ["console"],
+            "level": os.environ.get("JOBGUARD_TEST_LOG_LEVEL", "WARNING"),
+        }
+    },
+}

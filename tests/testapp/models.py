@@ -1,0 +1,41 @@
+"""Tables the test tasks write to, so tests can count executions and effects."""
+
+from django.db import models
+
+
+class Execution(models.Model):
+    """One row per handler run (no unique key): counts raw executions, duplicates included."""
+
+    marker = models.CharField(max_length=100, db_index=True)
+    job_id = models.BigIntegerField(null=True)
+    attempt = models.IntegerField(default=0)
+    worker = models.CharField(max_length=128, blank=True, default="")
+    pid = models.IntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.marker} job {self.job_id} attempt {self.attempt}"
+
+
+class LedgerEntry(models.Model):
+    """The idempotent effect: one row per business key, guarded by a unique constraint."""
+
+    effect_key = models.CharField(max_length=100, unique=True)
+    amount = models.IntegerField(default=0)
+    job_id = models.BigIntegerField(null=True)
+
+    def __str__(self) -> str:
+        return self.effect_key
+
+
+class Interval(models.Model):
+    """When a locked handler ran on a resource, for the overlap detector."""
+
+    resource = models.CharField(max_length=100)
+    started = models.FloatField()
+    ended = models.FloatField()
+    pid = models.IntegerField()
+    fencing_token = models.BigIntegerField(null=True)
+
+    def __str__(self) -> str:
+        return f"{self.resource} {self.started:.3f}-{self.ended:.3f}"

@@ -1,0 +1,128 @@
+"""Purpose-built tasks for the suite. Discovered by the worker like any app's tasks.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from django_jobguard import PermanentError, RecoverableError, TransientError, task
+
+from .models import Execution, Interval, LedgerEntry
+
+
+class ProviderTimeout(Exception):
+    """A user-defined error mapped to transient with retry_on."""
+
+
+class InvalidOrder(Exception):
+    """A user-defined error mapped to permanent with fatal_on."""
+
+
+@task()
+def noop() -> None:
+    return None
+
+
+@task()
+def add(a: int, b: int = 0) -> int:
+    return a + b
+
+
+@task(atomic=True, takes_context=True)
+def record(context, marker: str, amount: int = 1) -> str:
+    """Atomic: the raw execution, the ledger effect and the ack commit together."""
+    Execution.objects.create(marker=marker, job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    LedgerEntry.objects.create(effect_key=marker, amount=amount, job_id=context.job_id)
+    return marker
+
+
+@task(takes_context=True)
+def record_plain(context, marker: str) -> str:
+    """Not atomic: each write commits on its own."""
+    Execution.objects.create(marker=marker, job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    return marker
+
+
+@task(atomic=True, takes_context=True, queue_name="slow")
+def slow_record(context, marker: str, seconds: float) -> str:
+    """Runs longer than a short lease; the heartbeat must keep it alive."""
+    Execution.objects.create(marker=marker, job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    LedgerEntry.objects.create(effect_key=marker, job_id=context.job_id)
+    return marker
+
+
+@task(takes_context=True, retry_on=(ProviderTimeout,), fatal_on=(InvalidOrder,), max_attempts=4)
+def flaky(context, marker: str, failures: int, error: str = "transient") -> int:
+    """Fails ``failures`` times with the named error, then succeeds."""
+    Execution.objects.create(marker=marker, job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    if context.attempt <= failures:
+        errors = {
+            "transient": TransientError,
+            "recoverable": RecoverableError,
+            "permanent": PermanentError,
+            "provider_timeout": ProviderTimeout,
+            "invalid_order": InvalidOrder,
+            "value": ValueError,
+            "system_exit": SystemExit,
+        }
+        raise errors[error](f"{marker}: planned failure {context.attempt}/{failures}")
+    return context.attempt
+
+
+@task()
+def returns_object() -> object:
+    return object()
+
+
+@task(max_attempts=2)
+def kills_worker() -> None:
+    """Poison: takes its worker down every time."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@task(timeout=1.0, max_attempts=2)
+def hangs(seconds: float = 3600) -> None:
+    """Poison: runs past its hard timeout."""
+    time.sleep(seconds)
+
+
+@task(lock="res:{resource}", takes_context=True)
+def locked_interval(context, resource: str, hold: float = 0.01) -> None:
+    started = time.time()
+    time.sleep(hold)
+    Interval.objects.create(
+        resource=resource,
+        started=started,
+        ended=time.time(),
+        pid=os.getpid(),
+        fencing_token=context.fencing_token,
+    )
+
+
+@task(atomic=True, takes_context=True, visibility_timeout=2)
+def short_lease(context, marker: str, seconds: float = 0.0, per_attempt: bool = False) -> int:
+    """A 2 s lease so crash tests see it expire quickly. Sleeps on the first attempt only.
+
+    Atomic: the execution row, the ledger effect and the ack commit together. With
+    ``per_attempt`` the effect key names the attempt, so a stale attempt's effect would
+    show up as its own row instead of colliding with the unique key.
+    """
+    Execution.objects.create(marker=marker, job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    if context.attempt == 1:
+        time.sleep(seconds)
+    key = f"{marker}:{context.attempt}" if per_attempt else marker
+    LedgerEntry.objects.create(effect_key=key, job_id=context.job_id)
+    return os.getpid()
+
+
+@task(takes_context=True, visibility_timeout=2)
+def short_lease_plain(context, marker: str, seconds: float = 0.0) -> int:
+    """Not atomic: holds no transaction while it sleeps (SQLite-friendly). First attempt sleeps."""
+    Execution.objects.create(marker=marker, job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    if context.attempt == 1:
+        time.sleep(seconds)
+    return context.attempt

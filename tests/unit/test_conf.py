@@ -1,0 +1,68 @@
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from django_jobguard import conf
+
+
+def test_defaults_apply_when_setting_is_absent():
+    settings = conf.parse(None)
+    assert settings.visibility_timeout == 60
+    assert settings.max_attempts == 5
+    assert (settings.retry.base, settings.retry.max, settings.retry.jitter) == (5, 300, 3)
+    assert settings.locks.backend == "database"
+    assert settings.locks.prefix == "jobguard:lock:"
+
+
+def test_queue_options_override_globals_and_fill_missing_keys():
+    settings = conf.parse(
+        {
+            "VISIBILITY_TIMEOUT": 90,
+            "QUEUES": {"exports": {"visibility_timeout": 3600, "retry": {"base": 30}}},
+        }
+    )
+    exports = settings.queue("exports")
+    assert exports.visibility_timeout == 3600
+    assert exports.retry.base == 30
+    assert exports.retry.max == 300  # from the global policy
+    assert settings.queue("unlisted").visibility_timeout == 90
+
+
+@pytest.mark.parametrize(
+    ("raw", "named"),
+    [
+        ({"VISIBILITY_TIMOUT": 5}, "JOBGUARD['VISIBILITY_TIMOUT']"),
+        (
+            {"QUEUES": {"exports": {"visibility_timeout": -1}}},
+            "JOBGUARD['QUEUES']['exports']['visibility_timeout']",
+        ),
+        ({"QUEUES": {"exports": {"visibilty": 1}}}, "JOBGUARD['QUEUES']['exports']['visibilty']"),
+        ({"RETRY": {"base": "5"}}, "JOBGUARD['RETRY']['base']"),
+        ({"RETRY": {"base": 10, "max": 1}}, "JOBGUARD['RETRY']['max']"),
+        ({"LOCKS": {"BACKEND": "zookeeper"}}, "JOBGUARD['LOCKS']['BACKEND']"),
+        ({"LOCKS": {"TTL": 0}}, "JOBGUARD['LOCKS']['TTL']"),
+        ({"MAX_ATTEMPTS": 0}, "JOBGUARD['MAX_ATTEMPTS']"),
+        ({"UNCLASSIFIED_ERRORS": "maybe"}, "JOBGUARD['UNCLASSIFIED_ERRORS']"),
+        ({"REPLAY": {"RATE_PER_MINUTE": 0}}, "JOBGUARD['REPLAY']['RATE_PER_MINUTE']"),
+    ],
+)
+def test_invalid_settings_name_the_key(raw, named):
+    with pytest.raises(ImproperlyConfigured) as info:
+        conf.parse(raw)
+    assert named in str(info.value)
+
+
+def test_the_cached_settings_follow_override_settings():
+    before = conf.get_settings().visibility_timeout
+    with override_settings(JOBGUARD={"VISIBILITY_TIMEOUT": 1234}):
+        assert conf.get_settings().visibility_timeout == 1234
+    assert conf.get_settings().visibility_timeout == before
+
+
+def test_system_check_reports_invalid_settings():
+    from django_jobguard.checks import check_settings
+
+    with override_settings(JOBGUARD={"QUEUES": []}):
+        messages = check_settings()
+    assert [m.id for m in messages] == ["jobguard.E001"]
+    assert "JOBGUARD['QUEUES']" in messages[0].msg

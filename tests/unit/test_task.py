@@ -1,0 +1,63 @@
+import pytest
+
+from django_jobguard import InvalidArgumentsError, task
+from django_jobguard.exceptions import InvalidTaskError
+from django_jobguard.registry import registry
+from tests.testapp import tasks
+
+
+def test_tasks_are_registered_under_their_dotted_path():
+    assert tasks.add.name == "tests.testapp.tasks.add"
+    assert registry.get("tests.testapp.tasks.add") is tasks.add
+
+
+def test_unknown_task_lookup_names_the_task():
+    with pytest.raises(LookupError, match=r"nope\.missing"):
+        registry.get("nope.missing")
+
+
+def test_lock_template_must_name_parameters():
+    with pytest.raises(InvalidTaskError, match="'order'"):
+
+        @task(lock="order:{order}", name="tests.bad_lock")
+        def charge(order_id: int) -> None: ...
+
+
+def test_takes_context_needs_a_first_positional_parameter():
+    with pytest.raises(InvalidTaskError, match="first parameter"):
+
+        @task(takes_context=True, name="tests.bad_context")
+        def handler(*, order_id: int) -> None: ...
+
+
+def test_nested_functions_need_an_explicit_name():
+    with pytest.raises(InvalidTaskError, match="module level"):
+
+        @task
+        def inner() -> None: ...
+
+
+@pytest.mark.parametrize("option", [{"priority": 101}, {"max_attempts": 0}, {"visibility_timeout": 0}])
+def test_invalid_options_are_rejected(option):
+    with pytest.raises(InvalidTaskError):
+        task(name="tests.bad_option", **option)(lambda: None)
+
+
+def test_bind_rejects_arguments_that_do_not_fit():
+    with pytest.raises(InvalidArgumentsError, match=r"tests\.testapp\.tasks\.add"):
+        tasks.add.bind([1, 2, 3], {})
+
+
+def test_lock_key_is_formatted_from_bound_arguments():
+    bound = tasks.locked_interval.bind(["alpha"], {})
+    assert tasks.locked_interval.lock_key_for(bound) == "res:alpha"
+
+
+def test_call_runs_the_handler_in_process():
+    assert tasks.add.call(2, b=3) == 5
+
+
+def test_using_returns_a_copy_with_overrides():
+    copy = tasks.add.using(priority=10, queue_name="fast")
+    assert (copy.priority, copy.queue_name) == (10, "fast")
+    assert tasks.add.priority == 0
