@@ -14,7 +14,7 @@ django.setup()
 
 project = "django-jobguard"
 author = "The django-jobguard developers"
-copyright = "2026, the django-jobguard developers"  # noqa: A001
+copyright = "2026, the django-jobguard developers"
 extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.intersphinx"]
 source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build"]
