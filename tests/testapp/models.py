@@ -39,3 +39,27 @@ class Interval(models.Model):
 
     def __str__(self) -> str:
         return f"{self.resource} {self.started:.3f}-{self.ended:.3f}"
+
+
+class ProviderCall(models.Model):
+    """A fake external provider's record of requests, one row per call (duplicates included)."""
+
+    idempotency_key = models.CharField(max_length=255, db_index=True)
+    amount = models.IntegerField(default=0)
+    pid = models.IntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.idempotency_key} ({self.amount})"
+
+
+class FencedCounter(models.Model):
+    """A resource that refuses writes from lock holders older than the last one it saw."""
+
+    resource = models.CharField(max_length=100, unique=True)
+    value = models.IntegerField(default=0)
+    last_fencing_token = models.BigIntegerField(default=0)
+    rejected_writes = models.IntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.resource}={self.value}"
