@@ -12,10 +12,9 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
 from django.db.models.functions import Now
 
-from . import idempotency, metrics, signals
+from . import idempotency, leasing, metrics, signals
 from .conf import get_settings
 from .exceptions import InvalidArgumentsError
 
@@ -69,7 +68,7 @@ def _prepare(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any
     if len(queue_name) > MAX_QUEUE_NAME_LENGTH:
         raise InvalidArgumentsError(f"queue_name must be at most {MAX_QUEUE_NAME_LENGTH} characters.")
     queue = conf.queue(queue_name)
-    fields: dict[str, Any] = {
+    return {
         "task_name": task.name,
         "queue_name": queue_name,
         "args": clean_args,
@@ -81,30 +80,39 @@ def _prepare(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any
         "handler_version": task.handler_version or conf.handler_version,
         "idempotency_key": task.idempotency_key,
     }
-    if isinstance(task.run_after, datetime.datetime):
-        fields["run_after"] = task.run_after
-    elif isinstance(task.run_after, datetime.timedelta):
-        # Database clock, like every other time the worker compares against.
-        fields["run_after"] = Now() + task.run_after
-    return fields
+
+
+def _insert(task: Task[Any, Any], rows: list[dict[str, Any]], alias: str) -> list[Job]:
+    """Insert ``rows`` and return them as saved ``Job`` instances (no second query)."""
+    from .models import Job
+
+    inserted = leasing.insert_jobs(alias, rows, task.run_after)
+    jobs = []
+    for fields, (pk, run_after, enqueued_at) in zip(rows, inserted, strict=True):
+        job = Job(id=pk, run_after=run_after, enqueued_at=enqueued_at, **fields)
+        job._state.adding = False
+        job._state.db = alias
+        jobs.append(job)
+    return jobs
 
 
 def enqueue(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
     """Store one job for ``task(*args, **kwargs)`` and return it (see :meth:`Task.enqueue`)."""
-    from .models import Job
-
     fields = _prepare(task, args, kwargs)
     alias = get_settings().database_alias
     if task.idempotency_key is not None:
+        if isinstance(task.run_after, datetime.datetime):
+            fields["run_after"] = task.run_after
+        elif isinstance(task.run_after, datetime.timedelta):
+            fields["run_after"] = Now() + task.run_after
         job, created = idempotency.enqueue_once(task, fields, alias)
         if not created:
             metrics.duplicate_prevented(task.name, "enqueue")
             return job
+        if isinstance(task.run_after, datetime.timedelta):
+            job.refresh_from_db(using=alias, fields=["run_after"])
     else:
-        job = Job(**fields)
-        job.save(force_insert=True, using=alias)
-    if "run_after" in fields and not isinstance(fields["run_after"], datetime.datetime):
-        job.refresh_from_db(using=alias, fields=["run_after"])
+        (job,) = _insert(task, [fields], alias)
     metrics.job_enqueued(job.queue_name, job.task_name)
     if signals.job_enqueued.has_listeners(None):
         signals.job_enqueued.send(sender=None, job=job)
@@ -113,17 +121,16 @@ def enqueue(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
 
 def bulk_enqueue(task: Task[Any, Any], calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]) -> list[Job]:
     """Store many jobs of one task in a single INSERT; every call is validated first."""
-    from .models import Job
-
     if task.idempotency_key is not None:
         raise InvalidArgumentsError(
             "bulk_enqueue() does not take one idempotency key for many jobs; enqueue them one by one."
         )
-    rows = [Job(**_prepare(task, args, kwargs)) for args, kwargs in calls]
+    rows = [_prepare(task, args, kwargs) for args, kwargs in calls]
     if not rows:
         return []
-    alias = get_settings().database_alias
-    with transaction.atomic(using=alias):
-        jobs = Job.objects.using(alias).bulk_create(rows)
+    jobs = _insert(task, rows, get_settings().database_alias)
     metrics.job_enqueued(jobs[0].queue_name, task.name, len(jobs))
+    if signals.job_enqueued.has_listeners(None):
+        for job in jobs:
+            signals.job_enqueued.send(sender=None, job=job)
     return jobs

@@ -17,6 +17,7 @@ ack) and the ORM cannot express ``FOR UPDATE SKIP LOCKED`` inside an ``UPDATE``.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.db import connections
+from django.utils.dateparse import parse_datetime
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +117,111 @@ def writes_while_busy(alias: str) -> bool:
     holds the whole database, so a running atomic job blocks every other write.
     """
     return _vendor(alias) == "postgresql"
+
+
+#: Rows per INSERT statement on SQLite (10 parameters a row, well under its variable limit).
+SQLITE_INSERT_CHUNK = 500
+
+_INSERT_COLUMNS = (
+    "task_name, queue_name, args, kwargs, priority, max_attempts, visibility_timeout, "
+    "idempotency_key, lock_key, handler_version, status, attempts, worker_id, last_error, "
+    "reappearances, lock_contentions, checkpoints"
+)
+_INSERT_FIELDS = (
+    "task_name",
+    "queue_name",
+    "args",
+    "kwargs",
+    "priority",
+    "max_attempts",
+    "visibility_timeout",
+    "idempotency_key",
+    "lock_key",
+    "handler_version",
+)
+
+
+def insert_jobs(
+    alias: str,
+    rows: Sequence[dict[str, Any]],
+    run_after: datetime.datetime | datetime.timedelta | None = None,
+) -> list[tuple[int, datetime.datetime, datetime.datetime]]:
+    """Insert queued jobs in one statement (chunks on SQLite); ``(id, run_after, enqueued_at)`` each.
+
+    ``rows`` hold the fields of :data:`_INSERT_FIELDS` with ``args``/``kwargs`` as Python
+    values. ``run_after`` applies to every row: None is "now", a timedelta counts from the
+    database clock. The ORM's ``bulk_create`` spends most of its time compiling per-field
+    SQL; this path is the enqueue hot path.
+    """
+    if not rows:
+        return []
+    connection = connections[alias]
+    postgres = _vendor(alias) == "postgresql"
+    columns = _INSERT_COLUMNS
+    extra_params: list[Any] = []
+    run_after_sql = ""
+    if run_after is not None:
+        columns += ", run_after"
+        if isinstance(run_after, datetime.timedelta):
+            seconds = run_after.total_seconds()
+            if postgres:
+                run_after_sql = ", statement_timestamp() + %s * interval '1 second'"
+                extra_params = [seconds]
+            else:
+                run_after_sql = ", strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
+                extra_params = [f"{seconds:+.6f} seconds"]
+        else:
+            run_after_sql = ", %s"
+            extra_params = [connection.ops.adapt_datetimefield_value(run_after)]
+    constants = "'queued', 0, '', '', 0, 0"
+    results: list[tuple[int, datetime.datetime, datetime.datetime]] = []
+    with connection.cursor() as cursor:
+        if postgres:
+            # One statement whatever the count: ten array parameters, unnested server-side.
+            arrays = [[row[field] for row in rows] for field in _INSERT_FIELDS]
+            arrays[2] = [json.dumps(value) for value in arrays[2]]
+            arrays[3] = [json.dumps(value) for value in arrays[3]]
+            cursor.execute(
+                f"INSERT INTO {_TABLE} ({columns}) "
+                f"SELECT t, q, a::jsonb, k::jsonb, p, m, v, i, l, h, {constants}, "
+                f"'{{}}'::jsonb{run_after_sql} "
+                "FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::smallint[], %s::int[], "
+                "%s::float8[], %s::text[], %s::text[], %s::text[]) AS u(t, q, a, k, p, m, v, i, l, h) "
+                "RETURNING id, run_after, enqueued_at",
+                [*extra_params, *arrays],  # the run_after parameter comes first in the text
+            )
+            results = list(cursor.fetchall())
+        else:
+            placeholder = f"(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {constants}, '{{}}'{run_after_sql})"
+            for start in range(0, len(rows), SQLITE_INSERT_CHUNK):
+                chunk = rows[start : start + SQLITE_INSERT_CHUNK]
+                params: list[Any] = []
+                for row in chunk:
+                    values = [row[field] for field in _INSERT_FIELDS]
+                    values[2] = json.dumps(values[2])
+                    values[3] = json.dumps(values[3])
+                    params += values
+                    params += extra_params
+                cursor.execute(
+                    f"INSERT INTO {_TABLE} ({columns}) VALUES {', '.join([placeholder] * len(chunk))} "
+                    "RETURNING id, run_after, enqueued_at",
+                    params,
+                )
+                results += [
+                    (row[0], _sqlite_datetime(row[1]), _sqlite_datetime(row[2])) for row in cursor.fetchall()
+                ]
+    if len(results) != len(rows):  # pragma: no cover - the database returned a row per insert
+        raise RuntimeError(f"inserted {len(rows)} jobs but got {len(results)} rows back")
+    return results
+
+
+def _sqlite_datetime(value: Any) -> datetime.datetime:
+    if isinstance(value, datetime.datetime):
+        return value
+    parsed = parse_datetime(value)
+    if parsed is None:  # pragma: no cover - SQLite returned what we wrote
+        raise ValueError(f"not a datetime: {value!r}")
+    return parsed.replace(tzinfo=datetime.UTC) if parsed.tzinfo is None else parsed
 
 
 def claim(alias: str, queues: Sequence[str] | None, limit: int, worker_id: str) -> list[ClaimedJob]:
