@@ -23,6 +23,7 @@ import logging
 import os
 import select
 import time
+import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -224,6 +225,29 @@ def _sqlite_datetime(value: Any) -> datetime.datetime:
     return parsed.replace(tzinfo=datetime.UTC) if parsed.tzinfo is None else parsed
 
 
+_tuned_connections: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _tune_for_claims(alias: str) -> None:
+    """Keep PostgreSQL on the ordered index walk for claims, whatever its statistics say.
+
+    Statistics lag behind bursts: a table analysed while it held few queued rows makes
+    the planner expect a handful of due jobs, so it picks a bitmap scan plus a sort of
+    *every* due row (15 ms per claim with 20,000 queued, measured) over the index walk
+    that stops after ``limit`` rows (0.05 ms). Bitmap scans are never the right plan for
+    the claim and reaper queries, so they are turned off for the connection that runs
+    them: the worker's main thread, whose connection runs nothing else.
+    """
+    connection = connections[alias]
+    connection.ensure_connection()
+    raw = connection.connection
+    if raw in _tuned_connections:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_bitmapscan = off")
+    _tuned_connections.add(raw)
+
+
 def claim(alias: str, queues: Sequence[str] | None, limit: int, worker_id: str) -> list[ClaimedJob]:
     """Lease up to ``limit`` due jobs of ``queues`` (all queues if None) in one statement."""
     if limit <= 0:
@@ -231,17 +255,33 @@ def claim(alias: str, queues: Sequence[str] | None, limit: int, worker_id: str) 
     vendor = _vendor(alias)
     params: list[Any] = []
     if vendor == "postgresql":
+        _tune_for_claims(alias)
         # SKIP LOCKED lets concurrent workers pass over rows another claim is taking,
-        # instead of queueing behind it; the partial index keeps the scan to queued rows.
-        queue_filter = ""
-        if queues:
-            queue_filter = "AND queue_name = ANY(%s) "
-            params.append(list(queues))
-        params += [limit, worker_id]
+        # instead of queueing behind it. Each shape below walks a partial index on queued
+        # rows in claim order and stops after `limit` rows, so its cost depends on neither
+        # the backlog nor the finished history. (`queue_name = ANY(...)` would sort every
+        # due row instead, hence one LATERAL index walk per queue for several queues.)
+        due = f"status = 'queued' AND run_after <= {_PG_NOW} AND attempts < max_attempts"
+        order = "ORDER BY priority DESC, run_after, id"
+        if not queues:
+            picked = f"SELECT id FROM {_TABLE} WHERE {due} {order} LIMIT %s FOR UPDATE SKIP LOCKED"
+            params = [limit]
+        elif len(queues) == 1:
+            picked = (
+                f"SELECT id FROM {_TABLE} WHERE queue_name = %s AND {due} {order} "
+                "LIMIT %s FOR UPDATE SKIP LOCKED"
+            )
+            params = [queues[0], limit]
+        else:
+            picked = (
+                "SELECT c.id FROM unnest(%s::text[]) AS q(name), LATERAL ("
+                f"SELECT id, priority, run_after FROM {_TABLE} WHERE queue_name = q.name AND {due} {order} "
+                "LIMIT %s FOR UPDATE SKIP LOCKED) AS c ORDER BY c.priority DESC, c.run_after, c.id LIMIT %s"
+            )
+            params = [list(queues), limit, limit]
+        params.append(worker_id)
         sql = (
-            f"WITH picked AS (SELECT id FROM {_TABLE} WHERE status = 'queued' {queue_filter}"
-            f"AND run_after <= {_PG_NOW} AND attempts < max_attempts "
-            "ORDER BY priority DESC, run_after, id LIMIT %s FOR UPDATE SKIP LOCKED) "
+            f"WITH picked AS ({picked}) "
             f"UPDATE {_TABLE} AS j SET status = 'running', attempts = j.attempts + 1, "
             "lease_token = replace(gen_random_uuid()::text, '-', ''), "
             f"lease_expires_at = {_PG_NOW} + j.visibility_timeout * interval '1 second', "

@@ -102,6 +102,14 @@ class Job(models.Model):
                 name="jobguard_job_due_idx",
                 condition=Q(status="queued"),
             ),
+            # The same order for workers that take every queue.
+            models.Index(
+                F("priority").desc(),
+                F("run_after"),
+                F("id"),
+                name="jobguard_job_due_all_idx",
+                condition=Q(status="queued"),
+            ),
             models.Index(
                 fields=["lease_expires_at"], name="jobguard_job_lease_idx", condition=Q(status="running")
             ),

@@ -45,6 +45,15 @@ def test_claim_takes_higher_priority_first_and_respects_the_limit():
     assert [job.id for job in claim(limit=2)] == [low.id]
 
 
+def test_claim_over_several_queues_keeps_priority_order_across_them():
+    a_low = tasks.add.using(queue_name="a", priority=1).enqueue(1)
+    b_high = tasks.add.using(queue_name="b", priority=9).enqueue(2)
+    a_high = tasks.add.using(queue_name="a", priority=5).enqueue(3)
+    tasks.add.using(queue_name="c", priority=100).enqueue(4)
+    assert [job.id for job in claim(limit=2, queues=["a", "b"])] == [b_high.id, a_high.id]
+    assert [job.id for job in claim(limit=5, queues=["a", "b"])] == [a_low.id]
+
+
 def test_complete_needs_the_current_token():
     tasks.add.enqueue(1)
     (job,) = claim()
