@@ -22,7 +22,9 @@ pytestmark = pytest.mark.django_db
 TASK = "tests.testapp.tasks.add"
 
 
-def job(queue: str, status: str = "queued", *, seconds: float = -120, finished_ago: float | None = None) -> Job:
+def job(
+    queue: str, status: str = "queued", *, seconds: float = -120, finished_ago: float | None = None
+) -> Job:
     """A job row of ``queue``: ``seconds`` from now is its run_after (negative: due)."""
     now = timezone.now()
     fields: dict = {
@@ -32,9 +34,7 @@ def job(queue: str, status: str = "queued", *, seconds: float = -120, finished_a
         "run_after": now + datetime.timedelta(seconds=seconds),
     }
     if status == "running":
-        fields.update(
-            lease_token="t" * 32, lease_expires_at=now + datetime.timedelta(seconds=60), attempts=1
-        )
+        fields.update(lease_token="t" * 32, lease_expires_at=now + datetime.timedelta(seconds=60), attempts=1)
     if finished_ago is not None:
         fields.update(finished_at=now - datetime.timedelta(seconds=finished_ago), attempts=1)
     return Job.objects.create(**fields)
