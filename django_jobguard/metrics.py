@@ -87,7 +87,8 @@ class MetricInfo:
     type: str
     labels: tuple[str, ...]
     documentation: str
-    #: Which process exposes it: "worker", "web" (enqueues), "web and worker", or "web (scrape)".
+    #: Which process counts it: "worker", "enqueuing process" (often the web), or "web (scrape)":
+    #: computed from the database by whichever process serves /metrics.
     source: str
 
 
@@ -125,7 +126,9 @@ def _gauge(name: str, documentation: str, labels: tuple[str, ...]) -> MetricInfo
     return info
 
 
-ENQUEUED = _counter("jobguard_jobs_enqueued_total", "Jobs enqueued.", ("queue", "task"), source="web")
+ENQUEUED = _counter(
+    "jobguard_jobs_enqueued_total", "Jobs enqueued.", ("queue", "task"), source="enqueuing process"
+)
 SUCCEEDED = _counter(
     "jobguard_jobs_succeeded_total", "Jobs that succeeded and were acked.", ("queue", "task")
 )
@@ -165,7 +168,7 @@ DUPLICATES = _counter(
     "jobguard_idempotency_duplicates_total",
     "Duplicates stopped by an idempotency key, at enqueue or at execution.",
     ("task", "where"),
-    source="web and worker",
+    source="enqueuing process and worker",
 )
 UNIQUE_CONFLICTS = _counter(
     "jobguard_unique_conflicts_total",
