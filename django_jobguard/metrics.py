@@ -301,8 +301,9 @@ class QueueCollector:
     """Computes the ``jobguard_queue_*`` gauges from the database at each scrape.
 
     It runs :func:`django_jobguard.stats.queue_stats` (a fixed, small number of indexed
-    queries) on ``alias``. A database error does not break the scrape of the other
-    metrics: it is logged, and ``jobguard_queue_stats_up`` reads 0.
+    queries) on ``alias``. An error (the database is down, or a test forbids database
+    access) does not break the scrape of the other metrics: it is logged, and
+    ``jobguard_queue_stats_up`` reads 0.
     """
 
     def __init__(self, alias: str | None = None) -> None:
@@ -317,7 +318,7 @@ class QueueCollector:
         ]
 
     def collect(self) -> Iterator[Any]:
-        from django.db import DatabaseError, connections, transaction
+        from django.db import connections, transaction
 
         from .conf import get_settings
         from .stats import queue_stats
@@ -339,7 +340,9 @@ class QueueCollector:
             for stats in rows:
                 for family, field in families:
                     family.add_metric([stats.queue], float(getattr(stats, field)))
-        except DatabaseError:
+        except Exception:
+            # Whatever went wrong (database down, no database access at all), the rest of the
+            # page must still be served: the scrape reports the gauges as down instead.
             logger.warning("queue_stats_failed alias=%s", alias, exc_info=True)
             up = 0.0
             families = [(_family(info), field) for info, field in _QUEUE_FIELDS]

@@ -193,3 +193,14 @@ def test_alert_rules_name_real_metrics_and_cover_the_failure_modes():
 def test_the_expression_check_catches_mistakes(expr, problem):
     problems = expression_problems(expr, exposed_series())
     assert any(problem in p for p in problems), problems
+
+
+def test_a_scrape_without_database_access_still_serves_the_rest(caplog):
+    # No django_db mark: pytest-django forbids queries, as a broken database would.
+    page = prometheus_client.generate_latest(prometheus_client.REGISTRY).decode()
+    assert "jobguard_queue_stats_up 0.0" in page
+    assert "jobguard_queue_depth{" not in page
+    assert "python_info" in page
+    assert any(
+        record.getMessage().startswith("queue_stats_failed alias=default") for record in caplog.records
+    )
