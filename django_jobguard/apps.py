@@ -1,4 +1,4 @@
-"""App configuration: wires settings reloads, system checks and task discovery."""
+"""App configuration: wires settings reloads, system checks, task discovery and the queue gauges."""
 
 from django.apps import AppConfig
 from django.core.signals import setting_changed
@@ -12,7 +12,9 @@ class JobguardConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, conf, registry  # noqa: F401 - checks register on import
+        from . import checks, conf, metrics, registry  # noqa: F401 - checks register on import
 
         setting_changed.connect(conf.reload, dispatch_uid="jobguard_settings_reload")
         registry.autodiscover()
+        # Queries run only when /metrics is scraped; the worker's own server leaves it out.
+        metrics.register_queue_collector()

@@ -3,14 +3,15 @@
 Every record about a job carries the same ``extra=`` fields so a JSON formatter (see the
 example project) turns them into searchable keys: ``job_id``, ``job_type`` (the task),
 ``queue``, ``attempt``, ``idempotency_key``, ``lock_key`` / ``resource_id``, ``worker_id``,
-and ``duration`` / ``outcome`` once the attempt ends.
+``duration`` (seconds the handler ran, when it ran) and ``outcome``. Every key is always
+present, None where it does not apply, so formatters and log queries need no special cases.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-__all__ = ["JOB_LOG_FIELDS", "job_fields"]
+__all__ = ["JOB_LOG_FIELDS", "OUTCOMES", "job_fields"]
 
 JOB_LOG_FIELDS = (
     "job_id",
@@ -26,6 +27,25 @@ JOB_LOG_FIELDS = (
 )
 
 
+#: Values of ``outcome``: how the attempt (or the event the record reports) ended.
+OUTCOMES = (
+    "succeeded",
+    "retry",
+    "dead",
+    "duplicate",
+    "lock_contended",
+    "lock_unavailable",
+    "lock_lost",
+    "lease_lost",
+    "stale",
+    "reappeared",
+    "handed_back",
+    "abandoned",
+    "db_error",
+    "crashed",
+)
+
+
 class _JobLike(Protocol):
     id: int
     task_name: str
@@ -36,7 +56,7 @@ class _JobLike(Protocol):
 
 
 def job_fields(job: _JobLike, worker_id: str = "", **more: Any) -> dict[str, Any]:
-    """The ``extra=`` dict for a log record about ``job``; ``more`` adds duration, outcome..."""
+    """The ``extra=`` dict for a log record about ``job``; ``more`` sets duration, outcome..."""
     fields: dict[str, Any] = {
         "job_id": job.id,
         "job_type": job.task_name,
@@ -47,6 +67,8 @@ def job_fields(job: _JobLike, worker_id: str = "", **more: Any) -> dict[str, Any
         # The resource a lock key guards ("order:123"), for dashboards that group by it.
         "resource_id": job.lock_key or None,
         "worker_id": worker_id,
+        "duration": None,
+        "outcome": None,
     }
     fields.update(more)
     return fields

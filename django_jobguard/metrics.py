@@ -1,12 +1,31 @@
 """Prometheus metrics: worker counters, durations, and the scrape-time queue collector.
 
+Two kinds of metrics, served by different processes:
+
+- **Counters and the duration histogram** (``jobguard_jobs_*``, ``jobguard_lock_*``...) are
+  incremented where things happen: enqueues in the web process, everything else in the
+  worker. ``manage.py jobguard_worker --metrics-port P`` serves a worker's own (or use
+  prometheus_client's multiprocess mode, see ``docs/how-to/monitoring.md``).
+- **Queue gauges** (``jobguard_queue_*``) are computed from the database when scraped,
+  by :class:`QueueCollector` through :func:`django_jobguard.stats.queue_stats`. The app
+  registers the collector in every process at start-up, so django-prometheus's
+  ``/metrics`` view serves it in the web process; the worker's metrics server leaves it
+  out, so N workers do not each run the same queries and export the same numbers.
+
 Everything is a no-op when ``prometheus_client`` is not installed (the ``metrics`` extra),
 so the hot path never has to ask. Labels stay bounded: queue, task, status, category,
-reason, where. Never a job id or a key.
+reason, where, operation. Never a job id or a key.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import nullcontext
 from typing import Any
 
 try:
@@ -14,7 +33,20 @@ try:
 except ImportError:  # pragma: no cover - exercised only without the metrics extra
     prometheus_client = None  # type: ignore[assignment]
 
-__all__ = ["ENABLED"]
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "CATALOGUE",
+    "ENABLED",
+    "MetricInfo",
+    "QueueCollector",
+    "WorkerMetricsServer",
+    "metrics_view",
+    "reference_table",
+    "register_queue_collector",
+    "serve_worker_metrics",
+    "unregister_queue_collector",
+]
 
 ENABLED = prometheus_client is not None
 
@@ -40,6 +72,25 @@ DURATION_BUCKETS_SECONDS = (
     3600,
 )
 
+#: The only label names a jobguard metric may carry (each with a small, bounded set of values).
+ALLOWED_LABELS = frozenset({"queue", "task", "status", "category", "reason", "where", "operation"})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MetricInfo:
+    """One metric as exposed: the name to query, its type, labels and meaning.
+
+    ``CATALOGUE`` lists them all; ``docs/reference/metrics.md`` is generated from it.
+    """
+
+    name: str
+    type: str
+    labels: tuple[str, ...]
+    documentation: str
+    #: Which process counts it: "worker", "enqueuing process" (often the web), or "web (scrape)":
+    #: computed from the database by whichever process serves /metrics.
+    source: str
+
 
 class _Noop:
     def labels(self, *args: Any, **kwargs: Any) -> _Noop:
@@ -52,19 +103,32 @@ class _Noop:
         pass
 
 
-def _counter(name: str, documentation: str, labels: tuple[str, ...]) -> Any:
+_CATALOGUE: list[MetricInfo] = []
+
+
+def _counter(name: str, documentation: str, labels: tuple[str, ...], source: str = "worker") -> Any:
+    _CATALOGUE.append(MetricInfo(name, "counter", labels, documentation, source))
     if prometheus_client is None:
         return _Noop()
     return prometheus_client.Counter(name, documentation, labels)
 
 
-def _histogram(name: str, documentation: str, labels: tuple[str, ...]) -> Any:
+def _histogram(name: str, documentation: str, labels: tuple[str, ...], source: str = "worker") -> Any:
+    _CATALOGUE.append(MetricInfo(name, "histogram", labels, documentation, source))
     if prometheus_client is None:
         return _Noop()
     return prometheus_client.Histogram(name, documentation, labels, buckets=DURATION_BUCKETS_SECONDS)
 
 
-ENQUEUED = _counter("jobguard_jobs_enqueued_total", "Jobs enqueued.", ("queue", "task"))
+def _gauge(name: str, documentation: str, labels: tuple[str, ...]) -> MetricInfo:
+    info = MetricInfo(name, "gauge", labels, documentation, "web (scrape)")
+    _CATALOGUE.append(info)
+    return info
+
+
+ENQUEUED = _counter(
+    "jobguard_jobs_enqueued_total", "Jobs enqueued.", ("queue", "task"), source="enqueuing process"
+)
 SUCCEEDED = _counter(
     "jobguard_jobs_succeeded_total", "Jobs that succeeded and were acked.", ("queue", "task")
 )
@@ -104,7 +168,57 @@ DUPLICATES = _counter(
     "jobguard_idempotency_duplicates_total",
     "Duplicates stopped by an idempotency key, at enqueue or at execution.",
     ("task", "where"),
+    source="enqueuing process and worker",
 )
+UNIQUE_CONFLICTS = _counter(
+    "jobguard_unique_conflicts_total",
+    "Attempts that failed on a unique-constraint violation: a duplicate effect the database refused.",
+    ("queue", "task"),
+)
+
+# Queue gauges: computed from the database at scrape time by QueueCollector.
+QUEUE_DEPTH = _gauge(
+    "jobguard_queue_depth", "Queued jobs that are due: the work waiting for a worker.", ("queue",)
+)
+QUEUE_SCHEDULED = _gauge(
+    "jobguard_queue_scheduled",
+    "Queued jobs that may not start yet (retries waiting out their backoff, delayed jobs).",
+    ("queue",),
+)
+QUEUE_IN_FLIGHT = _gauge(
+    "jobguard_queue_in_flight", "Running jobs: claimed by a worker and holding a lease.", ("queue",)
+)
+QUEUE_OLDEST_AGE = _gauge(
+    "jobguard_queue_oldest_age_seconds",
+    "Seconds the oldest due job has waited since its run_after (0 when none is due).",
+    ("queue",),
+)
+QUEUE_DEAD_LETTERS = _gauge(
+    "jobguard_queue_dead_letters",
+    "Dead letters not replayed and not rejected: the dead-letter queue's size.",
+    ("queue",),
+)
+QUEUE_PENDING_APPROVALS = _gauge(
+    "jobguard_queue_replays_pending_approval",
+    "Dead letters whose replay was requested and awaits approval.",
+    ("queue",),
+)
+QUEUE_STATS_UP = _gauge(
+    "jobguard_queue_stats_up",
+    "1 if the last scrape read the queue statistics from the database, 0 if that failed.",
+    (),
+)
+QUEUE_STATS_DURATION = _gauge(
+    "jobguard_queue_stats_duration_seconds",
+    "Seconds the last scrape spent reading the queue statistics from the database.",
+    (),
+)
+
+#: Every metric django-jobguard exposes, in the order of the reference page.
+CATALOGUE: tuple[MetricInfo, ...] = tuple(_CATALOGUE)
+
+#: Prefix shared by the scrape-time gauges (none of them is served by a worker).
+QUEUE_GAUGE_PREFIX = "jobguard_queue_"
 
 
 def job_enqueued(queue: str, task: str, count: int = 1) -> None:
@@ -146,3 +260,210 @@ def lease_lost(queue: str, task: str, operation: str) -> None:
 
 def duplicate_prevented(task: str, where: str) -> None:
     DUPLICATES.labels(task, where).inc()
+
+
+def unique_conflict(queue: str, task: str) -> None:
+    """Count a unique-constraint conflict (handlers that catch their own may call this too)."""
+    UNIQUE_CONFLICTS.labels(queue, task).inc()
+
+
+def is_unique_violation(exc: BaseException) -> bool:
+    """Whether ``exc`` is a database unique-constraint violation (PostgreSQL or SQLite)."""
+    from django.db import IntegrityError
+
+    if not isinstance(exc, IntegrityError):
+        return False
+    # psycopg puts the SQLSTATE on the original error; 23505 is unique_violation.
+    if getattr(exc.__cause__, "sqlstate", None) == "23505":
+        return True
+    return str(exc).startswith("UNIQUE constraint failed")
+
+
+# -- the queue collector ---------------------------------------------------------------
+
+_QUEUE_FIELDS = (
+    (QUEUE_DEPTH, "depth"),
+    (QUEUE_SCHEDULED, "scheduled"),
+    (QUEUE_IN_FLIGHT, "in_flight"),
+    (QUEUE_OLDEST_AGE, "oldest_age_seconds"),
+    (QUEUE_DEAD_LETTERS, "dead_letters"),
+    (QUEUE_PENDING_APPROVALS, "pending_approvals"),
+)
+
+
+def _family(info: MetricInfo) -> Any:
+    from prometheus_client.core import GaugeMetricFamily
+
+    return GaugeMetricFamily(info.name, info.documentation, labels=info.labels)
+
+
+class QueueCollector:
+    """Computes the ``jobguard_queue_*`` gauges from the database at each scrape.
+
+    It runs :func:`django_jobguard.stats.queue_stats` (a fixed, small number of indexed
+    queries) on ``alias``. An error (the database is down, or a test forbids database
+    access) does not break the scrape of the other metrics: it is logged, and
+    ``jobguard_queue_stats_up`` reads 0.
+    """
+
+    def __init__(self, alias: str | None = None) -> None:
+        self.alias = alias
+
+    def describe(self) -> list[Any]:
+        # Registering calls describe(), or collect() if there is none: keep the
+        # registration free of database queries.
+        return [_family(info) for info, _ in _QUEUE_FIELDS] + [
+            _family(QUEUE_STATS_UP),
+            _family(QUEUE_STATS_DURATION),
+        ]
+
+    def collect(self) -> Iterator[Any]:
+        from django.db import connections, transaction
+
+        from .conf import get_settings
+        from .stats import queue_stats
+
+        alias = self.alias or get_settings().database_alias
+        connection = connections[alias]
+        # A scrape served outside a request (e.g. a metrics thread) must not leave a
+        # connection open per thread: close what we opened, unless a transaction holds it.
+        opened_here = connection.connection is None
+        families = [(_family(info), field) for info, field in _QUEUE_FIELDS]
+        began = time.perf_counter()
+        up = 1.0
+        try:
+            # Inside a transaction (ATOMIC_REQUESTS), a savepoint, so a failed query cannot
+            # poison it; in autocommit a failed query harms nothing.
+            guard = transaction.atomic(using=alias) if connection.in_atomic_block else nullcontext()
+            with guard:
+                rows = queue_stats(alias)
+            for stats in rows:
+                for family, field in families:
+                    family.add_metric([stats.queue], float(getattr(stats, field)))
+        except Exception:
+            # Whatever went wrong (database down, no database access at all), the rest of the
+            # page must still be served: the scrape reports the gauges as down instead.
+            logger.warning("queue_stats_failed alias=%s", alias, exc_info=True)
+            up = 0.0
+            families = [(_family(info), field) for info, field in _QUEUE_FIELDS]
+        finally:
+            if opened_here and not connection.in_atomic_block:
+                connection.close()
+        elapsed = time.perf_counter() - began
+        for family, _ in families:
+            yield family
+        up_family = _family(QUEUE_STATS_UP)
+        up_family.add_metric([], up)
+        yield up_family
+        duration_family = _family(QUEUE_STATS_DURATION)
+        duration_family.add_metric([], elapsed)
+        yield duration_family
+
+
+_registered: dict[int, QueueCollector] = {}
+_registered_lock = threading.Lock()
+
+
+def register_queue_collector(registry: Any = None, alias: str | None = None) -> QueueCollector | None:
+    """Register the queue collector in ``registry`` (prometheus_client's default), once.
+
+    The app calls this at start-up, so django-prometheus's ``/metrics`` view serves the
+    gauges. Returns the collector, or None without prometheus_client.
+    """
+    if prometheus_client is None:
+        return None
+    registry = registry if registry is not None else prometheus_client.REGISTRY
+    with _registered_lock:
+        collector = _registered.get(id(registry))
+        if collector is None:
+            collector = QueueCollector(alias)
+            registry.register(collector)
+            _registered[id(registry)] = collector
+    return collector
+
+
+def unregister_queue_collector(registry: Any = None) -> None:
+    """Remove the queue collector from ``registry`` (a worker's metrics server does this)."""
+    if prometheus_client is None:
+        return
+    registry = registry if registry is not None else prometheus_client.REGISTRY
+    with _registered_lock:
+        collector = _registered.pop(id(registry), None)
+        if collector is not None:
+            registry.unregister(collector)
+
+
+# -- serving ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class WorkerMetricsServer:
+    """A worker's metrics HTTP server (prometheus_client's), running in a daemon thread."""
+
+    port: int
+    addr: str
+    _server: Any
+    _thread: Any
+
+    def close(self) -> None:
+        """Stop serving and free the port."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def serve_worker_metrics(port: int, addr: str = "0.0.0.0") -> WorkerMetricsServer:  # noqa: S104
+    """Serve this process's counters and histogram on ``addr:port``, without the queue gauges.
+
+    The queue gauges come from the database and are the same for every process: the web
+    process's ``/metrics`` serves them, so each worker leaves them out instead of running
+    the queries on every scrape. Raises :class:`OSError` if the port is taken, and
+    :class:`RuntimeError` without prometheus_client.
+    """
+    if prometheus_client is None:
+        raise RuntimeError("metrics need prometheus_client: pip install 'django-jobguard[metrics]'")
+    unregister_queue_collector()
+    server, thread = prometheus_client.start_http_server(port, addr=addr)
+    return WorkerMetricsServer(port=server.server_port, addr=addr, _server=server, _thread=thread)
+
+
+def multiprocess_mode() -> bool:
+    """Whether prometheus_client's multiprocess mode is on (``PROMETHEUS_MULTIPROC_DIR`` set)."""
+    return "PROMETHEUS_MULTIPROC_DIR" in os.environ or "prometheus_multiproc_dir" in os.environ
+
+
+def metrics_view(request: Any) -> Any:
+    """A ``/metrics`` view that also works in prometheus_client's multiprocess mode.
+
+    Without multiprocess mode it serves the default registry, like django-prometheus's
+    view. In multiprocess mode django-prometheus's view serves only what the processes
+    wrote to ``PROMETHEUS_MULTIPROC_DIR``; this one adds the queue gauges, which are
+    computed at scrape time and never written there.
+    """
+    from django.http import HttpResponse
+
+    if prometheus_client is None:
+        return HttpResponse("prometheus_client is not installed\n", status=501, content_type="text/plain")
+    if multiprocess_mode():
+        from prometheus_client import multiprocess
+
+        registry = prometheus_client.CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        registry.register(QueueCollector())
+    else:
+        registry = prometheus_client.REGISTRY
+    return HttpResponse(
+        prometheus_client.generate_latest(registry), content_type=prometheus_client.CONTENT_TYPE_LATEST
+    )
+
+
+def reference_table() -> str:
+    """The Markdown table of every metric (the body of ``docs/reference/metrics.md``)."""
+    lines = [
+        "| Metric | Type | Labels | Exposed by | Meaning |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for info in CATALOGUE:
+        labels = ", ".join(f"`{label}`" for label in info.labels) or "none"
+        lines.append(f"| `{info.name}` | {info.type} | {labels} | {info.source} | {info.documentation} |")
+    return "\n".join(lines) + "\n"

@@ -237,22 +237,25 @@ class Worker:
 
     def _reap(self) -> None:
         requeued, exhausted = leasing.reap(self.alias)
-        for job_id, queue_name in requeued:
-            metrics.reappeared(queue_name)
-            logger.warning(
-                "lease_expired job_id=%s queue=%s; job visible again",
-                job_id,
-                queue_name,
-                extra={
-                    "job_id": job_id,
-                    "queue": queue_name,
-                    "worker_id": self.worker_id,
-                    "outcome": "reappeared",
-                },
-            )
+        if requeued:
+            from .models import Job
+
+            # Reappearances are rare: one more query gives their records every job field.
+            reaped = Job.objects.using(self.alias).in_bulk([job_id for job_id, _ in requeued])
+            for job_id, queue_name in requeued:
+                metrics.reappeared(queue_name)
+                row = reaped.get(job_id)
+                logger.warning(
+                    "lease_expired job_id=%s queue=%s; job visible again",
+                    job_id,
+                    queue_name,
+                    extra=job_fields(row, self.worker_id, outcome="reappeared")
+                    if row is not None
+                    else {"job_id": job_id, "queue": queue_name, "outcome": "reappeared"},
+                )
         for job_id, token in exhausted:
             try:
-                dlq.dead_letter(
+                letter = dlq.dead_letter(
                     self.alias,
                     job_id,
                     token,
@@ -264,6 +267,14 @@ class Worker:
                 )
             except LeaseLost:
                 continue  # its worker acked it just in time
+            logger.error(
+                "job_dead_lettered job_id=%s task=%s reason=%s error=LeaseExpired",
+                job_id,
+                letter.task_name,
+                DeadLetterReason.LEASE_EXPIRED,
+                # The dead letter carries the job's fields; its own id is not the job's.
+                extra={**job_fields(letter, self.worker_id, outcome="dead"), "job_id": job_id},
+            )
 
     # -- executors ---------------------------------------------------------------------
 
@@ -301,7 +312,9 @@ class Worker:
                     connections[self.alias].close()
                 except Exception:
                     logger.exception(
-                        "job_crashed job_id=%s", held.job.id, extra=job_fields(held.job, self.worker_id)
+                        "job_crashed job_id=%s",
+                        held.job.id,
+                        extra=job_fields(held.job, self.worker_id, outcome="crashed"),
                     )
                 finally:
                     with self._lock:
@@ -551,16 +564,32 @@ class Worker:
         error_class = f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins.")
         message = str(exc)
         tb = "".join(traceback.format_exception(exc))
+        if metrics.is_unique_violation(exc):
+            metrics.unique_conflict(job.queue_name, job.task_name)
         if category == retry.PERMANENT:
             metrics.job_failed(job.queue_name, job.task_name, category, duration, retried=False)
             self._dead(
-                held, task, reason or DeadLetterReason.PERMANENT_ERROR, category, error_class, message, tb
+                held,
+                task,
+                reason or DeadLetterReason.PERMANENT_ERROR,
+                category,
+                error_class,
+                message,
+                tb,
+                duration=duration,
             )
             return
         if job.attempts >= job.max_attempts:
             metrics.job_failed(job.queue_name, job.task_name, category, duration, retried=False)
             self._dead(
-                held, task, reason or DeadLetterReason.RETRIES_EXHAUSTED, category, error_class, message, tb
+                held,
+                task,
+                reason or DeadLetterReason.RETRIES_EXHAUSTED,
+                category,
+                error_class,
+                message,
+                tb,
+                duration=duration,
             )
             return
         delay = retry.requested_delay(exc)
@@ -608,6 +637,8 @@ class Worker:
         error_class: str,
         message: str,
         tb: str = "",
+        *,
+        duration: float | None = None,
     ) -> None:
         job = held.job
         if _faults.ENABLED:
@@ -634,7 +665,7 @@ class Worker:
             job.task_name,
             reason,
             error_class,
-            extra=job_fields(job, self.worker_id, outcome="dead"),
+            extra=job_fields(job, self.worker_id, duration=duration, outcome="dead"),
         )
 
     # -- heartbeat ---------------------------------------------------------------------

@@ -1,4 +1,8 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
-urlpatterns = [path("admin/", admin.site.urls)]
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    # django-prometheus's /metrics view: its own metrics, ours, and the queue gauges.
+    path("", include("django_prometheus.urls")),
+]

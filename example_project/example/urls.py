@@ -1,4 +1,9 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
-urlpatterns = [path("admin/", admin.site.urls)]
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    # GET /metrics: Prometheus scrapes this (django-prometheus's view). Workers serve their
+    # own counters with `manage.py jobguard_worker --metrics-port 9101`.
+    path("", include("django_prometheus.urls")),
+]

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from ... import metrics
 from ...conf import get_settings
 from ...worker import Worker
 
@@ -89,6 +90,22 @@ class Command(BaseCommand):
             ),
         )
         parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            metavar="PORT",
+            help=(
+                "Serve this worker's Prometheus metrics (counters and durations, not the queue "
+                "gauges) over HTTP on PORT. Needs the metrics extra."
+            ),
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            default="0.0.0.0",  # noqa: S104 - Prometheus scrapes from another host
+            metavar="ADDR",
+            help="Address the metrics server listens on (default 0.0.0.0).",
+        )
+        parser.add_argument(
             "--database",
             default=None,
             help="Database alias holding the jobs (default JOBGUARD['DATABASE_ALIAS']).",
@@ -100,6 +117,9 @@ class Command(BaseCommand):
         for name in queues or ():
             if not name or len(name) > 100:
                 raise CommandError(f"--queue {name!r}: a queue name is 1 to 100 characters.")
+        port = options["metrics_port"]
+        if port is not None and not 0 <= port <= 65535:
+            raise CommandError(f"--metrics-port {port}: a port is 0 to 65535.")
         if options["verbosity"] >= 2:
             logging.getLogger("django_jobguard").setLevel(logging.DEBUG)
         worker = Worker(
@@ -114,6 +134,23 @@ class Command(BaseCommand):
             reaper_interval=options["reaper_interval"],
             shutdown_grace=options["shutdown_grace"],
         )
-        code = worker.run()
+        server = None
+        if port is not None:
+            try:
+                server = metrics.serve_worker_metrics(port, options["metrics_addr"])
+            except (OSError, RuntimeError) as exc:
+                raise CommandError(f"--metrics-port {port}: {exc}") from exc
+            logging.getLogger("django_jobguard.worker").info(
+                "metrics_serving worker_id=%s addr=%s port=%d",
+                worker.worker_id,
+                server.addr,
+                server.port,
+                extra={"worker_id": worker.worker_id},
+            )
+        try:
+            code = worker.run()
+        finally:
+            if server is not None:
+                server.close()
         if code:
             raise SystemExit(code)

@@ -1,0 +1,153 @@
+"""``manage.py jobguard_status``: the queues at a glance, as a table or JSON, once or refreshed."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
+from django.utils import timezone
+
+from ...conf import get_settings
+from ...stats import QueueStats, queue_stats
+
+#: Seconds between refreshes of ``--watch`` when none is given.
+DEFAULT_WATCH_INTERVAL_SECONDS = 2.0
+
+_COLUMNS = (
+    ("QUEUE", "queue"),
+    ("DEPTH", "depth"),
+    ("SCHEDULED", "scheduled"),
+    ("IN-FLIGHT", "in_flight"),
+    ("OLDEST AGE", "oldest_age_seconds"),
+    ("DLQ", "dead_letters"),
+    ("PENDING APPROVAL", "pending_approvals"),
+    ("OK 1H", "succeeded_last_hour"),
+    ("FAILED 1H", "failed_last_hour"),
+)
+
+
+def _positive_float(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise ValueError(value)
+    return number
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError(value)
+    return number
+
+
+def format_age(seconds: float) -> str:
+    """``0s``, ``42s``, ``3m05s``, ``2h07m``, ``3d04h``: short and sortable by eye."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def render_table(rows: list[QueueStats]) -> str:
+    """The queues as a fixed-width text table, with a total line when there are several."""
+    cells = []
+    for stats in rows:
+        line = []
+        for _, field in _COLUMNS:
+            value = getattr(stats, field)
+            line.append(format_age(value) if field == "oldest_age_seconds" else str(value))
+        cells.append(line)
+    if len(rows) > 1:
+        total = ["(all)"]
+        for _, field in _COLUMNS[1:]:
+            values = [getattr(stats, field) or 0 for stats in rows]
+            total.append(format_age(max(values)) if field == "oldest_age_seconds" else str(sum(values)))
+        cells.append(total)
+    headers = [header for header, _ in _COLUMNS]
+    widths = [max(len(headers[i]), *(len(line[i]) for line in cells)) for i in range(len(headers))]
+
+    def fmt(line: list[str]) -> str:
+        first = line[0].ljust(widths[0])
+        rest = (value.rjust(width) for value, width in zip(line[1:], widths[1:], strict=True))
+        return "  ".join([first, *rest]).rstrip()
+
+    return "\n".join([fmt(headers), *(fmt(line) for line in cells)]) + "\n"
+
+
+class Command(BaseCommand):
+    help = (
+        "Show each queue: jobs due (depth), scheduled and in flight, the oldest due job's age, "
+        "dead letters, replays awaiting approval, and successes/failures in the last hour."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--json", action="store_true", help="Print JSON for scripts instead of a table.")
+        parser.add_argument(
+            "--watch",
+            nargs="?",
+            type=_positive_float,
+            const=DEFAULT_WATCH_INTERVAL_SECONDS,
+            default=None,
+            metavar="SECONDS",
+            help=(
+                "Refresh every SECONDS (default "
+                f"{DEFAULT_WATCH_INTERVAL_SECONDS:g}) until interrupted; with --json, one JSON "
+                "document per line."
+            ),
+        )
+        parser.add_argument(
+            "--count",
+            type=_positive_int,
+            default=None,
+            help="With --watch: stop after this many refreshes.",
+        )
+        parser.add_argument(
+            "--queue",
+            "-q",
+            action="append",
+            dest="queues",
+            metavar="QUEUE",
+            help="Show only this queue; repeat for several. Default: every queue.",
+        )
+        parser.add_argument(
+            "--database",
+            default=None,
+            help="Database alias holding the jobs (default JOBGUARD['DATABASE_ALIAS']).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["count"] is not None and options["watch"] is None:
+            raise CommandError("--count only applies with --watch.")
+        alias = options["database"] or get_settings().database_alias
+        if alias not in connections.settings:
+            raise CommandError(f"--database {alias!r}: no such database alias in DATABASES.")
+        watch = options["watch"]
+        shown = 0
+        try:
+            while True:
+                rows = queue_stats(alias, recent=True, queues=options["queues"])
+                self._show(rows, as_json=options["json"], clear=watch is not None and not options["json"])
+                shown += 1
+                if watch is None or (options["count"] is not None and shown >= options["count"]):
+                    return
+                time.sleep(watch)
+        except KeyboardInterrupt:
+            return
+
+    def _show(self, rows: list[QueueStats], *, as_json: bool, clear: bool) -> None:
+        now = timezone.now()
+        if as_json:
+            document = {"generated_at": now.isoformat(), "queues": [stats.as_dict() for stats in rows]}
+            self.stdout.write(json.dumps(document, sort_keys=True))
+            return
+        if clear and self.stdout.isatty():
+            self.stdout.write("\x1b[H\x1b[2J", ending="")
+        self.stdout.write(f"jobguard queues at {now:%Y-%m-%d %H:%M:%S %Z}")
+        self.stdout.write(render_table(rows), ending="")

@@ -1,0 +1,164 @@
+"""Queue statistics read from the database: what ``jobguard_status`` prints and the queue gauges export.
+
+One function, :func:`queue_stats`, computes every number so the command and the
+Prometheus collector cannot disagree. It runs a fixed number of queries whatever the
+number of queues or rows (:data:`QUERIES` without the last-hour counts,
+:data:`QUERIES_WITH_RECENT` with them), and each is served by an index:
+
+- queued jobs, grouped by queue: an index-only scan of the partial index on queued rows
+  (``jobguard_job_due_idx``), so finished history costs nothing and the cost grows with the
+  backlog only;
+- running jobs, grouped by queue: a few rows, found through ``status`` (the partial lease
+  index or the status index);
+- unresolved dead letters (not replayed, not rejected), grouped by queue: the replay-state
+  index;
+- with ``recent=True``: jobs finished in the last hour, a range of the
+  ``(status, finished_at)`` index.
+
+Times come from the database clock, like every time the worker compares against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Iterable
+from typing import Any
+
+from django.db.models import Count, DurationField, ExpressionWrapper, Min, Q
+from django.db.models.functions import Now
+
+from .conf import get_settings
+
+__all__ = ["QUERIES", "QUERIES_WITH_RECENT", "RECENT_WINDOW_SECONDS", "QueueStats", "queue_stats"]
+
+#: Window of the "succeeded / failed in the last hour" counts, in seconds.
+RECENT_WINDOW_SECONDS = 3600
+#: Queries :func:`queue_stats` runs without, and with, the last-hour counts.
+QUERIES = 3
+QUERIES_WITH_RECENT = 4
+
+#: Dead-letter replay states that still sit in the dead-letter queue: nobody rejected them
+#: and no replay has taken them out yet.
+UNRESOLVED_REPLAY_STATES = ("none", "requested", "approved")
+
+
+@dataclasses.dataclass(slots=True)
+class QueueStats:
+    """The numbers of one queue at one moment."""
+
+    queue: str
+    #: Queued jobs that are due (``run_after`` has passed): the work waiting for a worker.
+    depth: int = 0
+    #: Queued jobs that may not start yet (a future ``run_after``: retries, delayed jobs).
+    scheduled: int = 0
+    #: Running jobs: claimed by a worker and holding a lease.
+    in_flight: int = 0
+    #: Seconds the oldest due job has waited since its ``run_after`` (0 when none is due).
+    oldest_age_seconds: float = 0.0
+    #: Dead letters of this queue not replayed and not rejected.
+    dead_letters: int = 0
+    #: Dead letters whose replay was requested and awaits approval.
+    pending_approvals: int = 0
+    #: Jobs that succeeded in the last hour (None when not computed).
+    succeeded_last_hour: int | None = None
+    #: Jobs that ended dead (dead-lettered) in the last hour (None when not computed).
+    failed_last_hour: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (the ``--json`` output of ``jobguard_status``)."""
+        return dataclasses.asdict(self)
+
+
+def _seconds(value: Any) -> float:
+    if value is None:
+        return 0.0
+    if isinstance(value, datetime.timedelta):
+        return max(0.0, value.total_seconds())
+    # SQLite returns the difference as microseconds when the converter is bypassed.
+    return max(0.0, float(value) / 1_000_000)
+
+
+def queue_stats(
+    alias: str | None = None, *, recent: bool = False, queues: Iterable[str] | None = None
+) -> list[QueueStats]:
+    """Statistics of every queue, sorted by name.
+
+    Every queue named in ``JOBGUARD["QUEUES"]``, the default queue, and every queue that
+    has queued or running jobs or unresolved dead letters get a row (zeros included, so a
+    queue that empties does not vanish from dashboards). ``queues`` restricts the rows
+    (and the queries) to those names. ``recent`` adds the last-hour success and failure
+    counts, at the cost of one more query.
+    """
+    from .models import DeadLetter, Job, JobStatus, ReplayState
+
+    conf = get_settings()
+    alias = alias or conf.database_alias
+    wanted = sorted(set(queues)) if queues is not None else None
+    jobs = Job.objects.using(alias).order_by()
+    letters = DeadLetter.objects.using(alias).order_by()
+    if wanted is not None:
+        jobs = jobs.filter(queue_name__in=wanted)
+        letters = letters.filter(queue_name__in=wanted)
+
+    names = set(wanted) if wanted is not None else {*conf.queues, conf.default_queue}
+    rows: dict[str, QueueStats] = {}
+
+    def row(name: str) -> QueueStats:
+        if name not in rows:
+            rows[name] = QueueStats(queue=name)
+        return rows[name]
+
+    due = Q(run_after__lte=Now())
+    queued = (
+        jobs.filter(status=JobStatus.QUEUED)
+        .values("queue_name")
+        .annotate(
+            depth=Count("pk", filter=due),
+            scheduled=Count("pk", filter=~due),
+            oldest_age=ExpressionWrapper(Now() - Min("run_after", filter=due), output_field=DurationField()),
+        )
+    )
+    for item in queued:
+        stats = row(item["queue_name"])
+        stats.depth = item["depth"]
+        stats.scheduled = item["scheduled"]
+        stats.oldest_age_seconds = _seconds(item["oldest_age"]) if item["depth"] else 0.0
+
+    running = jobs.filter(status=JobStatus.RUNNING).values("queue_name").annotate(n=Count("pk"))
+    for run in running:
+        row(run["queue_name"]).in_flight = run["n"]
+
+    unresolved = (
+        letters.filter(replay_state__in=UNRESOLVED_REPLAY_STATES)
+        .values("queue_name")
+        .annotate(n=Count("pk"), pending=Count("pk", filter=Q(replay_state=ReplayState.REQUESTED)))
+    )
+    for letter in unresolved:
+        stats = row(letter["queue_name"])
+        stats.dead_letters = letter["n"]
+        stats.pending_approvals = letter["pending"]
+
+    if recent:
+        finished = (
+            jobs.filter(
+                status__in=(JobStatus.SUCCEEDED, JobStatus.DEAD),
+                finished_at__gte=Now() - datetime.timedelta(seconds=RECENT_WINDOW_SECONDS),
+            )
+            .values("queue_name", "status")
+            .annotate(n=Count("pk"))
+        )
+        for done in finished:
+            stats = row(done["queue_name"])
+            if done["status"] == JobStatus.SUCCEEDED:
+                stats.succeeded_last_hour = done["n"]
+            else:
+                stats.failed_last_hour = done["n"]
+
+    for name in names:
+        row(name)
+    if recent:
+        for stats in rows.values():
+            stats.succeeded_last_hour = stats.succeeded_last_hour or 0
+            stats.failed_last_hour = stats.failed_last_hour or 0
+    return [rows[name] for name in sorted(rows)]
