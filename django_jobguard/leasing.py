@@ -515,6 +515,10 @@ class Listener:
             self._conn = None
         return self._conn
 
+    def start(self) -> bool:
+        """LISTEN now (instead of at the first wait); True if notifications will arrive."""
+        return self._connect() is not None
+
     def wake(self) -> None:
         """Make a current or the next :meth:`wait` return at once."""
         try:

@@ -133,6 +133,10 @@ class Worker:
         """Run until stopped (or, with ``burst``, until nothing is due). Returns the exit code."""
         if self.install_signal_handlers:
             self._install_signal_handlers()
+        listener = self._listener = leasing.Listener(self.alias, self.queues)
+        if not self.burst:
+            # LISTEN before announcing readiness, so no enqueue after "worker_started" is missed.
+            listener.start()
         logger.info(
             "worker_started worker_id=%s queues=%s concurrency=%d batch=%d",
             self.worker_id,
@@ -145,7 +149,6 @@ class Worker:
             self._start_executor(index)
         heartbeat = threading.Thread(target=self._heartbeat_loop, name="jobguard-heartbeat", daemon=True)
         heartbeat.start()
-        listener = self._listener = leasing.Listener(self.alias, self.queues)
         try:
             self._loop(listener)
         finally:
