@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
+from django.core.exceptions import PermissionDenied
+
 
 class JobguardError(Exception):
     """Base class of every exception django-jobguard raises."""
@@ -18,8 +22,10 @@ class TaskError(JobguardError):
 
     def __init__(self, message: str = "", *, retry_after: float | None = None) -> None:
         super().__init__(message)
-        if retry_after is not None and retry_after < 0:
-            raise ValueError("retry_after must be zero or more seconds")
+        if retry_after is not None and not (math.isfinite(retry_after) and retry_after >= 0):
+            raise ValueError(
+                f"retry_after must be a finite number of seconds, zero or more, not {retry_after!r}"
+            )
         self.retry_after = retry_after
 
 
@@ -79,3 +85,7 @@ class LockNotAcquired(JobguardError):  # noqa: N818 - reads as a state
 
 class ReplayError(JobguardError):
     """A replay transition is not allowed (wrong state, missing permission, self-approval)."""
+
+
+class ReplayPermissionDenied(ReplayError, PermissionDenied):  # noqa: N818 - after Django's PermissionDenied
+    """The user may not make this replay transition; the admin and the API answer 403."""

@@ -77,6 +77,11 @@ RETRIED = _counter(
 DEAD_LETTERED = _counter(
     "jobguard_jobs_dead_lettered_total", "Jobs moved to the dead-letter queue.", ("queue", "task", "reason")
 )
+REPLAYS = _counter(
+    "jobguard_replays_total",
+    "Dead-letter replay transitions (requested, approved, rejected, replayed).",
+    ("queue", "task", "action"),
+)
 DURATION = _histogram(
     "jobguard_job_duration_seconds", "Handler run time per attempt, in seconds.", ("queue", "task", "status")
 )
@@ -126,6 +131,10 @@ def job_failed(queue: str, task: str, category: str, duration: float | None, *, 
 
 def job_dead_lettered(queue: str, task: str, reason: str) -> None:
     DEAD_LETTERED.labels(queue, task, reason).inc()
+
+
+def replay_transition(queue: str, task: str, action: str) -> None:
+    REPLAYS.labels(queue, task, action).inc()
 
 
 def lock_contended(queue: str, task: str) -> None:
