@@ -11,7 +11,7 @@ from tests.testapp import tasks_dlq
 
 def make_user(name: str, *codenames: str) -> User:
     """A staff user with these ``jobguard`` permissions (e.g. "approve_replay", "view_deadletter")."""
-    user = User.objects.create_user(name, password="pw", is_staff=True)
+    user = User.objects.create_user(name, is_staff=True)  # tests log in with force_login
     permissions = Permission.objects.filter(content_type__app_label="jobguard", codename__in=codenames)
     assert permissions.count() == len(codenames), codenames
     user.user_permissions.add(*permissions)
