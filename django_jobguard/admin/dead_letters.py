@@ -263,6 +263,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             "form": form,
             "action": action,
             "title": f"{_LABELS[action]}: {letter}",
+            "button": _LABELS[action],
             "show_payload": can_view_payload(request),
             "corrected": letter.replay_args is not None or letter.replay_kwargs is not None,
             "replay_payload": dumps({"args": letter.replay_args, "kwargs": letter.replay_kwargs}),
