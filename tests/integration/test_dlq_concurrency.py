@@ -84,3 +84,20 @@ def test_concurrent_redrives_of_many_letters_make_exactly_one_job_each(settings)
     assert len(jobs) == 12
     assert Counter(job.replayed_from.pk for job in jobs) == Counter(letter.pk for letter in letters)
     assert ReplayEvent.objects.filter(action="replayed").count() == 12
+
+
+def test_simultaneous_redrive_passes_stay_within_the_throttle(settings):
+    # 12 a minute allows 2 in any 10 s: eight passes at once must still make 2 jobs, not 16.
+    settings.JOBGUARD = {**settings.JOBGUARD, "REPLAY": {"RATE_PER_MINUTE": 12}}
+    requester = make_user("rita", "request_replay", "view_deadletter")
+    approver = make_user("amir", "approve_replay", "view_deadletter")
+    # Dead-letter them all first: the in-process worker making them would redrive approved ones.
+    for letter in [dead_charge(order_id=order_id) for order_id in range(30, 40)]:
+        dlq.request_replay(letter, requester, "mass replay")
+        dlq.approve_replay(letter, approver, "ok")
+
+    results = race(8, lambda i: dlq.redrive(worker_id=f"w{i}"))
+    assert not [r for r in results if isinstance(r, Exception)], results
+    assert sum(len(r) for r in results) == 2
+    assert len(replay_jobs()) == 2
+    assert DeadLetter.objects.filter(replay_state="approved").count() == 8
