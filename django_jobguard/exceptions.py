@@ -15,7 +15,8 @@ class TaskError(JobguardError):
     """Base class of the errors a handler raises to classify its own failure.
 
     ``retry_after`` (seconds) asks for a specific delay before the next attempt,
-    for example the value of a rate limit's ``Retry-After`` header.
+    for example the value of a rate limit's ``Retry-After`` header. A subclass may set
+    ``category`` to ``"transient"``, ``"recoverable"`` or ``"permanent"``.
     """
 
     category = "transient"

@@ -16,10 +16,7 @@ from .exceptions import (
     InvalidArgumentsError,
     LockNotAcquired,
     LockUnavailable,
-    PermanentError,
-    RecoverableError,
     TaskError,
-    TransientError,
     UnknownTaskError,
 )
 
@@ -41,12 +38,8 @@ TRANSIENT = "transient"
 RECOVERABLE = "recoverable"
 PERMANENT = "permanent"
 
-#: Our own classes, checked after the task's mappings at each step up the exception's MRO.
+#: Classes outside the TaskError family we classify, checked after the task's mappings.
 _BUILT_IN: tuple[tuple[type[BaseException], str], ...] = (
-    (PermanentError, PERMANENT),
-    (RecoverableError, RECOVERABLE),
-    (TransientError, TRANSIENT),
-    (TaskError, TRANSIENT),
     # A payload that no longer fits its handler will not fit it on the next attempt either.
     (InvalidArgumentsError, PERMANENT),
     (UnknownTaskError, PERMANENT),
@@ -54,37 +47,48 @@ _BUILT_IN: tuple[tuple[type[BaseException], str], ...] = (
     (LockNotAcquired, TRANSIENT),
     (LockUnavailable, TRANSIENT),
 )
+_CATEGORIES = (TRANSIENT, RECOVERABLE, PERMANENT)
 
 _rng = random.SystemRandom()
 
 
-def _mappings(task: Task[Any, Any] | None) -> list[tuple[tuple[type[BaseException], ...], str]]:
-    mappings: list[tuple[tuple[type[BaseException], ...], str]] = []
-    if task is not None:
-        # Listed in this order, so a class named in two options is fatal before it is retried.
-        mappings += [
-            (task.fatal_on, PERMANENT),
-            (task.recoverable_on, RECOVERABLE),
-            (task.retry_on, TRANSIENT),
-        ]
-    mappings += [((cls,), category) for cls, category in _BUILT_IN]
-    return mappings
+def _task_mappings(task: Task[Any, Any] | None) -> list[tuple[tuple[type[BaseException], ...], str]]:
+    if task is None:
+        return []
+    # In this order, so a class named in two options is fatal before it is retried.
+    return [(task.fatal_on, PERMANENT), (task.recoverable_on, RECOVERABLE), (task.retry_on, TRANSIENT)]
+
+
+def _own_category(cls: type[BaseException]) -> str | None:
+    """The category a class declares: ``TaskError`` subclasses set ``category``; a few others we know."""
+    if issubclass(cls, TaskError):
+        declared = vars(cls).get("category")
+        return declared if declared in _CATEGORIES else None
+    for known, category in _BUILT_IN:
+        if cls is known:
+            return category
+    return None
 
 
 def classify(exc: BaseException, task: Task[Any, Any] | None) -> str:
     """The category of ``exc`` raised by ``task``: ``transient``, ``recoverable`` or ``permanent``.
 
-    The most specific class wins: walking up the exception's MRO, the first class named in
-    the task's ``fatal_on`` / ``recoverable_on`` / ``retry_on`` or among our own error
-    classes decides. So ``retry_on=(Exception,)`` does not retry a ``PermanentError``, and
-    ``fatal_on=(InvalidOrder,)`` beats ``retry_on=(ValueError,)`` for an ``InvalidOrder``
-    that subclasses ``ValueError``. Anything unmatched follows ``JOBGUARD["UNCLASSIFIED_ERRORS"]``.
+    The most specific class wins: walking up the exception's MRO, the first class that is
+    named in the task's ``fatal_on`` / ``recoverable_on`` / ``retry_on``, or declares a
+    ``category`` (our ``TransientError`` / ``RecoverableError`` / ``PermanentError`` and
+    your subclasses of ``TaskError``), decides. So ``retry_on=(Exception,)`` does not retry a
+    ``PermanentError``, and ``fatal_on=(InvalidOrder,)`` beats ``retry_on=(ValueError,)`` for
+    an ``InvalidOrder`` that subclasses ``ValueError``. Anything else follows
+    ``JOBGUARD["UNCLASSIFIED_ERRORS"]``.
     """
-    mappings = _mappings(task)
+    mappings = _task_mappings(task)
     for cls in type(exc).__mro__:
         for types, category in mappings:
             if cls in types:
                 return category
+        own = _own_category(cls)
+        if own is not None:
+            return own
     # Classes registered as virtual subclasses (abc.ABC.register) are not in the MRO.
     for types, category in mappings:
         if types and isinstance(exc, types):

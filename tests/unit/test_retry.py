@@ -150,3 +150,21 @@ def test_requested_delays_must_be_finite():
         retry_after = float("inf")
 
     assert requested_delay(LibraryError()) is None
+
+
+def test_a_subclass_of_task_error_may_declare_its_own_category():
+    from django_jobguard.exceptions import TaskError
+
+    class QuotaExhausted(TaskError):
+        category = "recoverable"
+
+    class DailyQuotaExhausted(QuotaExhausted):
+        pass
+
+    class Declined(TransientError):
+        category = "permanent"
+
+    assert classify(QuotaExhausted("quota"), noop) == "recoverable"
+    assert classify(DailyQuotaExhausted("quota"), noop) == "recoverable"
+    assert classify(Declined("no"), noop) == "permanent"
+    assert classify(TaskError("plain"), noop) == "transient"
