@@ -15,7 +15,7 @@ class CardDeclined(ValueError):
     """A user-defined error that subclasses ValueError; fatal_on beats retry_on=(ValueError,)."""
 
 
-@task(takes_context=True, max_attempts=4, retry={"base": 0.5, "max": 10, "jitter": 0.1})
+@task(takes_context=True, max_attempts=4, retry={"base": 1.0, "max": 10, "jitter": 0.1})
 def spaced(context, marker: str, failures: int) -> int:
     """Fails ``failures`` times, recording each attempt's start and the run_after it was claimed under.
 
