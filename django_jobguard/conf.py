@@ -18,7 +18,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-__all__ = ["QueueConfig", "RetryPolicy", "Settings", "get_settings", "reload"]
+__all__ = ["QueueConfig", "RetryOverrides", "RetryPolicy", "Settings", "get_settings", "reload"]
 
 DEFAULT_VISIBILITY_TIMEOUT_SECONDS = 60
 DEFAULT_MAX_ATTEMPTS = 5
@@ -151,6 +151,37 @@ class RetryPolicy:
         if policy.max < policy.base:
             raise _fail((*path, "max"), f"({policy.max}) must not be below base ({policy.base}).")
         return policy
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetryOverrides:
+    """Some keys of a :class:`RetryPolicy` (``@task(retry={"base": 1})``).
+
+    Resolution order: the task's keys, then its queue's policy, then the global one. The
+    merge happens when a retry is scheduled, because the queue and the global settings
+    cannot be read when ``@task`` runs at import time.
+    """
+
+    base: float | None = None
+    max: float | None = None
+    jitter: float | None = None
+
+    @classmethod
+    def parse(cls, value: Any, path: tuple[str, ...]) -> RetryOverrides:
+        """Validate the keys given; the missing ones come from the queue when used."""
+        data = _mapping(value, path)
+        _unknown(data, _RETRY_KEYS, path)
+        overrides = cls(**{key: _number(data[key], (*path, key)) for key in sorted(data)})
+        if overrides.base is not None and overrides.max is not None and overrides.max < overrides.base:
+            raise _fail((*path, "max"), f"({overrides.max}) must not be below base ({overrides.base}).")
+        return overrides
+
+    def over(self, policy: RetryPolicy) -> RetryPolicy:
+        """This task's keys over ``policy``; a ``max`` below the merged ``base`` is raised to it."""
+        base = policy.base if self.base is None else self.base
+        cap = policy.max if self.max is None else self.max
+        jitter = policy.jitter if self.jitter is None else self.jitter
+        return RetryPolicy(base=base, max=max(cap, base), jitter=jitter)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

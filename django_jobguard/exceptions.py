@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
+from django.core.exceptions import PermissionDenied
+
 
 class JobguardError(Exception):
     """Base class of every exception django-jobguard raises."""
@@ -11,15 +15,18 @@ class TaskError(JobguardError):
     """Base class of the errors a handler raises to classify its own failure.
 
     ``retry_after`` (seconds) asks for a specific delay before the next attempt,
-    for example the value of a rate limit's ``Retry-After`` header.
+    for example the value of a rate limit's ``Retry-After`` header. A subclass may set
+    ``category`` to ``"transient"``, ``"recoverable"`` or ``"permanent"``.
     """
 
     category = "transient"
 
     def __init__(self, message: str = "", *, retry_after: float | None = None) -> None:
         super().__init__(message)
-        if retry_after is not None and retry_after < 0:
-            raise ValueError("retry_after must be zero or more seconds")
+        if retry_after is not None and not (math.isfinite(retry_after) and retry_after >= 0):
+            raise ValueError(
+                f"retry_after must be a finite number of seconds, zero or more, not {retry_after!r}"
+            )
         self.retry_after = retry_after
 
 
@@ -79,3 +86,7 @@ class LockNotAcquired(JobguardError):  # noqa: N818 - reads as a state
 
 class ReplayError(JobguardError):
     """A replay transition is not allowed (wrong state, missing permission, self-approval)."""
+
+
+class ReplayPermissionDenied(ReplayError, PermissionDenied):  # noqa: N818 - after Django's PermissionDenied
+    """The user may not make this replay transition; the admin and the API answer 403."""

@@ -73,7 +73,7 @@ DURATION_BUCKETS_SECONDS = (
 )
 
 #: The only label names a jobguard metric may carry (each with a small, bounded set of values).
-ALLOWED_LABELS = frozenset({"queue", "task", "status", "category", "reason", "where", "operation"})
+ALLOWED_LABELS = frozenset({"queue", "task", "status", "category", "reason", "where", "operation", "action"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -140,6 +140,12 @@ RETRIED = _counter(
 )
 DEAD_LETTERED = _counter(
     "jobguard_jobs_dead_lettered_total", "Jobs moved to the dead-letter queue.", ("queue", "task", "reason")
+)
+REPLAYS = _counter(
+    "jobguard_replays_total",
+    "Dead-letter replay transitions (requested, approved, rejected, replayed).",
+    ("queue", "task", "action"),
+    source="web (admin, API) and worker (redrive)",
 )
 DURATION = _histogram(
     "jobguard_job_duration_seconds", "Handler run time per attempt, in seconds.", ("queue", "task", "status")
@@ -240,6 +246,10 @@ def job_failed(queue: str, task: str, category: str, duration: float | None, *, 
 
 def job_dead_lettered(queue: str, task: str, reason: str) -> None:
     DEAD_LETTERED.labels(queue, task, reason).inc()
+
+
+def replay_transition(queue: str, task: str, action: str) -> None:
+    REPLAYS.labels(queue, task, action).inc()
 
 
 def lock_contended(queue: str, task: str) -> None:

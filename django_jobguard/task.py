@@ -13,7 +13,7 @@ import string
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
-from .conf import RetryPolicy
+from .conf import RetryOverrides, RetryPolicy
 from .exceptions import InvalidArgumentsError, InvalidTaskError
 from .registry import registry
 
@@ -68,8 +68,8 @@ class Task(Generic[P, R]):
     retry_on: ExceptionTypes = ()
     recoverable_on: ExceptionTypes = ()
     fatal_on: ExceptionTypes = ()
-    retry: RetryPolicy | None = None
-    recoverable_retry: RetryPolicy | None = None
+    retry: RetryPolicy | RetryOverrides | None = None
+    recoverable_retry: RetryPolicy | RetryOverrides | None = None
     timeout: float | None = None
     handler_version: str = ""
     idempotency_scope: str | None = None
@@ -204,16 +204,13 @@ def _signature(func: Callable[..., Any], takes_context: bool) -> inspect.Signatu
     return sig
 
 
-def _policy(value: Any, option: str) -> RetryPolicy | None:
-    if value is None or isinstance(value, RetryPolicy):
+def _policy(value: Any, option: str) -> RetryPolicy | RetryOverrides | None:
+    if value is None or isinstance(value, RetryPolicy | RetryOverrides):
         return value
     from django.core.exceptions import ImproperlyConfigured
 
-    from .conf import DEFAULTS
-
-    fallback_key = "RETRY" if option == "retry" else "RECOVERABLE_RETRY"
     try:
-        return RetryPolicy.parse(value, (option,), RetryPolicy.parse(DEFAULTS[fallback_key], (fallback_key,)))
+        return RetryOverrides.parse(value, (option,))
     except ImproperlyConfigured as exc:
         raise InvalidTaskError(f"@task({option}=...): {exc}") from None
 
@@ -277,7 +274,8 @@ def task(
     - ``atomic``: the handler, the ack and the idempotency record commit in one transaction.
     - ``lock``: a key template (``"order:{order_id}"``) locked around the run; ``lock_ttl`` seconds.
     - ``retry_on`` / ``recoverable_on`` / ``fatal_on``: map your exception types to
-      transient / recoverable / permanent; ``retry`` / ``recoverable_retry`` override the schedule.
+      transient / recoverable / permanent (the most specific class wins); ``retry`` /
+      ``recoverable_retry`` override keys of the queue's schedule (``{"base": 1, "max": 60}``).
     - ``timeout``: hard limit in seconds; a job past it is failed and its thread abandoned.
     - ``handler_version``: recorded on jobs and dead letters.
     - ``idempotency_scope``: where idempotency keys are unique (the task name by default).

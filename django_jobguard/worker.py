@@ -198,6 +198,7 @@ class Worker:
                 now = time.monotonic()
                 if now >= next_reap:
                     self._reap()
+                    dlq.redrive(worker_id=self.worker_id, using=self.alias)
                     next_reap = now + self.reaper_interval
                 free = self.capacity - len(self._held)
                 if self.max_jobs is not None:
@@ -595,9 +596,7 @@ class Worker:
                 duration=duration,
             )
             return
-        delay = retry.requested_delay(exc)
-        if delay is None:
-            delay = retry.backoff(retry.policy_for(task, job.queue_name, category), job.attempts)
+        delay = retry.delay_for(exc, task, job.queue_name, category, job.attempts)
         if _faults.ENABLED:
             _faults.maybe_crash("in_retry")
         if not leasing.requeue(

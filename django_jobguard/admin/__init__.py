@@ -1,0 +1,12 @@
+"""Django admin for jobs, dead letters and idempotency keys.
+
+Rows are read-only here: they change through the worker and the service layer. The one
+thing operators do in the admin is the dead-letter replay workflow (request, approve,
+reject), and those views call :mod:`django_jobguard.dlq`, which holds the rules.
+Payloads, stored results and tracebacks show only to users with ``jobguard.view_payload``.
+"""
+
+from .dead_letters import DeadLetterAdmin
+from .jobs import IdempotencyKeyAdmin, JobAdmin
+
+__all__ = ["DeadLetterAdmin", "IdempotencyKeyAdmin", "JobAdmin"]

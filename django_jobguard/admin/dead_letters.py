@@ -1,0 +1,327 @@
+"""Admin for dead letters: diagnosis, and the replay workflow's request / approve / reject.
+
+The views only parse input and render; :mod:`django_jobguard.dlq` decides who may do what
+(a :class:`ReplayPermissionDenied` becomes a 403) and makes the transition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
+
+from .. import dlq
+from ..exceptions import InvalidArgumentsError, ReplayError, ReplayPermissionDenied
+from ..models import DeadLetter, IdempotencyKey
+from ..registry import registry
+from .base import ReadOnlyAdmin, admin_link, can_view_payload, pre, pretty_json
+from .forms import ReplayDecisionForm, ReplayRequestForm, dumps
+
+_SERVICES: dict[str, Callable[..., DeadLetter]] = {
+    dlq.REQUEST: dlq.request_replay,
+    dlq.APPROVE: dlq.approve_replay,
+    dlq.REJECT: dlq.reject_replay,
+}
+_LABELS = {
+    dlq.REQUEST: _("Request replay"),
+    dlq.APPROVE: _("Approve replay"),
+    dlq.REJECT: _("Reject replay"),
+}
+_DONE = {
+    dlq.REQUEST: _("Replay requested; it needs approval by another user."),
+    dlq.APPROVE: _("Replay approved; a worker will redrive it within the replay rate limit."),
+    dlq.REJECT: _("Replay rejected."),
+}
+#: Event data keys that carry payload, hidden from users without jobguard.view_payload.
+_PAYLOAD_KEYS = {"args", "kwargs"}
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(ReadOnlyAdmin):
+    list_display = [
+        "id",
+        "task_name",
+        "queue_name",
+        "reason",
+        "category",
+        "error_class",
+        "attempts",
+        "replay_state",
+        "last_failed_at",
+    ]
+    list_filter = [
+        "replay_state",
+        "reason",
+        "category",
+        "queue_name",
+        "task_name",
+        "error_class",
+        "created_at",
+    ]
+    search_fields = ["=id", "task_name", "error_class", "error_message", "idempotency_key"]
+    date_hierarchy = "created_at"
+    ordering = ["-id"]
+    show_full_result_count = False
+    list_select_related = False
+    actions = ["request_replays", "approve_replays", "reject_replays"]
+    change_form_template = "django_jobguard/admin/deadletter/change_form.html"
+    readonly_fields = [
+        "job_link",
+        "origin_link",
+        "payload_json",
+        "replay_payload_json",
+        "traceback_text",
+        "replay_job_link",
+        "idempotency_status",
+    ]
+
+    # -- detail page -----------------------------------------------------------------------
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets: list[Any] = [
+            (
+                None,
+                {
+                    "fields": [
+                        "job_link",
+                        "origin_link",
+                        "task_name",
+                        "queue_name",
+                        "reason",
+                        "category",
+                        "attempts",
+                        "max_attempts",
+                        "handler_version",
+                        "worker_id",
+                    ]
+                },
+            ),
+            (
+                _("Error"),
+                {
+                    "fields": [
+                        "error_class",
+                        "error_message",
+                        "first_failed_at",
+                        "last_failed_at",
+                        "created_at",
+                    ]
+                },
+            ),
+            (
+                _("Replay"),
+                {
+                    "fields": [
+                        "replay_state",
+                        "replay_requested_by",
+                        "replay_requested_at",
+                        "replay_reason",
+                        "replay_decided_by",
+                        "replay_decided_at",
+                        "replay_job_link",
+                        "replayed_at",
+                        "idempotency_key",
+                        "idempotency_status",
+                        "lock_key",
+                    ]
+                },
+            ),
+        ]
+        if can_view_payload(request):
+            payload = ["payload_json", "replay_payload_json", "traceback_text"]
+            fieldsets.insert(1, (_("Payload and traceback"), {"fields": payload}))
+        return fieldsets
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> HttpResponse:
+        letter = self.get_object(request, unquote(object_id))
+        context = dict(extra_context or {})
+        if letter is not None:
+            context["replay_actions"] = [
+                (action, _LABELS[action]) for action in dlq.available_actions(letter, request.user)
+            ]
+            context["replay_events"] = self._events(request, letter)
+        return super().change_view(request, object_id, form_url, context)
+
+    def _events(self, request: HttpRequest, letter: DeadLetter) -> list[dict[str, Any]]:
+        show_payload = can_view_payload(request)
+        events = []
+        for event in letter.replay_events.all():
+            data = (
+                event.data
+                if show_payload
+                else {k: v for k, v in event.data.items() if k not in _PAYLOAD_KEYS}
+            )
+            events.append(
+                {
+                    "created_at": event.created_at,
+                    "action": event.get_action_display(),
+                    "actor": event.actor_name or _("system"),
+                    "reason": event.reason,
+                    "data": dumps(data) if data else "",
+                }
+            )
+        return events
+
+    @admin.display(description=_("job"))
+    def job_link(self, obj: DeadLetter) -> SafeString | str:
+        return admin_link(obj.job)
+
+    @admin.display(description=_("replay of"))
+    def origin_link(self, obj: DeadLetter) -> SafeString | str:
+        """The dead letter whose replay this job was, if it was one."""
+        try:
+            return admin_link(obj.job.replayed_from) if obj.job else "-"
+        except ObjectDoesNotExist:
+            return "-"
+
+    @admin.display(description=_("payload"))
+    def payload_json(self, obj: DeadLetter) -> SafeString:
+        return pretty_json(obj.payload)
+
+    @admin.display(description=_("corrected payload"))
+    def replay_payload_json(self, obj: DeadLetter) -> SafeString | str:
+        if obj.replay_args is None and obj.replay_kwargs is None:
+            return "-"
+        return pretty_json({"args": obj.replay_args, "kwargs": obj.replay_kwargs})
+
+    @admin.display(description=_("traceback"))
+    def traceback_text(self, obj: DeadLetter) -> SafeString:
+        return pre(obj.traceback or "-")
+
+    @admin.display(description=_("replay job"))
+    def replay_job_link(self, obj: DeadLetter) -> SafeString | str:
+        return admin_link(obj.replay_job)
+
+    @admin.display(description=_("idempotency key now"))
+    def idempotency_status(self, obj: DeadLetter) -> str:
+        """What the key's row says today: a key that succeeded since means a replay runs nothing."""
+        if not obj.idempotency_key:
+            return "-"
+        task = registry.find(obj.task_name)
+        scope = (task.idempotency_scope if task else None) or obj.task_name
+        row = IdempotencyKey.objects.filter(scope=scope, key=obj.idempotency_key).first()
+        if row is None:
+            return str(_("no row (expired and pruned): a replay recreates it"))
+        text = f"{row.get_status_display()} (job #{row.job_id})"
+        if row.status == "succeeded" and row.job_id != obj.job_id:
+            text += str(_(": the action succeeded since; a replay is acked as a duplicate without running"))
+        return text
+
+    # -- replay views ----------------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        name = f"{self.opts.app_label}_{self.opts.model_name}_replay"
+        view = self.admin_site.admin_view(self.replay_view)
+        return [path("<path:object_id>/replay/<str:action>/", view, name=name), *super().get_urls()]
+
+    def replay_view(self, request: HttpRequest, object_id: str, action: str) -> HttpResponse:
+        """GET: a form (reason; payload when requesting); POST: the transition through dlq."""
+        if action not in _SERVICES:
+            raise Http404(f"No replay action {action!r}.")
+        letter = self.get_object(request, unquote(object_id))
+        if letter is None:
+            raise Http404(f"No dead letter {object_id!r}.")
+        if not self.has_view_permission(request, letter):
+            raise PermissionDenied
+        dlq.check_permission(letter, request.user, action)  # a ReplayPermissionDenied is a 403
+        show_payload = action == dlq.REQUEST and can_view_payload(request)
+        form_class = ReplayRequestForm if show_payload else ReplayDecisionForm
+        if request.method == "POST":
+            form = form_class(request.POST)
+            if form.is_valid():
+                try:
+                    _SERVICES[action](letter, request.user, form.cleaned_data["reason"], **form.payload())
+                except ReplayPermissionDenied:
+                    raise
+                except (ReplayError, InvalidArgumentsError) as exc:
+                    form.add_error(None, str(exc))
+                else:
+                    self.message_user(request, _DONE[action], messages.SUCCESS)
+                    url = reverse(
+                        f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[letter.pk]
+                    )
+                    return HttpResponseRedirect(url)
+        else:
+            initial = {"args": dumps(letter.args), "kwargs": dumps(letter.kwargs)} if show_payload else {}
+            form = form_class(initial=initial)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "original": letter,
+            "form": form,
+            "action": action,
+            "title": f"{_LABELS[action]}: {letter}",
+            "button": _LABELS[action],
+            "show_payload": can_view_payload(request),
+            "corrected": letter.replay_args is not None or letter.replay_kwargs is not None,
+            "replay_payload": dumps({"args": letter.replay_args, "kwargs": letter.replay_kwargs}),
+        }
+        return TemplateResponse(request, "django_jobguard/admin/deadletter/replay_form.html", context)
+
+    # -- bulk actions ----------------------------------------------------------------------
+
+    def has_request_replay_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(dlq.PERMISSIONS[dlq.REQUEST])
+
+    def has_approve_replay_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(dlq.PERMISSIONS[dlq.APPROVE])
+
+    @admin.action(
+        description=_("Request replay of the selected dead letters"), permissions=["request_replay"]
+    )
+    def request_replays(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> HttpResponse | None:
+        return self._bulk(request, queryset, dlq.REQUEST, "request_replays")
+
+    @admin.action(
+        description=_("Approve replay of the selected dead letters"), permissions=["approve_replay"]
+    )
+    def approve_replays(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> HttpResponse | None:
+        return self._bulk(request, queryset, dlq.APPROVE, "approve_replays")
+
+    @admin.action(description=_("Reject replay of the selected dead letters"), permissions=["approve_replay"])
+    def reject_replays(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> HttpResponse | None:
+        return self._bulk(request, queryset, dlq.REJECT, "reject_replays")
+
+    def _bulk(
+        self, request: HttpRequest, queryset: QuerySet[DeadLetter], action: str, name: str
+    ) -> HttpResponse | None:
+        """Ask for one reason, then make the transition on each dead letter (original payloads)."""
+        form = ReplayDecisionForm(request.POST if "confirm" in request.POST else None)
+        if form.is_valid():
+            done, failed = 0, []
+            for letter in queryset.order_by("id"):
+                try:
+                    _SERVICES[action](letter, request.user, form.cleaned_data["reason"])
+                except (ReplayError, InvalidArgumentsError) as exc:
+                    failed.append(f"#{letter.pk}: {exc}")
+                else:
+                    done += 1
+            if done:
+                self.message_user(request, f"{_LABELS[action]}: {done} done.", messages.SUCCESS)
+            for line in failed[:20]:
+                self.message_user(request, line, messages.WARNING)
+            if len(failed) > 20:
+                self.message_user(request, f"... and {len(failed) - 20} more not changed.", messages.WARNING)
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _LABELS[action],
+            "queryset": queryset,
+            "form": form,
+            "action_name": name,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "django_jobguard/admin/deadletter/replay_bulk.html", context)

@@ -1,0 +1,136 @@
+"""Admin for jobs and idempotency keys: read-only, payloads only with ``jobguard.view_payload``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.core.exceptions import ObjectDoesNotExist
+from django.http import HttpRequest
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
+
+from ..models import IdempotencyKey, Job
+from .base import ReadOnlyAdmin, admin_link, can_view_payload, pretty_json
+
+_PAYLOAD = (_("Payload"), {"fields": ["args_json", "kwargs_json", "result_json", "checkpoints_json"]})
+
+
+@admin.register(Job)
+class JobAdmin(ReadOnlyAdmin):
+    list_display = [
+        "id",
+        "task_name",
+        "queue_name",
+        "status",
+        "priority",
+        "attempts",
+        "run_after",
+        "finished_at",
+    ]
+    list_filter = ["status", "queue_name", "task_name"]
+    search_fields = ["=id", "task_name", "idempotency_key", "lock_key"]
+    date_hierarchy = "enqueued_at"
+    ordering = ["-id"]
+    show_full_result_count = False  # a count(*) over millions of finished rows is slow
+    readonly_fields = [
+        "args_json",
+        "kwargs_json",
+        "result_json",
+        "checkpoints_json",
+        "dead_letter_link",
+        "replayed_from_link",
+    ]
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets: list[Any] = [
+            (
+                None,
+                {
+                    "fields": [
+                        "task_name",
+                        "queue_name",
+                        "status",
+                        "priority",
+                        "attempts",
+                        "max_attempts",
+                        "run_after",
+                        "enqueued_at",
+                        "started_at",
+                        "finished_at",
+                        "handler_version",
+                    ]
+                },
+            ),
+            (
+                _("Lease and lock"),
+                {
+                    "fields": [
+                        "worker_id",
+                        "lease_expires_at",
+                        "visibility_timeout",
+                        "reappearances",
+                        "lock_key",
+                        "lock_contentions",
+                        "idempotency_key",
+                    ]
+                },
+            ),
+            (
+                _("Failures"),
+                {"fields": ["first_failed_at", "last_error", "dead_letter_link", "replayed_from_link"]},
+            ),
+        ]
+        if can_view_payload(request):
+            fieldsets.insert(1, _PAYLOAD)
+        return fieldsets
+
+    @admin.display(description=_("args"))
+    def args_json(self, obj: Job) -> SafeString:
+        return pretty_json(obj.args)
+
+    @admin.display(description=_("kwargs"))
+    def kwargs_json(self, obj: Job) -> SafeString:
+        return pretty_json(obj.kwargs)
+
+    @admin.display(description=_("result"))
+    def result_json(self, obj: Job) -> SafeString:
+        return pretty_json(obj.result)
+
+    @admin.display(description=_("checkpoints"))
+    def checkpoints_json(self, obj: Job) -> SafeString:
+        return pretty_json(obj.checkpoints)
+
+    @admin.display(description=_("dead letter"))
+    def dead_letter_link(self, obj: Job) -> SafeString | str:
+        try:
+            return admin_link(obj.dead_letter)
+        except ObjectDoesNotExist:
+            return "-"
+
+    @admin.display(description=_("replay of"))
+    def replayed_from_link(self, obj: Job) -> SafeString | str:
+        try:
+            return admin_link(obj.replayed_from)
+        except ObjectDoesNotExist:
+            return "-"
+
+
+@admin.register(IdempotencyKey)
+class IdempotencyKeyAdmin(ReadOnlyAdmin):
+    list_display = ["key", "scope", "status", "duplicates", "job", "created_at", "expires_at"]
+    list_filter = ["status", "scope"]
+    search_fields = ["key"]
+    raw_id_fields = ["job"]
+    readonly_fields = ["result_json"]
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = ["key", "scope", "fingerprint", "status", "job", "duplicates"]
+        fields += ["created_at", "updated_at", "expires_at"]
+        if can_view_payload(request):
+            fields.append("result_json")
+        return [(None, {"fields": fields})]
+
+    @admin.display(description=_("stored result"))
+    def result_json(self, obj: IdempotencyKey) -> SafeString:
+        return pretty_json(obj.result)

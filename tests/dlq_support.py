@@ -1,0 +1,37 @@
+"""Helpers shared by the dead-letter tests: users with replay permissions, dead letters made by a worker."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import Permission, User
+
+from django_jobguard.models import DeadLetter, Job
+from django_jobguard.worker import Worker
+from tests.testapp import tasks_dlq
+
+
+def make_user(name: str, *codenames: str) -> User:
+    """A staff user with these ``jobguard`` permissions (e.g. "approve_replay", "view_deadletter")."""
+    user = User.objects.create_user(name, is_staff=True)  # tests log in with force_login
+    permissions = Permission.objects.filter(content_type__app_label="jobguard", codename__in=codenames)
+    assert permissions.count() == len(codenames), codenames
+    user.user_permissions.add(*permissions)
+    return User.objects.get(pk=user.pk)  # a fresh instance: has_perm caches
+
+
+def run_burst(**options) -> int:
+    """Drain what is due with a worker in this process (it redrives approved replays first)."""
+    options.setdefault("concurrency", 2)
+    return Worker(burst=True, install_signal_handlers=False, poll_interval=0.05, **options).run()
+
+
+def dead_charge(order_id: int, amount: int = 0, key: str | None = None) -> DeadLetter:
+    """A charge with a bad amount, run by a worker until it is dead-lettered (a permanent error)."""
+    task = tasks_dlq.charge.using(idempotency_key=key) if key else tasks_dlq.charge
+    job = task.enqueue(order_id=order_id, amount=amount)
+    assert run_burst() == 0
+    return DeadLetter.objects.get(job=job)
+
+
+def replay_jobs() -> list[Job]:
+    """Every job created by a replay."""
+    return list(Job.objects.filter(replayed_from__isnull=False).order_by("id"))

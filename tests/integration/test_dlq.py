@@ -1,0 +1,368 @@
+"""The replay workflow's service layer: states, permissions, payload checks, idempotency keys, throttle."""
+
+from types import SimpleNamespace
+
+import pytest
+from django.db.models import F
+
+from django_jobguard import dlq, idempotency, leasing, signals
+from django_jobguard.exceptions import InvalidArgumentsError, ReplayError, ReplayPermissionDenied
+from django_jobguard.models import DeadLetter, IdempotencyKey, Job, ReplayEvent
+from tests.dlq_support import dead_charge, make_user, replay_jobs, run_burst
+from tests.testapp import tasks_dlq
+from tests.testapp.models import Execution, LedgerEntry
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def people():
+    return SimpleNamespace(
+        requester=make_user("rita", "request_replay", "view_payload", "view_deadletter"),
+        approver=make_user("amir", "approve_replay", "view_deadletter"),
+        outsider=make_user("olga", "view_deadletter", "view_payload"),
+        blind=make_user("bob", "request_replay", "view_deadletter"),
+    )
+
+
+def trail(letter):
+    return list(ReplayEvent.objects.filter(dead_letter=letter).values_list("action", "actor_name", "reason"))
+
+
+def snapshot(letter):
+    """Everything a refused transition must leave as it was."""
+    letter.refresh_from_db()
+    return (
+        letter.replay_state,
+        letter.replay_args,
+        letter.replay_kwargs,
+        letter.replay_requested_by_id,
+        letter.replay_decided_by_id,
+        letter.replay_job_id,
+        ReplayEvent.objects.filter(dead_letter=letter).count(),
+        Job.objects.count(),
+    )
+
+
+def test_request_approve_redrive_runs_the_corrected_payload_under_the_same_key(people):
+    letter = dead_charge(order_id=1, amount=0, key="charge:order:1")
+    assert (letter.reason, letter.category, letter.replay_state) == ("permanent_error", "permanent", "none")
+    key = IdempotencyKey.objects.get(key="charge:order:1")
+    assert (key.status, key.job_id) == ("failed", letter.job_id)
+
+    dlq.request_replay(
+        letter, people.requester, "amount was typed in euros", kwargs={"order_id": 1, "amount": 1250}
+    )
+    assert (letter.replay_state, letter.replay_kwargs, letter.replay_args) == (
+        "requested",
+        {"order_id": 1, "amount": 1250},
+        [],
+    )
+    dlq.approve_replay(letter, people.approver, "checked with finance")
+    assert (letter.replay_state, letter.replay_decided_by) == ("approved", people.approver)
+
+    [job] = dlq.redrive(worker_id="test")
+    letter.refresh_from_db()
+    assert (letter.replay_state, letter.replay_job) == ("replayed", job)
+    assert letter.replayed_at is not None
+    assert (job.status, job.kwargs, job.idempotency_key, job.attempts) == (
+        "queued",
+        {"order_id": 1, "amount": 1250},
+        "charge:order:1",
+        0,
+    )
+    key.refresh_from_db()
+    assert (key.status, key.job_id) == ("in_progress", job.pk)
+
+    run_burst()
+    job.refresh_from_db()
+    assert (job.status, job.result) == ("succeeded", 1250)
+    assert LedgerEntry.objects.get(effect_key="charge:1").amount == 1250
+    key.refresh_from_db()
+    assert (key.status, key.job_id, key.result) == ("succeeded", job.pk, 1250)
+    assert trail(letter) == [
+        ("requested", "rita", "amount was typed in euros"),
+        ("approved", "amir", "checked with finance"),
+        ("replayed", "", "redriven by worker test"),
+    ]
+    request_event = ReplayEvent.objects.get(dead_letter=letter, action="requested")
+    assert request_event.data == {
+        "payload_corrected": True,
+        "args": [],
+        "kwargs": {"order_id": 1, "amount": 1250},
+    }
+    assert request_event.actor == people.requester and request_event.created_at is not None
+
+
+def test_each_transition_sends_its_signal_after_commit(people):
+    received = []
+
+    def receiver(signal, **kwargs):
+        received.append((kwargs["dead_letter"].replay_state, getattr(kwargs["user"], "username", None)))
+
+    for signal in (signals.replay_requested, signals.replay_approved, signals.replay_rejected):
+        signal.connect(receiver, weak=False, dispatch_uid=f"test-{id(signal)}")
+    jobs = []
+    signals.replay_redriven.connect(
+        lambda **kw: jobs.append((kw["dead_letter"].replay_state, kw["job"].pk)),
+        weak=False,
+        dispatch_uid="t-r",
+    )
+    try:
+        first, second = dead_charge(order_id=2), dead_charge(order_id=3)
+        dlq.request_replay(first, people.requester, "retry it")
+        dlq.request_replay(second, people.requester, "retry it")
+        dlq.reject_replay(second, people.approver, "no: the customer cancelled")
+        dlq.approve_replay(first, people.approver, "ok")
+        [job] = dlq.redrive()
+    finally:
+        for signal in (signals.replay_requested, signals.replay_approved, signals.replay_rejected):
+            signal.disconnect(dispatch_uid=f"test-{id(signal)}")
+        signals.replay_redriven.disconnect(dispatch_uid="t-r")
+    assert received == [
+        ("requested", "rita"),
+        ("requested", "rita"),
+        ("rejected", "amir"),
+        ("approved", "amir"),
+    ]
+    assert jobs == [("replayed", job.pk)]
+
+
+def test_a_user_without_the_request_permission_is_refused_and_nothing_changes(people):
+    letter = dead_charge(order_id=4)
+    before = snapshot(letter)
+    with pytest.raises(
+        ReplayPermissionDenied, match=r"amir may not request replays: that needs the jobguard\.request_replay"
+    ):
+        dlq.request_replay(letter, people.approver, "please")
+    assert snapshot(letter) == before
+
+
+def test_approving_and_rejecting_need_the_approve_permission(people):
+    letter = dead_charge(order_id=5)
+    dlq.request_replay(letter, people.requester, "please")
+    before = snapshot(letter)
+    for service in (dlq.approve_replay, dlq.reject_replay):
+        with pytest.raises(
+            ReplayPermissionDenied, match=r"olga may not .* jobguard\.approve_replay permission"
+        ):
+            service(letter, people.outsider, "let me")
+    assert snapshot(letter) == before
+
+
+def test_the_requester_cannot_approve_their_own_request_unless_the_setting_allows_it(people, settings):
+    both = make_user("sam", "request_replay", "approve_replay", "view_deadletter")
+    letter = dead_charge(order_id=6)
+    dlq.request_replay(letter, both, "mine")
+    before = snapshot(letter)
+    with pytest.raises(
+        ReplayPermissionDenied, match=r"sam requested this replay, so another user .*ALLOW_SELF_APPROVAL"
+    ):
+        dlq.approve_replay(letter, both, "approving my own")
+    assert snapshot(letter) == before
+    assert dlq.available_actions(letter, both) == ["reject"]  # withdrawing one's own request is fine
+
+    settings.JOBGUARD = {**settings.JOBGUARD, "REPLAY": {"ALLOW_SELF_APPROVAL": True}}
+    dlq.approve_replay(letter, both, "small team")
+    assert letter.replay_state == "approved"
+
+
+def test_correcting_a_payload_needs_the_view_payload_permission(people):
+    letter = dead_charge(order_id=7)
+    before = snapshot(letter)
+    with pytest.raises(
+        ReplayPermissionDenied, match=r"bob may not correct payloads: .*jobguard\.view_payload"
+    ):
+        dlq.request_replay(letter, people.blind, "fix", kwargs={"order_id": 7, "amount": 5})
+    assert snapshot(letter) == before
+    dlq.request_replay(letter, people.blind, "replay as it was")  # the original payload needs no view
+    assert (letter.replay_state, letter.replay_kwargs) == ("requested", None)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        (None, {"order_id": 8, "amount": 5, "currency": "EUR"}, "unexpected keyword argument 'currency'"),
+        (None, {"order_id": 8}, "missing a required argument: 'amount'"),
+        ([8], {"order_id": 8, "amount": 5}, "multiple values for argument 'order_id'"),
+        (
+            None,
+            {"order_id": 8, "amount": {1, 2}},
+            r"kwargs\['amount'\]: builtins\.set is not JSON-serialisable",
+        ),
+        ("8", None, "args must be a JSON array, not str"),
+        (None, ["order_id"], "kwargs must be a JSON object, not list"),
+    ],
+)
+def test_a_corrected_payload_must_fit_the_handler_and_be_json(people, args, kwargs, message):
+    letter = dead_charge(order_id=8)
+    before = snapshot(letter)
+    with pytest.raises(InvalidArgumentsError, match=message):
+        dlq.request_replay(letter, people.requester, "fix", args=args, kwargs=kwargs)
+    assert snapshot(letter) == before
+
+
+def test_a_correction_equal_to_the_original_replays_the_original(people):
+    letter = dead_charge(order_id=9)
+    dlq.request_replay(letter, people.requester, "same", args=[], kwargs={"amount": 0, "order_id": 9})
+    assert (letter.replay_args, letter.replay_kwargs) == (None, None)
+    assert ReplayEvent.objects.get(dead_letter=letter).data == {"payload_corrected": False}
+
+
+def test_every_transition_needs_a_reason(people):
+    letter = dead_charge(order_id=10)
+    before = snapshot(letter)
+    with pytest.raises(ReplayError, match="A reason is required to request a replay"):
+        dlq.request_replay(letter, people.requester, "   ")
+    assert snapshot(letter) == before
+
+
+def test_transitions_follow_the_state_machine(people):
+    letter = dead_charge(order_id=11)
+    with pytest.raises(
+        ReplayError, match=r"Cannot approve .*: its replay is none \(allowed from requested\)"
+    ):
+        dlq.approve_replay(letter, people.approver, "early")
+    dlq.request_replay(letter, people.requester, "first")
+    with pytest.raises(ReplayError, match=r"Cannot request .*: its replay is requested"):
+        dlq.request_replay(letter, people.requester, "again")
+    dlq.approve_replay(letter, people.approver, "ok")
+    # An approved replay not yet redriven can still be withdrawn...
+    dlq.reject_replay(letter, people.approver, "wrong one, sorry")
+    assert letter.replay_state == "rejected"
+    assert dlq.redrive() == []
+    # ...and requested again.
+    dlq.request_replay(letter, people.requester, "second try", kwargs={"order_id": 11, "amount": 3})
+    dlq.approve_replay(letter, people.approver, "ok now")
+    [job] = dlq.redrive()
+    with pytest.raises(ReplayError, match=rf"it was replayed already as job #{job.pk}"):
+        dlq.request_replay(letter, people.requester, "third")
+    with pytest.raises(ReplayError, match="Cannot reject"):
+        dlq.reject_replay(letter, people.approver, "too late")
+    assert [action for action, _, _ in trail(letter)] == [
+        "requested",
+        "approved",
+        "rejected",
+        "requested",
+        "approved",
+        "replayed",
+    ]
+
+
+def test_a_dead_letter_is_replayed_once_however_often_redrive_runs(people):
+    letter = dead_charge(order_id=12)
+    dlq.request_replay(letter, people.requester, "go")
+    dlq.approve_replay(letter, people.approver, "go")
+    made = [job for _ in range(3) for job in dlq.redrive()]
+    assert len(made) == 1
+    assert replay_jobs() == made
+
+
+def test_the_payload_is_checked_again_at_approval(people):
+    letter = dead_charge(order_id=13)
+    dlq.request_replay(letter, people.requester, "go", kwargs={"order_id": 13, "amount": 7})
+    # The handler changed between request and approval (simulated by a stale stored correction).
+    DeadLetter.objects.filter(pk=letter.pk).update(replay_kwargs={"order": 13})
+    before = snapshot(letter)
+    with pytest.raises(InvalidArgumentsError, match="missing a required argument: 'order_id'"):
+        dlq.approve_replay(letter, people.approver, "ok")
+    assert snapshot(letter) == before
+
+
+def test_a_replay_waits_while_another_live_job_owns_the_key_and_is_acked_as_a_duplicate_after(people):
+    letter = dead_charge(order_id=14, key="charge:order:14")
+    # The key expired and a producer resent the action with a good amount: a new job owns the key.
+    IdempotencyKey.objects.filter(key="charge:order:14").update(expires_at=F("created_at"))
+    resent = tasks_dlq.charge.using(idempotency_key="charge:order:14").enqueue(order_id=14, amount=900)
+    assert resent.pk != letter.job_id
+    dlq.request_replay(letter, people.requester, "replay it")
+    dlq.approve_replay(letter, people.approver, "ok")
+
+    assert dlq.redrive() == []  # the resent job is queued: it owns the action now
+    letter.refresh_from_db()
+    assert letter.replay_state == "approved"
+
+    assert run_burst() == 0  # runs the resent job (the redrive at its start still defers)
+    resent.refresh_from_db()
+    assert resent.status == "succeeded"
+    [job] = dlq.redrive()
+    assert ReplayEvent.objects.get(dead_letter=letter, action="replayed").data["idempotency_key"] == (
+        "already_succeeded"
+    )
+    run_burst()
+    job.refresh_from_db()
+    # The action had succeeded: the replay returns the stored result without running the handler.
+    assert (job.status, job.result) == ("succeeded", 900)
+    assert not Execution.objects.filter(job_id=job.pk).exists()
+    assert LedgerEntry.objects.get(effect_key="charge:14").job_id == resent.pk
+
+
+def test_a_pruned_key_is_recreated_so_the_action_stays_deduplicated(people):
+    letter = dead_charge(order_id=15, key="charge:order:15")
+    IdempotencyKey.objects.filter(key="charge:order:15").delete()
+    dlq.request_replay(letter, people.requester, "go", kwargs={"order_id": 15, "amount": 10})
+    dlq.approve_replay(letter, people.approver, "go")
+    [job] = dlq.redrive()
+    key = IdempotencyKey.objects.get(key="charge:order:15")
+    assert (key.scope, key.job_id, key.status) == ("tests.testapp.tasks_dlq.charge", job.pk, "in_progress")
+    # The original call's fingerprint: a producer resending it gets the replay job back.
+    assert key.fingerprint == idempotency.fingerprint(tasks_dlq.charge, [], {"order_id": 15, "amount": 0})
+    again = tasks_dlq.charge.using(idempotency_key="charge:order:15").enqueue(order_id=15, amount=0)
+    assert again.pk == job.pk
+
+
+def test_dead_lettering_without_a_task_marks_the_key_failed_in_the_tasks_own_scope():
+    job = tasks_dlq.scoped_refund.using(idempotency_key="refund:1").enqueue(order_id=1)
+    assert IdempotencyKey.objects.get(key="refund:1").scope == "payments"
+    [claimed] = leasing.claim("default", None, 1, "reaper-test")
+    # What the reaper does for an expired lease: it has no task object, only the job id.
+    dlq.dead_letter(
+        "default",
+        claimed.id,
+        claimed.lease_token,
+        reason="lease_expired",
+        category="transient",
+        error_class="X",
+    )
+    key = IdempotencyKey.objects.get(key="refund:1")
+    assert (key.status, key.job_id) == ("failed", job.pk)
+
+
+def approve_many(people, count, first_order=100):
+    letters = [dead_charge(order_id=first_order + i) for i in range(count)]
+    for letter in letters:
+        dlq.request_replay(letter, people.requester, "mass replay after the outage")
+        dlq.approve_replay(letter, people.approver, "ok")
+    return letters
+
+
+def age_replays(seconds):
+    """Move every replay's ``replayed_at`` back in time, as if the windows had passed."""
+    import datetime
+
+    DeadLetter.objects.filter(replay_state="replayed").update(
+        replayed_at=F("replayed_at") - datetime.timedelta(seconds=seconds)
+    )
+
+
+def test_the_throttle_allows_a_sixth_of_the_rate_per_ten_seconds_and_the_rate_per_minute(people, settings):
+    settings.JOBGUARD = {**settings.JOBGUARD, "REPLAY": {"RATE_PER_MINUTE": 7}}
+    approve_many(people, 10)
+    assert len(dlq.redrive()) == 2  # ceil(7 / 6) in any 10 s
+    assert dlq.redrive() == []
+    made = [2]
+    for _ in range(4):
+        age_replays(10.5)  # out of the 10 s window, still inside the minute
+        made.append(len(dlq.redrive()))
+    # 2 + 2 + 2 + 1 = 7 in the minute, then nothing although the 10 s window is clear.
+    assert made == [2, 2, 2, 1, 0]
+    age_replays(60)
+    assert len(dlq.redrive()) == 2
+    assert dlq.redrive(limit=5) == []  # a limit never raises the budget
+    assert DeadLetter.objects.filter(replay_state="replayed").count() == len(replay_jobs()) == 9
+
+
+def test_redrive_takes_the_oldest_approvals_first_and_honours_a_limit(people):
+    letters = approve_many(people, 3)
+    [job] = dlq.redrive(limit=1)
+    assert job.replayed_from == letters[0]

@@ -1,0 +1,261 @@
+"""The dead-letter and job admin through the test client: views, payload visibility, replay permissions."""
+
+from types import SimpleNamespace
+
+import pytest
+from django.urls import reverse
+
+from django_jobguard import dlq
+from django_jobguard.models import DeadLetter, Job, ReplayEvent
+from tests.dlq_support import dead_charge, make_user
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHANGELIST = "admin:jobguard_deadletter_changelist"
+
+
+@pytest.fixture
+def people():
+    return SimpleNamespace(
+        requester=make_user("rita", "request_replay", "view_payload", "view_deadletter", "view_job"),
+        approver=make_user("amir", "approve_replay", "view_deadletter", "view_job"),
+        viewer=make_user("vic", "view_deadletter", "view_job"),
+        blind=make_user("bob", "request_replay", "view_deadletter"),
+    )
+
+
+def page(letter):
+    return reverse("admin:jobguard_deadletter_change", args=[letter.pk])
+
+
+def replay_url(letter, action):
+    return reverse("admin:jobguard_deadletter_replay", args=[letter.pk, action])
+
+
+def state(letter):
+    letter.refresh_from_db()
+    return (
+        letter.replay_state,
+        letter.replay_kwargs,
+        letter.replay_decided_by_id,
+        ReplayEvent.objects.filter(dead_letter=letter).count(),
+        Job.objects.count(),
+    )
+
+
+def test_the_list_filters_and_searches_dead_letters(client, people):
+    dead_charge(order_id=1, amount=0)
+    dead_charge(order_id=2, amount=402)  # CardDeclined, through fatal_on
+    client.force_login(people.viewer)
+    url = reverse(CHANGELIST)
+    response = client.get(url)
+    assert response.status_code == 200
+    content = response.content.decode()
+    for filter_title in (
+        "By replay state",
+        "By reason",
+        "By category",
+        "By queue",
+        "By task",
+        "By error class",
+    ):
+        assert filter_title.lower() in content.lower()
+    declined = client.get(url, {"error_class": "tests.testapp.tasks_dlq.CardDeclined"})
+    assert declined.context["cl"].result_count == 1
+    assert client.get(url, {"q": "card declined"}).context["cl"].result_count == 1
+    assert client.get(url, {"replay_state": "requested"}).context["cl"].result_count == 0
+    assert (
+        client.get(url, {"reason": "permanent_error", "queue_name": "default"}).context["cl"].result_count
+        == 2
+    )
+    assert client.get(url, {"created_at__gte": "2000-01-01 00:00:00+00:00"}).context["cl"].result_count == 2
+
+
+def test_the_payload_and_traceback_show_only_with_view_payload(client, people):
+    letter = dead_charge(order_id=3, amount=0)
+    client.force_login(people.requester)
+    content = client.get(page(letter)).content.decode()
+    assert "Payload and traceback" in content
+    assert "Traceback (most recent call last)" in content
+    assert "&quot;order_id&quot;: 3" in content
+    assert "amount 0 is not a positive number of cents" in content  # the error message shows to all
+
+    client.force_login(people.viewer)
+    content = client.get(page(letter)).content.decode()
+    assert "amount 0 is not a positive number of cents" in content
+    assert "Traceback (most recent call last)" not in content
+    assert "&quot;order_id&quot;" not in content
+    assert "Payload and traceback" not in content
+
+
+def test_the_job_admin_shows_the_payload_only_with_view_payload(client, people):
+    letter = dead_charge(order_id=4, amount=0)
+    url = reverse("admin:jobguard_job_change", args=[letter.job_id])
+    client.force_login(people.requester)
+    content = client.get(url).content.decode()
+    assert "&quot;amount&quot;: 0" in content
+    assert f"dead letter #{letter.pk}" in content
+    client.force_login(people.approver)
+    content = client.get(url).content.decode()
+    assert "&quot;amount&quot;" not in content
+    assert f"dead letter #{letter.pk}" in content
+
+
+def test_request_with_a_corrected_payload_then_approve_through_the_admin(client, people):
+    letter = dead_charge(order_id=5, amount=0)
+    client.force_login(people.requester)
+    content = client.get(page(letter)).content.decode()
+    assert replay_url(letter, "request") in content
+    form = client.get(replay_url(letter, "request"))
+    assert '"amount": 0' in form.context["form"]["kwargs"].value()
+
+    response = client.post(
+        replay_url(letter, "request"),
+        {"reason": "amount was lost in the import", "args": "[]", "kwargs": '{"order_id": 5, "amount": 700}'},
+    )
+    assert response.status_code == 302
+    assert state(letter)[:2] == ("requested", {"order_id": 5, "amount": 700})
+
+    client.force_login(people.approver)
+    content = client.get(page(letter)).content.decode()
+    assert replay_url(letter, "approve") in content and replay_url(letter, "reject") in content
+    approve_form = client.get(replay_url(letter, "approve")).content.decode()
+    assert "corrected" in approve_form and "amount was lost in the import" in approve_form
+    assert "700" not in approve_form  # amir may approve, but not read payloads
+    response = client.post(replay_url(letter, "approve"), {"reason": "matches the order"})
+    assert response.status_code == 302
+    letter.refresh_from_db()
+    assert (letter.replay_state, letter.replay_decided_by) == ("approved", people.approver)
+
+    trail = client.get(page(letter)).content.decode()
+    for text in ("Replay audit trail", "rita", "amount was lost in the import", "amir", "matches the order"):
+        assert text in trail
+    assert "700" not in trail  # the corrected payload in the trail is hidden from amir too
+    client.force_login(people.requester)
+    assert "700" in client.get(page(letter)).content.decode()
+
+
+@pytest.mark.parametrize(
+    ("who", "action", "setup"),
+    [
+        ("viewer", "request", None),  # no request_replay
+        ("approver", "request", None),
+        ("viewer", "approve", "requested"),  # no approve_replay
+        ("requester", "approve", "requested"),  # rita requested it herself, and lacks the permission
+        ("blind", "reject", "requested"),
+    ],
+)
+def test_a_user_without_the_permission_gets_403_and_nothing_changes(client, people, who, action, setup):
+    letter = dead_charge(order_id=6, amount=0)
+    if setup == "requested":
+        dlq.request_replay(letter, people.requester, "please")
+    before = state(letter)
+    client.force_login(getattr(people, who))
+    assert client.get(replay_url(letter, action)).status_code == 403
+    response = client.post(
+        replay_url(letter, action), {"reason": "let me", "kwargs": '{"order_id": 6, "amount": 1}'}
+    )
+    assert response.status_code == 403
+    assert state(letter) == before
+    assert replay_url(letter, action) not in client.get(page(letter)).content.decode()
+
+
+def test_self_approval_through_the_admin_is_403(client, people):
+    both = make_user("sam", "request_replay", "approve_replay", "view_deadletter")
+    letter = dead_charge(order_id=7, amount=0)
+    dlq.request_replay(letter, both, "mine")
+    before = state(letter)
+    client.force_login(both)
+    response = client.post(replay_url(letter, "approve"), {"reason": "trust me"})
+    assert response.status_code == 403
+    assert state(letter) == before
+
+
+def test_a_payload_that_does_not_fit_is_shown_as_an_error_and_changes_nothing(client, people):
+    letter = dead_charge(order_id=8, amount=0)
+    before = state(letter)
+    client.force_login(people.requester)
+    response = client.post(
+        replay_url(letter, "request"),
+        {"reason": "fix", "args": "[]", "kwargs": '{"order_id": 8, "amout": 5}'},
+    )
+    assert response.status_code == 200
+    assert "missing a required argument: &#x27;amount&#x27;" in response.content.decode()
+    response = client.post(replay_url(letter, "request"), {"reason": "fix", "args": "[", "kwargs": "{}"})
+    assert "Not valid JSON" in response.content.decode()
+    response = client.post(replay_url(letter, "request"), {"reason": "fix", "args": "{}", "kwargs": "{}"})
+    assert "Must be a JSON array." in response.content.decode()
+    assert state(letter) == before
+
+
+def test_a_wrong_state_is_explained_not_forbidden(client, people):
+    letter = dead_charge(order_id=9, amount=0)
+    dlq.request_replay(letter, people.requester, "first")
+    client.force_login(people.requester)
+    response = client.post(replay_url(letter, "request"), {"reason": "again", "args": "[]", "kwargs": "{}"})
+    assert response.status_code == 200
+    assert "its replay is requested" in response.content.decode()
+
+
+def test_bulk_actions_ask_for_one_reason_then_apply_it_to_each_selected_letter(client, people):
+    letters = [dead_charge(order_id=10 + i, amount=0) for i in range(3)]
+    selected = [letter.pk for letter in letters]
+    client.force_login(people.requester)
+    url = reverse(CHANGELIST)
+    confirm = client.post(url, {"action": "request_replays", "_selected_action": selected})
+    assert confirm.status_code == 200
+    assert "3 dead letters selected" in confirm.content.decode()
+    client.post(
+        url,
+        {
+            "action": "request_replays",
+            "_selected_action": selected,
+            "confirm": "yes",
+            "reason": "after the outage",
+        },
+    )
+    assert set(DeadLetter.objects.values_list("replay_state", flat=True)) == {"requested"}
+
+    # rita may not approve: the action is not offered, and posting it changes nothing.
+    assert "approve_replays" not in client.get(url).content.decode()
+    client.post(
+        url, {"action": "approve_replays", "_selected_action": selected, "confirm": "yes", "reason": "x"}
+    )
+    assert set(DeadLetter.objects.values_list("replay_state", flat=True)) == {"requested"}
+
+    client.force_login(people.approver)
+    client.post(
+        url,
+        {"action": "approve_replays", "_selected_action": selected[:2], "confirm": "yes", "reason": "fine"},
+    )
+    client.post(
+        url, {"action": "reject_replays", "_selected_action": selected[2:], "confirm": "yes", "reason": "no"}
+    )
+    assert list(DeadLetter.objects.order_by("id").values_list("replay_state", flat=True)) == [
+        "approved",
+        "approved",
+        "rejected",
+    ]
+    assert ReplayEvent.objects.filter(action="approved", actor=people.approver, reason="fine").count() == 2
+
+
+def test_bulk_approval_skips_the_approvers_own_requests_and_says_why(client, people):
+    both = make_user("sam", "request_replay", "approve_replay", "view_deadletter")
+    mine, theirs = dead_charge(order_id=20, amount=0), dead_charge(order_id=21, amount=0)
+    dlq.request_replay(mine, both, "mine")
+    dlq.request_replay(theirs, people.requester, "theirs")
+    client.force_login(both)
+    response = client.post(
+        reverse(CHANGELIST),
+        {
+            "action": "approve_replays",
+            "_selected_action": [mine.pk, theirs.pk],
+            "confirm": "yes",
+            "reason": "ok",
+        },
+        follow=True,
+    )
+    messages = [str(m) for m in response.context["messages"]]
+    assert any(f"#{mine.pk}: sam requested this replay" in m for m in messages), messages
+    assert state(mine)[0] == "requested"
+    assert state(theirs)[0] == "approved"
