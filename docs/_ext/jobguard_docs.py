@@ -54,8 +54,7 @@ HELP_COLUMNS = 96
 def _literal(value: Any, *, as_repr: bool = False) -> str:
     """``value`` (or its repr) as inline code, whatever backticks it holds."""
     text = repr(value) if as_repr or not isinstance(value, str) else value
-    fence = "``" if "`" in text else "`"
-    return f"{fence}{text}{fence}" if fence == "`" else f"{fence} {text} {fence}"
+    return f"`` {text} ``" if "`" in text else f"`{text}`"
 
 
 def _escape(text: str) -> str:
@@ -82,6 +81,13 @@ class _GeneratedDirective(SphinxDirective):
     def depends_on(self, module: Any) -> None:
         self.env.note_dependency(str(Path(module.__file__).resolve()))
 
+    def depends_on_package(self) -> None:
+        """Re-read the page when any module changes (it reports which modules use what)."""
+        import django_jobguard
+
+        for path in Path(django_jobguard.__file__).parent.rglob("*.py"):
+            self.env.note_dependency(str(path.resolve()))
+
 
 # -- settings ----------------------------------------------------------------------------------
 
@@ -92,7 +98,7 @@ class SettingsDirective(_GeneratedDirective):
     def markdown(self) -> str:
         from django_jobguard import conf
 
-        self.depends_on(conf)
+        self.depends_on_package()
         settings = collect_settings()
         documented = {s.path for s in settings}
         for path in sorted(runtime_paths(conf.DEFAULTS) - documented):
@@ -258,9 +264,7 @@ class SignalsDirective(_GeneratedDirective):
     """Every signal of ``django_jobguard.signals``, with its arguments and senders."""
 
     def markdown(self) -> str:
-        from django_jobguard import signals
-
-        self.depends_on(signals)
+        self.depends_on_package()
         out: list[str] = []
         for signal in collect_signals():
             if not signal.comment:
