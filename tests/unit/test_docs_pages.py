@@ -137,7 +137,7 @@ def test_every_setting_has_a_comment_for_the_generated_reference() -> None:
 
 def test_every_system_check_has_a_hint_for_the_generated_reference() -> None:
     checks = jobguard_reference.collect_checks()
-    assert [c.id for c in checks][:4] == ["jobguard.E001", "jobguard.E002", "jobguard.E003", "jobguard.W001"]
+    assert {"jobguard.E001", "jobguard.E002", "jobguard.E003", "jobguard.W001"} <= {c.id for c in checks}
     assert len({c.id for c in checks}) == len(checks), "a check ID is used twice"
     assert all(c.hint for c in checks), [c.id for c in checks if not c.hint]
     e002 = next(c for c in checks if c.id == "jobguard.E002")
@@ -147,8 +147,8 @@ def test_every_system_check_has_a_hint_for_the_generated_reference() -> None:
 def test_every_signal_names_its_arguments_and_senders_are_found() -> None:
     signals = {s.name: s for s in jobguard_reference.collect_signals()}
     assert all(s.comment for s in signals.values()), [n for n, s in signals.items() if not s.comment]
-    assert signals["job_enqueued"].senders == ["django_jobguard.enqueue"]
-    assert signals["job_dead_lettered"].senders == ["django_jobguard.dlq"]
+    assert "django_jobguard.enqueue" in signals["job_enqueued"].senders
+    assert "django_jobguard.dlq" in signals["job_dead_lettered"].senders
     # The replay_* signals share the one comment written above the group.
     assert signals["replay_rejected"].comment == signals["replay_requested"].comment
 
