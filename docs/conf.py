@@ -36,11 +36,7 @@ jobguard_optional_globs = ["runbooks/*"]
 # then ordinary links; drop an entry once its page is on main.
 jobguard_pending_pages = [
     "how-to/lock-a-resource",
-    "how-to/errors-and-retries",
     "how-to/idempotency-keys",
-    "how-to/monitoring",
-    "reference/metrics",
-    "runbooks/dead-letters",
     "explanation/performance",
     "explanation/guarantees",
 ]

@@ -270,7 +270,7 @@ class SignalsDirective(_GeneratedDirective):
             if not signal.comment:
                 logger.warning("signals.py: %s has no #: comment naming its arguments", signal.name)
             sent = (
-                "Sent from " + ", ".join(f"`{m}`" for m in signal.senders) + "."
+                "Sent by " + ", ".join(f"`{m}`" for m in signal.senders) + "."
                 if signal.senders
                 else "*Defined, but no code of this version sends it yet.*"
             )

@@ -222,7 +222,9 @@ def collect_signals() -> list[SignalDoc]:
         comment = _comment_above(lines, node.lineno, marker="#:")
         if not comment and found and previous_line == node.lineno - 1:
             comment = found[-1].comment  # one comment above a run of related signals
-        pattern = re.compile(rf"\b{name}\.send(?:_robust)?\(")
+        # Sent directly (``signals.job_started.send(...)``) or picked from a table of signals
+        # (``{"approved": signals.replay_approved}``): a module that names it sends it.
+        pattern = re.compile(rf"\bsignals\.{name}\b|\b{name}\.send(?:_robust)?\(")
         senders = [
             module
             for module, text in package_sources()

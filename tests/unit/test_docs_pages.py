@@ -149,6 +149,7 @@ def test_every_signal_names_its_arguments_and_senders_are_found() -> None:
     assert all(s.comment for s in signals.values()), [n for n, s in signals.items() if not s.comment]
     assert "django_jobguard.enqueue" in signals["job_enqueued"].senders
     assert "django_jobguard.dlq" in signals["job_dead_lettered"].senders
+    assert "django_jobguard.dlq" in signals["replay_approved"].senders
     # The replay_* signals share the one comment written above the group.
     assert signals["replay_rejected"].comment == signals["replay_requested"].comment
 
