@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+import posixpath
 import shutil
 import subprocess
 import sys
@@ -65,35 +66,49 @@ def test_the_docs_build_without_warnings(tmp_path: Path) -> None:
     assert "WARNING" not in result.stderr
 
 
+def write_links_page(docs: Path, docnames: list[str]) -> None:
+    """A how-to page (listed by the how-to glob) linking to each of ``docnames``."""
+    links = "\n".join(f"- [link to {name}](../{name}.md)" for name in docnames)
+    (docs / "how-to" / "zz-links.md").write_text(f"# Links\n\n{links}\n")
+
+
 def test_sections_and_links_waiting_for_other_branches_do_not_warn(tmp_path: Path) -> None:
     docs = copy_docs(tmp_path)
-    for docname in conf_list("jobguard_pending_pages"):
-        (docs / f"{docname}.md").unlink(missing_ok=True)
+    # As before those branches are merged: their pages and the optional sections' pages gone.
+    missing = conf_list("jobguard_pending_pages")
     for pattern in conf_list("jobguard_optional_globs"):
-        for page in docs.glob(f"{pattern}.md"):
-            page.unlink()
+        missing += [str(page.relative_to(docs).with_suffix("")) for page in docs.glob(f"{pattern}.md")]
+    for docname in missing:
+        (docs / f"{docname}.md").unlink(missing_ok=True)
+    with (docs / "conf.py").open("a") as conf:
+        conf.write(f"\njobguard_pending_pages = {sorted(set(missing))!r}\n")
+    write_links_page(docs, missing)
 
     result = build(docs, tmp_path / "html")
 
     assert result.returncode == 0, result.stderr
-    tutorial = (tmp_path / "html" / "tutorial" / "index.html").read_text()
-    assert "dead-letters runbook" in tutorial
-    assert "dead-letters.html" not in tutorial  # plain text until the page exists
+    page = (tmp_path / "html" / "how-to" / "zz-links.html").read_text()
+    for docname in missing:
+        assert f"link to {docname}" in page
+        assert f"{docname}.html" not in page  # plain text until the page exists
 
 
 def test_a_page_added_to_a_section_is_listed_and_linked_without_editing_any_page(tmp_path: Path) -> None:
     docs = copy_docs(tmp_path)
-    (docs / "runbooks" / "dead-letters.md").write_text("# Dead letters\n\nRead the dead letter first.\n")
-    (docs / "how-to" / "lock-a-resource.md").write_text("# Lock a resource\n\nTake the lock.\n")
+    added = ["runbooks/zz-new-runbook", "how-to/zz-new-guide", *conf_list("jobguard_pending_pages")]
+    for docname in added:
+        (docs / f"{docname}.md").write_text(f"# {docname}\n\nA page from another branch.\n")
+    write_links_page(docs, added)
 
     result = build(docs, tmp_path / "html")
 
     assert result.returncode == 0, result.stderr
     index = (tmp_path / "html" / "index.html").read_text()
-    assert 'href="runbooks/dead-letters.html"' in index
-    assert 'href="how-to/lock-a-resource.html"' in index
-    tutorial = (tmp_path / "html" / "tutorial" / "index.html").read_text()
-    assert 'href="../runbooks/dead-letters.html"' in tutorial
+    assert 'href="runbooks/zz-new-runbook.html"' in index
+    assert 'href="how-to/zz-new-guide.html"' in index
+    page = (tmp_path / "html" / "how-to" / "zz-links.html").read_text()
+    for docname in added:
+        assert f'href="{posixpath.relpath(docname, "how-to")}.html"' in page
 
 
 def test_a_mistyped_glob_or_link_still_fails_the_build(tmp_path: Path) -> None:
