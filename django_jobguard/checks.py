@@ -19,13 +19,21 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     try:
         get_settings()
     except ImproperlyConfigured as exc:
-        return [checks.Error(str(exc), hint="See docs/reference/settings.md.", id="jobguard.E001")]
+        return [
+            checks.Error(
+                str(exc),
+                hint="See the settings reference in the django-jobguard docs (docs/reference/settings.md).",
+                id="jobguard.E001",
+            )
+        ]
     return []
 
 
-@checks.register(checks.Tags.database)
+# Not tagged "database": these read settings only and never connect, so they run with
+# every command (Django skips database-tagged checks unless --database is given).
+@checks.register()
 def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """jobguard.E002: unsupported database; jobguard.W001: SQLite without IMMEDIATE transactions."""
+    """jobguard.E002: unknown alias; E003: unsupported database; W001: SQLite without IMMEDIATE."""
     from django.db import connections
 
     from .conf import get_settings

@@ -33,7 +33,7 @@ from django.db.models import Count, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from . import idempotency, leasing, metrics, signals
+from . import _dispatch, idempotency, leasing, metrics, signals
 from .conf import get_settings
 from .enqueue import _prepare as prepare_job_fields
 from .enqueue import normalize_json
@@ -165,8 +165,7 @@ def dead_letter(
 
 def _announce_dead_letter(letter: DeadLetter) -> None:
     metrics.job_dead_lettered(letter.queue_name, letter.task_name, letter.reason)
-    if signals.job_dead_lettered.has_listeners(None):
-        signals.job_dead_lettered.send(sender=None, dead_letter=letter)
+    _dispatch.send(signals.job_dead_lettered, dead_letter=letter)
 
 
 # -- permissions ---------------------------------------------------------------------------------
@@ -426,10 +425,8 @@ def _announce(alias: str, letter_pk: int, state: str, user: User | None, job: Jo
     if letter is None:
         return
     metrics.replay_transition(letter.queue_name, letter.task_name, state)
-    signal = _SIGNALS[state]
-    if signal.has_listeners(None):
-        extra = {"job": job} if state == "replayed" else {}
-        signal.send(sender=None, dead_letter=letter, user=user, **extra)
+    extra = {"job": job} if state == "replayed" else {}
+    _dispatch.send(_SIGNALS[state], dead_letter=letter, user=user, **extra)
 
 
 # -- redrive -------------------------------------------------------------------------------------

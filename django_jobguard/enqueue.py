@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.models.functions import Now
 
-from . import idempotency, leasing, metrics, signals
+from . import _dispatch, idempotency, leasing, metrics, signals
 from .conf import get_settings
 from .exceptions import InvalidArgumentsError
 
@@ -114,8 +114,7 @@ def enqueue(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
     else:
         (job,) = _insert(task, [fields], alias)
     metrics.job_enqueued(job.queue_name, job.task_name)
-    if signals.job_enqueued.has_listeners(None):
-        signals.job_enqueued.send(sender=None, job=job)
+    _dispatch.send(signals.job_enqueued, job=job)
     return job
 
 
@@ -132,5 +131,5 @@ def bulk_enqueue(task: Task[Any, Any], calls: Iterable[tuple[Sequence[Any], Mapp
     metrics.job_enqueued(jobs[0].queue_name, task.name, len(jobs))
     if signals.job_enqueued.has_listeners(None):
         for job in jobs:
-            signals.job_enqueued.send(sender=None, job=job)
+            _dispatch.send(signals.job_enqueued, job=job)
     return jobs

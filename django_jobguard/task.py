@@ -212,7 +212,9 @@ def _policy(value: Any, option: str) -> RetryPolicy | RetryOverrides | None:
     try:
         return RetryOverrides.parse(value, (option,))
     except ImproperlyConfigured as exc:
-        raise InvalidTaskError(f"@task({option}=...): {exc}") from None
+        # The parser names settings keys; here the value is a task option, so say that.
+        message = str(exc).replace(f"JOBGUARD[{option!r}]", option)
+        raise InvalidTaskError(f"@task({option}=...): {message}") from None
 
 
 @overload

@@ -33,11 +33,12 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
-from . import _faults, dlq, idempotency, leasing, metrics, retry, signals
+from . import _dispatch, _faults, dlq, idempotency, leasing, metrics, retry, signals
 from .conf import get_settings
 from .context import JobContext
 from .enqueue import normalize_json
 from .exceptions import InvalidArgumentsError, LeaseLost, LockNotAcquired, LockUnavailable
+from .locks.db import DatabaseLock
 from .log import job_fields
 from .models import DeadLetterReason
 from .registry import registry
@@ -386,10 +387,7 @@ class Worker:
                 _alias=self.alias,
             )
             held.context = context
-        if signals.job_started.has_listeners(None):
-            signals.job_started.send(
-                sender=None, job_id=job.id, task_name=job.task_name, attempt=job.attempts
-            )
+        _dispatch.send(signals.job_started, job_id=job.id, task_name=job.task_name, attempt=job.attempts)
         began = time.perf_counter()
         try:
             try:
@@ -446,10 +444,9 @@ class Worker:
             duration,
             extra=job_fields(job, self.worker_id, duration=duration, outcome="succeeded"),
         )
-        if signals.job_succeeded.has_listeners(None):
-            signals.job_succeeded.send(
-                sender=None, job_id=job.id, task_name=job.task_name, result=result, duration=duration
-            )
+        _dispatch.send(
+            signals.job_succeeded, job_id=job.id, task_name=job.task_name, result=result, duration=duration
+        )
 
     def _ack(self, held: _Held, scope: str, result: Any) -> None:
         """Mark the job succeeded (and its idempotency key), fenced by the lease token."""
@@ -620,15 +617,14 @@ class Worker:
             error_class,
             extra=job_fields(job, self.worker_id, duration=duration, outcome="retry"),
         )
-        if signals.job_retried.has_listeners(None):
-            signals.job_retried.send(
-                sender=None,
-                job_id=job.id,
-                task_name=job.task_name,
-                attempt=job.attempts,
-                error=exc,
-                delay=delay,
-            )
+        _dispatch.send(
+            signals.job_retried,
+            job_id=job.id,
+            task_name=job.task_name,
+            attempt=job.attempts,
+            error=exc,
+            delay=delay,
+        )
 
     def _dead(
         self,
@@ -814,6 +810,10 @@ class Worker:
                             h.job.id,
                             extra=job_fields(h.job, self.worker_id, outcome="abandoned"),
                         )
+                        # A database lock's release would wait behind the same open
+                        # transaction; its TTL frees it. Other back ends release now.
+                        if not isinstance(h.lock, DatabaseLock):
+                            self._release_lock(h)
                         continue
                     try:
                         # The attempt is refunded: the worker stopped it, the job did not fail.

@@ -270,7 +270,7 @@ def test_status_rejects_bad_options_with_a_clear_message():
         status("--count", "2")
     with pytest.raises(CommandError, match="'elsewhere': no such database alias"):
         status("--database", "elsewhere")
-    with pytest.raises(CommandError, match="argument --watch: invalid _positive_float value: '0'"):
+    with pytest.raises(CommandError, match="argument --watch: must be more than 0 seconds, not 0"):
         status("--watch", "0")
 
 

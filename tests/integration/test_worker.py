@@ -114,3 +114,24 @@ def test_system_exit_in_a_handler_fails_the_job_not_the_worker():
     job = tasks.flaky.enqueue("s", failures=1, error="system_exit")
     run_until(job, "succeeded")
     assert (job.status, job.attempts) == ("succeeded", 2)
+
+
+def test_a_signal_receiver_that_raises_is_logged_and_breaks_nothing(caplog):
+    from django_jobguard import signals
+
+    def broken(**kwargs):
+        raise RuntimeError("receiver bug")
+
+    signals.job_started.connect(broken)
+    signals.job_succeeded.connect(broken)
+    try:
+        job = tasks.add.enqueue(1, b=1)
+        assert run_burst() == 0
+    finally:
+        signals.job_started.disconnect(broken)
+        signals.job_succeeded.disconnect(broken)
+    job.refresh_from_db()
+    assert (job.status, job.result) == ("succeeded", 2)
+    failures = [r for r in caplog.records if r.getMessage().startswith("signal_receiver_failed")]
+    assert len(failures) == 2
+    assert "receiver bug" in str(failures[0].exc_info[1])

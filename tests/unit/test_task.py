@@ -61,3 +61,11 @@ def test_using_returns_a_copy_with_overrides():
     copy = tasks.add.using(priority=10, queue_name="fast")
     assert (copy.priority, copy.queue_name) == (10, "fast")
     assert tasks.add.priority == 0
+
+
+def test_a_bad_retry_option_names_the_task_option_not_a_setting():
+    with pytest.raises(InvalidTaskError) as info:
+        task(name="tests.bad_retry", retry={"maxx": 1})(lambda: None)
+    message = str(info.value)
+    assert "@task(retry=...): retry['maxx'] is not a known setting" in message
+    assert "JOBGUARD" not in message

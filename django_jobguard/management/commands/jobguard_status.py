@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from ...conf import get_settings
 from ...stats import QueueStats, queue_stats
+from ._options import positive_float, positive_int
 
 #: Seconds between refreshes of ``--watch`` when none is given.
 DEFAULT_WATCH_INTERVAL_SECONDS = 2.0
@@ -27,20 +28,6 @@ _COLUMNS = (
     ("OK 1H", "succeeded_last_hour"),
     ("FAILED 1H", "failed_last_hour"),
 )
-
-
-def _positive_float(value: str) -> float:
-    number = float(value)
-    if number <= 0:
-        raise ValueError(value)
-    return number
-
-
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError(value)
-    return number
 
 
 def format_age(seconds: float) -> str:
@@ -92,7 +79,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--watch",
             nargs="?",
-            type=_positive_float,
+            type=positive_float,
             const=DEFAULT_WATCH_INTERVAL_SECONDS,
             default=None,
             metavar="SECONDS",
@@ -104,7 +91,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--count",
-            type=_positive_int,
+            type=positive_int,
             default=None,
             help="With --watch: stop after this many refreshes.",
         )

@@ -10,27 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ... import metrics
 from ...conf import get_settings
 from ...worker import Worker
-
-
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError(value)
-    return number
-
-
-def _positive_float(value: str) -> float:
-    number = float(value)
-    if number <= 0:
-        raise ValueError(value)
-    return number
-
-
-def _non_negative_float(value: str) -> float:
-    number = float(value)
-    if number < 0:
-        raise ValueError(value)
-    return number
+from ._options import non_negative_float, positive_float, positive_int
 
 
 class Command(BaseCommand):
@@ -48,20 +28,20 @@ class Command(BaseCommand):
         parser.add_argument(
             "--concurrency",
             "-c",
-            type=_positive_int,
+            type=positive_int,
             default=1,
             help="Jobs run at once, each in its own thread with its own database connection (default 1).",
         )
         parser.add_argument(
             "--batch-size",
-            type=_positive_int,
+            type=positive_int,
             default=None,
             help="Most jobs held (claimed) at once, taken in one round trip (default: twice --concurrency).",
         )
         parser.add_argument("--burst", action="store_true", help="Run the jobs that are due, then exit.")
         parser.add_argument(
             "--max-jobs",
-            type=_positive_int,
+            type=positive_int,
             default=None,
             help="Exit after claiming this many jobs (a supervisor restarts the worker).",
         )
@@ -70,19 +50,19 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--poll-interval",
-            type=_positive_float,
+            type=positive_float,
             default=None,
             help="Seconds between polls when idle (default JOBGUARD['POLL_INTERVAL']).",
         )
         parser.add_argument(
             "--reaper-interval",
-            type=_positive_float,
+            type=positive_float,
             default=None,
             help="Seconds between passes over expired leases (default JOBGUARD['REAPER_INTERVAL']).",
         )
         parser.add_argument(
             "--shutdown-grace",
-            type=_non_negative_float,
+            type=non_negative_float,
             default=None,
             help=(
                 "Seconds running jobs get after SIGTERM before they are handed back "

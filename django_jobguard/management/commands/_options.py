@@ -1,0 +1,42 @@
+"""Argument types shared by the jobguard commands; their errors name the rule broken."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def positive_int(value: str) -> int:
+    """An integer of 1 or more."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {number}")
+    return number
+
+
+def positive_float(value: str) -> float:
+    """A number of seconds above zero."""
+    number = _seconds(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {value}")
+    return number
+
+
+def non_negative_float(value: str) -> float:
+    """A number of seconds, zero or more."""
+    number = _seconds(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 seconds or more, not {value}")
+    return number
+
+
+def _seconds(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if number != number or number in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a finite number of seconds")
+    return number
