@@ -98,8 +98,7 @@ def enqueue(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
     if task.idempotency_key is not None:
         job, created = idempotency.enqueue_once(task, fields, alias)
         if not created:
-            metrics.duplicate_prevented(task.name, "enqueue")
-            return job
+            return job  # the key's job; the duplicate is counted by enqueue_once
     else:
         job = Job(**fields)
         job.save(force_insert=True, using=alias)

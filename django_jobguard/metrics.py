@@ -105,6 +105,11 @@ DUPLICATES = _counter(
     "Duplicates stopped by an idempotency key, at enqueue or at execution.",
     ("task", "where"),
 )
+UNIQUE_CONFLICTS = _counter(
+    "jobguard_idempotency_unique_conflicts_total",
+    "Idempotency key inserts that met the unique constraint (the key existed), at enqueue or execution.",
+    ("task", "where"),
+)
 
 
 def job_enqueued(queue: str, task: str, count: int = 1) -> None:
@@ -146,3 +151,7 @@ def lease_lost(queue: str, task: str, operation: str) -> None:
 
 def duplicate_prevented(task: str, where: str) -> None:
     DUPLICATES.labels(task, where).inc()
+
+
+def unique_conflict(task: str, where: str) -> None:
+    UNIQUE_CONFLICTS.labels(task, where).inc()

@@ -55,6 +55,9 @@ DB_ERROR_BACKOFF_SECONDS = 0.5
 DB_ERROR_BACKOFF_MAX_SECONDS = 5.0
 #: Executor threads abandoned past their hard timeout before the worker exits to be restarted.
 MAX_ABANDONED_THREADS = 16
+#: With JOBGUARD["IDEMPOTENCY"]["PRUNE_IN_WORKER"]: seconds between prune passes, and keys per pass.
+PRUNE_INTERVAL_SECONDS = 60.0
+PRUNE_BATCH_SIZE = 500
 
 
 class _InvalidResultError(Exception):
@@ -123,6 +126,7 @@ class Worker:
         self._heartbeat_stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._abandoned = 0
+        self._next_prune = 0.0
         self._listener: leasing.Listener | None = None
         self.claimed = 0
         self.processed = 0
@@ -196,6 +200,7 @@ class Worker:
                 if now >= next_reap:
                     self._reap()
                     next_reap = now + self.reaper_interval
+                    self._prune_keys(now)
                 free = self.capacity - len(self._held)
                 if self.max_jobs is not None:
                     free = min(free, self.max_jobs - self.claimed)
@@ -264,6 +269,19 @@ class Worker:
                 )
             except LeaseLost:
                 continue  # its worker acked it just in time
+
+    def _prune_keys(self, now: float) -> None:
+        """Delete a batch of expired idempotency keys, at most every PRUNE_INTERVAL_SECONDS."""
+        if now < self._next_prune or not get_settings().idempotency.prune_in_worker:
+            return
+        self._next_prune = now + PRUNE_INTERVAL_SECONDS
+        try:
+            deleted = idempotency.prune_expired(self.alias, batch_size=PRUNE_BATCH_SIZE, max_batches=1)
+        except (DatabaseError, InterfaceError):
+            logger.warning("prune_failed worker_id=%s", self.worker_id, exc_info=True)
+            return
+        if deleted:
+            logger.info("idempotency_keys_pruned worker_id=%s deleted=%d", self.worker_id, deleted)
 
     # -- executors ---------------------------------------------------------------------
 
@@ -345,9 +363,11 @@ class Worker:
             return
         scope = idempotency.scope_of(task) if job.idempotency_key else ""
         if job.idempotency_key:
-            stored = idempotency.stored_result(self.alias, scope, job.idempotency_key)
-            if stored is not idempotency.MISSING:
-                self._ack_duplicate(held, task, stored)
+            decision = idempotency.begin_execution(
+                self.alias, task, job.id, job.idempotency_key, job.args, job.kwargs
+            )
+            if decision.action != idempotency.RUN:
+                self._not_run(held, task, scope, decision)
                 return
         if job.lock_key and not self._take_lock(held, task):
             return
@@ -456,10 +476,39 @@ class Worker:
         if not leasing.complete(self.alias, job.id, job.lease_token, result_json):
             raise LeaseLost(f"job {job.id}: lease lost before the ack")
 
-    def _ack_duplicate(self, held: _Held, task: Any, stored: Any) -> None:
+    def _not_run(self, held: _Held, task: Any, scope: str, decision: idempotency.Decision) -> None:
+        """A keyed job whose action succeeded already, is owned by another job, or conflicts."""
         job = held.job
-        result_json = json.dumps(stored)
-        if not leasing.complete(self.alias, job.id, job.lease_token, result_json):
+        if decision.action == idempotency.CONFLICT:
+            self._dead(
+                held,
+                task,
+                DeadLetterReason.PERMANENT_ERROR,
+                retry.PERMANENT,
+                "django_jobguard.exceptions.IdempotencyConflict",
+                decision.message,
+            )
+            return
+        if decision.action == idempotency.WAIT:
+            # Like a taken lock: back in the queue without using an attempt.
+            delay = get_settings().locks.contention_delay
+            logger.info(
+                "idempotency_wait job_id=%s idempotency_key=%s; another job owns the key, retry in %.1fs",
+                job.id,
+                job.idempotency_key,
+                delay,
+                extra=job_fields(job, self.worker_id, outcome="idempotency_wait"),
+            )
+            if not leasing.requeue(
+                self.alias, job.id, job.lease_token, delay=delay, error=None, refund_attempt=True
+            ):
+                metrics.lease_lost(job.queue_name, job.task_name, "requeue")
+            return
+        with transaction.atomic(using=self.alias):
+            acked = leasing.complete(self.alias, job.id, job.lease_token, json.dumps(decision.result))
+            if acked:
+                idempotency.record_duplicate(self.alias, scope, job.idempotency_key or "")
+        if not acked:
             metrics.lease_lost(job.queue_name, job.task_name, "ack")
             return
         metrics.duplicate_prevented(job.task_name, "execution")
