@@ -72,7 +72,7 @@ def prune_finished_jobs(
             return deleted
         # Re-checked by the delete; the ORM sets expired keys' job to NULL in the same transaction.
         _, per_model = prunable_jobs(alias, finished_before).filter(pk__in=ids).only("pk").delete()
-        deleted += per_model.get(Job._meta.label, 0)
+        deleted += int(per_model.get(Job._meta.label, 0))
         if len(ids) < batch_size:
             return deleted
 
