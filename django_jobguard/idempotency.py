@@ -275,10 +275,19 @@ def begin_execution(
     - WAIT: another job that is queued or running owns the key: try again later.
     - CONFLICT: the key succeeded for other arguments or another task.
     """
-    from .models import IdempotencyStatus
+    from .models import IdempotencyKey
 
     scope = scope_of(task)
     digest = fingerprint(task, args, kwargs)
+    # Most jobs own their key since enqueue: a plain read decides, with no write
+    # transaction (which on SQLite would wait for every other writer). Ownership cannot
+    # change under a RUN, DUPLICATE or WAIT decision: nobody takes over a key whose
+    # owner is queued or running, and only the owner's ack marks it succeeded.
+    existing = IdempotencyKey.objects.using(alias).select_related("job").filter(scope=scope, key=key).first()
+    if existing is not None:
+        decision = _decide(task, existing, job_id, digest, key, scope)
+        if decision is not None:
+            return decision
     for _ in range(MAX_ROUNDS):
         with transaction.atomic(using=alias):
             existing = _locked_key(alias, scope, key)
@@ -287,18 +296,29 @@ def begin_execution(
                     return Decision(RUN)
                 metrics.unique_conflict(task.name, "execution")
                 continue  # another job inserted it meanwhile: decide against its row
-            if existing.job_id == job_id and existing.status != IdempotencyStatus.SUCCEEDED:
-                return Decision(RUN)
-            live = existing.expires_at > timezone.now()
-            if existing.status == IdempotencyStatus.SUCCEEDED and live:
-                if existing.fingerprint != digest:
-                    return Decision(CONFLICT, message=str(_conflict(task, existing, key, scope)))
-                return Decision(DUPLICATE, result=existing.result)
-            if existing.job_id != job_id and _is_active(existing.job):
-                return Decision(WAIT)
-            _take_over(alias, existing, job_id, digest, live)
+            decision = _decide(task, existing, job_id, digest, key, scope)
+            if decision is not None:
+                return decision
+            _take_over(alias, existing, job_id, digest, existing.expires_at > timezone.now())
             return Decision(RUN)
     raise RuntimeError(f"idempotency key {key!r} (scope {scope!r}) kept vanishing before job {job_id} ran")
+
+
+def _decide(
+    task: Task[Any, Any], existing: IdempotencyKey, job_id: int, digest: str, key: str, scope: str
+) -> Decision | None:
+    """The decision for a job given its key's row; None when the job should take the key over."""
+    from .models import IdempotencyStatus
+
+    if existing.job_id == job_id and existing.status != IdempotencyStatus.SUCCEEDED:
+        return Decision(RUN)
+    if existing.status == IdempotencyStatus.SUCCEEDED and existing.expires_at > timezone.now():
+        if existing.fingerprint != digest:
+            return Decision(CONFLICT, message=str(_conflict(task, existing, key, scope)))
+        return Decision(DUPLICATE, result=existing.result)
+    if existing.job_id != job_id and _is_active(existing.job):
+        return Decision(WAIT)
+    return None
 
 
 def _take_over(alias: str, existing: IdempotencyKey, job_id: int, digest: str, live: bool) -> None:
