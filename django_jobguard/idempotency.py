@@ -290,12 +290,15 @@ def begin_execution(
             return decision
     for _ in range(MAX_ROUNDS):
         with transaction.atomic(using=alias):
-            existing = _locked_key(alias, scope, key)
             if existing is None:
+                # Write first: on SQLite a transaction that reads before it writes may fail
+                # to upgrade its lock when another writer got in between.
                 if _insert_key(alias, scope, key, digest, job_id) is not None:
                     return Decision(RUN)
-                metrics.unique_conflict(task.name, "execution")
-                continue  # another job inserted it meanwhile: decide against its row
+                metrics.unique_conflict(task.name, "execution")  # another job inserted it
+            existing = _locked_key(alias, scope, key)
+            if existing is None:
+                continue  # pruned meanwhile
             decision = _decide(task, existing, job_id, digest, key, scope)
             if decision is not None:
                 return decision
@@ -370,11 +373,15 @@ def record_duplicate(alias: str, scope: str, key: str) -> None:
     IdempotencyKey.objects.using(alias).filter(scope=scope, key=key).update(duplicates=F("duplicates") + 1)
 
 
-def record_failure(alias: str, scope: str, key: str, job_id: int) -> None:
-    """Mark the key failed (its job was dead-lettered); the job of a replay takes it over."""
+def record_failure(alias: str, scope: str | None, key: str, job_id: int) -> None:
+    """Mark the key failed (its job was dead-lettered); the job of a replay takes it over.
+
+    The owner job identifies the row, so ``scope`` is not needed: the reaper, which
+    dead-letters jobs without loading their task, cannot know a custom scope.
+    """
     from .models import IdempotencyKey, IdempotencyStatus
 
-    IdempotencyKey.objects.using(alias).filter(scope=scope, key=key, job_id=job_id).update(
+    IdempotencyKey.objects.using(alias).filter(key=key, job_id=job_id).update(
         status=IdempotencyStatus.FAILED, updated_at=Now()
     )
 
