@@ -196,14 +196,27 @@ def enqueue_once(task: Task[Any, Any], fields: dict[str, Any], alias: str) -> tu
     scope = scope_of(task)
     digest = fingerprint(task, fields["args"], fields["kwargs"])
     for _ in range(MAX_ROUNDS):
+        try:
+            # The usual case, a new key, in one short transaction: the job, then its key.
+            with transaction.atomic(using=alias):
+                job = _create_job(fields, alias)
+                if _insert_key(alias, scope, key, digest, job.pk) is None:
+                    raise _KeyExistsError  # rolls the job back
+            return job, True
+        except _KeyExistsError:
+            metrics.unique_conflict(task.name, "enqueue")
         with transaction.atomic(using=alias):
-            outcome = _enqueue_round(task, fields, alias, scope, key, digest)
+            outcome = _enqueue_existing(task, fields, alias, scope, key, digest)
         if outcome is not None:
             if not outcome[1]:
                 # Counted when the duplicate count on the row commits, so both agree.
                 transaction.on_commit(partial(metrics.duplicate_prevented, task.name, "enqueue"), using=alias)
             return outcome
     raise RuntimeError(f"idempotency key {key!r} (scope {scope!r}) kept vanishing during enqueue")
+
+
+class _KeyExistsError(Exception):
+    """The key was there already: the job written for it must roll back."""
 
 
 def _create_job(fields: dict[str, Any], alias: str) -> Job:
@@ -214,22 +227,16 @@ def _create_job(fields: dict[str, Any], alias: str) -> Job:
     return job
 
 
-def _enqueue_round(
+def _enqueue_existing(
     task: Task[Any, Any], fields: dict[str, Any], alias: str, scope: str, key: str, digest: str
 ) -> tuple[Job, bool] | None:
+    """The enqueue of a key that exists: its job, a conflict, or a new job if it expired."""
     from .models import IdempotencyKey, IdempotencyStatus
 
     keys = IdempotencyKey.objects.using(alias)
-    key_id = _insert_key(alias, scope, key, digest)
-    if key_id is not None:
-        job = _create_job(fields, alias)
-        keys.filter(pk=key_id).update(job=job)
-        return job, True
-
-    metrics.unique_conflict(task.name, "enqueue")
     existing = _locked_key(alias, scope, key)
     if existing is None:
-        return None  # pruned between our insert and our read: try again
+        return None  # pruned since our insert met it: try again
     live = existing.expires_at > timezone.now()
     if live or _is_active(existing.job):
         if existing.fingerprint != digest:
