@@ -61,6 +61,10 @@ __all__ = [
 MAX_ROUNDS = 5
 #: Keys deleted per statement when pruning, so no statement holds many row locks.
 PRUNE_BATCH_SIZE = 1000
+#: With JOBGUARD["IDEMPOTENCY"]["PRUNE_IN_WORKER"]: seconds between a worker's prune passes,
+#: and keys deleted per pass (one batch, so the claim loop is never held up for long).
+WORKER_PRUNE_INTERVAL_SECONDS = 60.0
+WORKER_PRUNE_BATCH_SIZE = 500
 
 #: What the worker does with a keyed job (see :func:`begin_execution`).
 RUN = "run"
@@ -204,7 +208,7 @@ def enqueue_once(task: Task[Any, Any], fields: dict[str, Any], alias: str) -> tu
                     raise _KeyExistsError  # rolls the job back
             return job, True
         except _KeyExistsError:
-            metrics.unique_conflict(task.name, "enqueue")
+            metrics.key_conflict(task.name, "enqueue")
         with transaction.atomic(using=alias):
             outcome = _enqueue_existing(task, fields, alias, scope, key, digest)
         if outcome is not None:
@@ -292,7 +296,7 @@ def begin_execution(
     # owner is queued or running, and only the owner's ack marks it succeeded.
     existing = IdempotencyKey.objects.using(alias).select_related("job").filter(scope=scope, key=key).first()
     if existing is not None:
-        decision = _decide(task, existing, job_id, digest, key, scope)
+        decision = _decide(alias, task, existing, job_id, digest, key, scope)
         if decision is not None:
             return decision
     for _ in range(MAX_ROUNDS):
@@ -302,11 +306,11 @@ def begin_execution(
                 # to upgrade its lock when another writer got in between.
                 if _insert_key(alias, scope, key, digest, job_id) is not None:
                     return Decision(RUN)
-                metrics.unique_conflict(task.name, "execution")  # another job inserted it
+                metrics.key_conflict(task.name, "execution")  # another job inserted it
             existing = _locked_key(alias, scope, key)
             if existing is None:
                 continue  # pruned meanwhile
-            decision = _decide(task, existing, job_id, digest, key, scope)
+            decision = _decide(alias, task, existing, job_id, digest, key, scope)
             if decision is not None:
                 return decision
             _take_over(alias, existing, job_id, digest, existing.expires_at > timezone.now())
@@ -315,15 +319,21 @@ def begin_execution(
 
 
 def _decide(
-    task: Task[Any, Any], existing: IdempotencyKey, job_id: int, digest: str, key: str, scope: str
+    alias: str, task: Task[Any, Any], existing: IdempotencyKey, job_id: int, digest: str, key: str, scope: str
 ) -> Decision | None:
     """The decision for a job given its key's row; None when the job should take the key over."""
-    from .models import IdempotencyStatus
+    from .models import DeadLetter, IdempotencyStatus
 
     if existing.job_id == job_id and existing.status != IdempotencyStatus.SUCCEEDED:
         return Decision(RUN)
     if existing.status == IdempotencyStatus.SUCCEEDED and existing.expires_at > timezone.now():
-        if existing.fingerprint != digest:
+        # An approved replay stands for its dead letter's action, perhaps with a corrected
+        # payload: if that action succeeded meanwhile, the replay is a duplicate. Any other
+        # job with other arguments under a succeeded key is a mistake worth a dead letter.
+        if (
+            existing.fingerprint != digest
+            and not DeadLetter.objects.using(alias).filter(replay_job_id=job_id).exists()
+        ):
             return Decision(CONFLICT, message=str(_conflict(task, existing, key, scope)))
         return Decision(DUPLICATE, result=existing.result)
     if existing.job_id != job_id and _is_active(existing.job):

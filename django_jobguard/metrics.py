@@ -105,7 +105,7 @@ DUPLICATES = _counter(
     "Duplicates stopped by an idempotency key, at enqueue or at execution.",
     ("task", "where"),
 )
-UNIQUE_CONFLICTS = _counter(
+KEY_CONFLICTS = _counter(
     "jobguard_idempotency_unique_conflicts_total",
     "Idempotency key inserts that met the unique constraint (the key existed), at enqueue or execution.",
     ("task", "where"),
@@ -153,5 +153,5 @@ def duplicate_prevented(task: str, where: str) -> None:
     DUPLICATES.labels(task, where).inc()
 
 
-def unique_conflict(task: str, where: str) -> None:
-    UNIQUE_CONFLICTS.labels(task, where).inc()
+def key_conflict(task: str, where: str) -> None:
+    KEY_CONFLICTS.labels(task, where).inc()

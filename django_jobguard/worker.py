@@ -55,9 +55,6 @@ DB_ERROR_BACKOFF_SECONDS = 0.5
 DB_ERROR_BACKOFF_MAX_SECONDS = 5.0
 #: Executor threads abandoned past their hard timeout before the worker exits to be restarted.
 MAX_ABANDONED_THREADS = 16
-#: With JOBGUARD["IDEMPOTENCY"]["PRUNE_IN_WORKER"]: seconds between prune passes, and keys per pass.
-PRUNE_INTERVAL_SECONDS = 60.0
-PRUNE_BATCH_SIZE = 500
 
 
 class _InvalidResultError(Exception):
@@ -271,12 +268,14 @@ class Worker:
                 continue  # its worker acked it just in time
 
     def _prune_keys(self, now: float) -> None:
-        """Delete a batch of expired idempotency keys, at most every PRUNE_INTERVAL_SECONDS."""
+        """Delete a batch of expired idempotency keys, at most once every WORKER_PRUNE_INTERVAL_SECONDS."""
         if now < self._next_prune or not get_settings().idempotency.prune_in_worker:
             return
-        self._next_prune = now + PRUNE_INTERVAL_SECONDS
+        self._next_prune = now + idempotency.WORKER_PRUNE_INTERVAL_SECONDS
         try:
-            deleted = idempotency.prune_expired(self.alias, batch_size=PRUNE_BATCH_SIZE, max_batches=1)
+            deleted = idempotency.prune_expired(
+                self.alias, batch_size=idempotency.WORKER_PRUNE_BATCH_SIZE, max_batches=1
+            )
         except (DatabaseError, InterfaceError):
             logger.warning("prune_failed worker_id=%s", self.worker_id, exc_info=True)
             return

@@ -204,6 +204,28 @@ def test_a_resend_with_other_arguments_under_a_succeeded_key_is_dead_lettered_as
     assert (key.status, key.job_id) == ("succeeded", first.pk)
 
 
+def test_a_replay_with_a_corrected_payload_under_a_succeeded_key_is_acked_as_a_duplicate():
+    first = tasks_idem.keyed_record.using(idempotency_key="rec:7").enqueue("rec-7", amount=5)
+    run_burst()
+    replay = resend(tasks_idem.keyed_record, "rec:7", "rec-7", amount=6)
+    DeadLetter.objects.create(
+        replay_job=replay,
+        task_name=replay.task_name,
+        queue_name=replay.queue_name,
+        kwargs={"amount": 6},
+        attempts=1,
+        max_attempts=1,
+        reason="permanent_error",
+        category="permanent",
+        first_failed_at=timezone.now(),
+        last_failed_at=timezone.now(),
+    )
+    run_burst()
+    assert (refreshed(replay).status, replay.result) == ("succeeded", refreshed(first).result)
+    assert Execution.objects.filter(marker="rec-7").count() == 1
+    assert IdempotencyKey.objects.get(key="rec:7").duplicates == 1
+
+
 def test_a_job_whose_key_is_owned_by_another_waiting_job_waits_for_its_result():
     owner = tasks_idem.keyed_record.using(
         idempotency_key="rec:5", run_after=datetime.timedelta(hours=1)

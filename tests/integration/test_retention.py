@@ -12,8 +12,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobguard import idempotency, retention
+from django_jobguard.idempotency import WORKER_PRUNE_INTERVAL_SECONDS
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job
-from django_jobguard.worker import PRUNE_INTERVAL_SECONDS, Worker
+from django_jobguard.worker import Worker
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -162,7 +163,7 @@ def test_the_worker_prunes_at_most_once_per_interval():
         worker._prune_keys(1000.0)
         assert remaining_keys() == set()
         keyed("second")
-        worker._prune_keys(1000.0 + PRUNE_INTERVAL_SECONDS - 1)
+        worker._prune_keys(1000.0 + WORKER_PRUNE_INTERVAL_SECONDS - 1)
         assert remaining_keys() == {"second"}
-        worker._prune_keys(1000.0 + PRUNE_INTERVAL_SECONDS)
+        worker._prune_keys(1000.0 + WORKER_PRUNE_INTERVAL_SECONDS)
         assert remaining_keys() == set()
