@@ -193,34 +193,26 @@ def _conflict(task: Task[Any, Any], existing: IdempotencyKey, key: str, scope: s
 def enqueue_once(task: Task[Any, Any], fields: dict[str, Any], alias: str) -> tuple[Job, bool]:
     """Create the job for a keyed call, or return the job that already owns the key.
 
-    Returns ``(job, created)``. Runs in a savepoint of the caller's transaction (or its
-    own), so a conflict writes nothing and leaves the caller's transaction usable.
+    Returns ``(job, created)``. Joins the caller's transaction (or opens one), without a
+    savepoint: nothing is written before a conflict is known, so a conflict writes
+    nothing and leaves the caller's transaction usable.
     """
     key = fields["idempotency_key"]
     scope = scope_of(task)
     digest = fingerprint(task, fields["args"], fields["kwargs"])
     for _ in range(MAX_ROUNDS):
-        try:
-            # The usual case, a new key, in one short transaction: the job, then its key.
-            with transaction.atomic(using=alias):
-                job = _create_job(fields, alias)
-                if _insert_key(alias, scope, key, digest, job.pk) is None:
-                    raise _KeyExistsError  # rolls the job back
-            return job, True
-        except _KeyExistsError:
-            metrics.key_conflict(task.name, "enqueue")
-        with transaction.atomic(using=alias):
-            outcome = _enqueue_existing(task, fields, alias, scope, key, digest)
+        # The key row, the job and the link between them commit together: in autocommit a
+        # key committed before its job would look orphaned to a concurrent enqueue.
+        with transaction.atomic(using=alias, savepoint=False):
+            outcome = _enqueue_round(task, fields, alias, scope, key, digest)
+        if isinstance(outcome, IdempotencyConflict):
+            raise outcome  # raised out here, so the caller's transaction is not marked for rollback
         if outcome is not None:
             if not outcome[1]:
                 # Counted when the duplicate count on the row commits, so both agree.
                 transaction.on_commit(partial(metrics.duplicate_prevented, task.name, "enqueue"), using=alias)
             return outcome
     raise RuntimeError(f"idempotency key {key!r} (scope {scope!r}) kept vanishing during enqueue")
-
-
-class _KeyExistsError(Exception):
-    """The key was there already: the job written for it must roll back."""
 
 
 def _create_job(fields: dict[str, Any], alias: str) -> Job:
@@ -231,20 +223,27 @@ def _create_job(fields: dict[str, Any], alias: str) -> Job:
     return job
 
 
-def _enqueue_existing(
+def _enqueue_round(
     task: Task[Any, Any], fields: dict[str, Any], alias: str, scope: str, key: str, digest: str
-) -> tuple[Job, bool] | None:
-    """The enqueue of a key that exists: its job, a conflict, or a new job if it expired."""
+) -> tuple[Job, bool] | IdempotencyConflict | None:
+    """One try: the new job, the key's job, a conflict, or None if the key vanished meanwhile."""
     from .models import IdempotencyKey, IdempotencyStatus
 
     keys = IdempotencyKey.objects.using(alias)
+    key_id = _insert_key(alias, scope, key, digest)
+    if key_id is not None:
+        job = _create_job(fields, alias)
+        keys.filter(pk=key_id).update(job=job)
+        return job, True
+
+    metrics.key_conflict(task.name, "enqueue")
     existing = _locked_key(alias, scope, key)
     if existing is None:
         return None  # pruned since our insert met it: try again
     live = existing.expires_at > timezone.now()
     if live or _is_active(existing.job):
         if existing.fingerprint != digest:
-            raise _conflict(task, existing, key, scope)
+            return _conflict(task, existing, key, scope)
         if existing.job is None:
             # The key is live but its job row was deleted (by hand): a new job carries it,
             # keeping the key's state, so a succeeded action is acked with its stored result.
