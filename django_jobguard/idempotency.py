@@ -10,10 +10,11 @@ execution a job runs only if it owns the key, or can take it over (the key's act
 its job is gone, or the key expired); a job whose key already succeeded is acked with the
 stored result instead, and one whose key is owned by another queued or running job waits.
 
-Every decision reads the key row after a write that needs no prior read
-(``INSERT ... ON CONFLICT DO NOTHING``) or under ``SELECT ... FOR UPDATE``, inside its own
-transaction (a savepoint when the caller has one open), so two writers never both win:
-on PostgreSQL the second waits on the first's row, on SQLite writers are serialised.
+Every write of a key is an ``INSERT ... ON CONFLICT DO NOTHING`` (no error, so no aborted
+transaction) or follows a read under ``SELECT ... FOR UPDATE``, inside a transaction (the
+caller's, when one is open), so two writers never both win: on PostgreSQL the second
+waits on the first's row, on SQLite writers are serialised. Execution decides from a plain
+read when the job already owns its key, the usual case.
 """
 
 from __future__ import annotations
