@@ -6,7 +6,7 @@ import dataclasses
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import LeaseLost
+from .exceptions import InvalidTaskError, LeaseLost
 
 if TYPE_CHECKING:
     from .task import Task
@@ -75,11 +75,19 @@ class JobContext:
     def checkpoint(self, name: str, data: Any = True) -> None:
         """Record that phase ``name`` finished, with JSON ``data``; fenced by the lease.
 
-        Raises :class:`LeaseLost` if the lease moved on, so the handler stops there.
+        Raises :class:`LeaseLost` if the lease moved on, so the handler stops there. Inside
+        the handler's own ``transaction.atomic()`` block the checkpoint commits with that
+        block's writes. Not for ``atomic=True`` tasks, whose checkpoints would roll back with
+        every failed attempt.
         """
         from . import leasing
         from .enqueue import normalize_json
 
+        if self.task.atomic and self.job_id is not None:
+            raise InvalidTaskError(
+                f"{self.task.name} is atomic=True: a checkpoint would roll back with the failed "
+                "attempt it should survive. Checkpoints are for non-atomic tasks."
+            )
         data = normalize_json(data, f"checkpoint {name!r}")
         current = self.checkpoints
         current[name] = data

@@ -107,8 +107,7 @@ def enqueue(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
             fields["run_after"] = Now() + task.run_after
         job, created = idempotency.enqueue_once(task, fields, alias)
         if not created:
-            metrics.duplicate_prevented(task.name, "enqueue")
-            return job
+            return job  # the key's job; the duplicate is counted by enqueue_once
         if isinstance(task.run_after, datetime.timedelta):
             job.refresh_from_db(using=alias, fields=["run_after"])
     else:

@@ -63,10 +63,10 @@ class InvalidArgumentsError(JobguardError, TypeError):
 class IdempotencyConflict(JobguardError):  # noqa: N818 - public name fixed by the design
     """The idempotency key was used before with different arguments."""
 
-    def __init__(self, key: str, scope: str) -> None:
+    def __init__(self, key: str, scope: str, used: str = "with different arguments") -> None:
         super().__init__(
-            f"Idempotency key {key!r} (scope {scope!r}) was already used with different "
-            "arguments; use a new key for a different business action."
+            f"Idempotency key {key!r} (scope {scope!r}) was already used {used}; "
+            "use a new key for a different business action."
         )
         self.key = key
         self.scope = scope

@@ -4,42 +4,91 @@ A key names a business action (``charge:order:123``), not a message. The unique
 constraint on ``(scope, key)`` is the final guard: whoever inserts the row first owns the
 action; everyone else gets the existing job back, or :class:`IdempotencyConflict` when
 the arguments differ.
+
+Each key row has one owner, the job that runs the action (``IdempotencyKey.job``). At
+execution a job runs only if it owns the key, or can take it over (the key's action failed,
+its job is gone, or the key expired); a job whose key already succeeded is acked with the
+stored result instead, and one whose key is owned by another queued or running job waits.
+
+Every write of a key is an ``INSERT ... ON CONFLICT DO NOTHING`` (no error, so no aborted
+transaction) or follows a read under ``SELECT ... FOR UPDATE``, inside a transaction (the
+caller's, when one is open), so two writers never both win: on PostgreSQL the second
+waits on the first's row, on SQLite writers are serialised. Execution decides from a plain
+read when the job already owns its key, the usual case.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
+import logging
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections
-from django.db.models import Q
+from django.db import connections, transaction
+from django.db.models import Exists, F, OuterRef
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from . import metrics
 from .conf import get_settings
 from .exceptions import IdempotencyConflict
 
 if TYPE_CHECKING:
-    from .models import Job
+    from .models import IdempotencyKey, Job
     from .task import Task
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
+    "CONFLICT",
+    "DUPLICATE",
+    "RUN",
+    "WAIT",
+    "Decision",
+    "begin_execution",
     "enqueue_once",
     "fingerprint",
     "prune_expired",
     "record_failure",
     "record_success",
+    "scope_of",
     "stored_result",
 ]
 
+#: Rounds a decision is retried when the key row vanished under it (pruned meanwhile).
+MAX_ROUNDS = 5
+#: Keys deleted per statement when pruning, so no statement holds many row locks.
+PRUNE_BATCH_SIZE = 1000
+#: With JOBGUARD["IDEMPOTENCY"]["PRUNE_IN_WORKER"]: seconds between a worker's prune passes,
+#: and keys deleted per pass (one batch, so the claim loop is never held up for long).
+WORKER_PRUNE_INTERVAL_SECONDS = 60.0
+WORKER_PRUNE_BATCH_SIZE = 500
+
+#: What the worker does with a keyed job (see :func:`begin_execution`).
+RUN = "run"
+DUPLICATE = "duplicate"
+WAIT = "wait"
+CONFLICT = "conflict"
+
 
 class _Missing:
-    pass
+    def __repr__(self) -> str:
+        return "MISSING"
 
 
 MISSING: Any = _Missing()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Decision:
+    """Whether a keyed job runs: ``action`` is RUN, DUPLICATE (with ``result``), WAIT or CONFLICT."""
+
+    action: str
+    result: Any = None
+    message: str = ""
 
 
 def scope_of(task: Task[Any, Any]) -> str:
@@ -47,72 +96,265 @@ def scope_of(task: Task[Any, Any]) -> str:
     return task.idempotency_scope or task.name
 
 
-def fingerprint(task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any]) -> str:
-    """SHA-256 of the call's arguments by parameter name, so ``f(1)`` and ``f(x=1)`` agree."""
-    arguments = task.bind(args, kwargs).arguments
-    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=list)
+def _canonical(value: Any) -> Any:
+    # A JSON column may hand 1e20 back as 100000000000000000000 and 2.0 as 2: a float with
+    # an integral value is fingerprinted as the integer, so the worker's digest of the
+    # stored arguments equals the producer's digest of the arguments it passed.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list | tuple):
+        return [_canonical(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _canonical(item) for key, item in value.items()}
+    return value
+
+
+def fingerprint(task: Task[Any, Any], args: Any, kwargs: Any) -> str:
+    """SHA-256 of the task name and the call's arguments by parameter name.
+
+    ``f(1)``, ``f(a=1)`` and ``f(1, b=0)`` (where ``b`` defaults to 0) agree. The task name
+    is part of it, so two tasks sharing an ``idempotency_scope`` cannot pass one key
+    between them unnoticed.
+    """
+    from .enqueue import normalize_json
+    from .exceptions import InvalidArgumentsError
+
+    bound = task.bind(args, kwargs)
+    given = set(bound.arguments)
+    bound.apply_defaults()
+    arguments: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        try:
+            arguments[name] = normalize_json(value, name)
+        except InvalidArgumentsError:
+            if name in given:
+                raise
+            # A default that is not JSON (a sentinel object) cannot come from a payload.
+    payload = {"task": task.name, "arguments": _canonical(arguments)}
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _insert_key(alias: str, scope: str, key: str, digest: str) -> int | None:
-    """Insert the key unless it exists; the new row's id, or None on conflict."""
+def _expiry() -> datetime.datetime:
+    return timezone.now() + datetime.timedelta(seconds=get_settings().idempotency.ttl)
+
+
+def _insert_key(alias: str, scope: str, key: str, digest: str, job_id: int | None = None) -> int | None:
+    """Insert the key unless it exists; the new row's id, or None if it existed."""
     from .models import IdempotencyKey
 
     connection = connections[alias]
-    expires_at = timezone.now() + datetime.timedelta(seconds=get_settings().idempotency.ttl)
-    table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+    qn = connection.ops.quote_name
+    columns = ", ".join(
+        qn(name) for name in ("key", "scope", "fingerprint", "status", "duplicates", "expires_at", "job_id")
+    )
+    # The same statement on PostgreSQL and SQLite. ON CONFLICT DO NOTHING waits for a
+    # concurrent inserter of the key to finish, then yields to it without an error, so the
+    # caller's transaction is never aborted by a unique violation.
+    sql = (
+        f"INSERT INTO {qn(IdempotencyKey._meta.db_table)} ({columns}) "
+        f"VALUES (%s, %s, %s, 'in_progress', 0, %s, %s) "
+        f"ON CONFLICT ({qn('scope')}, {qn('key')}) DO NOTHING RETURNING {qn('id')}"
+    )
     with connection.cursor() as cursor:
-        # ON CONFLICT DO NOTHING waits for a concurrent inserter to finish, then yields
-        # to it: no error aborts the caller's transaction.
-        cursor.execute(
-            f"INSERT INTO {table} (key, scope, fingerprint, status, duplicates, expires_at) "
-            "VALUES (%s, %s, %s, 'in_progress', 0, %s) ON CONFLICT (scope, key) DO NOTHING RETURNING id",
-            [key, scope, digest, connection.ops.adapt_datetimefield_value(expires_at)],
-        )
+        cursor.execute(sql, [key, scope, digest, connection.ops.adapt_datetimefield_value(_expiry()), job_id])
         row = cursor.fetchone()
     return row[0] if row else None
 
 
-def enqueue_once(task: Task[Any, Any], fields: dict[str, Any], alias: str) -> tuple[Job, bool]:
-    """Create the job for a keyed call, or return the job that already owns the key."""
-    from .models import IdempotencyKey, Job, JobStatus
+def _locked_key(alias: str, scope: str, key: str) -> IdempotencyKey | None:
+    """The key row with its job, locked until the transaction ends (PostgreSQL)."""
+    from .models import IdempotencyKey
 
+    return (
+        IdempotencyKey.objects.using(alias)
+        .select_for_update(of=("self",))
+        .select_related("job")
+        .filter(scope=scope, key=key)
+        .first()
+    )
+
+
+def _is_active(job: Job | None) -> bool:
+    from .models import JobStatus
+
+    return job is not None and job.status in (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+def _conflict(task: Task[Any, Any], existing: IdempotencyKey, key: str, scope: str) -> IdempotencyConflict:
+    other = existing.job.task_name if existing.job is not None else None
+    if other is not None and other != task.name:
+        return IdempotencyConflict(key, scope, f"by task {other!r}")
+    return IdempotencyConflict(key, scope)
+
+
+# -- enqueue -------------------------------------------------------------------------------
+
+
+def enqueue_once(task: Task[Any, Any], fields: dict[str, Any], alias: str) -> tuple[Job, bool]:
+    """Create the job for a keyed call, or return the job that already owns the key.
+
+    Returns ``(job, created)``. Joins the caller's transaction (or opens one), without a
+    savepoint: nothing is written before a conflict is known, so a conflict writes
+    nothing and leaves the caller's transaction usable.
+    """
     key = fields["idempotency_key"]
     scope = scope_of(task)
     digest = fingerprint(task, fields["args"], fields["kwargs"])
-    keys = IdempotencyKey.objects.using(alias)
+    for _ in range(MAX_ROUNDS):
+        # The key row, the job and the link between them commit together: in autocommit a
+        # key committed before its job would look orphaned to a concurrent enqueue.
+        with transaction.atomic(using=alias, savepoint=False):
+            outcome = _enqueue_round(task, fields, alias, scope, key, digest)
+        if isinstance(outcome, IdempotencyConflict):
+            raise outcome  # raised out here, so the caller's transaction is not marked for rollback
+        if outcome is not None:
+            if not outcome[1]:
+                # Counted when the duplicate count on the row commits, so both agree.
+                transaction.on_commit(partial(metrics.duplicate_prevented, task.name, "enqueue"), using=alias)
+            return outcome
+    raise RuntimeError(f"idempotency key {key!r} (scope {scope!r}) kept vanishing during enqueue")
 
-    key_id = _insert_key(alias, scope, key, digest)
-    if key_id is None:
-        existing = keys.select_related("job").get(scope=scope, key=key)
-        job = existing.job
-        expired = existing.expires_at <= timezone.now()
-        active = job is not None and job.status in (JobStatus.QUEUED, JobStatus.RUNNING)
-        if job is not None and (active or not expired):
-            if existing.fingerprint != digest:
-                raise IdempotencyConflict(key, scope)
-            keys.filter(pk=existing.pk).update(duplicates=existing.duplicates + 1)
-            return job, False
-        # Expired (or its job is gone): the key may be taken over, by one caller only.
-        expires_at = timezone.now() + datetime.timedelta(seconds=get_settings().idempotency.ttl)
-        taken = keys.filter(pk=existing.pk, job=existing.job_id, fingerprint=existing.fingerprint).update(
-            fingerprint=digest,
-            status="in_progress",
-            result=None,
-            job=None,
-            duplicates=0,
-            created_at=Now(),
-            updated_at=Now(),
-            expires_at=expires_at,
-        )
-        if not taken:
-            return enqueue_once(task, fields, alias)
-        key_id = existing.pk
+
+def _create_job(fields: dict[str, Any], alias: str) -> Job:
+    from .models import Job
 
     job = Job(**fields)
     job.save(force_insert=True, using=alias)
-    keys.filter(pk=key_id).update(job=job)
+    return job
+
+
+def _enqueue_round(
+    task: Task[Any, Any], fields: dict[str, Any], alias: str, scope: str, key: str, digest: str
+) -> tuple[Job, bool] | IdempotencyConflict | None:
+    """One try: the new job, the key's job, a conflict, or None if the key vanished meanwhile."""
+    from .models import IdempotencyKey, IdempotencyStatus
+
+    keys = IdempotencyKey.objects.using(alias)
+    key_id = _insert_key(alias, scope, key, digest)
+    if key_id is not None:
+        job = _create_job(fields, alias)
+        keys.filter(pk=key_id).update(job=job)
+        return job, True
+
+    metrics.key_conflict(task.name, "enqueue")
+    existing = _locked_key(alias, scope, key)
+    if existing is None:
+        return None  # pruned since our insert met it: try again
+    live = existing.expires_at > timezone.now()
+    if live or _is_active(existing.job):
+        if existing.fingerprint != digest:
+            return _conflict(task, existing, key, scope)
+        if existing.job is None:
+            # The key is live but its job row was deleted (by hand): a new job carries it,
+            # keeping the key's state, so a succeeded action is acked with its stored result.
+            job = _create_job(fields, alias)
+            keys.filter(pk=existing.pk).update(job=job, updated_at=Now())
+            return job, True
+        keys.filter(pk=existing.pk).update(duplicates=F("duplicates") + 1)
+        logger.debug(
+            "idempotency_duplicate where=enqueue scope=%s key=%s job_id=%s", scope, key, existing.job.pk
+        )
+        return existing.job, False
+
+    # Expired and its job finished (or gone): the key is forgotten and starts afresh.
+    job = _create_job(fields, alias)
+    keys.filter(pk=existing.pk).update(
+        fingerprint=digest,
+        status=IdempotencyStatus.IN_PROGRESS,
+        result=None,
+        job=job,
+        duplicates=0,
+        created_at=Now(),
+        updated_at=Now(),
+        expires_at=_expiry(),
+    )
     return job, True
+
+
+# -- execution -----------------------------------------------------------------------------
+
+
+def begin_execution(
+    alias: str, task: Task[Any, Any], job_id: int, key: str, args: Any, kwargs: Any
+) -> Decision:
+    """Decide whether job ``job_id`` runs its action, and make it the key's owner if so.
+
+    - RUN: the job owns the key (or just took it over: the key was missing, expired, its
+      action failed or its job is gone).
+    - DUPLICATE: the key's action succeeded (live key, same arguments): ack with ``result``.
+    - WAIT: another job that is queued or running owns the key: try again later.
+    - CONFLICT: the key succeeded for other arguments or another task.
+    """
+    from .models import IdempotencyKey
+
+    scope = scope_of(task)
+    digest = fingerprint(task, args, kwargs)
+    # Most jobs own their key since enqueue: a plain read decides, with no write
+    # transaction (which on SQLite would wait for every other writer). Ownership cannot
+    # change under a RUN, DUPLICATE or WAIT decision: nobody takes over a key whose
+    # owner is queued or running, and only the owner's ack marks it succeeded.
+    existing = IdempotencyKey.objects.using(alias).select_related("job").filter(scope=scope, key=key).first()
+    if existing is not None:
+        decision = _decide(alias, task, existing, job_id, digest, key, scope)
+        if decision is not None:
+            return decision
+    for _ in range(MAX_ROUNDS):
+        with transaction.atomic(using=alias):
+            if existing is None:
+                # Write first: on SQLite a transaction that reads before it writes may fail
+                # to upgrade its lock when another writer got in between.
+                if _insert_key(alias, scope, key, digest, job_id) is not None:
+                    return Decision(RUN)
+                metrics.key_conflict(task.name, "execution")  # another job inserted it
+            existing = _locked_key(alias, scope, key)
+            if existing is None:
+                continue  # pruned meanwhile
+            decision = _decide(alias, task, existing, job_id, digest, key, scope)
+            if decision is not None:
+                return decision
+            _take_over(alias, existing, job_id, digest, existing.expires_at > timezone.now())
+            return Decision(RUN)
+    raise RuntimeError(f"idempotency key {key!r} (scope {scope!r}) kept vanishing before job {job_id} ran")
+
+
+def _decide(
+    alias: str, task: Task[Any, Any], existing: IdempotencyKey, job_id: int, digest: str, key: str, scope: str
+) -> Decision | None:
+    """The decision for a job given its key's row; None when the job should take the key over."""
+    from .models import DeadLetter, IdempotencyStatus
+
+    if existing.job_id == job_id and existing.status != IdempotencyStatus.SUCCEEDED:
+        return Decision(RUN)
+    if existing.status == IdempotencyStatus.SUCCEEDED and existing.expires_at > timezone.now():
+        # An approved replay stands for its dead letter's action, perhaps with a corrected
+        # payload: if that action succeeded meanwhile, the replay is a duplicate. Any other
+        # job with other arguments under a succeeded key is a mistake worth a dead letter.
+        if (
+            existing.fingerprint != digest
+            and not DeadLetter.objects.using(alias).filter(replay_job_id=job_id).exists()
+        ):
+            return Decision(CONFLICT, message=str(_conflict(task, existing, key, scope)))
+        return Decision(DUPLICATE, result=existing.result)
+    if existing.job_id != job_id and _is_active(existing.job):
+        return Decision(WAIT)
+    return None
+
+
+def _take_over(alias: str, existing: IdempotencyKey, job_id: int, digest: str, live: bool) -> None:
+    """Make ``job_id`` the owner of a key whose action failed, whose job is gone, or that expired."""
+    from .models import IdempotencyKey, IdempotencyStatus
+
+    changes: dict[str, Any] = {
+        "job_id": job_id,
+        "fingerprint": digest,
+        "status": IdempotencyStatus.IN_PROGRESS,
+        "result": None,
+        "updated_at": Now(),
+    }
+    if not live:
+        changes.update(duplicates=0, created_at=Now(), expires_at=_expiry())
+    IdempotencyKey.objects.using(alias).filter(pk=existing.pk).update(**changes)
 
 
 def stored_result(alias: str, scope: str, key: str) -> Any:
@@ -130,38 +372,81 @@ def stored_result(alias: str, scope: str, key: str) -> Any:
     return row[1]
 
 
-def record_success(alias: str, scope: str, key: str, job_id: int, result: Any) -> None:
-    """Mark the key succeeded with ``result``; call inside the ack's transaction."""
-    from .models import IdempotencyKey
+def record_success(alias: str, scope: str, key: str, job_id: int, result: Any) -> bool:
+    """Mark the key succeeded with ``result`` if ``job_id`` owns it; call inside the ack's transaction."""
+    from .models import IdempotencyKey, IdempotencyStatus
 
-    IdempotencyKey.objects.using(alias).filter(scope=scope, key=key).filter(
-        Q(job_id=job_id) | Q(job__isnull=True)
-    ).update(status="succeeded", result=result, job_id=job_id, updated_at=Now())
-
-
-def record_failure(alias: str, scope: str, key: str, job_id: int) -> None:
-    """Mark the key failed (its job was dead-lettered); a replay may use it again."""
-    from .models import IdempotencyKey
-
-    IdempotencyKey.objects.using(alias).filter(scope=scope, key=key, job_id=job_id).update(
-        status="failed", updated_at=Now()
+    return bool(
+        IdempotencyKey.objects.using(alias)
+        .filter(scope=scope, key=key, job_id=job_id)
+        .update(status=IdempotencyStatus.SUCCEEDED, result=result, updated_at=Now())
     )
 
 
-def prune_expired(alias: str | None = None, *, limit: int | None = None) -> int:
-    """Delete expired keys whose job is not queued or running; the number deleted."""
-    from .models import IdempotencyKey, JobStatus
+def record_duplicate(alias: str, scope: str, key: str) -> None:
+    """Count a job acked with the key's stored result; call inside that ack's transaction."""
+    from .models import IdempotencyKey
+
+    IdempotencyKey.objects.using(alias).filter(scope=scope, key=key).update(duplicates=F("duplicates") + 1)
+
+
+def record_failure(alias: str, scope: str | None, key: str, job_id: int) -> None:
+    """Mark the key failed (its job was dead-lettered); the job of a replay takes it over.
+
+    The owner job identifies the row, so ``scope`` is not needed: the reaper, which
+    dead-letters jobs without loading their task, cannot know a custom scope.
+    """
+    from .models import IdempotencyKey, IdempotencyStatus
+
+    IdempotencyKey.objects.using(alias).filter(key=key, job_id=job_id).update(
+        status=IdempotencyStatus.FAILED, updated_at=Now()
+    )
+
+
+# -- retention -----------------------------------------------------------------------------
+
+
+def prunable_keys(alias: str) -> Any:
+    """Expired keys that no queued or running job owns or carries."""
+    from .models import IdempotencyKey, Job, JobStatus
+
+    active = (JobStatus.QUEUED, JobStatus.RUNNING)
+    return (
+        IdempotencyKey.objects.using(alias)
+        .filter(expires_at__lte=Now())
+        .exclude(Exists(Job.objects.filter(pk=OuterRef("job_id"), status__in=active)))
+        # A job created outside enqueue (a replay, a resend) may carry the key without owning it.
+        .exclude(Exists(Job.objects.filter(idempotency_key=OuterRef("key"), status__in=active)))
+    )
+
+
+def prune_expired(
+    alias: str | None = None,
+    *,
+    batch_size: int = PRUNE_BATCH_SIZE,
+    max_batches: int | None = None,
+    dry_run: bool = False,
+) -> int:
+    """Delete expired keys whose job is not queued or running, in batches; the number deleted.
+
+    ``dry_run`` counts them instead. ``max_batches`` bounds the work of one call (the
+    worker prunes a batch at a time between claims).
+    """
 
     alias = alias or get_settings().database_alias
-    expired = (
-        IdempotencyKey.objects.using(alias)
-        .expired()
-        .exclude(job__status__in=(JobStatus.QUEUED, JobStatus.RUNNING))
-    )
-    ids = list(
-        expired.values_list("pk", flat=True)[:limit] if limit else expired.values_list("pk", flat=True)
-    )
-    if not ids:
-        return 0
-    deleted, _ = IdempotencyKey.objects.using(alias).filter(pk__in=ids).delete()
+    if dry_run:
+        return int(prunable_keys(alias).count())
+    deleted = 0
+    batches = 0
+    while max_batches is None or batches < max_batches:
+        ids = list(prunable_keys(alias).order_by("expires_at").values_list("pk", flat=True)[:batch_size])
+        if not ids:
+            break
+        # The conditions are checked again by the DELETE itself: a key taken over since the
+        # SELECT (fresh expiry, a new queued job) is no longer expired and stays.
+        count, _ = prunable_keys(alias).filter(pk__in=ids).delete()
+        deleted += count
+        batches += 1
+        if len(ids) < batch_size:
+            break
     return deleted

@@ -182,6 +182,13 @@ UNIQUE_CONFLICTS = _counter(
     ("queue", "task"),
 )
 
+KEY_CONFLICTS = _counter(
+    "jobguard_idempotency_unique_conflicts_total",
+    "Idempotency key inserts that met the unique constraint (the key existed), at enqueue or execution.",
+    ("task", "where"),
+    source="enqueuing process and worker",
+)
+
 # Queue gauges: computed from the database at scrape time by QueueCollector.
 QUEUE_DEPTH = _gauge(
     "jobguard_queue_depth", "Queued jobs that are due: the work waiting for a worker.", ("queue",)
@@ -477,3 +484,7 @@ def reference_table() -> str:
         labels = ", ".join(f"`{label}`" for label in info.labels) or "none"
         lines.append(f"| `{info.name}` | {info.type} | {labels} | {info.source} | {info.documentation} |")
     return "\n".join(lines) + "\n"
+
+
+def key_conflict(task: str, where: str) -> None:
+    KEY_CONFLICTS.labels(task, where).inc()

@@ -124,6 +124,7 @@ class Worker:
         self._heartbeat_stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._abandoned = 0
+        self._next_prune = 0.0
         self._listener: leasing.Listener | None = None
         self.claimed = 0
         self.processed = 0
@@ -201,6 +202,7 @@ class Worker:
                     self._reap()
                     dlq.redrive(worker_id=self.worker_id, using=self.alias)
                     next_reap = now + self.reaper_interval
+                    self._prune_keys(now)
                 free = self.capacity - len(self._held)
                 if self.max_jobs is not None:
                     free = min(free, self.max_jobs - self.claimed)
@@ -280,6 +282,21 @@ class Worker:
                 # The dead letter carries the job's fields; its own id is not the job's.
                 extra={**job_fields(letter, self.worker_id, outcome="dead"), "job_id": job_id},
             )
+
+    def _prune_keys(self, now: float) -> None:
+        """Delete a batch of expired idempotency keys, at most once every WORKER_PRUNE_INTERVAL_SECONDS."""
+        if now < self._next_prune or not get_settings().idempotency.prune_in_worker:
+            return
+        self._next_prune = now + idempotency.WORKER_PRUNE_INTERVAL_SECONDS
+        try:
+            deleted = idempotency.prune_expired(
+                self.alias, batch_size=idempotency.WORKER_PRUNE_BATCH_SIZE, max_batches=1
+            )
+        except (DatabaseError, InterfaceError):
+            logger.warning("prune_failed worker_id=%s", self.worker_id, exc_info=True)
+            return
+        if deleted:
+            logger.info("idempotency_keys_pruned worker_id=%s deleted=%d", self.worker_id, deleted)
 
     # -- executors ---------------------------------------------------------------------
 
@@ -363,9 +380,11 @@ class Worker:
             return
         scope = idempotency.scope_of(task) if job.idempotency_key else ""
         if job.idempotency_key:
-            stored = idempotency.stored_result(self.alias, scope, job.idempotency_key)
-            if stored is not idempotency.MISSING:
-                self._ack_duplicate(held, task, stored)
+            decision = idempotency.begin_execution(
+                self.alias, task, job.id, job.idempotency_key, job.args, job.kwargs
+            )
+            if decision.action != idempotency.RUN:
+                self._not_run(held, task, scope, decision)
                 return
         if job.lock_key and not self._take_lock(held, task):
             return
@@ -470,10 +489,39 @@ class Worker:
         if not leasing.complete(self.alias, job.id, job.lease_token, result_json):
             raise LeaseLost(f"job {job.id}: lease lost before the ack")
 
-    def _ack_duplicate(self, held: _Held, task: Any, stored: Any) -> None:
+    def _not_run(self, held: _Held, task: Any, scope: str, decision: idempotency.Decision) -> None:
+        """A keyed job whose action succeeded already, is owned by another job, or conflicts."""
         job = held.job
-        result_json = json.dumps(stored)
-        if not leasing.complete(self.alias, job.id, job.lease_token, result_json):
+        if decision.action == idempotency.CONFLICT:
+            self._dead(
+                held,
+                task,
+                DeadLetterReason.PERMANENT_ERROR,
+                retry.PERMANENT,
+                "django_jobguard.exceptions.IdempotencyConflict",
+                decision.message,
+            )
+            return
+        if decision.action == idempotency.WAIT:
+            # Like a taken lock: back in the queue without using an attempt.
+            delay = get_settings().locks.contention_delay
+            logger.info(
+                "idempotency_wait job_id=%s idempotency_key=%s; another job owns the key, retry in %.1fs",
+                job.id,
+                job.idempotency_key,
+                delay,
+                extra=job_fields(job, self.worker_id, outcome="idempotency_wait"),
+            )
+            if not leasing.requeue(
+                self.alias, job.id, job.lease_token, delay=delay, error=None, refund_attempt=True
+            ):
+                metrics.lease_lost(job.queue_name, job.task_name, "requeue")
+            return
+        with transaction.atomic(using=self.alias):
+            acked = leasing.complete(self.alias, job.id, job.lease_token, json.dumps(decision.result))
+            if acked:
+                idempotency.record_duplicate(self.alias, scope, job.idempotency_key or "")
+        if not acked:
             metrics.lease_lost(job.queue_name, job.task_name, "ack")
             return
         metrics.duplicate_prevented(job.task_name, "execution")

@@ -36,7 +36,6 @@ jobguard_optional_globs = ["runbooks/*"]
 # then ordinary links; drop an entry once its page is on main.
 jobguard_pending_pages = [
     "how-to/lock-a-resource",
-    "how-to/idempotency-keys",
     "explanation/performance",
     "explanation/guarantees",
 ]

@@ -128,4 +128,5 @@ def short_lease_plain(context, marker: str, seconds: float = 0.0) -> int:
     return context.attempt
 
 
-from . import tasks_dlq  # noqa: E402, F401
+# Feature test tasks live in their own modules; importing them here registers them.
+from . import tasks_dlq, tasks_idem  # noqa: E402, F401

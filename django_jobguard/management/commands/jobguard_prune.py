@@ -1,0 +1,76 @@
+"""``manage.py jobguard_prune``: parse options, then call :func:`django_jobguard.retention.prune`."""
+
+from __future__ import annotations
+
+import datetime
+import re
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from ...conf import get_settings
+from ...retention import prune
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+
+
+def _duration(value: str) -> datetime.timedelta:
+    match = _DURATION.match(value)
+    if match is None:
+        raise ValueError(value)
+    return datetime.timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2) or "s"])
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError(value)
+    return number
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete expired idempotency keys (never one whose job is queued or running) and, with "
+        "--jobs-older-than, finished jobs that no live key or dead letter refers to. Deletes in batches."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--jobs-older-than",
+            type=_duration,
+            default=None,
+            metavar="AGE",
+            help=(
+                "Also delete jobs that finished more than AGE ago: a number of seconds, or with a unit "
+                "s, m, h, d or w (30d). Default: keep every job."
+            ),
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=_positive_int,
+            default=None,
+            help="Rows deleted per statement (default 1000 keys, 500 jobs).",
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Count what would be deleted; delete nothing."
+        )
+        parser.add_argument(
+            "--database",
+            default=None,
+            help="Database alias holding the jobs (default JOBGUARD['DATABASE_ALIAS']).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        report = prune(
+            options["database"] or get_settings().database_alias,
+            jobs_older_than=options["jobs_older_than"],
+            batch_size=options["batch_size"],
+            dry_run=options["dry_run"],
+        )
+        verb = "Would delete" if report.dry_run else "Deleted"
+        self.stdout.write(f"{verb} {report.keys} expired idempotency key(s).")
+        if report.jobs is not None:
+            self.stdout.write(
+                f"{verb} {report.jobs} finished job(s) older than {options['jobs_older_than']}."
+            )

@@ -1,0 +1,97 @@
+"""Retention: delete expired idempotency keys and old finished jobs, in batches.
+
+``manage.py jobguard_prune`` calls :func:`prune`; the worker prunes keys on its own when
+``JOBGUARD["IDEMPOTENCY"]["PRUNE_IN_WORKER"]`` is on. Nothing that a queued or running job
+needs goes: a key stays while a job that owns or carries it is queued or running, and a
+job stays while a live key or a dead letter refers to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import Any
+
+from django.db.models import Exists, OuterRef
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from . import idempotency
+from .conf import get_settings
+
+__all__ = ["PruneReport", "prunable_jobs", "prune", "prune_finished_jobs"]
+
+#: Jobs deleted per transaction: small enough that no batch holds locks for long.
+JOB_BATCH_SIZE = 500
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PruneReport:
+    """What :func:`prune` deleted (or, in a dry run, would delete)."""
+
+    keys: int
+    jobs: int | None
+    dry_run: bool
+
+
+def prunable_jobs(alias: str, finished_before: datetime.datetime) -> Any:
+    """Finished jobs older than ``finished_before`` that no live key or dead letter refers to."""
+    from .models import TERMINAL_STATUSES, DeadLetter, IdempotencyKey, Job
+
+    return (
+        Job.objects.using(alias)
+        .filter(status__in=TERMINAL_STATUSES, finished_at__lt=finished_before)
+        # A live key answers resends with this job; a dead letter's history needs its job
+        # and the job that replayed it.
+        .exclude(Exists(IdempotencyKey.objects.filter(job_id=OuterRef("pk"), expires_at__gt=Now())))
+        .exclude(Exists(DeadLetter.objects.filter(job_id=OuterRef("pk"))))
+        .exclude(Exists(DeadLetter.objects.filter(replay_job_id=OuterRef("pk"))))
+    )
+
+
+def prune_finished_jobs(
+    alias: str | None = None,
+    *,
+    older_than: datetime.timedelta,
+    batch_size: int = JOB_BATCH_SIZE,
+    dry_run: bool = False,
+) -> int:
+    """Delete finished jobs older than ``older_than`` (see :func:`prunable_jobs`); the number deleted."""
+    from .models import Job
+
+    alias = alias or get_settings().database_alias
+    finished_before = timezone.now() - older_than
+    if dry_run:
+        return int(prunable_jobs(alias, finished_before).count())
+    deleted = 0
+    while True:
+        ids = list(
+            prunable_jobs(alias, finished_before).order_by("pk").values_list("pk", flat=True)[:batch_size]
+        )
+        if not ids:
+            return deleted
+        # Re-checked by the delete; the ORM sets expired keys' job to NULL in the same transaction.
+        _, per_model = prunable_jobs(alias, finished_before).filter(pk__in=ids).only("pk").delete()
+        deleted += int(per_model.get(Job._meta.label, 0))
+        if len(ids) < batch_size:
+            return deleted
+
+
+def prune(
+    alias: str | None = None,
+    *,
+    jobs_older_than: datetime.timedelta | None = None,
+    batch_size: int | None = None,
+    dry_run: bool = False,
+) -> PruneReport:
+    """Delete expired idempotency keys, then (if ``jobs_older_than`` is given) old finished jobs."""
+    alias = alias or get_settings().database_alias
+    keys = idempotency.prune_expired(
+        alias, batch_size=batch_size or idempotency.PRUNE_BATCH_SIZE, dry_run=dry_run
+    )
+    jobs = None
+    if jobs_older_than is not None:
+        jobs = prune_finished_jobs(
+            alias, older_than=jobs_older_than, batch_size=batch_size or JOB_BATCH_SIZE, dry_run=dry_run
+        )
+    return PruneReport(keys=keys, jobs=jobs, dry_run=dry_run)
