@@ -91,6 +91,7 @@ class Job(models.Model):
     class Meta:
         verbose_name = _("job")
         verbose_name_plural = _("jobs")
+        permissions = [("cancel_job", _("Can cancel queued jobs"))]
         indexes = [
             # The claim scans only queued rows, so it stays flat however many finished
             # rows pile up.

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
-from django.core.exceptions import ObjectDoesNotExist
+from django.contrib import admin, messages
+from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
+from .. import jobs
 from ..models import IdempotencyKey, Job
 from .base import ReadOnlyAdmin, admin_link, can_view_payload, pretty_json
 
@@ -33,6 +36,7 @@ class JobAdmin(ReadOnlyAdmin):
     date_hierarchy = "enqueued_at"
     ordering = ["-id"]
     show_full_result_count = False  # a count(*) over millions of finished rows is slow
+    actions = ["cancel_jobs"]
     readonly_fields = [
         "args_json",
         "kwargs_json",
@@ -114,6 +118,34 @@ class JobAdmin(ReadOnlyAdmin):
             return admin_link(obj.replayed_from)
         except ObjectDoesNotExist:
             return "-"
+
+    @admin.action(description=_("Cancel selected queued jobs"), permissions=["cancel"])
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        if not self.has_cancel_permission(request):
+            raise PermissionDenied
+        ids = list(queryset.values_list("pk", flat=True))
+        cancelled = jobs.cancel(ids, reason=f"by {request.user.get_username()} in the admin")
+        skipped = len(ids) - len(cancelled)
+        self.message_user(
+            request,
+            ngettext("%(count)d job cancelled.", "%(count)d jobs cancelled.", len(cancelled))
+            % {"count": len(cancelled)},
+            messages.SUCCESS,
+        )
+        if skipped:
+            self.message_user(
+                request,
+                ngettext(
+                    "%(count)d job was not queued any more and was left alone.",
+                    "%(count)d jobs were not queued any more and were left alone.",
+                    skipped,
+                )
+                % {"count": skipped},
+                messages.WARNING,
+            )
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("jobguard.cancel_job")
 
 
 @admin.register(IdempotencyKey)

@@ -1,0 +1,51 @@
+"""Operator actions on jobs: cancel. The admin (and a future API) call this, never the ORM."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from django.db import transaction
+from django.db.models.functions import Now
+
+from .conf import get_settings
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["cancel"]
+
+
+def cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None) -> list[int]:
+    """Cancel the given jobs that are still queued; the ids actually cancelled.
+
+    Running jobs are left alone: a handler cannot be stopped safely from outside, and its
+    lease already decides who may finish it. A cancelled job's idempotency key expires at
+    once, so the same business action can be enqueued again later.
+    """
+    from .models import IdempotencyKey, Job, JobStatus
+
+    alias = using or get_settings().database_alias
+    wanted = list(job_ids)
+    if not wanted:
+        return []
+    with transaction.atomic(using=alias):
+        # Lock the queued rows first (workers skip them), so only these are updated and
+        # their keys released; a row a worker claims meanwhile is no longer queued here.
+        ids = list(
+            Job.objects.using(alias)
+            .select_for_update(skip_locked=True)
+            .filter(pk__in=wanted, status=JobStatus.QUEUED)
+            .values_list("pk", flat=True)
+        )
+        if not ids:
+            return []
+        Job.objects.using(alias).filter(pk__in=ids, status=JobStatus.QUEUED).update(
+            status=JobStatus.CANCELLED,
+            finished_at=Now(),
+            last_error=f"cancelled: {reason}" if reason else "cancelled",
+        )
+        IdempotencyKey.objects.using(alias).filter(job_id__in=ids).update(
+            status="failed", expires_at=Now(), updated_at=Now()
+        )
+    logger.info("jobs_cancelled count=%d ids=%s reason=%s", len(ids), ids[:20], reason or "-")
+    return ids
