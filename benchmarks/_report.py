@@ -133,6 +133,7 @@ class Report:
                     [
                         SYSTEM_LABELS[key],
                         cell(r.stat("throughput", key, config, "enqueue_rate")),
+                        fmt(r.median("throughput", key, config, "enqueue_cpu_ms_per_job"), 2),
                         cell(r.stat("throughput", key, config, "processing_rate")),
                         ratio(
                             r.median("throughput", "jobguard", ours, "processing_rate"),
@@ -144,16 +145,19 @@ class Report:
                         ),
                         cell(r.stat("throughput", key, config, "worker_cpu_ms_per_job"), 2),
                         server_cpu(r, "throughput", key, config),
+                        fmt(r.median("throughput", key, config, "total_cpu_ms_per_job"), 2),
                     ]
                 )
             headers = [
                 "system",
                 "enqueue jobs/s (one by one)",
+                "enqueue CPU ms/job",
                 "processing jobs/s",
                 "ours/peer processing",
                 "ours/peer enqueue",
                 "worker CPU ms/job",
                 "PostgreSQL / Redis CPU ms/job",
+                "worker + servers CPU ms/job",
             ]
             sections.append(
                 f"### Throughput: {n:,} no-op jobs, {WORKER_PROCESSES} worker processes x {CONCURRENCY}\n\n"

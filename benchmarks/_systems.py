@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -110,11 +111,79 @@ class Servers:
         # from a vacuumed, analysed table, whichever system it is.
         self.execute(dbname, *(f"VACUUM (ANALYZE) {table}" for table in tables))
 
+    def redis_cpu(self) -> float:
+        """CPU seconds the Redis server has used so far (INFO cpu; shared by every client)."""
+        info = self.redis(5).info("cpu")
+        return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
     def close(self) -> None:
         for conn in self._conns.values():
             with contextlib.suppress(Exception):
                 conn.close()
         self._conns.clear()
+
+
+def _proc_stat(pid: int) -> list[Any]:
+    """/proc/<pid>/stat after the command name: [state, ppid, ...], ppid as an int."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields: list[Any] = text.rsplit(")", 1)[1].split()
+    fields[1] = int(fields[1])
+    return fields
+
+
+class BackendCpu:
+    """CPU seconds of the PostgreSQL backends serving one database, over a window.
+
+    A thread samples /proc every ``INTERVAL`` seconds for processes whose title names the
+    database (``postgres: 15/main: postgres jg_bench 127.0.0.1(…) idle``) and keeps each
+    one's latest user + system time. Only this database's backends count, not the rest of
+    a shared server; a backend's last ``INTERVAL`` before it exits is missed.
+    """
+
+    INTERVAL = 0.1
+
+    def __init__(self, dbname: str) -> None:
+        self.marker = f" {dbname} "
+        self.first: dict[int, int] = {}
+        self.last: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._started = False
+
+    def __enter__(self) -> BackendCpu:
+        self._sample(first=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.INTERVAL):
+            self._sample()
+
+    def _sample(self, first: bool = False) -> None:
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                title = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if not title.startswith(b"postgres: ") or self.marker.encode() not in title:
+                    continue
+                fields = _proc_stat(pid)
+                ticks = int(fields[11]) + int(fields[12])
+                if first:
+                    self.first[pid] = ticks
+                self.first.setdefault(pid, 0)
+                self.last[pid] = ticks
+
+    @property
+    def seconds(self) -> float:
+        ticks = sum(self.last[pid] - self.first.get(pid, 0) for pid in self.last)
+        return ticks / os.sysconf("SC_CLK_TCK")
 
 
 @dataclasses.dataclass
@@ -135,6 +204,7 @@ class System:
     key = ""
     driver = ""
     burst = True  # the worker can drain and exit by itself
+    dbname: str | None = None  # its PostgreSQL database, if it has one
 
     def __init__(self, servers: Servers, python: str) -> None:
         self.servers = servers
@@ -174,6 +244,10 @@ class System:
     def settings(self) -> str:
         """The peer's settings, stated in the report."""
         raise NotImplementedError
+
+    def describe(self, indexes: list[int]) -> str:
+        """What the store holds about these jobs, for an error message."""
+        return ", ".join(str(r) for r in self.records() if r.index in indexes)
 
 
 class Jobguard(System):
@@ -242,6 +316,19 @@ class Jobguard(System):
             [self.watermark],
         )
         return [Record(int(r[0]), _f(r[1]), _f(r[2]), _f(r[3]), int(r[4]), bool(r[5])) for r in rows]
+
+    def describe(self, indexes: list[int]) -> str:
+        rows = self.servers.query(
+            self.dbname,
+            "SELECT id, status, attempts, reappearances, lock_contentions, last_error FROM jobguard_job "
+            "WHERE id > %s AND (args->>0)::bigint = ANY(%s)",
+            [self.watermark, indexes],
+        )
+        return "; ".join(
+            f"job {r[0]}: status={r[1]} attempts={r[2]} reappearances={r[3]} lock_contentions={r[4]} "
+            f"last_error={r[5][:200]!r}"
+            for r in rows
+        )
 
     def settings(self) -> str:
         return (
@@ -556,6 +643,7 @@ def verify(system: System, n: int) -> list[Record]:
     if missing or duplicated or ran_twice or failed or set(seen) != set(range(n)):
         raise BenchError(
             f"{system.label}: {missing} jobs missing, {len(duplicated)} duplicated rows, "
-            f"{len(ran_twice)} run more than once (e.g. {ran_twice[:5]}), {len(failed)} not succeeded"
+            f"{len(ran_twice)} run more than once (e.g. {ran_twice[:5]}), {len(failed)} not succeeded "
+            f"(e.g. {system.describe((ran_twice + failed)[:3])})"
         )
     return records

@@ -6,6 +6,7 @@ it and takes medians.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -19,6 +20,7 @@ from benchmarks._systems import (
     CONCURRENCY,
     STARTUP_TIMEOUT_SECONDS,
     WORKER_PROCESSES,
+    BackendCpu,
     BenchError,
     Jobguard,
     Servers,
@@ -75,31 +77,40 @@ def throughput_run(
     system.reset()
     enq = enqueue(system, workdir, n)
     workers = workers or Workers(system, workdir, burst=True, profile=profile)
-    workers.start()
-    servers_before = system.servers.server_cpu()
-    try:
-        if system.burst:
-            workers.wait_exit(timeout=STARTUP_TIMEOUT_SECONDS + n / 20)
-        else:
-            wait_until(lambda: system.done() >= n, STARTUP_TIMEOUT_SECONDS + n / 20, f"{n} jobs")
-            workers.stop()
-    except BaseException:
-        workers.kill()
-        raise
-    servers_after = system.servers.server_cpu()
+    redis_before = system.servers.redis_cpu()
+    backends = BackendCpu(system.dbname) if system.dbname else None
+    with backends or contextlib.nullcontext():
+        workers.start()
+        try:
+            if system.burst:
+                workers.wait_exit(timeout=STARTUP_TIMEOUT_SECONDS + n / 20)
+            else:
+                wait_until(lambda: system.done() >= n, STARTUP_TIMEOUT_SECONDS + n / 20, f"{n} jobs")
+                workers.stop()
+        except BaseException:
+            workers.kill()
+            raise
+    redis_cpu = system.servers.redis_cpu() - redis_before
     records = verify(system, n)
     first = min(r.started_at for r in records if r.started_at is not None)
     last = max(r.finished_at for r in records if r.finished_at is not None)
     cpu = workers.cpu_seconds()
     result = {
         "enqueue_rate": float(enq["rate"]),
+        "enqueue_cpu_ms_per_job": float(enq["client_cpu_seconds"]) * 1000 / n,
         "processing_rate": n / (last - first),
         "drain_seconds": last - first,
         "worker_cpu_ms_per_job": cpu * 1000 / n,
     }
-    for server, before in servers_before.items():
-        if server in servers_after:
-            result[f"{server}_cpu_ms_per_job"] = (servers_after[server] - before) * 1000 / n
+    if backends:
+        result["postgres_cpu_ms_per_job"] = backends.seconds * 1000 / n
+    result["redis_cpu_ms_per_job"] = redis_cpu * 1000 / n
+    # What one job costs the machine while draining: the worker and the servers it talks to.
+    result["total_cpu_ms_per_job"] = (
+        result["worker_cpu_ms_per_job"]
+        + result.get("postgres_cpu_ms_per_job", 0.0)
+        + result["redis_cpu_ms_per_job"]
+    )
     if profile:
         result["profiles"] = [str(p) for p in workers.profiles]  # type: ignore[assignment]
     return result
