@@ -18,7 +18,7 @@ from benchmarks._systems import ROOT, WORKER_PROCESSES, Jobguard, Servers, Worke
 from benchmarks._workloads import throughput_run
 
 #: py-spy samples per second per worker process.
-PYSPY_RATE_HZ = 200
+PYSPY_RATE_HZ = 1000
 #: A sample counts as work when one of these is on its stack (not imports or setup).
 _WORK_FRAMES = ("Worker.", "Thread.run")
 

@@ -272,6 +272,7 @@ class Jobguard(System):
             "BENCH_LOCK_BACKEND": self.lock_backend,
             "BENCH_METRICS": "1" if self.metrics else "0",
             "BENCH_JOBGUARD": os.environ.get("BENCH_JOBGUARD", ""),
+            "BENCH_DB_OPTIONS": os.environ.get("BENCH_DB_OPTIONS", ""),
         }
 
     def setup(self) -> None:
@@ -335,6 +336,11 @@ class Jobguard(System):
             f"{WORKER_PROCESSES} x `manage.py jobguard_worker --concurrency {CONCURRENCY} --burst` "
             "(threads; batch = 2 x concurrency; LISTEN/NOTIFY with 1 s poll fallback; package defaults); "
             "headline task `@task(atomic=True)`, fencing always on, metrics on (prometheus_client installed)"
+            + "".join(
+                f"; EXPERIMENT {name}={os.environ[name]}"
+                for name in ("BENCH_JOBGUARD", "BENCH_DB_OPTIONS")
+                if os.environ.get(name)
+            )
         )
 
 

@@ -3,7 +3,8 @@
 Environment: ``BENCH_DATABASE_URL`` (PostgreSQL), ``BENCH_REDIS_URL`` (Redis for the
 redis lock back end), ``BENCH_LOCK_BACKEND`` (``database`` or ``redis``) and
 ``BENCH_JOBGUARD`` (JSON merged into ``JOBGUARD``, for tuning experiments: ``run.py
---jobguard '{"BATCH_SIZE": 16}'``). Everything else is the package's defaults: batch =
+--jobguard '{"BATCH_SIZE": 16}'``) and ``BENCH_DB_OPTIONS`` (the database's ``OPTIONS``,
+``run.py --db-options``). Everything else is the package's defaults: batch =
 2 x concurrency, 1 s poll fallback, LISTEN/NOTIFY.
 """
 
@@ -19,9 +20,13 @@ TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 DATABASES = {
-    "default": django_database(
-        os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/jg_bench")
-    )
+    "default": {
+        **django_database(
+            os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/jg_bench")
+        ),
+        # Experiments only (run.py --db-options '{"server_side_binding": true}'); empty by default.
+        "OPTIONS": json.loads(os.environ.get("BENCH_DB_OPTIONS") or "{}"),
+    }
 }
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},

@@ -194,6 +194,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="JSON",
         help="extra JOBGUARD settings for django-jobguard, e.g. '{\"BATCH_SIZE\": 16}' (tuning experiments)",
     )
+    parser.add_argument(
+        "--db-options",
+        default="",
+        metavar="JSON",
+        help="django-jobguard's DATABASES OPTIONS, e.g. '{\"server_side_binding\": true}' (experiments)",
+    )
     parser.add_argument("--skip-install", action="store_true", help="use benchmarks/.venv-peers as it is")
     parser.add_argument(
         "--pg-url", default=os.environ.get("BENCH_PG_URL", "postgres://postgres@127.0.0.1:5432")
@@ -218,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
         sizes.throughput = [int(x) for x in args.sizes.split(",")]
     if args.backlog_rows:
         sizes.backlog_rows = args.backlog_rows
+    for option, variable in ((args.jobguard, "BENCH_JOBGUARD"), (args.db_options, "BENCH_DB_OPTIONS")):
+        if option:
+            json.loads(option)  # fail here, not in every worker
+            os.environ[variable] = option
     workloads = args.workloads.split(",")
     keys = [k for k in SYSTEM_LABELS if k in args.systems.split(",")]
     peers_needed = any(k != "jobguard" for k in keys) or args.profile
