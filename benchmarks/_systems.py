@@ -60,15 +60,20 @@ class BenchError(Exception):
 class Servers:
     """Connections to PostgreSQL and Redis for setup, reset and verification."""
 
-    def __init__(self, pg_url: str, redis_url: str) -> None:
+    def __init__(self, pg_url: str, redis_url: str, prefix: str = "jg_bench") -> None:
         import psycopg
         import redis
 
+        self.prefix = prefix
         self.psycopg = psycopg
         self.pg_url = pg_url.rstrip("/")
         self.redis_url = redis_url.rstrip("/")
         self._redis = redis
         self._conns: dict[str, Any] = {}
+
+    def db(self, suffix: str) -> str:
+        """The name of one of the benchmark's databases: the prefix and ``suffix``."""
+        return f"{self.prefix}{suffix}"
 
     def url(self, dbname: str) -> str:
         return f"{self.pg_url}/{dbname}"
@@ -254,9 +259,9 @@ class Jobguard(System):
     key = "jobguard"
     driver = "jobguard"
 
-    def __init__(self, servers: Servers, python: str, dbname: str = "jg_bench") -> None:
+    def __init__(self, servers: Servers, python: str, suffix: str = "") -> None:
         super().__init__(servers, python)
-        self.dbname = dbname
+        self.dbname = servers.db(suffix)
         self.watermark = 0  # jobs at or below this id are backlog, not part of any run
         self.variant, self.metrics, self.lock_backend = HEADLINE
 
@@ -347,8 +352,12 @@ class Jobguard(System):
 class DjangoTasksDB(System):
     key = "dtdb"
     driver = "dtdb"
-    dbname = "jg_bench_dtdb"
+
     table = "django_tasks_database_dbtaskresult"
+
+    def __init__(self, servers: Servers, python: str) -> None:
+        super().__init__(servers, python)
+        self.dbname = servers.db("_dtdb")
 
     def base_env(self) -> dict[str, str]:
         return {
@@ -441,7 +450,10 @@ class CeleryRedis(System):
 class Procrastinate(System):
     key = "procrastinate"
     driver = "procrastinate_driver"
-    dbname = "jg_bench_procrastinate"
+
+    def __init__(self, servers: Servers, python: str) -> None:
+        super().__init__(servers, python)
+        self.dbname = servers.db("_procrastinate")
 
     def base_env(self) -> dict[str, str]:
         return {"BENCH_DATABASE_URL": self.servers.url(self.dbname)}

@@ -194,7 +194,7 @@ def pgbench_run(servers: Servers, seconds: int) -> dict[str, float]:
     and with one client (the ceiling for enqueueing one job per transaction from one
     process). Each transaction is one autocommitted ``UPDATE`` of a random row.
     """
-    dbname = "jg_bench_pgbench"
+    dbname = servers.db("_pgbench")
     if servers.ensure_database(dbname) or not servers.table_exists(dbname, "bench_row"):
         servers.execute(
             dbname,

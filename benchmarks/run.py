@@ -201,10 +201,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="django-jobguard's DATABASES OPTIONS, e.g. '{\"server_side_binding\": true}' (experiments)",
     )
     parser.add_argument("--skip-install", action="store_true", help="use benchmarks/.venv-peers as it is")
+    parser.add_argument("--pg-url", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server")
     parser.add_argument(
-        "--pg-url", default=os.environ.get("BENCH_PG_URL", "postgres://postgres@127.0.0.1:5432")
+        "--redis-url", default="redis://127.0.0.1:6379", help="Redis server (databases 5-7 are used)"
     )
-    parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379"))
+    parser.add_argument("--db-prefix", default="jg_bench", help="prefix of the databases it creates")
+    parser.add_argument("--warmup", type=int, default=None, help="jobs of the unmeasured warm-up run")
+    parser.add_argument("--results-dir", default=str(RESULTS), help="where the JSON goes")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
@@ -222,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = dataclasses.replace(QUICK if args.quick else FULL)
     if args.sizes:
         sizes.throughput = [int(x) for x in args.sizes.split(",")]
+    if args.warmup is not None:
+        sizes.warmup_jobs = args.warmup
     if args.backlog_rows:
         sizes.backlog_rows = args.backlog_rows
     for option, variable in ((args.jobguard, "BENCH_JOBGUARD"), (args.db_options, "BENCH_DB_OPTIONS")):
@@ -232,8 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     keys = [k for k in SYSTEM_LABELS if k in args.systems.split(",")]
     peers_needed = any(k != "jobguard" for k in keys) or args.profile
     peers_python = ensure_peers_venv(args.skip_install) if peers_needed else None
-    servers = Servers(args.pg_url, args.redis_url)
-    RESULTS.mkdir(exist_ok=True)
+    servers = Servers(args.pg_url, args.redis_url, args.db_prefix)
+    results_dir = Path(args.results_dir)
+    results_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     info = machine(servers, peers_python)
     started = time.monotonic()
@@ -242,10 +248,10 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         if args.profile:
             text = profile(servers, workdir, sizes.throughput[0], peers_python)
-            path = RESULTS / f"profile-{stamp}.txt"
+            path = results_dir / f"profile-{stamp}.txt"
             path.write_text(text + "\n")
             print(text)
-            log(f"wrote {path.relative_to(ROOT)}")
+            log(f"wrote {path}")
             servers.close()
             return 0
 
@@ -263,8 +269,9 @@ def main(argv: list[str] | None = None) -> int:
             systems[key] = system
         results = Results()
         for system in systems.values():
-            log(f"warm-up: {system.label}, {sizes.warmup_jobs} jobs (not measured)")
-            throughput_run(system, workdir, sizes.warmup_jobs)
+            if sizes.warmup_jobs:
+                log(f"warm-up: {system.label}, {sizes.warmup_jobs} jobs (not measured)")
+                throughput_run(system, workdir, sizes.warmup_jobs)
 
         def measure(workload: str, key: str, config: str, run: Callable[[], dict[str, float]]) -> None:
             label = SYSTEM_LABELS.get(key, key)
@@ -316,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             if "backlog" in workloads and "jobguard" in systems:
                 empty = systems["jobguard"]
                 assert isinstance(empty, Jobguard)
-                full = Jobguard(servers, sys.executable, dbname="jg_bench_backlog")
+                full = Jobguard(servers, sys.executable, suffix="_backlog")
                 if r == 0:
                     full.setup()
                 fill_backlog(servers, full, sizes.backlog_rows)
@@ -365,10 +372,10 @@ def main(argv: list[str] | None = None) -> int:
         "errors": results.errors,
         "table": document,
     }
-    path = RESULTS / f"bench-{stamp}{'-quick' if args.quick else ''}.json"
+    path = results_dir / f"bench-{stamp}{'-quick' if args.quick else ''}.json"
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    (RESULTS / "latest.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
-    log(f"wrote {path.relative_to(ROOT)}")
+    (results_dir / "latest.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    log(f"wrote {path}")
     return 1 if results.errors else 0
 
 
