@@ -36,6 +36,5 @@ jobguard_optional_globs = ["runbooks/*"]
 # then ordinary links; drop an entry once its page is on main.
 jobguard_pending_pages = [
     "how-to/lock-a-resource",
-    "explanation/performance",
     "explanation/guarantees",
 ]

@@ -1,0 +1,28 @@
+"""No-op tasks, one per combination of safety features the benchmarks switch on.
+
+Every task takes the job's index ``i`` so that the argument path is exercised and the
+lock key differs per job (no contention: the benchmark measures the lock's cost, not
+waiting for it).
+"""
+
+from django_jobguard import task
+
+
+@task(name="bench.noop")
+def noop(i: int) -> None:
+    return None
+
+
+@task(name="bench.noop_atomic", atomic=True)
+def noop_atomic(i: int) -> None:
+    return None
+
+
+@task(name="bench.noop_locked", lock="bench:{i}")
+def noop_locked(i: int) -> None:
+    return None
+
+
+@task(name="bench.noop_all", atomic=True, lock="bench:{i}")
+def noop_all(i: int) -> None:
+    return None

@@ -1,0 +1,89 @@
+"""The benchmark harness's own logic: percentiles, medians, the exactly-once check, targets."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks._report import Report, Results
+from benchmarks._systems import BenchError, Record, System, verify
+from benchmarks._workloads import QUICK, percentile
+
+
+class CannedSystem(System):
+    """A system whose store holds the given records (the check under test reads nothing else)."""
+
+    key = "jobguard"
+
+    def __init__(self, records: list[Record]) -> None:
+        self._records = records
+
+    def records(self) -> list[Record]:
+        return self._records
+
+
+def record(index: int, runs: int = 1, succeeded: bool = True) -> Record:
+    return Record(index, 1.0, 2.0 + index, 3.0 + index, runs, succeeded)
+
+
+def test_percentile_interpolates_between_closest_ranks() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == pytest.approx(50.5)
+    assert percentile(values, 99) == pytest.approx(99.01)
+    assert percentile([7.0], 95) == 7.0
+
+
+def test_results_summarise_runs_as_median_min_max() -> None:
+    results = Results()
+    for value in (900.0, 1100.0, 1000.0):
+        results.add("throughput", "jobguard", "n=10", {"processing_rate": value})
+    assert results.stat("throughput", "jobguard", "n=10", "processing_rate") == {
+        "median": 1000.0,
+        "min": 900.0,
+        "max": 1100.0,
+        "runs": 3,
+    }
+    assert results.stat("throughput", "dtdb", "n=10", "processing_rate") is None
+
+
+def test_verify_accepts_every_job_run_exactly_once() -> None:
+    records = verify(CannedSystem([record(i) for i in range(5)]), 5)
+    assert sorted(r.index for r in records) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    ("records", "message"),
+    [
+        ([record(0), record(1)], "1 jobs missing"),
+        ([record(0), record(1, runs=2), record(2)], "1 run more than once (e.g. [1])"),
+        ([record(0), record(1, succeeded=False), record(2)], "1 not succeeded"),
+        ([record(0), record(1), record(1), record(2)], "1 duplicated rows"),
+    ],
+)
+def test_verify_refuses_lost_duplicated_or_failed_jobs(records: list[Record], message: str) -> None:
+    with pytest.raises(BenchError) as excinfo:
+        verify(CannedSystem(records), 3)
+    assert message in str(excinfo.value)
+
+
+def test_verify_leaves_warm_up_jobs_out() -> None:
+    from benchmarks._common import WARMUP_INDEX
+
+    records = verify(CannedSystem([record(0), record(WARMUP_INDEX + 1, runs=3)]), 1)
+    assert [r.index for r in records] == [0]
+
+
+def test_report_checks_the_issue_targets_on_medians() -> None:
+    results = Results()
+    n = f"n={QUICK.throughput[0]}"
+    results.add("throughput", "jobguard", f"{n} atomic, metrics", {"processing_rate": 900.0})
+    results.add("throughput", "jobguard", f"{n} atomic, metrics", {"worker_cpu_ms_per_job": 0.5})
+    results.add("throughput", "dtdb", n, {"processing_rate": 300.0})
+    results.add("throughput", "celery", n, {"processing_rate": 400.0})
+    report = Report(results, QUICK, ["jobguard", "dtdb", "celery"])
+    text = report.build(["throughput"])
+    assert "- PASS: processing rate >= 3x django-tasks-db (n=1000): 3.00x (target >= 3x)" in text
+    assert "- FAIL: processing rate >= 2.5x Celery+Redis (n=1000): 2.25x (target >= 2.5x)" in text
+    assert "- PASS: worker CPU per no-op job <= 1.5 ms (n=1000): 0.50ms (target <= 1.5ms)" in text
+    dtdb_row = next(line for line in text.splitlines() if line.startswith("| django-tasks-db"))
+    assert "| 300 (300-300)" in dtdb_row
+    assert "| 3.00x" in dtdb_row
