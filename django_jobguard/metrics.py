@@ -234,13 +234,25 @@ CATALOGUE: tuple[MetricInfo, ...] = tuple(_CATALOGUE)
 QUEUE_GAUGE_PREFIX = "jobguard_queue_"
 
 
+_children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+
+def _child(metric: Any, *labels: str) -> Any:
+    """``metric.labels(*labels)``, remembered: prometheus_client validates and locks on every call."""
+    key = (id(metric), labels)
+    child = _children.get(key)
+    if child is None:
+        child = _children[key] = metric.labels(*labels)
+    return child
+
+
 def job_enqueued(queue: str, task: str, count: int = 1) -> None:
-    ENQUEUED.labels(queue, task).inc(count)
+    _child(ENQUEUED, queue, task).inc(count)
 
 
 def job_succeeded(queue: str, task: str, duration: float) -> None:
-    SUCCEEDED.labels(queue, task).inc()
-    DURATION.labels(queue, task, "succeeded").observe(duration)
+    _child(SUCCEEDED, queue, task).inc()
+    _child(DURATION, queue, task, "succeeded").observe(duration)
 
 
 def job_failed(queue: str, task: str, category: str, duration: float | None, *, retried: bool) -> None:
