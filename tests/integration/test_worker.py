@@ -135,3 +135,15 @@ def test_a_signal_receiver_that_raises_is_logged_and_breaks_nothing(caplog):
     failures = [r for r in caplog.records if r.getMessage().startswith("signal_receiver_failed")]
     assert len(failures) == 2
     assert "receiver bug" in str(failures[0].exc_info[1])
+
+
+def test_a_worker_stops_prefetching_once_its_jobs_run_long():
+    worker = Worker(concurrency=3, install_signal_handlers=False)
+    assert worker._capacity() == 6  # short (or unknown) jobs: a batch of twice the concurrency
+    for _ in range(50):
+        worker._note_run_time(5.0)
+    assert worker._capacity() == 3  # long jobs: only what the executors can start
+    pinned = Worker(concurrency=3, batch_size=10, install_signal_handlers=False)
+    for _ in range(50):
+        pinned._note_run_time(5.0)
+    assert pinned._capacity() == 10  # an explicit --batch-size is kept
