@@ -82,17 +82,14 @@ def check_lock_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
         return []
     cache = getattr(settings, "CACHES", {}).get(locks.cache_alias)
     if cache is None:
-        message = f"JOBGUARD['LOCKS']['CACHE_ALIAS'] is {locks.cache_alias!r}, which is not in CACHES."
+        problem = "is not in CACHES"
     elif not str(cache.get("BACKEND", "")).startswith("django_redis."):
-        message = (
-            f"JOBGUARD['LOCKS']['CACHE_ALIAS'] is {locks.cache_alias!r}, whose BACKEND "
-            f"{cache.get('BACKEND')!r} is not django-redis."
-        )
+        problem = f"has BACKEND {cache.get('BACKEND')!r}; the Redis lock back end needs django-redis"
     else:
         return []
     return [
         checks.Error(
-            message,
+            f"JOBGUARD['LOCKS']['CACHE_ALIAS'] is {locks.cache_alias!r}, which {problem}.",
             hint="Point it at a cache with BACKEND 'django_redis.cache.RedisCache', or set "
             "JOBGUARD['LOCKS']['BACKEND'] = 'database'.",
             id="jobguard.E004",

@@ -355,12 +355,13 @@ def test_system_check_reports_a_redis_lock_backend_without_django_redis():
     with override_settings(JOBGUARD={"LOCKS": {"BACKEND": "redis", "CACHE_ALIAS": "default"}}):
         [error] = check_lock_backend()
     assert error.id == "jobguard.E004"
-    assert "'default', whose BACKEND 'django.core.cache.backends.locmem.LocMemCache' is not django-redis" in (
-        error.msg
+    assert error.msg == (
+        "JOBGUARD['LOCKS']['CACHE_ALIAS'] is 'default', which has BACKEND "
+        "'django.core.cache.backends.locmem.LocMemCache'; the Redis lock back end needs django-redis."
     )
     with override_settings(JOBGUARD={"LOCKS": {"BACKEND": "redis", "CACHE_ALIAS": "nope"}}):
         [error] = check_lock_backend()
-    assert "'nope', which is not in CACHES" in error.msg
+    assert error.msg == "JOBGUARD['LOCKS']['CACHE_ALIAS'] is 'nope', which is not in CACHES."
     with override_settings(
         JOBGUARD={"LOCKS": {"BACKEND": "redis", "CACHE_ALIAS": "down"}}, CACHES=DOWN_CACHES
     ):
