@@ -4,8 +4,6 @@ Public API: :func:`task`, :class:`Task`, :class:`JobContext`, :func:`lock`, and 
 errors handlers raise or callers catch.
 """
 
-from typing import Any
-
 from .context import JobContext
 from .exceptions import (
     IdempotencyConflict,
@@ -20,6 +18,7 @@ from .exceptions import (
     TransientError,
     UnknownTaskError,
 )
+from .locks import lock
 from .task import Task, task
 
 __version__ = "0.1.0"
@@ -42,10 +41,3 @@ __all__ = [
     "lock",
     "task",
 ]
-
-
-def lock(key: str, ttl: float | None = None, **options: Any) -> Any:
-    """A lock on business resource ``key`` (see :mod:`django_jobguard.locks`)."""
-    from .locks import lock as _lock
-
-    return _lock(key, ttl=ttl, **options)

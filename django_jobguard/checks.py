@@ -73,3 +73,33 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 )
             )
     return messages
+
+
+@checks.register(checks.Tags.caches)
+def check_lock_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.E004: the Redis lock back end names a cache that is not django-redis."""
+    from django.conf import settings
+
+    from .conf import get_settings
+
+    try:
+        locks = get_settings().locks
+    except ImproperlyConfigured:
+        return []
+    if locks.backend != "redis":
+        return []
+    cache = getattr(settings, "CACHES", {}).get(locks.cache_alias)
+    if cache is None:
+        problem = "is not in CACHES"
+    elif not str(cache.get("BACKEND", "")).startswith("django_redis."):
+        problem = f"has BACKEND {cache.get('BACKEND')!r}; the Redis lock back end needs django-redis"
+    else:
+        return []
+    return [
+        checks.Error(
+            f"JOBGUARD['LOCKS']['CACHE_ALIAS'] is {locks.cache_alias!r}, which {problem}.",
+            hint="Point it at a cache with BACKEND 'django_redis.cache.RedisCache', or set "
+            "JOBGUARD['LOCKS']['BACKEND'] = 'database'.",
+            id="jobguard.E004",
+        )
+    ]

@@ -81,7 +81,7 @@ class LockUnavailable(JobguardError):  # noqa: N818 - public name fixed by the d
 
 
 class LockNotAcquired(JobguardError):  # noqa: N818 - reads as a state
-    """The lock is held by someone else (contention), or ours expired and was taken over."""
+    """The lock is held by another owner, or is no longer ours (it expired) to release."""
 
 
 class ReplayError(JobguardError):

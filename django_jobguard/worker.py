@@ -34,11 +34,10 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from . import _dispatch, _faults, dlq, idempotency, leasing, metrics, retry, signals
-from .conf import get_settings
+from .conf import RetryPolicy, get_settings
 from .context import JobContext
 from .enqueue import normalize_json
 from .exceptions import InvalidArgumentsError, LeaseLost, LockNotAcquired, LockUnavailable
-from .locks.db import DatabaseLock
 from .log import job_fields
 from .models import DeadLetterReason
 from .registry import registry
@@ -62,6 +61,9 @@ RUN_TIME_SMOOTHING = 0.1
 MAX_REMEMBERED_SHAPES = 10_000
 #: Executor threads abandoned past their hard timeout before the worker exits to be restarted.
 MAX_ABANDONED_THREADS = 16
+#: A job put back on lock contention waits CONTENTION_DELAY plus up to this fraction of it,
+#: so the jobs of one busy key do not all come back at the same instant.
+CONTENTION_JITTER_FRACTION = 0.5
 
 
 class _InvalidResultError(Exception):
@@ -84,6 +86,7 @@ class _Held:
     context: JobContext | None = None
     lock: Any = None
     lock_renewed_at: float = 0.0
+    lock_lost: bool = False
     lease_lost: bool = False
 
 
@@ -508,7 +511,11 @@ class Worker:
         job = held.job
         if held.state == "abandoned":
             raise LeaseLost(f"job {job.id}: abandoned past its hard timeout")
-        if held.context is not None and held.context.lock_lost:
+        if held.lock is not None and not held.lock_lost:
+            # Check the lock once more just before the ack: if it is still ours, no one held
+            # it since the acquire (an expired lock never comes back to the same token).
+            self._renew_lock(held, time.monotonic())
+        if held.lock_lost:
             raise _LockLostError(f"job {job.id}: lock {job.lock_key!r} was lost while the handler ran")
         if result is None:
             result_json = "null"
@@ -571,61 +578,98 @@ class Worker:
     # -- locks -------------------------------------------------------------------------
 
     def _take_lock(self, held: _Held, task: Any) -> bool:
-        """Acquire the job's lock; on contention or outage, give the job back and say False."""
+        """Acquire the job's lock; on contention or outage, give the job back and say False.
+
+        Neither case uses up an attempt: the handler did not run.
+        """
         from . import locks
 
         job = held.job
         conf = get_settings().locks
-        handle = locks.lock(job.lock_key, ttl=task.lock_ttl or conf.ttl)
+        try:
+            handle = locks.lock(job.lock_key, ttl=task.lock_ttl or conf.ttl)
+        except ValueError as exc:
+            self._dead(held, task, DeadLetterReason.INVALID_PAYLOAD, retry.PERMANENT, "ValueError", str(exc))
+            return False
         try:
             acquired = handle.acquire(blocking=False)
         except LockUnavailable as exc:
-            metrics.lock_failed(job.queue_name, job.task_name, "unavailable")
-            logger.warning(
-                "lock_unavailable job_id=%s lock_key=%s: %s",
-                job.id,
-                job.lock_key,
-                exc,
-                extra=job_fields(job, self.worker_id, outcome="lock_unavailable"),
-            )
-            self._failed(held, task, exc, None, forced_category=retry.TRANSIENT)
+            self._lock_unavailable(held, task, exc)
             return False
         if not acquired:
-            metrics.lock_contended(job.queue_name, job.task_name)
-            logger.info(
-                "lock_contended job_id=%s lock_key=%s; retry in %.1fs",
-                job.id,
-                job.lock_key,
-                conf.contention_delay,
-                extra=job_fields(job, self.worker_id, outcome="lock_contended"),
+            delay = retry.backoff(
+                RetryPolicy(
+                    base=conf.contention_delay,
+                    max=conf.contention_delay,
+                    jitter=conf.contention_delay * CONTENTION_JITTER_FRACTION,
+                ),
+                1,
             )
             if not leasing.requeue(
                 self.alias,
                 job.id,
                 job.lease_token,
-                delay=conf.contention_delay,
+                delay=delay,
                 error=None,
                 refund_attempt=True,
                 contention=True,
             ):
                 metrics.lease_lost(job.queue_name, job.task_name, "requeue")
+                return False
+            metrics.lock_contended(job.queue_name, job.task_name)
+            logger.info(
+                "lock_contended job_id=%s lock_key=%s; retry in %.2fs",
+                job.id,
+                job.lock_key,
+                delay,
+                extra=job_fields(job, self.worker_id, outcome="lock_contended"),
+            )
             return False
         held.lock = handle
         held.lock_renewed_at = time.monotonic()
         return True
 
+    def _lock_unavailable(self, held: _Held, task: Any, exc: LockUnavailable) -> None:
+        """The lock back end did not answer: retry later with the transient backoff.
+
+        The handler never runs unlocked, and no attempt is used: an outage of the lock
+        store says nothing about the job, and must not dead-letter every locked job.
+        """
+        job = held.job
+        metrics.lock_failed(job.queue_name, job.task_name, "unavailable")
+        delay = retry.backoff(retry.policy_for(task, job.queue_name, retry.TRANSIENT), job.attempts)
+        requeued = leasing.requeue(
+            self.alias,
+            job.id,
+            job.lease_token,
+            delay=delay,
+            error=f"{LockUnavailable.__module__}.LockUnavailable: {exc}",
+            refund_attempt=True,
+        )
+        if not requeued:
+            metrics.lease_lost(job.queue_name, job.task_name, "requeue")
+        logger.warning(
+            "lock_unavailable job_id=%s lock_key=%s; handler not run, retry in %.2fs: %s",
+            job.id,
+            job.lock_key,
+            delay,
+            exc,
+            extra=job_fields(job, self.worker_id, outcome="lock_unavailable"),
+        )
+
     def _release_lock(self, held: _Held) -> None:
         handle, held.lock = held.lock, None
-        if handle is None:
+        if handle is None or held.lock_lost:
             return
         try:
             handle.release()
-        except (LockUnavailable, LockNotAcquired):
-            # Not ours any more or unreachable: its TTL frees it; nothing else to do.
+        except (LockUnavailable, LockNotAcquired) as exc:
+            # Not ours any more, or unreachable: its TTL frees it.
             logger.warning(
-                "lock_release_failed job_id=%s lock_key=%s",
+                "lock_release_failed job_id=%s lock_key=%s: %s",
                 held.job.id,
                 held.job.lock_key,
+                exc,
                 extra=job_fields(held.job, self.worker_id),
             )
 
@@ -770,7 +814,18 @@ class Worker:
     def _heartbeat_once(self) -> None:
         now = time.monotonic()
         with self._lock:
-            held = [h for h in self._held.values() if h.state in ("waiting", "running") and not h.lease_lost]
+            active = [h for h in self._held.values() if h.state in ("waiting", "running")]
+        # Locks first, and even for jobs whose lease is lost: the handler still runs, so its
+        # resource stays locked until it returns. A database error below must not stop them.
+        for h in active:
+            handle = h.lock
+            if (
+                handle is not None
+                and not h.lock_lost
+                and now - h.lock_renewed_at >= handle.ttl * HEARTBEAT_FRACTION
+            ):
+                self._renew_lock(h, now)
+        held = [h for h in active if not h.lease_lost]
         due = [h for h in held if now - h.renewed_at >= h.job.visibility_timeout * HEARTBEAT_FRACTION]
         if due:
             if _faults.ENABLED:
@@ -790,36 +845,34 @@ class Worker:
                         extra=job_fields(h.job, self.worker_id, outcome="lease_lost"),
                     )
         for h in held:
-            if h.lock is not None and now - h.lock_renewed_at >= h.lock.ttl * HEARTBEAT_FRACTION:
-                self._renew_lock(h, now)
             if h.deadline is not None and now >= h.deadline and h.state == "running":
                 self._abandon(h)
 
     def _renew_lock(self, held: _Held, now: float) -> None:
+        """Extend the job's lock; if it is gone, say so to the handler and refuse the ack."""
+        handle = held.lock
+        if handle is None:
+            return
         try:
-            kept = held.lock.extend()
-        except LockUnavailable:
-            kept = False
+            kept = handle.extend()
+            cause = "it expired, and another owner may have taken it"
+        except LockUnavailable as exc:
+            # Unknown is lost: the store may have restarted empty and given the key away.
+            kept, cause = False, str(exc)
         if kept:
             held.lock_renewed_at = now
             return
-        metrics.lock_failed(held.job.queue_name, held.job.task_name, "lost")
+        if held.lock is not handle or held.lock_lost:
+            return  # released by the executor meanwhile, or already reported
+        held.lock_lost = True
         if held.context is not None:
             held.context._lock_lost.set()
-        else:
-            # Without a context the handler cannot notice; the ack refuses instead.
-            held.context = JobContext(
-                task=registry.get(held.job.task_name),
-                job_id=held.job.id,
-                attempt=held.job.attempts,
-                max_attempts=held.job.max_attempts,
-                queue_name=held.job.queue_name,
-            )
-            held.context._lock_lost.set()
+        metrics.lock_failed(held.job.queue_name, held.job.task_name, "lost")
         logger.warning(
-            "lock_lost job_id=%s lock_key=%s",
+            "lock_lost job_id=%s lock_key=%s; the job will not be acked: %s",
             held.job.id,
             held.job.lock_key,
+            cause,
             extra=job_fields(held.job, self.worker_id, outcome="lock_lost"),
         )
 
@@ -837,7 +890,7 @@ class Worker:
         self._failed(
             held, task, error, None, forced_category=retry.TRANSIENT, reason=DeadLetterReason.HARD_TIMEOUT
         )
-        self._release_lock(held)
+        # The lock stays with the stuck handler; without renewals its TTL frees it.
         self._slot_freed.set()
         if self._abandoned > MAX_ABANDONED_THREADS:
             logger.error("too_many_abandoned_threads worker_id=%s; stopping for a restart", self.worker_id)
@@ -896,17 +949,14 @@ class Worker:
                             h.job.id,
                             extra=job_fields(h.job, self.worker_id, outcome="abandoned"),
                         )
-                        # A database lock's release would wait behind the same open
-                        # transaction; its TTL frees it. Other back ends release now.
-                        if not isinstance(h.lock, DatabaseLock):
-                            self._release_lock(h)
                         continue
                     try:
                         # The attempt is refunded: the worker stopped it, the job did not fail.
                         self._hand_back(h, refund=True)
                     except (DatabaseError, InterfaceError):
                         logger.warning("hand_back_failed job_id=%s; its lease will expire", h.job.id)
-                    self._release_lock(h)
+                    # Its lock stays with the handler, which runs until the process exits;
+                    # the TTL frees it after that.
                 return True
             self._slot_freed.wait(0.1)
             self._slot_freed.clear()

@@ -3,102 +3,187 @@
 A lock guards one business resource (``order:123``, stored as ``jobguard:lock:order:123``).
 It always has a TTL and an owner token: only the holder of the token can extend or
 release it, and a holder that stops renewing loses it when the TTL runs out. Every
-successful acquire of a key increments that key's fencing token, so a downstream write
-can refuse a holder older than the newest one.
+successful acquire of a key gets a fencing token greater than any earlier holder's, so a
+downstream write can refuse a holder older than the newest one.
 """
 
 from __future__ import annotations
 
 import abc
+import logging
+import math
 import secrets
+import threading
 import time
 from types import TracebackType
 
 from ..exceptions import LockNotAcquired
 
-__all__ = ["BaseLock"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["MAX_NAME_LENGTH", "RESERVED_SUFFIX", "BaseLock"]
 
 #: Seconds between attempts of a blocking acquire.
 RETRY_INTERVAL_SECONDS = 0.05
+#: Longest stored lock name (prefix + key), the width of the database back end's key column.
+MAX_NAME_LENGTH = 255
+#: Keys may not end with this: the Redis back end stores a key's fencing counter under it.
+RESERVED_SUFFIX = ":fencing"
 
 
 class BaseLock(abc.ABC):
-    """One lock on one key. Not shared between threads; create one per holder."""
+    """One lock on one key, held by one owner at a time.
 
-    def __init__(self, key: str, *, ttl: float, prefix: str) -> None:
-        if not key:
-            raise ValueError("a lock key names a resource, e.g. 'order:123'")
-        if ttl is None or ttl <= 0:
-            raise ValueError("every lock needs a TTL in seconds (ttl > 0)")
+    Create one object per holder (``lock(key, ttl=...)``); do not share it between
+    processes. Within a process its methods may be called from several threads (a worker
+    renews from its heartbeat thread while the handler's thread releases).
+    """
+
+    def __init__(
+        self,
+        key: str,
+        *,
+        ttl: float,
+        prefix: str,
+        blocking: bool = True,
+        timeout: float | None = None,
+    ) -> None:
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"a lock key names a resource, e.g. 'order:123', not {key!r}")
+        if key.endswith(RESERVED_SUFFIX):
+            raise ValueError(f"lock key {key!r} ends with {RESERVED_SUFFIX!r}, which is reserved")
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl) or ttl <= 0:
+            raise ValueError(f"every lock needs a finite TTL in seconds (ttl > 0), not {ttl!r}")
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be zero or more seconds, not {timeout!r}")
         self.key = key
         self.name = f"{prefix}{key}"
+        if len(self.name) > MAX_NAME_LENGTH:
+            raise ValueError(
+                f"lock name {self.name[:40]!r}... is {len(self.name)} characters; "
+                f"prefix and key together may have at most {MAX_NAME_LENGTH}"
+            )
         self.ttl = float(ttl)
-        self.token = secrets.token_hex(16)
+        self.blocking = blocking
+        self.timeout = timeout
+        #: Owner token of the current (or last) acquire; a fresh one for every acquire.
+        self.token = ""
+        #: Fencing token of the current (or last) acquire; None before the first one.
         self.fencing_token: int | None = None
         self._held = False
+        self._mutex = threading.Lock()
 
-    # Back ends implement these three; each raises LockUnavailable when unreachable.
+    # Back ends implement these; each raises LockUnavailable when the store is unreachable.
     @abc.abstractmethod
-    def _try_acquire(self) -> int | None:
-        """Take the lock if free (or expired); the new fencing token, or None if held."""
+    def _try_acquire(self, token: str) -> int | None:
+        """Take the lock for ``token`` if free (or expired): the new fencing token, or None."""
 
     @abc.abstractmethod
     def _release(self) -> bool:
-        """Free the lock if our token holds it; False if it was not ours any more."""
+        """Free the lock if our token holds it unexpired; False if it was not ours any more."""
 
     @abc.abstractmethod
-    def _extend(self) -> bool:
-        """Reset the TTL if our token holds it; False if it was not ours any more."""
+    def _extend(self, ttl: float) -> bool:
+        """Reset the TTL to ``ttl`` if our token holds it unexpired; False otherwise."""
 
     @abc.abstractmethod
     def locked(self) -> bool:
-        """Whether anyone holds the lock now."""
+        """Whether anyone (this owner or another) holds the lock now."""
 
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        """Take the lock. Non-blocking returns at once; blocking waits up to ``timeout`` (None: forever)."""
+    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """Take the lock; True once taken, False if another owner kept it.
+
+        ``blocking=False`` tries once. Blocking (the default unless the lock was created
+        with ``blocking=False``) retries every ``RETRY_INTERVAL_SECONDS`` for up to
+        ``timeout`` seconds (default: the lock's ``timeout``; None waits for ever).
+        Raises :class:`~django_jobguard.LockUnavailable` if the back end cannot be reached.
+        """
+        blocking = self.blocking if blocking is None else blocking
+        timeout = self.timeout if timeout is None else timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            fencing = self._try_acquire()
-            if fencing is not None:
-                self.fencing_token = fencing
-                self._held = True
-                return True
+            with self._mutex:
+                if self._held:
+                    raise RuntimeError(
+                        f"lock {self.name!r} is already held by this owner; "
+                        "create another lock() for a second holder"
+                    )
+                # A fresh token per acquire: a late release from an earlier hold can never
+                # free this one.
+                token = secrets.token_hex(16)
+                fencing = self._try_acquire(token)
+                if fencing is not None:
+                    self.token = token
+                    self.fencing_token = fencing
+                    self._held = True
+                    return True
             if not blocking or (deadline is not None and time.monotonic() >= deadline):
                 return False
             time.sleep(RETRY_INTERVAL_SECONDS)
 
     def release(self) -> None:
-        """Free the lock; :class:`LockNotAcquired` if it had expired and been taken by someone else."""
-        if not self._held:
-            raise LockNotAcquired(f"lock {self.name!r} is not held by this owner")
-        self._held = False
-        if not self._release():
-            raise LockNotAcquired(f"lock {self.name!r} expired and was no longer ours to release")
+        """Free the lock.
 
-    def extend(self) -> bool:
-        """Renew the TTL; False if the lock expired and someone else took it (stop working)."""
-        if not self._held:
-            return False
-        kept = self._extend()
-        if not kept:
+        Raises :class:`~django_jobguard.LockNotAcquired` if this owner does not hold it,
+        or if it expired before the release (another owner may have held it meanwhile, so
+        the work it guarded may have overlapped), and
+        :class:`~django_jobguard.LockUnavailable` if the back end cannot be reached (the
+        TTL frees the lock then).
+        """
+        with self._mutex:
+            if not self._held:
+                raise LockNotAcquired(f"lock {self.name!r} is not held by this owner")
             self._held = False
-        return kept
+            if not self._release():
+                raise LockNotAcquired(
+                    f"lock {self.name!r} expired before it was released; another owner may have held it"
+                )
+
+    def extend(self, ttl: float | None = None) -> bool:
+        """Reset the lock's TTL to ``ttl`` seconds from now (default: the lock's ``ttl``).
+
+        False if this owner does not hold it or it already expired: stop the work it guards.
+        Raises :class:`~django_jobguard.LockUnavailable` if the back end cannot be reached.
+        """
+        if ttl is not None and (not math.isfinite(ttl) or ttl <= 0):
+            raise ValueError(f"ttl must be a finite number of seconds above 0, not {ttl!r}")
+        with self._mutex:
+            if not self._held:
+                return False
+            kept = self._extend(self.ttl if ttl is None else float(ttl))
+            if not kept:
+                self._held = False
+            return kept
 
     @property
     def held(self) -> bool:
-        """Whether this owner believes it holds the lock (it may have expired since)."""
+        """Whether this owner believes it holds the lock (it may have expired since the last call)."""
         return self._held
 
     def __enter__(self) -> BaseLock:
         if not self.acquire():
-            raise LockNotAcquired(f"could not acquire {self.name!r}")
+            raise LockNotAcquired(
+                f"could not acquire {self.name!r} within {self.timeout}s"
+                if self.blocking
+                else f"{self.name!r} is held by another owner"
+            )
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._held:
+        if not self._held:
+            return
+        if exc is None:
             self.release()
+            return
+        # The block failed already: report a failed release without hiding the first error.
+        try:
+            self.release()
+        except Exception:
+            logger.warning(
+                "lock_release_failed lock=%s after an error in its block", self.name, exc_info=True
+            )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} ttl={self.ttl} held={self._held}>"

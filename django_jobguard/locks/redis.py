@@ -1,93 +1,125 @@
 """Redis lock back end through django-redis: ``SET NX PX`` with an owner token.
 
-Acquire, release and extend are Lua scripts, so "is it still mine?" and the change
-happen atomically on the server; the fencing counter (``<key>:fencing``) is incremented
-in the same script as a successful acquire.
+Acquire, release and extend are Lua scripts, so "is it still mine?" and the change happen
+atomically on the server. The fencing token is issued in the acquire script too, from a
+counter stored next to the lock (``<name>:fencing``): the larger of the last token plus
+one and the Redis clock in microseconds. The clock term keeps tokens increasing even if
+Redis loses the counter (a restart without persistence, a failover to a lagging replica),
+and lets the counter key expire once a resource has been idle for a day.
+
+Both keys of one lock must live on one server, so Redis Cluster is not supported.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
+
 from ..exceptions import LockUnavailable
-from .base import BaseLock
+from .base import RESERVED_SUFFIX, BaseLock
 
 __all__ = ["RedisLock"]
 
+#: Seconds an idle key's fencing counter is kept; later tokens come from the clock term.
+FENCING_KEY_TTL_SECONDS = 24 * 3600
+
+# KEYS[1] lock, KEYS[2] fencing counter; ARGV[1] token, ARGV[2] TTL in ms, ARGV[3] counter TTL in ms.
 _ACQUIRE = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    return redis.call('INCR', KEYS[2])
+if redis.replicate_commands then redis.replicate_commands() end
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return false
 end
-return false
+local now = redis.call('TIME')
+local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local fencing = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, micros)
+redis.call('SET', KEYS[2], string.format('%.0f', fencing), 'PX', ARGV[3])
+return fencing
 """
+# KEYS[1] lock; ARGV[1] token.
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     return redis.call('DEL', KEYS[1])
 end
 return 0
 """
+# KEYS[1] lock; ARGV[1] token, ARGV[2] TTL in ms.
 _EXTEND = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 """
+_SHA = {
+    script: hashlib.sha1(script.encode(), usedforsecurity=False).hexdigest()
+    for script in (_ACQUIRE, _RELEASE, _EXTEND)
+}
 
-_scripts: dict[int, tuple[Any, Any, Any]] = {}
 
-
-def _client_scripts(client: Any) -> tuple[Any, Any, Any]:
-    # Script objects cache the SHA and fall back to EVAL after a Redis restart.
-    scripts = _scripts.get(id(client))
-    if scripts is None:
-        scripts = (
-            client.register_script(_ACQUIRE),
-            client.register_script(_RELEASE),
-            client.register_script(_EXTEND),
-        )
-        _scripts[id(client)] = scripts
-    return scripts
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
 
 
 class RedisLock(BaseLock):
     """A lock in Redis, reached through the django-redis cache alias ``cache_alias``."""
 
-    def __init__(self, key: str, *, ttl: float, prefix: str, cache_alias: str = "default") -> None:
-        super().__init__(key, ttl=ttl, prefix=prefix)
+    def __init__(
+        self,
+        key: str,
+        *,
+        ttl: float,
+        prefix: str,
+        blocking: bool = True,
+        timeout: float | None = None,
+        cache_alias: str = "default",
+    ) -> None:
+        super().__init__(key, ttl=ttl, prefix=prefix, blocking=blocking, timeout=timeout)
         self.cache_alias = cache_alias
-        self.fencing_key = f"{self.name}:fencing"
-
-    @property
-    def _ttl_ms(self) -> int:
-        return max(1, round(self.ttl * 1000))
+        # Keys cannot end with RESERVED_SUFFIX, so no lock name equals a fencing key.
+        self.fencing_key = f"{self.name}{RESERVED_SUFFIX}"
 
     def _client(self) -> Any:
         try:
             from django_redis import get_redis_connection
         except ImportError as exc:  # pragma: no cover - only without the redis extra
-            raise LockUnavailable(
+            raise ImproperlyConfigured(
                 "the redis lock back end needs django-redis (pip install django-jobguard[redis])"
             ) from exc
-        return get_redis_connection(self.cache_alias)
-
-    def _call(self, index: int, keys: list[str], args: list[Any]) -> Any:
-        from redis.exceptions import RedisError
-
         try:
-            client = self._client()
-            return _client_scripts(client)[index](keys=keys, args=args, client=client)
+            return get_redis_connection(self.cache_alias)
+        except NotImplementedError:
+            raise ImproperlyConfigured(
+                f"JOBGUARD['LOCKS']['CACHE_ALIAS'] is {self.cache_alias!r}, which is not a "
+                "django-redis cache (BACKEND 'django_redis.cache.RedisCache')"
+            ) from None
+
+    def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        from redis.exceptions import NoScriptError, RedisError
+
+        client = self._client()
+        try:
+            try:
+                return client.evalsha(_SHA[script], len(keys), *keys, *args)
+            except NoScriptError:
+                # First use on this server, or it restarted: EVAL runs and caches the script.
+                return client.eval(script, len(keys), *keys, *args)
         except RedisError as exc:
             raise LockUnavailable(f"lock {self.name!r}: Redis did not answer ({exc})") from exc
 
-    def _try_acquire(self) -> int | None:
-        result = self._call(0, [self.name, self.fencing_key], [self.token, self._ttl_ms])
+    def _try_acquire(self, token: str) -> int | None:
+        result = self._run(
+            _ACQUIRE,
+            [self.name, self.fencing_key],
+            [token, _ms(self.ttl), _ms(max(self.ttl, FENCING_KEY_TTL_SECONDS))],
+        )
         return int(result) if result else None
 
     def _release(self) -> bool:
-        return bool(self._call(1, [self.name], [self.token]))
+        return bool(self._run(_RELEASE, [self.name], [self.token]))
 
-    def _extend(self) -> bool:
-        return bool(self._call(2, [self.name], [self.token, self._ttl_ms]))
+    def _extend(self, ttl: float) -> bool:
+        return bool(self._run(_EXTEND, [self.name], [self.token, _ms(ttl)]))
 
     def locked(self) -> bool:
         from redis.exceptions import RedisError

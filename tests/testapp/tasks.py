@@ -128,5 +128,4 @@ def short_lease_plain(context, marker: str, seconds: float = 0.0) -> int:
     return context.attempt
 
 
-# Feature test tasks live in their own modules; importing them here registers them.
-from . import tasks_dlq, tasks_idem  # noqa: E402, F401
+from . import tasks_dlq, tasks_idem, tasks_locks  # noqa: E402, F401

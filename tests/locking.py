@@ -1,0 +1,44 @@
+"""Helpers for the lock tests: the back ends to run against and a lock factory for each."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from django_jobguard import lock
+from django_jobguard.conf import get_settings
+from django_jobguard.locks import BaseLock
+
+#: Each lock test runs on the database back end (SQLite, or PostgreSQL with
+#: JOBGUARD_TEST_DATABASE_URL) and on Redis (with JOBGUARD_TEST_REDIS_URL).
+BACKENDS = [
+    pytest.param("database", id="database"),
+    pytest.param("redis", id="redis", marks=pytest.mark.redis),
+]
+
+
+def make_lock(backend: str, key: str, ttl: float | None = None, **options: Any) -> BaseLock:
+    """A lock of ``backend``; the Redis one goes through the suite's "redis" cache alias."""
+    if backend == "redis":
+        options.setdefault("cache_alias", "redis")
+    return lock(key, ttl, backend=backend, **options)
+
+
+def clear_redis_locks() -> None:
+    from django_redis import get_redis_connection
+
+    client = get_redis_connection("redis")
+    for name in client.scan_iter(match=f"{get_settings().locks.prefix}*"):
+        client.delete(name)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The lock back end under test; Redis keys of the lock prefix are cleared around each test."""
+    if request.param == "redis":
+        clear_redis_locks()
+    yield request.param
+    if request.param == "redis":
+        clear_redis_locks()

@@ -1,0 +1,259 @@
+"""Locks across real worker processes: no overlap, killed and frozen holders, a Redis outage."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from django_jobguard.models import DeadLetter, Job
+from tests import locking
+from tests.conftest import wait_for
+from tests.testapp import tasks_locks
+from tests.testapp.models import Execution, FencedCounter, Interval, LedgerEntry
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
+
+backend = locking.backend
+make_lock = locking.make_lock
+
+
+def lock_env(backend: str, **extra: str) -> dict[str, str]:
+    """Worker environment selecting the lock back end (tests/settings.py reads it)."""
+    return {"JOBGUARD_TEST_LOCK_BACKEND": backend, **extra}
+
+
+def succeeded(count: int) -> bool:
+    """Whether ``count`` jobs succeeded; fails the test at once if any was dead-lettered."""
+    dead = DeadLetter.objects.first()
+    if dead is not None:
+        pytest.fail(f"job {dead.job_id} was dead-lettered: {dead.error_class}: {dead.error_message}")
+    return Job.objects.filter(status="succeeded").count() >= count
+
+
+def assert_runs_never_overlap() -> dict[str, list[Interval]]:
+    """No two runs on one resource overlap, and their fencing tokens grow in start order."""
+    by_resource: dict[str, list[Interval]] = defaultdict(list)
+    for run in Interval.objects.order_by("started"):
+        by_resource[run.resource].append(run)
+    for resource, runs in by_resource.items():
+        for before, after in itertools.pairwise(runs):
+            assert after.started >= before.ended, f"{resource}: {before} overlaps {after}"
+            assert after.fencing_token > before.fencing_token, f"{resource}: {before} then {after}"
+    return by_resource
+
+
+@pytest.mark.slow
+def test_six_workers_never_run_two_jobs_of_one_resource_at_once(backend, workers):
+    resources = [f"r{i}" for i in range(5)]
+    tasks_locks.interval.bulk_enqueue([((resources[i % 5],), {}) for i in range(500)])
+    procs = [workers.start("--concurrency", "2", env=lock_env(backend)) for _ in range(6)]
+    wait_for(lambda: succeeded(500), timeout=900, interval=0.5, message="all 500 jobs to succeed")
+
+    assert not DeadLetter.objects.exists()
+    # Contention put jobs back without using attempts: every job succeeded on its first.
+    assert set(Job.objects.values_list("attempts", flat=True)) == {1}
+    runs = assert_runs_never_overlap()
+    assert sorted(runs) == resources
+    assert Interval.objects.count() == 500
+    assert all(run.fencing_token is not None for run in Interval.objects.all())
+    # The downstream resource saw every write, each from a holder newer than the last.
+    for counter in FencedCounter.objects.all():
+        assert (counter.value, counter.rejected_writes) == (len(runs[counter.resource]), 0)
+    assert len(set(Interval.objects.values_list("pid", flat=True))) > 1
+    assert all(proc.poll() is None for proc in procs)
+
+
+def test_a_killed_holders_lock_is_free_after_its_ttl_and_work_continues(backend, workers):
+    killed_job = tasks_locks.hold_then_record.enqueue("k", marker="killed", seconds=120)
+    holder = workers.start("--worker-id", "holder", env=lock_env(backend))
+    wait_for(
+        lambda: Execution.objects.filter(marker="killed").exists(),
+        timeout=60,
+        message="the holder to start the handler",
+    )
+    probe = make_lock(backend, "res:k")
+    # Held past its 3 s TTL: the holder's heartbeat renews it while the handler runs.
+    time.sleep(4.5)
+    assert probe.locked()
+
+    holder.kill()  # SIGKILL: no release, no hand-back
+    holder.wait(timeout=10)
+    assert probe.locked()  # only the TTL frees it
+    wait_for(lambda: not probe.locked(), timeout=30, message="the killed holder's lock to expire")
+
+    next_job = tasks_locks.hold_then_record.enqueue("k", marker="next", seconds=0)
+    workers.start("--worker-id", "successor", env=lock_env(backend))
+    wait_for(lambda: succeeded(2), timeout=120, message="both jobs to succeed")
+    for job in (killed_job, next_job):
+        job.refresh_from_db()
+    assert (killed_job.attempts, killed_job.reappearances, killed_job.worker_id) == (2, 1, "successor")
+    assert next_job.worker_id == "successor"
+    killed_token = int(Execution.objects.get(marker="killed", attempt=1).worker)
+    runs = assert_runs_never_overlap()["k"]
+    assert len(runs) == 2  # the killed attempt never finished its run
+    assert all(run.fencing_token > killed_token for run in runs)
+
+
+def test_a_frozen_holder_loses_its_lock_to_a_new_owner_and_is_not_acked(backend, workers):
+    job = tasks_locks.wait_for_lock_loss.enqueue("f", marker="frozen")
+    frozen = workers.start("--worker-id", "frozen", env=lock_env(backend))
+    wait_for(
+        lambda: Execution.objects.filter(marker="frozen").exists(),
+        timeout=60,
+        message="the worker to start the handler",
+    )
+    frozen_token = int(Execution.objects.get(marker="frozen").worker)
+    frozen.send_signal(signal.SIGSTOP)  # no renewals: its 2 s lock TTL runs out
+
+    thief = make_lock(backend, "res:f", ttl=300)
+    wait_for(
+        lambda: thief.acquire(blocking=False), timeout=60, message="the frozen holder's lock to be taken over"
+    )
+    assert thief.fencing_token > frozen_token
+    frozen.send_signal(signal.SIGCONT)
+
+    # Its next renewal fails: the handler is told, and the worker refuses the ack.
+    wait_for(
+        lambda: LedgerEntry.objects.filter(effect_key="frozen:lock_lost=True").exists(),
+        timeout=60,
+        message="the handler to see context.lock_lost",
+    )
+    wait_for(
+        lambda: f"lock_lost job_id={job.pk} lock_key=res:f; the job will not be acked" in workers.log(frozen),
+        timeout=30,
+        message="the worker to log the lost lock",
+    )
+    # The retry finds the key taken: the frozen worker neither renewed nor released the new owner's lock.
+    wait_for(
+        lambda: Job.objects.get(pk=job.pk).lock_contentions >= 1,
+        timeout=60,
+        message="the retry to meet the new owner's lock",
+    )
+    assert thief.locked()
+    assert thief.extend()
+    job.refresh_from_db()
+    assert job.status == "queued" and "was lost while the handler ran" in job.last_error
+
+    thief.release()
+    wait_for(lambda: succeeded(1), timeout=60, message="the retry to succeed once the new owner released")
+    job.refresh_from_db()
+    assert (job.attempts, job.result, job.worker_id) == (2, 2, "frozen")
+    assert sorted(Execution.objects.values_list("attempt", flat=True)) == [1, 2]
+
+
+class RedisServer:
+    """A throwaway redis-server of the test's own, so it can be stopped and started again."""
+
+    def __init__(self, directory: Path) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.directory = directory
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        # No persistence: a restart comes back empty, as after losing the data.
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            cwd=self.directory,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for(self.answers, timeout=30, message=f"redis-server on port {self.port} to answer")
+
+    def answers(self) -> bool:
+        import redis
+
+        try:
+            return bool(redis.Redis(port=self.port, socket_connect_timeout=1).ping())
+        except redis.ConnectionError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path):
+    if shutil.which("redis-server") is None:
+        pytest.skip("needs the redis-server binary to run a Redis of the test's own")
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+#: Seconds after Redis stopped by which a handler that got its lock just before must have started.
+IN_FLIGHT_MARGIN_SECONDS = 5
+#: Seconds Redis stays down: well past the margin, so the workers keep trying for a while.
+OUTAGE_SECONDS = 10
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_no_handler_runs_without_its_lock_while_redis_is_down_and_all_complete_after(redis_server, workers):
+    total = 200
+    resources = [f"r{i}" for i in range(5)]
+    tasks_locks.interval.bulk_enqueue([((resources[i % 5],), {"hold": 0.02}) for i in range(total)])
+    env = lock_env("redis", JOBGUARD_TEST_REDIS_URL=redis_server.url)
+    procs = [workers.start("--concurrency", "2", env=env) for _ in range(3)]
+    wait_for(lambda: succeeded(30), timeout=300, interval=0.2, message="the first jobs to succeed")
+
+    redis_server.stop()
+    down_at = time.time()
+    wait_for(
+        lambda: all("lock_unavailable job_id=" in workers.log(proc) for proc in procs),
+        timeout=120,
+        message="every worker to meet the outage",
+    )
+    wait_for(lambda: time.time() >= down_at + OUTAGE_SECONDS, timeout=120, message="the outage to last")
+    during = Job.objects.filter(status="succeeded").count()
+    assert during < total
+    restart_at = time.time()  # before it answers: workers take locks the moment it does
+    redis_server.start()
+
+    wait_for(
+        lambda: succeeded(total),
+        timeout=600,
+        interval=0.5,
+        message="all jobs to succeed after Redis returned",
+    )
+    # No handler started while no lock could be taken (bar the ones that held one just before).
+    started_in_outage = Interval.objects.filter(
+        started__gt=down_at + IN_FLIGHT_MARGIN_SECONDS, started__lt=restart_at
+    )
+    assert not started_in_outage.exists(), list(started_in_outage)
+    assert Interval.objects.filter(fencing_token__isnull=True).count() == 0
+    # Tokens kept growing across the restart, though Redis came back empty.
+    assert_runs_never_overlap()
+    assert not DeadLetter.objects.exists()
+    waited = Job.objects.filter(last_error__contains="LockUnavailable")
+    assert waited.exists()
+    # Waiting for the lock store used no attempts; only a run whose lock was lost at its ack can.
+    assert set(waited.values_list("attempts", flat=True)) <= {1, 2}
+    assert all(proc.poll() is None for proc in procs)
