@@ -627,6 +627,12 @@ class Worker:
             )
         except LeaseLost:
             metrics.lease_lost(job.queue_name, job.task_name, "dead_letter")
+            logger.warning(
+                "dead_letter_rejected job_id=%s reason=%s; the lease moved on",
+                job.id,
+                reason,
+                extra=job_fields(job, self.worker_id, outcome="stale"),
+            )
             return
         logger.error(
             "job_dead_lettered job_id=%s task=%s reason=%s error=%s",

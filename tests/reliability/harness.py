@@ -162,9 +162,15 @@ def enqueue_probes(
 
     task = task or tasks_faults.probe
     committed: list[int] = []
-    for start in range(0, len(calls), chunk):
+    chunks = range(0, len(calls), chunk)
+    # At least one rolled-back chunk whenever a ratio is asked for, placed at random.
+    doomed_chunks = set()
+    if rng is not None and fail_ratio > 0:
+        doomed_chunks = {i for i in range(len(chunks)) if rng.random() < fail_ratio}
+        doomed_chunks = doomed_chunks or {rng.randrange(len(chunks))}
+    for index, start in enumerate(chunks):
         part = calls[start : start + chunk]
-        doomed = rng is not None and rng.random() < fail_ratio
+        doomed = index in doomed_chunks
         if doomed:
             ids: list[int] = []
             try:
@@ -557,6 +563,8 @@ def check(history: History, *, deaths: Iterable[Death] = ()) -> dict[str, Any]:
     dead_reasons = collections.Counter(DeadLetter.objects.values_list("reason", flat=True))
 
     recovery = recovery_times(deaths, transitions)
+    for slow in recovery["slowest"]:
+        slow["ready_workers_after_lease"] = ready_workers(events, slow["at"] - slow["seconds"] + LEASE)
     return {
         "enqueued": len(enqueued),
         "enqueue_failed": len(failed_enqueues),
@@ -587,6 +595,13 @@ def check(history: History, *, deaths: Iterable[Death] = ()) -> dict[str, Any]:
     }
 
 
+def ready_workers(events: list[dict[str, Any]], at: float) -> int:
+    """Workers that had logged ``worker_started`` and had not died by ``at`` (a live reaper)."""
+    started = {e["source"]: e["t"] for e in events if e["event"] == "worker_started"}
+    died = {e["worker_id"]: e["t"] for e in events if e["event"] == "worker_died"}
+    return sum(1 for worker, t in started.items() if t <= at and died.get(worker, float("inf")) > at)
+
+
 def recovery_times(
     deaths: Iterable[Death], transitions: dict[int, list[dict[str, Any]]]
 ) -> dict[str, Any]:
@@ -594,20 +609,34 @@ def recovery_times(
     leased jobs away from it (the reaper's return, a dead-letter, or its own in-flight ack)."""
     times: list[float] = []
     unrecovered: list[int] = []
+    slowest: list[dict[str, Any]] = []
     for death in deaths:
         for job_id, token in death.orphans:
             taken = next((t for t in transitions.get(job_id, []) if t["old_token"] == token), None)
             if taken is None:
                 unrecovered.append(job_id)
                 continue
-            times.append(max(0.0, taken["at"].timestamp() - death.at))
+            seconds = max(0.0, taken["at"].timestamp() - death.at)
+            times.append(seconds)
+            slowest.append(
+                {
+                    "job_id": job_id,
+                    "seconds": round(seconds, 3),
+                    "worker_id": death.worker_id,
+                    "cause": death.cause,
+                    "returned_by": taken["worker_id"] or taken["new_status"],
+                    "at": taken["at"].timestamp(),
+                }
+            )
     times.sort()
+    slowest.sort(key=lambda s: -s["seconds"])
     return {
         "orphaned_jobs": len(times) + len(unrecovered),
         "unrecovered": len(unrecovered),
         "max_seconds": round(times[-1], 3) if times else None,
         "p50_seconds": round(times[len(times) // 2], 3) if times else None,
         "bound_seconds": RECOVERY_BOUND,
+        "slowest": slowest[:5],
     }
 
 
