@@ -332,6 +332,12 @@ class Worker:
             )
             return
         try:
+            # A stored string would otherwise be unpacked character by character.
+            if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
+                raise InvalidArgumentsError(
+                    f"stored arguments of job {job.id} are not a JSON list and object "
+                    f"(args: {type(job.args).__name__}, kwargs: {type(job.kwargs).__name__})"
+                )
             task.bind(job.args, job.kwargs)
         except InvalidArgumentsError as exc:
             self._dead(

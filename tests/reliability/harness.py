@@ -56,7 +56,7 @@ _TRIGGER_SQL = """
 CREATE OR REPLACE FUNCTION testapp_record_job_transition() RETURNS trigger AS $$
 BEGIN
   INSERT INTO testapp_jobtransition
-    (job_id, old_status, new_status, old_token, new_token, attempts, worker_id, at)
+    (job_id, old_status, new_status, old_token, new_token, attempts, worker_id, run_after, at)
   VALUES (
     NEW.id,
     CASE WHEN TG_OP = 'INSERT' THEN '' ELSE OLD.status END,
@@ -65,6 +65,7 @@ BEGIN
     NEW.lease_token,
     NEW.attempts,
     NEW.worker_id,
+    NEW.run_after,
     clock_timestamp()
   );
   RETURN NULL;
@@ -693,6 +694,7 @@ def pids_alive(pool: Pool) -> bool:
 
 __all__ = [
     "ARTIFACTS",
+    "Death",
     "FAULT_POINTS",
     "LEASE",
     "QUEUE",

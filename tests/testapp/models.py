@@ -80,7 +80,8 @@ class JobTransition(models.Model):
     new_token = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001 - NULL: no lease
     attempts = models.IntegerField(default=0)
     worker_id = models.CharField(max_length=128, blank=True, default="")
-    at = models.DateTimeField()
+    run_after = models.DateTimeField(null=True, blank=True)
+    at = models.DateTimeField(help_text="Database clock when the change was made.")
 
     def __str__(self) -> str:
         return f"job {self.job_id}: {self.old_status or 'new'} -> {self.new_status}"

@@ -115,8 +115,9 @@ def _execution(context: Any, marker: str) -> None:
 def probe(context: Any, marker: str, seconds: float = 0.0, fail: str = "") -> str:
     """The probe: one raw execution and one ledger effect, committed with the ack or not at all.
 
-    ``fail="first"`` raises a transient error on the first attempt; ``fail="always"`` a
-    permanent one (straight to the dead-letter queue).
+    ``fail="first"`` raises a transient error on the first attempt (``first-retry-after-N``:
+    asking for an N-second delay); ``fail="always"`` a permanent one (straight to the
+    dead-letter queue).
     """
     _execution(context, marker)
     if _faults.ENABLED:
@@ -127,6 +128,9 @@ def probe(context: Any, marker: str, seconds: float = 0.0, fail: str = "") -> st
         raise PermanentError(f"{marker}: refused for good")
     if fail == "first" and context.attempt == 1:
         raise TransientError(f"{marker}: first attempt fails")
+    if fail.startswith("first-retry-after-") and context.attempt == 1:
+        # Asks for a precise delay, so an early retry (a worker's own clock) would show.
+        raise TransientError(f"{marker}: retry later", retry_after=float(fail.rsplit("-", 1)[1]))
     LedgerEntry.objects.create(effect_key=marker, job_id=context.job_id)
     return marker
 

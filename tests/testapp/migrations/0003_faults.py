@@ -21,7 +21,8 @@ class Migration(migrations.Migration):
                 ('new_token', models.CharField(blank=True, max_length=32, null=True)),
                 ('attempts', models.IntegerField(default=0)),
                 ('worker_id', models.CharField(blank=True, default='', max_length=128)),
-                ('at', models.DateTimeField()),
+                ('run_after', models.DateTimeField(blank=True, null=True)),
+                ('at', models.DateTimeField(help_text='Database clock when the change was made.')),
             ],
         ),
     ]
