@@ -55,6 +55,9 @@ DB_ERROR_BACKOFF_SECONDS = 0.5
 DB_ERROR_BACKOFF_MAX_SECONDS = 5.0
 #: Executor threads abandoned past their hard timeout before the worker exits to be restarted.
 MAX_ABANDONED_THREADS = 16
+#: An executor idle this long checks its connection before the next job, so a connection
+#: the database dropped meanwhile (restart, failover, idle timeout) costs that job no attempt.
+CONNECTION_CHECK_AFTER_IDLE_SECONDS = 1.0
 
 
 class _InvalidResultError(Exception):
@@ -275,9 +278,12 @@ class Worker:
     def _executor_loop(self) -> None:
         try:
             while True:
+                idle_since = time.monotonic()
                 held = self._ready.get()
                 if held is None:
                     return
+                if time.monotonic() - idle_since >= CONNECTION_CHECK_AFTER_IDLE_SECONDS:
+                    self._drop_unusable_connection()
                 with self._lock:
                     if self._stopping or held.state != "waiting":
                         start = False
@@ -317,6 +323,13 @@ class Worker:
                     return
         finally:
             connections.close_all()
+
+    def _drop_unusable_connection(self) -> None:
+        """Close this thread's connection if the database dropped it; the next query reconnects."""
+        connection = connections[self.alias]
+        if connection.connection is not None and not connection.is_usable():
+            logger.info("connection_reset worker_id=%s; the database had dropped it", self.worker_id)
+            connection.close()
 
     def _execute(self, held: _Held) -> None:
         job = held.job

@@ -588,6 +588,13 @@ def check(history: History, *, deaths: Iterable[Death] = ()) -> dict[str, Any]:
         "reappearances": sum(j["reappearances"] for j in jobs.values()),
         "stale_rejected": dict(stale),
         "dead_letter_reasons": dict(dead_reasons),
+        "dead_letter_samples": [
+            {"job_id": d["job_id"], "task": d["task_name"].rsplit(".", 1)[-1], "reason": d["reason"],
+             "attempts": d["attempts"], "error": f"{d['error_class']}: {d['error_message']}"[:300]}
+            for d in DeadLetter.objects.order_by("id").values(
+                "job_id", "task_name", "reason", "attempts", "error_class", "error_message"
+            )[:5]
+        ],
         "worker_deaths": {
             "harness": sum(1 for d in deaths if d.cause == "harness"),
             "self": sum(1 for d in deaths if d.cause == "self"),
