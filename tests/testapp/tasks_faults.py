@@ -267,3 +267,13 @@ def poison_exit() -> None:
 def takes_one(value: int) -> int:
     """A healthy task whose stored payload the suite corrupts (undecodable payload)."""
     return value
+
+
+#: Queue of the state-machine test (T13), which drives the service functions itself.
+STATE_MACHINE_QUEUE = "reliability-sm"
+
+
+@task(queue_name=STATE_MACHINE_QUEUE, visibility_timeout=LEASE_SECONDS, max_attempts=3)
+def sm_job(value: int) -> int:
+    """The job type of the T13 state machine (never run by a worker)."""
+    return value
