@@ -21,11 +21,11 @@ import time
 import urllib.request
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from django_jobguard import PermanentError, TransientError, _faults, signals, task
 
-from .models import Execution, FencedCounter, Interval, LedgerEntry
+from .models import Execution, Interval, LedgerEntry
 
 #: The short test lease of the suite; heartbeats come every third of it.
 LEASE_SECONDS = 5.0
@@ -193,42 +193,59 @@ def probe_stale(context: Any, marker: str, outcome: str = "complete") -> str:
 
 
 @task(
-    atomic=True,
     takes_context=True,
     queue_name=QUEUE,
     visibility_timeout=LEASE_SECONDS,
     lock="fc:{resource}",
     lock_ttl=3.0,
-    max_attempts=60,
+    max_attempts=80,
     retry={"base": 0.05, "max": 0.3, "jitter": 0.05},
 )
 def locked_increment(context: Any, resource: str, marker: str, hold: float = 0.05) -> int:
-    """Read-modify-write on a fenced counter under the resource's lock.
+    """Read-modify-write on a fenced counter under the resource's lock (not atomic).
 
-    The write is accepted only if our fencing token is not older than the last one the
-    resource saw; a refused write raises (transient) so nothing of the attempt commits.
-    The interval row commits with the write, so accepted runs can be checked for overlap.
+    Every access carries the lock's fencing token, as a fenced resource demands: the read
+    registers the token (refused if a newer holder was seen), the write is accepted only
+    while the token is still the newest. The write, its interval and its ledger row commit
+    together, and the ledger's unique marker makes a retry after a refused ack a no-op.
+    A refused access raises a transient error, so the job tries again with a new lock.
     """
-    started = time.time()
-    value = FencedCounter.objects.get(resource=resource).value
-    _sleep(hold)
     token = context.fencing_token or 0
+    if LedgerEntry.objects.filter(effect_key=marker).exists():
+        return -1  # applied by an earlier attempt whose ack was refused
+    started = time.time()
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE testapp_fencedcounter SET value = %s, last_fencing_token = %s "
-            "WHERE resource = %s AND last_fencing_token <= %s AND value = %s",
-            [value + 1, token, resource, token, value],
+            "UPDATE testapp_fencedcounter SET last_fencing_token = %s "
+            "WHERE resource = %s AND last_fencing_token <= %s RETURNING value",
+            [token, resource, token],
         )
-        accepted = cursor.rowcount == 1
+        row = cursor.fetchone()
+    if row is None:
+        _refused(context, resource, token, "read")
+    value = row[0]
+    history_event("locked_read", job_id=context.job_id, resource=resource, token=token, value=value)
+    _sleep(hold)
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE testapp_fencedcounter SET value = %s WHERE resource = %s AND last_fencing_token = %s",
+                [value + 1, resource, token],
+            )
+            accepted = cursor.rowcount == 1
+        if accepted:
+            Interval.objects.create(
+                resource=resource, started=started, ended=time.time(), pid=os.getpid(), fencing_token=token
+            )
+            LedgerEntry.objects.create(effect_key=marker, amount=value + 1, job_id=context.job_id)
     if not accepted:
-        # Counted outside the job's transaction, which is about to roll back.
-        history_event("fenced_write_rejected", job_id=context.job_id, resource=resource, token=token)
-        raise TransientError(f"{marker}: write with fencing token {token} refused by {resource}")
-    Interval.objects.create(
-        resource=resource, started=started, ended=time.time(), pid=os.getpid(), fencing_token=token
-    )
-    LedgerEntry.objects.create(effect_key=marker, amount=value + 1, job_id=context.job_id)
+        _refused(context, resource, token, "write")
     return value + 1
+
+
+def _refused(context: Any, resource: str, token: int, access: str) -> None:
+    history_event("fenced_access_refused", job_id=context.job_id, resource=resource, token=token, access=access)
+    raise TransientError(f"{resource}: {access} with fencing token {token} refused (a newer holder was seen)")
 
 
 # Poison: each must reach the dead-letter queue with its reason, after the right attempts.
