@@ -16,7 +16,6 @@ import collections
 import dataclasses
 import http.server
 import json
-import os
 import random
 import signal
 import subprocess
@@ -559,7 +558,9 @@ def check(history: History, *, deaths: Iterable[Death] = ()) -> dict[str, Any]:
         for e in events
         if e["event"] in ("ack_rejected", "retry_rejected", "dead_letter_rejected", "lease_lost")
     )
-    claims = {job_id: sum(1 for t in ts if t["new_status"] == "running") for job_id, ts in transitions.items()}
+    claims = {
+        job_id: sum(1 for t in ts if t["new_status"] == "running") for job_id, ts in transitions.items()
+    }
     statuses = collections.Counter(j["status"] for j in jobs.values())
     dead_reasons = collections.Counter(DeadLetter.objects.values_list("reason", flat=True))
 
@@ -580,7 +581,9 @@ def check(history: History, *, deaths: Iterable[Death] = ()) -> dict[str, Any]:
         "missing_effects": len(missing_effects),
         "orphan_effects": len(orphan_effects),
         "recovered": sum(
-            1 for j in jobs.values() if j["status"] == "succeeded" and (j["attempts"] > 1 or j["reappearances"])
+            1
+            for j in jobs.values()
+            if j["status"] == "succeeded" and (j["attempts"] > 1 or j["reappearances"])
         ),
         "attempts_started": sum(starts.values()),
         "jobs_started_more_than_once": sum(1 for n in starts.values() if n > 1),
@@ -589,8 +592,13 @@ def check(history: History, *, deaths: Iterable[Death] = ()) -> dict[str, Any]:
         "stale_rejected": dict(stale),
         "dead_letter_reasons": dict(dead_reasons),
         "dead_letter_samples": [
-            {"job_id": d["job_id"], "task": d["task_name"].rsplit(".", 1)[-1], "reason": d["reason"],
-             "attempts": d["attempts"], "error": f"{d['error_class']}: {d['error_message']}"[:300]}
+            {
+                "job_id": d["job_id"],
+                "task": d["task_name"].rsplit(".", 1)[-1],
+                "reason": d["reason"],
+                "attempts": d["attempts"],
+                "error": f"{d['error_class']}: {d['error_message']}"[:300],
+            }
             for d in DeadLetter.objects.order_by("id").values(
                 "job_id", "task_name", "reason", "attempts", "error_class", "error_message"
             )[:5]
@@ -610,9 +618,7 @@ def ready_workers(events: list[dict[str, Any]], at: float) -> int:
     return sum(1 for worker, t in started.items() if t <= at and died.get(worker, float("inf")) > at)
 
 
-def recovery_times(
-    deaths: Iterable[Death], transitions: dict[int, list[dict[str, Any]]]
-) -> dict[str, Any]:
+def recovery_times(deaths: Iterable[Death], transitions: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
     """Seconds from a worker's death to the first committed change that took each of its
     leased jobs away from it (the reaper's return, a dead-letter, or its own in-flight ack)."""
     times: list[float] = []
@@ -699,7 +705,7 @@ def write_artifact(scenario_id: str, data: dict[str, Any]) -> Path:
 
 
 def env_seed(seed: int, scenario_id: str) -> random.Random:
-    return random.Random(f"{seed}:{scenario_id}")  # noqa: S311 - chaos, not crypto
+    return random.Random(f"{seed}:{scenario_id}")
 
 
 def pids_alive(pool: Pool) -> bool:
@@ -708,11 +714,11 @@ def pids_alive(pool: Pool) -> bool:
 
 __all__ = [
     "ARTIFACTS",
-    "Death",
     "FAULT_POINTS",
     "LEASE",
     "QUEUE",
     "RECOVERY_BOUND",
+    "Death",
     "History",
     "Pool",
     "ProviderStub",

@@ -34,9 +34,9 @@ def _enqueue_long(scenario, name):
 
 
 def _started(history, worker_id, ids):
-    return {e["job_id"] for e in history.events() if e["event"] == "start" and e["source"] == worker_id} >= set(
-        ids
-    )
+    return {
+        e["job_id"] for e in history.events() if e["event"] == "start" and e["source"] == worker_id
+    } >= set(ids)
 
 
 def _stop(proc, signals, pause=0.3):
@@ -64,7 +64,12 @@ def test_t11_sigterm_and_double_sigint_exit_zero_and_hand_back_what_still_runs(s
 
     int_long = _enqueue_long(scenario, "int")
     sigint = Pool(
-        workers, history, observer, size=1, concurrency=2, name="int",
+        workers,
+        history,
+        observer,
+        size=1,
+        concurrency=2,
+        name="int",
         extra_args=["--batch-size", "2", "--shutdown-grace", "600"],
     ).start()
     i = sigint.slots[0]
@@ -89,7 +94,9 @@ def test_t11_sigterm_and_double_sigint_exit_zero_and_hand_back_what_still_runs(s
     drain_codes = drain.stop()
 
     refusal_events = [
-        e for e in history.events() if e["event"] == "job_handed_back" and e["source"] in (t.worker_id, i.worker_id)
+        e
+        for e in history.events()
+        if e["event"] == "job_handed_back" and e["source"] in (t.worker_id, i.worker_id)
     ]
     figures = check(history)
     violations = scenario.finish(
@@ -109,7 +116,10 @@ def test_t11_sigterm_and_double_sigint_exit_zero_and_hand_back_what_still_runs(s
     assert int_seconds < GRACE + LONG_SECONDS, int_seconds
     assert handed_back == 4
     assert states_after_stop == [("queued", 0)] * 4
-    assert sorted(Job.objects.filter(pk__in=long_ids).values_list("status", "attempts")) == [("succeeded", 1)] * 4
+    assert (
+        sorted(Job.objects.filter(pk__in=long_ids).values_list("status", "attempts"))
+        == [("succeeded", 1)] * 4
+    )
     assert (figures["lost"], figures["unexpected"]) == (0, 0), figures
     assert (figures["duplicated_executions"], figures["duplicate_effects"]) == (0, 0), figures
     assert figures["statuses"] == {"succeeded": shorts + 4}

@@ -76,11 +76,17 @@ def test_t12_gauges_equal_the_database_and_counters_never_decrease_under_faults(
     directory = tmp_path / "prometheus"
     directory.mkdir()
     scenario.parameters = {"jobs": total, "workers": 3, "kill_interval_seconds": [1, 2], "terminations": 4}
-    calls = [((), {"marker": f"t12-{i}", "seconds": 0.05, **({"fail": "always"} if i % 50 == 0 else {})})
-             for i in range(total)]
+    calls = [
+        ((), {"marker": f"t12-{i}", "seconds": 0.05, **({"fail": "always"} if i % 50 == 0 else {})})
+        for i in range(total)
+    ]
     enqueue_probes(scenario.history, calls)
     pool = Pool(
-        workers, scenario.history, observer, size=3, concurrency=2,
+        workers,
+        scenario.history,
+        observer,
+        size=3,
+        concurrency=2,
         env={"PROMETHEUS_MULTIPROC_DIR": str(directory)},
     ).start()
     samples, decreases = [], []

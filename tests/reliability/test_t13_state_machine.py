@@ -27,7 +27,13 @@ import pytest
 from django.utils import timezone
 from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from django_jobguard import dlq, idempotency, leasing, retry
 from django_jobguard.exceptions import JobguardError, LeaseLost
@@ -39,7 +45,9 @@ pytestmark = [pytest.mark.reliability]
 
 QUEUE = tasks_faults.STATE_MACHINE_QUEUE
 ALIAS = "default"
-REPLAY_API = all(hasattr(dlq, name) for name in ("request_replay", "approve_replay", "reject_replay", "redrive"))
+REPLAY_API = all(
+    hasattr(dlq, name) for name in ("request_replay", "approve_replay", "reject_replay", "redrive")
+)
 TERMINAL = ("succeeded", "dead", "cancelled")
 KEYS = (None, "key-a", "key-b", "key-c")
 STATS: collections.Counter[str] = collections.Counter()
@@ -109,7 +117,9 @@ class QueueMachine(RuleBasedStateMachine):
         job_id, token = data.draw(st.sampled_from(self.handles))
         fresh = self.token.get(job_id) == token
         accepted = leasing.complete(ALIAS, job_id, token, "1")
-        assert accepted == fresh, f"complete with a {'fresh' if fresh else 'stale'} lease: accepted={accepted}"
+        assert accepted == fresh, (
+            f"complete with a {'fresh' if fresh else 'stale'} lease: accepted={accepted}"
+        )
         if accepted:
             self.token[job_id] = None
         STATS["complete_fresh" if fresh else "complete_stale"] += 1
@@ -126,7 +136,9 @@ class QueueMachine(RuleBasedStateMachine):
                     ALIAS,
                     job_id,
                     token,
-                    reason=DeadLetterReason.PERMANENT_ERROR if permanent else DeadLetterReason.RETRIES_EXHAUSTED,
+                    reason=DeadLetterReason.PERMANENT_ERROR
+                    if permanent
+                    else DeadLetterReason.RETRIES_EXHAUSTED,
                     category=retry.PERMANENT if permanent else retry.TRANSIENT,
                     error_class="StateMachineError",
                     error_message="planned",
@@ -182,9 +194,12 @@ class QueueMachine(RuleBasedStateMachine):
 
     @invariant()
     def leases_match_the_model(self) -> None:
-        rows = {j: (s, t, a, m) for j, s, t, a, m in Job.objects.values_list(
-            "pk", "status", "lease_token", "attempts", "max_attempts"
-        )}
+        rows = {
+            j: (s, t, a, m)
+            for j, s, t, a, m in Job.objects.values_list(
+                "pk", "status", "lease_token", "attempts", "max_attempts"
+            )
+        }
         for job_id, (status, token, attempts, max_attempts) in rows.items():
             assert (status == "running") == (token is not None), f"job {job_id}: running iff leased"
             assert token == self.token.get(job_id), f"job {job_id}: one valid lease, the model's"
@@ -257,6 +272,8 @@ def test_t13_state_machine_over_the_service_functions_finds_no_invariant_violati
     except AssertionError as exc:
         violation = str(exc)
     scenario.parameters = {"examples": examples, "steps_per_example": 30, "replay_rules": REPLAY_API}
-    scenario.finish(steps=dict(STATS), invariant_violations_found=0 if violation is None else 1, violation=violation)
+    scenario.finish(
+        steps=dict(STATS), invariant_violations_found=0 if violation is None else 1, violation=violation
+    )
     assert violation is None, violation
     assert STATS["complete_stale"] > 0 and STATS["fail_stale"] > 0 and STATS["heartbeat_stale"] > 0, STATS

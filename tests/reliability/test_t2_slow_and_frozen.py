@@ -12,7 +12,6 @@ import pytest
 
 from django_jobguard.models import Job
 from tests.conftest import wait_for
-from tests.testapp import tasks_faults
 from tests.testapp.models import JobTransition, LedgerEntry
 
 from .harness import LEASE, RECOVERY_BOUND, Death, Pool, check, enqueue_probes, open_jobs, recovery_times
@@ -32,8 +31,12 @@ def test_t2_heartbeats_keep_slow_jobs_and_a_frozen_workers_jobs_come_back(scenar
         "frozen_for_seconds": 2 * LEASE + 2,
     }
     ids = enqueue_probes(history, [((), {"marker": f"t2-{i}", "seconds": SLOW_SECONDS}) for i in range(6)])
-    live = Pool(workers, history, observer, size=2, concurrency=2, extra_args=["--batch-size", "2"], name="live")
-    frozen = Pool(workers, history, observer, size=1, concurrency=2, extra_args=["--batch-size", "2"], name="frz")
+    live = Pool(
+        workers, history, observer, size=2, concurrency=2, extra_args=["--batch-size", "2"], name="live"
+    )
+    frozen = Pool(
+        workers, history, observer, size=1, concurrency=2, extra_args=["--batch-size", "2"], name="frz"
+    )
     live.start()
     frozen.start()
     wait_for(
@@ -42,7 +45,9 @@ def test_t2_heartbeats_keep_slow_jobs_and_a_frozen_workers_jobs_come_back(scenar
         message="the three workers to claim two slow jobs each",
     )
     f = frozen.slots[0]
-    wait_for(lambda: len(frozen.held_by(f.worker_id)) == 2, timeout=30, message="the frozen worker's two jobs")
+    wait_for(
+        lambda: len(frozen.held_by(f.worker_id)) == 2, timeout=30, message="the frozen worker's two jobs"
+    )
     paused_at = frozen.pause(f)
     held = frozen.held_by(f.worker_id)
     frozen_ids = {job_id for job_id, _ in held}
@@ -68,11 +73,13 @@ def test_t2_heartbeats_keep_slow_jobs_and_a_frozen_workers_jobs_come_back(scenar
     for t in JobTransition.objects.order_by("at", "id").values():
         transitions.setdefault(t["job_id"], []).append(t)
     returned = recovery_times(
-        [Death(worker_id=f.worker_id, at=paused_at, cause="paused", returncode=None, orphans=held)], transitions
+        [Death(worker_id=f.worker_id, at=paused_at, cause="paused", returncode=None, orphans=held)],
+        transitions,
     )
     reclaim_seconds = max(
-        next(t["at"] for t in transitions[j] if t["new_status"] == "running" and t["worker_id"] != f.worker_id)
-        .timestamp()
+        next(
+            t["at"] for t in transitions[j] if t["new_status"] == "running" and t["worker_id"] != f.worker_id
+        ).timestamp()
         - paused_at
         for j in frozen_ids
     )
@@ -119,5 +126,6 @@ def _stale_refusals(history, worker_id):
     return sum(
         1
         for e in history.events()
-        if e["source"] == worker_id and e["event"] in ("ack_rejected", "retry_rejected", "dead_letter_rejected")
+        if e["source"] == worker_id
+        and e["event"] in ("ack_rejected", "retry_rejected", "dead_letter_rejected")
     )

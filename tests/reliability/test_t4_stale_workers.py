@@ -52,13 +52,13 @@ def test_t4_stale_acks_retries_and_dead_letterings_are_all_refused(scenario, obs
         frozen.pause(a)
         healthy = Pool(workers, history, observer, size=1, concurrency=2, name=f"b{first}-").start()
         wait_for(
-            lambda ids=ids: Job.objects.filter(pk__in=ids, status="succeeded").count() == size,
+            lambda ids=ids: Job.objects.filter(pk__in=ids, status="succeeded").count() == len(ids),
             timeout=120,
             message="worker B to complete every job of the frozen worker",
         )
         frozen.resume(a)
         wait_for(
-            lambda ids=ids, a=a: _stale_ends(history, a.worker_id, ids) == size,
+            lambda ids=ids, a=a: _stale_ends(history, a.worker_id, ids) == len(ids),
             timeout=120,
             message="every stale attempt of the resumed worker to end and be refused",
         )
@@ -102,9 +102,9 @@ def test_t4_stale_acks_retries_and_dead_letterings_are_all_refused(scenario, obs
 
 
 def _started_by(history, worker_id, ids):
-    return {e["job_id"] for e in history.events() if e["event"] == "start" and e["source"] == worker_id} & set(
-        ids
-    )
+    return {
+        e["job_id"] for e in history.events() if e["event"] == "start" and e["source"] == worker_id
+    } & set(ids)
 
 
 def _stale_ends(history, worker_id, ids):

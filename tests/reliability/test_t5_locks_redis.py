@@ -17,6 +17,7 @@ write carries an older fencing token than the one before it (stale writes accept
 """
 
 import collections
+import itertools
 import shutil
 import signal
 import socket
@@ -48,8 +49,19 @@ class PrivateRedis:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir)],
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -116,7 +128,9 @@ def test_t5_redis_outage_restart_and_a_paused_holder_break_no_lock_guarantee(
         started_while_down = history.count("start")
         redis.start()
         history.record("redis_started")
-        wait_for(lambda: open_jobs(observer, outage_ids) == 0, timeout=120, message="the outage jobs after Redis")
+        wait_for(
+            lambda: open_jobs(observer, outage_ids) == 0, timeout=120, message="the outage jobs after Redis"
+        )
 
         # 2. Redis restarted empty while locked work runs.
         busy_ids = enqueue(busy_jobs, 0.15)
@@ -138,7 +152,9 @@ def test_t5_redis_outage_restart_and_a_paused_holder_break_no_lock_guarantee(
             message="the slow job to take its lock and read",
         )
         holder = next(
-            s for s in pool.slots if any(
+            s
+            for s in pool.slots
+            if any(
                 e["event"] == "locked_read" and e["job_id"] == slow_id and e["source"] == s.worker_id
                 for e in history.events()
             )
@@ -163,7 +179,8 @@ def test_t5_redis_outage_restart_and_a_paused_holder_break_no_lock_guarantee(
     slow_refused = [e for e in events if e["event"] == "fenced_access_refused" and e["job_id"] == slow_id]
     overlaps = _overlaps()
     lost_updates = {
-        r: LedgerEntry.objects.filter(effect_key__in=_markers(r)).count() - FencedCounter.objects.get(resource=r).value
+        r: LedgerEntry.objects.filter(effect_key__in=_markers(r)).count()
+        - FencedCounter.objects.get(resource=r).value
         for r in RESOURCES
     }
     stale_accepted, reused = _token_order()
@@ -202,7 +219,9 @@ def test_t5_redis_outage_restart_and_a_paused_holder_break_no_lock_guarantee(
 def _markers(resource):
     return [
         kwargs["marker"]
-        for kwargs in Job.objects.filter(task_name=tasks_faults.locked_increment.name).values_list("kwargs", flat=True)
+        for kwargs in Job.objects.filter(task_name=tasks_faults.locked_increment.name).values_list(
+            "kwargs", flat=True
+        )
         if kwargs["resource"] == resource
     ]
 
@@ -210,8 +229,10 @@ def _markers(resource):
 def _overlaps():
     found = []
     for resource in RESOURCES:
-        runs = sorted(Interval.objects.filter(resource=resource).values_list("started", "ended", "fencing_token"))
-        for (s1, e1, t1), (s2, e2, t2) in zip(runs, runs[1:], strict=False):
+        runs = sorted(
+            Interval.objects.filter(resource=resource).values_list("started", "ended", "fencing_token")
+        )
+        for (_s1, e1, t1), (s2, _e2, t2) in itertools.pairwise(runs):
             if s2 < e1:
                 found.append((resource, t1, t2, round(e1 - s2, 3)))
     return found
@@ -221,7 +242,9 @@ def _token_order():
     """Accepted writes per resource whose token is older than the previous one, and equal to it."""
     older = equal = 0
     for resource in RESOURCES:
-        tokens = list(Interval.objects.filter(resource=resource).order_by("id").values_list("fencing_token", flat=True))
-        older += sum(1 for a, b in zip(tokens, tokens[1:], strict=False) if b < a)
-        equal += sum(1 for a, b in zip(tokens, tokens[1:], strict=False) if b == a)
+        tokens = list(
+            Interval.objects.filter(resource=resource).order_by("id").values_list("fencing_token", flat=True)
+        )
+        older += sum(1 for a, b in itertools.pairwise(tokens) if b < a)
+        equal += sum(1 for a, b in itertools.pairwise(tokens) if b == a)
     return older, equal

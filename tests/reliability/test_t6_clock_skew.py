@@ -77,8 +77,9 @@ def test_t6_skewed_worker_clocks_cause_no_early_start_and_no_premature_reclaim(s
     # Without faults, every lease the reaper judged expired was taken away prematurely.
     premature_reclaims = Job.objects.filter(reappearances__gt=0).count()
     slow_claims = sorted(
-        claims.filter(job_id__in=Job.objects.filter(kwargs__marker__startswith="t6-slow").values("id"))
-        .values_list("job_id", flat=True)
+        claims.filter(
+            job_id__in=Job.objects.filter(kwargs__marker__startswith="t6-slow").values("id")
+        ).values_list("job_id", flat=True)
     )
     claims_by_worker = collections.Counter(claims.values_list("worker_id", flat=True))
     figures = check(history)
@@ -103,7 +104,9 @@ def test_t6_skewed_worker_clocks_cause_no_early_start_and_no_premature_reclaim(s
     assert premature_reclaims == 0
     assert figures["reappearances"] == 0
     assert len(slow_claims) == len(set(slow_claims)) == slow, slow_claims
-    assert set(Job.objects.filter(kwargs__marker__startswith="t6-slow").values_list("attempts", flat=True)) == {1}
+    assert set(
+        Job.objects.filter(kwargs__marker__startswith="t6-slow").values_list("attempts", flat=True)
+    ) == {1}
     assert figures["statuses"] == {"succeeded": slow + scheduled + retried + quick}
     assert (figures["lost"], figures["duplicated_executions"], figures["duplicate_effects"]) == (0, 0, 0)
     assert set(exit_codes.values()) == {0}, exit_codes

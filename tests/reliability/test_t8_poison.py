@@ -58,7 +58,7 @@ def test_t8_poison_jobs_are_dead_lettered_with_their_reason_and_healthy_jobs_suc
     scenario, observer, workers
 ):
     healthy_total = scenario.size(500)
-    scenario.parameters = {"healthy": healthy_total, "poison": {k: COPIES for k in EXPECTED}, "workers": 3}
+    scenario.parameters = {"healthy": healthy_total, "poison": dict.fromkeys(EXPECTED, COPIES), "workers": 3}
     poison: dict[int, str] = {}
     healthy: list[int] = []
     kinds = [kind for kind in EXPECTED for _ in range(COPIES)]
@@ -80,7 +80,11 @@ def test_t8_poison_jobs_are_dead_lettered_with_their_reason_and_healthy_jobs_suc
     letters = {dl.job_id: dl for dl in DeadLetter.objects.all()}
     outcome = {
         kind: sorted(
-            {(letters[j].reason if j in letters else None, Job.objects.get(pk=j).attempts) for j, k in poison.items() if k == kind},
+            {
+                (letters[j].reason if j in letters else None, Job.objects.get(pk=j).attempts)
+                for j, k in poison.items()
+                if k == kind
+            },
             key=str,
         )
         for kind in EXPECTED
@@ -106,4 +110,3 @@ def test_t8_poison_jobs_are_dead_lettered_with_their_reason_and_healthy_jobs_suc
     assert len(alive_at_end) == 3 and set(exit_codes.values()) == {0}, exit_codes
     assert (figures["lost"], figures["unexpected"], figures["duplicate_effects"]) == (0, 0, 0), figures
     assert not any(violations.values()), violations
-

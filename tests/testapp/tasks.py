@@ -126,4 +126,6 @@ def short_lease_plain(context, marker: str, seconds: float = 0.0) -> int:
     if context.attempt == 1:
         time.sleep(seconds)
     return context.attempt
+
+
 from . import tasks_faults  # noqa: E402, F401

@@ -244,7 +244,9 @@ def locked_increment(context: Any, resource: str, marker: str, hold: float = 0.0
 
 
 def _refused(context: Any, resource: str, token: int, access: str) -> None:
-    history_event("fenced_access_refused", job_id=context.job_id, resource=resource, token=token, access=access)
+    history_event(
+        "fenced_access_refused", job_id=context.job_id, resource=resource, token=token, access=access
+    )
     raise TransientError(f"{resource}: {access} with fencing token {token} refused (a newer holder was seen)")
 
 
