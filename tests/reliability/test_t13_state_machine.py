@@ -243,7 +243,7 @@ def _replay_users():
 def test_t13_state_machine_over_the_service_functions_finds_no_invariant_violation(scenario):
     from django.contrib.auth.models import User
 
-    examples = 100 if not scenario.soak else 1000
+    examples = 100 if not scenario.soak else 500
     if not REPLAY_API:
         scenario.skipped_steps["replay request/approve/reject/redrive"] = (
             "django_jobguard.dlq has no request_replay/approve_replay/reject_replay/redrive yet (issue 3)"
