@@ -487,7 +487,6 @@ def run_until(
 # -- the checker -----------------------------------------------------------------------------
 
 TERMINAL = ("succeeded", "dead", "cancelled")
-PROBE_TASKS = (tasks_faults.probe.name, tasks_faults.locked_increment.name)
 
 
 def check(history: History, *, deaths: Iterable[Death] = ()) -> dict[str, Any]:

@@ -96,6 +96,11 @@ def headline(scenario: str, f: dict[str, Any]) -> str:
             f"double SIGINT {f['double_sigint']}",
             f"handed back with attempt refunded {f['long_jobs_handed_back_with_attempt_refunded']}",
         ]
+    elif scenario == "T3-idle":
+        parts = [
+            f"{f['connections_cut']} idle connections cut; "
+            f"attempts of the next jobs {f['attempts_after_cut']}"
+        ]
     elif scenario == "T13":
         parts = [f"invariant violations {f['invariant_violations_found']}", f"steps {f['steps']}"]
     else:

@@ -65,6 +65,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.terminal: dict[int, str] = {}
         self.handles: list[tuple[int, str]] = []
         self.approved_letters: set[int] = set()
+        self.keyed_jobs = 0
         self.users = _replay_users() if REPLAY_API else None
 
     # -- rules ---------------------------------------------------------------------------
@@ -77,6 +78,7 @@ class QueueMachine(RuleBasedStateMachine):
         except JobguardError:
             STATS["enqueue_refused"] += 1  # same key, other arguments: IdempotencyConflict
             return
+        self.keyed_jobs += bool(key)
         if job.pk not in self.attempts:
             self.attempts[job.pk] = 0
             self.token[job.pk] = None
@@ -180,6 +182,7 @@ class QueueMachine(RuleBasedStateMachine):
             self.token[job.pk] = None
             STATS["replayed"] += 1
 
+    @precondition(lambda self: self.keyed_jobs)
     @rule()
     def prune(self) -> None:
         IdempotencyKey.objects.update(expires_at=timezone.now() - datetime.timedelta(seconds=1))
