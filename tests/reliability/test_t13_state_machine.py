@@ -10,7 +10,7 @@ Invariants after every step: at most one valid lease per job (and running iff le
 terminal states absorbing (a replay makes a new job, the dead one stays dead); attempts
 never decrease and never pass max_attempts; no stale write accepted; at most one active
 job per idempotency key; a dead letter yields a replay job only after an approval, and
-at most one.
+at most one, and never on its requester's own approval.
 
 The replay rules are written against issue 3's service functions
 (``dlq.request_replay(letter, user, reason)``, ``approve_replay``, ``reject_replay``,
@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import collections
 import datetime
+from typing import Any
 
 import pytest
+from django.core.exceptions import PermissionDenied
 from django.utils import timezone
 from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
@@ -51,6 +53,8 @@ REPLAY_API = all(
 TERMINAL = ("succeeded", "dead", "cancelled")
 KEYS = (None, "key-a", "key-b", "key-c")
 STATS: collections.Counter[str] = collections.Counter()
+#: Why replay steps were refused (message starts), for the artifact.
+REFUSALS: collections.Counter[str] = collections.Counter()
 
 
 class QueueMachine(RuleBasedStateMachine):
@@ -155,24 +159,71 @@ class QueueMachine(RuleBasedStateMachine):
             self.token[job_id] = None
         STATS["fail_fresh" if fresh else "fail_stale"] += 1
 
-    @precondition(lambda self: REPLAY_API and DeadLetter.objects.exists())
-    @rule(data=st.data(), action=st.sampled_from(["request", "approve", "reject"]))
-    def replay_step(self, data: st.DataObject, action: str) -> None:
-        letter_id = data.draw(st.sampled_from(sorted(DeadLetter.objects.values_list("pk", flat=True))))
-        requester, approver = self.users
-        call = {
-            "request": lambda: dlq.request_replay(letter_id, requester, "state machine"),
-            "approve": lambda: dlq.approve_replay(letter_id, approver, "state machine"),
-            "reject": lambda: dlq.reject_replay(letter_id, approver, "state machine"),
-        }[action]
+    def _letter(self, data: st.DataObject, prefer: str) -> int:
+        """A dead letter, most often one in the ``prefer`` replay state (if any is)."""
+        preferred = sorted(DeadLetter.objects.filter(replay_state=prefer).values_list("pk", flat=True))
+        every = sorted(DeadLetter.objects.values_list("pk", flat=True))
+        prefer_state = data.draw(st.sampled_from([True, True, True, False]), label="prefer the state")
+        pool = preferred if preferred and prefer_state else every
+        return data.draw(st.sampled_from(pool), label="dead letter")
+
+    def _replay(self, action: str, call: Any) -> Any:
         try:
             letter = call()
-        except JobguardError:
+        except (JobguardError, PermissionDenied) as exc:
             STATS[f"replay_{action}_refused"] += 1
-            return
-        if letter.replay_state == "approved":
-            self.approved_letters.add(letter_id)
+            REFUSALS[f"{action}: {type(exc).__name__}: {str(exc)[:80]}"] += 1
+            return None
         STATS[f"replay_{action}"] += 1
+        return letter
+
+    @precondition(lambda self: REPLAY_API)
+    @rule(value=st.integers(0, 2))
+    def fail_for_good(self, value: int) -> None:
+        """Enqueue, claim and dead-letter one job in a step, so replays have material."""
+        job = tasks_faults.sm_job.enqueue(value)
+        self.attempts[job.pk] = 0
+        self.token[job.pk] = None
+        for claimed in leasing.claim(ALIAS, [QUEUE], 1, "sm-worker"):
+            self.token[claimed.id] = claimed.lease_token
+            self.handles.append((claimed.id, claimed.lease_token))
+            dlq.dead_letter(
+                ALIAS,
+                claimed.id,
+                claimed.lease_token,
+                reason=DeadLetterReason.PERMANENT_ERROR,
+                category=retry.PERMANENT,
+                error_class="StateMachineError",
+                error_message="planned",
+            )
+            self.token[claimed.id] = None
+            STATS["failed_for_good"] += 1
+
+    @precondition(lambda self: REPLAY_API and DeadLetter.objects.exists())
+    @rule(data=st.data())
+    def replay_request(self, data: st.DataObject) -> None:
+        letter_id = self._letter(data, prefer="none")
+        self._replay("request", lambda: dlq.request_replay(letter_id, self.users[0], "state machine"))
+
+    @precondition(lambda self: REPLAY_API and DeadLetter.objects.exists())
+    @rule(data=st.data(), by_requester=st.booleans())
+    def replay_approve(self, data: st.DataObject, by_requester: bool) -> None:
+        letter_id = self._letter(data, prefer="requested")
+        requester, approver = self.users
+        letter = self._replay(
+            "approve",
+            lambda: dlq.approve_replay(letter_id, requester if by_requester else approver, "state machine"),
+        )
+        if letter is not None:
+            assert not by_requester, f"dead letter {letter_id}: its requester approved their own replay"
+            if letter.replay_state == "approved":
+                self.approved_letters.add(letter_id)
+
+    @precondition(lambda self: REPLAY_API and DeadLetter.objects.exists())
+    @rule(data=st.data())
+    def replay_reject(self, data: st.DataObject) -> None:
+        letter_id = self._letter(data, prefer="requested")
+        self._replay("reject", lambda: dlq.reject_replay(letter_id, self.users[1], "state machine"))
 
     @precondition(lambda self: REPLAY_API)
     @rule()
@@ -252,6 +303,7 @@ def test_t13_state_machine_over_the_service_functions_finds_no_invariant_violati
             "django_jobguard.dlq has no request_replay/approve_replay/reject_replay/redrive yet (issue 3)"
         )
     STATS.clear()
+    REFUSALS.clear()
     original_init = QueueMachine.__init__
 
     def init(self: QueueMachine) -> None:
@@ -276,7 +328,10 @@ def test_t13_state_machine_over_the_service_functions_finds_no_invariant_violati
         violation = str(exc)
     scenario.parameters = {"examples": examples, "steps_per_example": 30, "replay_rules": REPLAY_API}
     scenario.finish(
-        steps=dict(STATS), invariant_violations_found=0 if violation is None else 1, violation=violation
+        steps=dict(STATS),
+        replay_refusals=dict(REFUSALS.most_common(8)),
+        invariant_violations_found=0 if violation is None else 1,
+        violation=violation,
     )
     assert violation is None, violation
     assert STATS["complete_stale"] > 0 and STATS["fail_stale"] > 0 and STATS["heartbeat_stale"] > 0, STATS
