@@ -68,14 +68,15 @@ def headline(scenario: str, f: dict[str, Any]) -> str:
             f"refused {f['stale_refused']}",
             f"jobs with one ledger row {f['jobs_with_one_ledger_row']}",
         ]
-    elif scenario == "T5":
+    elif scenario in ("T5", "T5-restart"):
         parts = [
             f"runs without lock {f['runs_without_lock']}",
             f"lost updates {f['lost_updates']}",
             f"stale writes accepted {f['stale_writes_accepted']}",
-            f"handlers started while Redis was down {f['handlers_started_while_redis_down']}",
+            f"handlers started while Redis was down {f.get('handlers_started_while_redis_down', '-')}",
+            f"paused holder's accesses refused {f.get('paused_holder_refusals', '-')}",
             f"fenced accesses refused {f['fenced_accesses_refused']}",
-            f"fencing tokens reused after the restart {f['fencing_tokens_reused']}",
+            f"fencing tokens reused {f['fencing_tokens_reused']}",
         ]
     elif scenario == "T6":
         parts = [
