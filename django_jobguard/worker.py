@@ -64,6 +64,9 @@ MAX_ABANDONED_THREADS = 16
 #: A job put back on lock contention waits CONTENTION_DELAY plus up to this fraction of it,
 #: so the jobs of one busy key do not all come back at the same instant.
 CONTENTION_JITTER_FRACTION = 0.5
+#: An executor idle this long checks its connection before the next job, so a connection
+#: the database dropped meanwhile (restart, failover, idle timeout) costs that job no attempt.
+CONNECTION_CHECK_AFTER_IDLE_SECONDS = 1.0
 
 
 class _InvalidResultError(Exception):
@@ -334,9 +337,12 @@ class Worker:
     def _executor_loop(self) -> None:
         try:
             while True:
+                idle_since = time.monotonic()
                 held = self._ready.get()
                 if held is None:
                     return
+                if time.monotonic() - idle_since >= CONNECTION_CHECK_AFTER_IDLE_SECONDS:
+                    self._drop_unusable_connection()
                 with self._lock:
                     if self._stopping or held.state != "waiting":
                         start = False
@@ -379,6 +385,13 @@ class Worker:
         finally:
             connections.close_all()
 
+    def _drop_unusable_connection(self) -> None:
+        """Close this thread's connection if the database dropped it; the next query reconnects."""
+        connection = connections[self.alias]
+        if connection.connection is not None and not connection.is_usable():
+            logger.info("connection_reset worker_id=%s; the database had dropped it", self.worker_id)
+            connection.close()
+
     def _execute(self, held: _Held) -> None:
         job = held.job
         task = registry.find(job.task_name)
@@ -393,10 +406,20 @@ class Worker:
             )
             return
         # Whether arguments bind depends only on how many are positional and which are named,
-        # so each shape is checked once per worker.
-        shape = (job.task_name, len(job.args), tuple(sorted(job.kwargs)))
-        if shape not in self._valid_shapes:
+        # so each shape is checked once per worker. A stored string or number (not a JSON list
+        # and object) would otherwise be unpacked character by character.
+        shape = (
+            (job.task_name, len(job.args), tuple(sorted(job.kwargs)))
+            if isinstance(job.args, list) and isinstance(job.kwargs, dict)
+            else None
+        )
+        if shape is None or shape not in self._valid_shapes:
             try:
+                if shape is None:
+                    raise InvalidArgumentsError(
+                        f"stored arguments of job {job.id} are not a JSON list and object "
+                        f"(args: {type(job.args).__name__}, kwargs: {type(job.kwargs).__name__})"
+                    )
                 task.bind(job.args, job.kwargs)
             except InvalidArgumentsError as exc:
                 self._dead(
@@ -786,6 +809,12 @@ class Worker:
             )
         except LeaseLost:
             metrics.lease_lost(job.queue_name, job.task_name, "dead_letter")
+            logger.warning(
+                "dead_letter_rejected job_id=%s reason=%s; the lease moved on",
+                job.id,
+                reason,
+                extra=job_fields(job, self.worker_id, outcome="stale"),
+            )
             return
         logger.error(
             "job_dead_lettered job_id=%s task=%s reason=%s error=%s",

@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+# The reliability suite's options (--reliability-seed, --reliability-soak...) and fixtures.
+pytest_plugins = ["tests.reliability.plugin"]
+
 ROOT = Path(__file__).resolve().parent.parent
 ON_POSTGRES = bool(os.environ.get("JOBGUARD_TEST_DATABASE_URL"))
 HAS_REDIS = bool(os.environ.get("JOBGUARD_TEST_REDIS_URL"))

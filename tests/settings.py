@@ -54,6 +54,19 @@ else:
         }
     }
 
+if os.environ.get("JOBGUARD_TEST_CLOCK_OFFSET"):
+    # Reliability suite (T6): this process's wall clock runs N seconds off, to show that
+    # leases and run_after follow the database clock only. Test processes only.
+    import datetime as _datetime
+    import time as _time
+
+    from django.utils import timezone as _timezone
+
+    _offset = float(os.environ["JOBGUARD_TEST_CLOCK_OFFSET"])
+    _real_time, _real_now = _time.time, _timezone.now
+    _time.time = lambda: _real_time() + _offset
+    _timezone.now = lambda: _real_now() + _datetime.timedelta(seconds=_offset)
+
 if os.environ.get("JOBGUARD_TEST_DB_NAME"):
     DATABASES["default"]["NAME"] = os.environ["JOBGUARD_TEST_DB_NAME"]
 

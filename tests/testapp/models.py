@@ -63,3 +63,25 @@ class FencedCounter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.resource}={self.value}"
+
+
+class JobTransition(models.Model):
+    """One committed change of a job's status or lease token (the reliability suite's history).
+
+    Rows are appended by a PostgreSQL trigger that ``tests/reliability`` installs on
+    ``jobguard_job`` for the length of a scenario, so the history holds exactly what
+    committed, whoever wrote it and however the writer died afterwards.
+    """
+
+    job_id = models.BigIntegerField(db_index=True)
+    old_status = models.CharField(max_length=16, blank=True, default="")
+    new_status = models.CharField(max_length=16)
+    old_token = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001 - NULL: no lease
+    new_token = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001 - NULL: no lease
+    attempts = models.IntegerField(default=0)
+    worker_id = models.CharField(max_length=128, blank=True, default="")
+    run_after = models.DateTimeField(null=True, blank=True)
+    at = models.DateTimeField(help_text="Database clock when the change was made.")
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: {self.old_status or 'new'} -> {self.new_status}"
