@@ -34,5 +34,4 @@ autodoc_member_order = "bysource"
 jobguard_optional_globs = ["runbooks/*"]
 # Pages written on other branches. Links to them are plain text until the page is merged,
 # then ordinary links; drop an entry once its page is on main.
-jobguard_pending_pages = [
-]
+jobguard_pending_pages = []

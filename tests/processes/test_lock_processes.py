@@ -5,8 +5,6 @@ from __future__ import annotations
 import itertools
 import shutil
 import signal
-import socket
-import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -16,6 +14,7 @@ import pytest
 from django_jobguard.models import DeadLetter, Job
 from tests import locking
 from tests.conftest import wait_for
+from tests.redis_server import RedisServer
 from tests.testapp import tasks_locks
 from tests.testapp.models import Execution, FencedCounter, Interval, LedgerEntry
 
@@ -147,55 +146,6 @@ def test_a_frozen_holder_loses_its_lock_to_a_new_owner_and_is_not_acked(backend,
     job.refresh_from_db()
     assert (job.attempts, job.result, job.worker_id) == (2, 2, "frozen")
     assert sorted(Execution.objects.values_list("attempt", flat=True)) == [1, 2]
-
-
-class RedisServer:
-    """A throwaway redis-server of the test's own, so it can be stopped and started again."""
-
-    def __init__(self, directory: Path) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.directory = directory
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        # No persistence: a restart comes back empty, as after losing the data.
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            cwd=self.directory,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_for(self.answers, timeout=30, message=f"redis-server on port {self.port} to answer")
-
-    def answers(self) -> bool:
-        import redis
-
-        try:
-            return bool(redis.Redis(port=self.port, socket_connect_timeout=1).ping())
-        except redis.ConnectionError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-        self.proc = None
 
 
 @pytest.fixture

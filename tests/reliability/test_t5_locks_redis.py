@@ -19,15 +19,13 @@ write carries an older fencing token than the one before it (stale writes accept
 import collections
 import itertools
 import shutil
-import signal
-import socket
-import subprocess
 import time
 
 import pytest
 
 from django_jobguard.models import Job
 from tests.conftest import wait_for
+from tests.redis_server import RedisServer
 from tests.testapp import tasks_faults
 from tests.testapp.models import FencedCounter, Interval, LedgerEntry
 
@@ -39,48 +37,9 @@ REDIS_PORT = 6398
 RESOURCES = ("r0", "r1", "r2", "r3")
 
 
-class PrivateRedis:
-    """A throw-away redis-server on loopback, without persistence."""
-
-    def __init__(self, port: int, workdir) -> None:
-        self.port = port
-        self.workdir = workdir
-        self.proc = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_for(self.answers, timeout=30, message=f"redis-server on port {self.port}")
-
-    def crash(self) -> None:
-        """SIGKILL: what it held in memory is gone."""
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=30)
-            self.proc = None
-
-    def answers(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                sock.sendall(b"PING\r\n")
-                return sock.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
+def PrivateRedis(port: int, workdir) -> RedisServer:  # noqa: N802 - kept as the suite's name for it
+    """A throw-away redis-server on a fixed loopback port, without persistence."""
+    return RedisServer(workdir, port)
 
 
 class LockedRun:
