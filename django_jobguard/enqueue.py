@@ -8,6 +8,7 @@ has open there: a rolled-back transaction leaves no job behind. On PostgreSQL a 
 from __future__ import annotations
 
 import datetime
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -87,13 +88,26 @@ def _insert(task: Task[Any, Any], rows: list[dict[str, Any]], alias: str) -> lis
     from .models import Job
 
     inserted = leasing.insert_jobs(alias, rows, task.run_after)
+    names, defaults = _job_layout()
     jobs = []
     for fields, (pk, run_after, enqueued_at) in zip(rows, inserted, strict=True):
-        job = Job(id=pk, run_after=run_after, enqueued_at=enqueued_at, **fields)
-        job._state.adding = False
-        job._state.db = alias
-        jobs.append(job)
+        values = {**defaults, **fields, "id": pk, "run_after": run_after, "enqueued_at": enqueued_at}
+        values["checkpoints"] = {}
+        # from_db builds the instance positionally, as a query would: about a third of
+        # the cost of keyword construction, on the enqueue hot path.
+        jobs.append(Job.from_db(alias, names, [values[name] for name in names]))
     return jobs
+
+
+@functools.cache
+def _job_layout() -> tuple[list[str], dict[str, Any]]:
+    """The Job's column attributes in order, and the fixed defaults of a new row."""
+    from .models import Job
+
+    fields = Job._meta.concrete_fields
+    return [field.attname for field in fields], {
+        field.attname: None if callable(field.default) else field.get_default() for field in fields
+    }
 
 
 def enqueue(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
