@@ -114,8 +114,18 @@ class Job(models.Model):
             models.Index(
                 fields=["lease_expires_at"], name="jobguard_job_lease_idx", condition=Q(status="running")
             ),
-            models.Index(fields=["idempotency_key"], name="jobguard_job_idem_idx"),
-            models.Index(fields=["status", "finished_at"], name="jobguard_job_finished_idx"),
+            # Partial, so that the claim and ack updates of jobs without a key, and of jobs
+            # not yet finished, write no entries into these indexes.
+            models.Index(
+                fields=["idempotency_key"],
+                name="jobguard_job_idem_idx",
+                condition=Q(idempotency_key__isnull=False),
+            ),
+            models.Index(
+                fields=["status", "finished_at"],
+                name="jobguard_job_finished_idx",
+                condition=Q(status__in=TERMINAL_STATUSES),
+            ),
         ]
         constraints = [
             models.CheckConstraint(

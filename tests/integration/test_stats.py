@@ -280,3 +280,27 @@ def test_status_rejects_bad_options_with_a_clear_message():
 )
 def test_ages_print_short(seconds, text):
     assert format_age(seconds) == text
+
+
+def plan_of(sql: str, params=None) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("EXPLAIN " + sql, params)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+def test_recent_outcomes_and_pruning_read_the_partial_finished_index():
+    # The (status, finished_at) index holds finished rows only (migration 0005); the queries
+    # that need it must still be able to use it.
+    if connection.vendor != "postgresql":
+        pytest.skip("the plan is PostgreSQL's")
+    from django_jobguard.retention import prunable_jobs
+
+    scenario()
+    with CaptureQueriesContext(connection) as ctx:
+        stats.queue_stats(recent=True)
+    recent_sql = ctx.captured_queries[-1]["sql"]
+    assert "finished_at" in recent_sql
+    assert "jobguard_job_finished_idx" in plan_of(recent_sql)
+    sql, params = prunable_jobs("default", timezone.now()).query.sql_with_params()
+    assert "jobguard_job_finished_idx" in plan_of(sql, params)
