@@ -13,8 +13,6 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from django.db.models.functions import Now
-
 from . import _dispatch, idempotency, leasing, metrics, signals
 from .conf import get_settings
 from .exceptions import InvalidArgumentsError
@@ -85,18 +83,23 @@ def _prepare(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any
 
 def _insert(task: Task[Any, Any], rows: list[dict[str, Any]], alias: str) -> list[Job]:
     """Insert ``rows`` and return them as saved ``Job`` instances (no second query)."""
+    inserted = leasing.insert_jobs(alias, rows, task.run_after)
+    return [build_job(alias, fields, row) for fields, row in zip(rows, inserted, strict=True)]
+
+
+def build_job(
+    alias: str, fields: dict[str, Any], inserted: tuple[int, datetime.datetime, datetime.datetime]
+) -> Job:
+    """The saved ``Job`` of ``fields`` and what its insert returned: ``(id, run_after, enqueued_at)``."""
     from .models import Job
 
-    inserted = leasing.insert_jobs(alias, rows, task.run_after)
     names, defaults = _job_layout()
-    jobs = []
-    for fields, (pk, run_after, enqueued_at) in zip(rows, inserted, strict=True):
-        values = {**defaults, **fields, "id": pk, "run_after": run_after, "enqueued_at": enqueued_at}
-        values["checkpoints"] = {}
-        # from_db builds the instance positionally, as a query would: about a third of
-        # the cost of keyword construction, on the enqueue hot path.
-        jobs.append(Job.from_db(alias, names, [values[name] for name in names]))
-    return jobs
+    pk, run_after, enqueued_at = inserted
+    values = {**defaults, **fields, "id": pk, "run_after": run_after, "enqueued_at": enqueued_at}
+    values["checkpoints"] = {}
+    # from_db builds the instance positionally, as a query would: about a third of the
+    # cost of keyword construction, on the enqueue hot path.
+    return Job.from_db(alias, names, [values[name] for name in names])
 
 
 @functools.cache
@@ -115,15 +118,11 @@ def enqueue(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
     fields = _prepare(task, args, kwargs)
     alias = get_settings().database_alias
     if task.idempotency_key is not None:
-        if isinstance(task.run_after, datetime.datetime):
-            fields["run_after"] = task.run_after
-        elif isinstance(task.run_after, datetime.timedelta):
-            fields["run_after"] = Now() + task.run_after
-        job, created = idempotency.enqueue_once(task, fields, alias)
+        job, created = idempotency.enqueue_once(
+            task, fields, alias, create_job=lambda: _insert(task, [fields], alias)[0]
+        )
         if not created:
             return job  # the key's job; the duplicate is counted by enqueue_once
-        if isinstance(task.run_after, datetime.timedelta):
-            job.refresh_from_db(using=alias, fields=["run_after"])
     else:
         (job,) = _insert(task, [fields], alias)
     metrics.job_enqueued(job.queue_name, job.task_name)

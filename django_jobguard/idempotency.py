@@ -24,6 +24,8 @@ import datetime
 import hashlib
 import json
 import logging
+from collections.abc import Callable
+from contextlib import nullcontext
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -139,7 +141,15 @@ def _expiry() -> datetime.datetime:
     return timezone.now() + datetime.timedelta(seconds=get_settings().idempotency.ttl)
 
 
-def _insert_key(alias: str, scope: str, key: str, digest: str, job_id: int | None = None) -> int | None:
+def insert_key(
+    alias: str,
+    scope: str,
+    key: str,
+    digest: str,
+    job_id: int | None = None,
+    *,
+    expires_at: datetime.datetime | None = None,
+) -> int | None:
     """Insert the key unless it exists; the new row's id, or None if it existed."""
     from .models import IdempotencyKey
 
@@ -157,7 +167,8 @@ def _insert_key(alias: str, scope: str, key: str, digest: str, job_id: int | Non
         f"ON CONFLICT ({qn('scope')}, {qn('key')}) DO NOTHING RETURNING {qn('id')}"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [key, scope, digest, connection.ops.adapt_datetimefield_value(_expiry()), job_id])
+        expiry = connection.ops.adapt_datetimefield_value(expires_at or _expiry())
+        cursor.execute(sql, [key, scope, digest, expiry, job_id])
         row = cursor.fetchone()
     return row[0] if row else None
 
@@ -191,21 +202,37 @@ def _conflict(task: Task[Any, Any], existing: IdempotencyKey, key: str, scope: s
 # -- enqueue -------------------------------------------------------------------------------
 
 
-def enqueue_once(task: Task[Any, Any], fields: dict[str, Any], alias: str) -> tuple[Job, bool]:
+def enqueue_once(
+    task: Task[Any, Any], fields: dict[str, Any], alias: str, create_job: Callable[[], Job]
+) -> tuple[Job, bool]:
     """Create the job for a keyed call, or return the job that already owns the key.
 
-    Returns ``(job, created)``. Joins the caller's transaction (or opens one), without a
-    savepoint: nothing is written before a conflict is known, so a conflict writes
-    nothing and leaves the caller's transaction usable.
+    Returns ``(job, created)``. ``create_job`` inserts ``fields`` as a job and returns it.
+    Joins the caller's transaction (or opens one), without a savepoint: nothing is written
+    before a conflict is known, so a conflict writes nothing and leaves the caller's
+    transaction usable.
     """
+    from .enqueue import build_job
+    from .leasing import insert_keyed_job
+
     key = fields["idempotency_key"]
     scope = scope_of(task)
     digest = fingerprint(task, fields["args"], fields["kwargs"])
+    # The usual case, a key never seen: the key and its job in one statement on PostgreSQL
+    # (atomic by itself, so no transaction of ours around it).
+    postgres = connections[alias].vendor == "postgresql"
+    with nullcontext() if postgres else transaction.atomic(using=alias, savepoint=False):
+        inserted = insert_keyed_job(
+            alias, fields, task.run_after, scope=scope, fingerprint=digest, expires_at=_expiry()
+        )
+    if inserted is not None:
+        return build_job(alias, fields, inserted), True
+    metrics.key_conflict(task.name, "enqueue")
     for _ in range(MAX_ROUNDS):
         # The key row, the job and the link between them commit together: in autocommit a
         # key committed before its job would look orphaned to a concurrent enqueue.
         with transaction.atomic(using=alias, savepoint=False):
-            outcome = _enqueue_round(task, fields, alias, scope, key, digest)
+            outcome = _enqueue_round(task, fields, alias, scope, key, digest, create_job)
         if isinstance(outcome, IdempotencyConflict):
             raise outcome  # raised out here, so the caller's transaction is not marked for rollback
         if outcome is not None:
@@ -216,28 +243,25 @@ def enqueue_once(task: Task[Any, Any], fields: dict[str, Any], alias: str) -> tu
     raise RuntimeError(f"idempotency key {key!r} (scope {scope!r}) kept vanishing during enqueue")
 
 
-def _create_job(fields: dict[str, Any], alias: str) -> Job:
-    from .models import Job
-
-    job = Job(**fields)
-    job.save(force_insert=True, using=alias)
-    return job
-
-
 def _enqueue_round(
-    task: Task[Any, Any], fields: dict[str, Any], alias: str, scope: str, key: str, digest: str
+    task: Task[Any, Any],
+    fields: dict[str, Any],
+    alias: str,
+    scope: str,
+    key: str,
+    digest: str,
+    create_job: Callable[[], Job],
 ) -> tuple[Job, bool] | IdempotencyConflict | None:
     """One try: the new job, the key's job, a conflict, or None if the key vanished meanwhile."""
     from .models import IdempotencyKey, IdempotencyStatus
 
     keys = IdempotencyKey.objects.using(alias)
-    key_id = _insert_key(alias, scope, key, digest)
+    key_id = insert_key(alias, scope, key, digest)
     if key_id is not None:
-        job = _create_job(fields, alias)
+        job = create_job()
         keys.filter(pk=key_id).update(job=job)
         return job, True
 
-    metrics.key_conflict(task.name, "enqueue")
     existing = _locked_key(alias, scope, key)
     if existing is None:
         return None  # pruned since our insert met it: try again
@@ -248,7 +272,7 @@ def _enqueue_round(
         if existing.job is None:
             # The key is live but its job row was deleted (by hand): a new job carries it,
             # keeping the key's state, so a succeeded action is acked with its stored result.
-            job = _create_job(fields, alias)
+            job = create_job()
             keys.filter(pk=existing.pk).update(job=job, updated_at=Now())
             return job, True
         keys.filter(pk=existing.pk).update(duplicates=F("duplicates") + 1)
@@ -258,7 +282,7 @@ def _enqueue_round(
         return existing.job, False
 
     # Expired and its job finished (or gone): the key is forgotten and starts afresh.
-    job = _create_job(fields, alias)
+    job = create_job()
     keys.filter(pk=existing.pk).update(
         fingerprint=digest,
         status=IdempotencyStatus.IN_PROGRESS,
@@ -286,14 +310,21 @@ def begin_execution(
     - WAIT: another job that is queued or running owns the key: try again later.
     - CONFLICT: the key succeeded for other arguments or another task.
     """
-    from .models import IdempotencyKey
+    from .models import IdempotencyKey, IdempotencyStatus
 
     scope = scope_of(task)
-    digest = fingerprint(task, args, kwargs)
     # Most jobs own their key since enqueue: a plain read decides, with no write
     # transaction (which on SQLite would wait for every other writer). Ownership cannot
     # change under a RUN, DUPLICATE or WAIT decision: nobody takes over a key whose
     # owner is queued or running, and only the owner's ack marks it succeeded.
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT job_id, status FROM jobguard_idempotencykey WHERE scope = %s AND key = %s", [scope, key]
+        )
+        row = cursor.fetchone()
+    if row is not None and row[0] == job_id and row[1] != IdempotencyStatus.SUCCEEDED:
+        return Decision(RUN)  # the usual case, decided without building a model
+    digest = fingerprint(task, args, kwargs)
     existing = IdempotencyKey.objects.using(alias).select_related("job").filter(scope=scope, key=key).first()
     if existing is not None:
         decision = _decide(alias, task, existing, job_id, digest, key, scope)
@@ -304,7 +335,7 @@ def begin_execution(
             if existing is None:
                 # Write first: on SQLite a transaction that reads before it writes may fail
                 # to upgrade its lock when another writer got in between.
-                if _insert_key(alias, scope, key, digest, job_id) is not None:
+                if insert_key(alias, scope, key, digest, job_id) is not None:
                     return Decision(RUN)
                 metrics.key_conflict(task.name, "execution")  # another job inserted it
             existing = _locked_key(alias, scope, key)
@@ -374,13 +405,21 @@ def stored_result(alias: str, scope: str, key: str) -> Any:
 
 def record_success(alias: str, scope: str, key: str, job_id: int, result: Any) -> bool:
     """Mark the key succeeded with ``result`` if ``job_id`` owns it; call inside the ack's transaction."""
-    from .models import IdempotencyKey, IdempotencyStatus
-
-    return bool(
-        IdempotencyKey.objects.using(alias)
-        .filter(scope=scope, key=key, job_id=job_id)
-        .update(status=IdempotencyStatus.SUCCEEDED, result=result, updated_at=Now())
+    connection = connections[alias]
+    # Raw SQL: this runs in every keyed ack, where the ORM's update cost more than the rest.
+    now = (
+        "statement_timestamp()"
+        if connection.vendor == "postgresql"
+        else "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
     )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE jobguard_idempotencykey SET status = 'succeeded', result = %s, updated_at = {now} "
+            "WHERE scope = %s AND key = %s AND job_id = %s",
+            [None if result is None else json.dumps(result), scope, key, job_id],
+        )
+        updated: int = cursor.rowcount
+    return updated > 0
 
 
 def record_duplicate(alias: str, scope: str, key: str) -> None:

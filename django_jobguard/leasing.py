@@ -27,6 +27,7 @@ import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from django.conf import settings
 from django.db import connections
 from django.utils.dateparse import parse_datetime
 
@@ -228,13 +229,72 @@ def insert_jobs(
     return results
 
 
+def insert_keyed_job(
+    alias: str,
+    row: dict[str, Any],
+    run_after: datetime.datetime | datetime.timedelta | None,
+    *,
+    scope: str,
+    fingerprint: str,
+    expires_at: datetime.datetime,
+) -> tuple[int, datetime.datetime, datetime.datetime] | None:
+    """Insert a job and its new idempotency key together; None, writing nothing, if the key exists.
+
+    On PostgreSQL one statement does both: the key row takes the job's id from the job
+    table's sequence before the job row exists (the foreign key is checked at commit), and
+    the job is inserted only if the key was. That is one round trip instead of three, and
+    atomic on its own, so it needs no transaction around it. On SQLite the same happens in
+    three statements; the caller holds the transaction.
+    """
+    from .idempotency import insert_key
+
+    connection = connections[alias]
+    if _vendor(alias) == "sqlite":
+        key_id = insert_key(alias, scope, row["idempotency_key"], fingerprint, expires_at=expires_at)
+        if key_id is None:
+            return None
+        (inserted,) = insert_jobs(alias, [row], run_after)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE jobguard_idempotencykey SET job_id = %s WHERE id = %s", [inserted[0], key_id]
+            )
+        return inserted
+    run_after_sql = ""
+    extra_params: list[Any] = []
+    if isinstance(run_after, datetime.timedelta):
+        run_after_sql = ", statement_timestamp() + %s * interval '1 second'"
+        extra_params = [run_after.total_seconds()]
+    elif run_after is not None:
+        run_after_sql = ", %s::timestamptz"
+        extra_params = [connection.ops.adapt_datetimefield_value(run_after)]
+    values = [row[field] for field in _INSERT_FIELDS]
+    values[2] = json.dumps(values[2])
+    values[3] = json.dumps(values[3])
+    sql = (
+        "WITH k AS (INSERT INTO jobguard_idempotencykey "
+        "(key, scope, fingerprint, status, duplicates, expires_at, job_id) "
+        "VALUES (%s, %s, %s, 'in_progress', 0, %s, nextval(pg_get_serial_sequence('jobguard_job', 'id'))) "
+        "ON CONFLICT (scope, key) DO NOTHING RETURNING job_id) "
+        f"INSERT INTO {_TABLE} (id, {_INSERT_COLUMNS}{', run_after' if run_after_sql else ''}) "
+        "SELECT k.job_id, %s::varchar, %s::varchar, %s::jsonb, %s::jsonb, %s::smallint, %s::int, "
+        "%s::float8, %s::varchar, %s::varchar, %s::varchar, 'queued', 0, '', '', 0, 0, '{}'::jsonb"
+        f"{run_after_sql} FROM k RETURNING id, run_after, enqueued_at"
+    )
+    expiry = connection.ops.adapt_datetimefield_value(expires_at)
+    params = [row["idempotency_key"], scope, fingerprint, expiry]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, *values, *extra_params])
+        result = cursor.fetchone()
+    return None if result is None else (result[0], result[1], result[2])
+
+
 def _sqlite_datetime(value: Any) -> datetime.datetime:
-    if isinstance(value, datetime.datetime):
-        return value
-    parsed = parse_datetime(value)
+    """A timestamp SQLite returned (its converters may already have parsed it), aware under USE_TZ."""
+    parsed = value if isinstance(value, datetime.datetime) else parse_datetime(value)
     if parsed is None:  # pragma: no cover - SQLite returned what we wrote
         raise ValueError(f"not a datetime: {value!r}")
-    return parsed.replace(tzinfo=datetime.UTC) if parsed.tzinfo is None else parsed
+    # SQLite stores UTC (its 'now' and Django's writes under USE_TZ) without an offset.
+    return parsed.replace(tzinfo=datetime.UTC) if parsed.tzinfo is None and settings.USE_TZ else parsed
 
 
 _tuned_connections: weakref.WeakSet[Any] = weakref.WeakSet()

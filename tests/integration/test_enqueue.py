@@ -89,3 +89,16 @@ def test_claim_index_is_partial_on_queued_rows():
         with connection.cursor() as cursor:
             cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'jobguard_job_due_idx'")
             assert "WHERE ((status)::text = 'queued'::text)" in cursor.fetchone()[0]
+
+
+@pytest.mark.parametrize("how", ["one", "delayed", "bulk"])
+def test_the_returned_job_equals_the_stored_row_with_aware_timestamps(how):
+    if how == "one":
+        job = tasks.add.enqueue(1)
+    elif how == "delayed":
+        job = tasks.add.using(run_after=datetime.timedelta(minutes=1)).enqueue(1)
+    else:
+        (job,) = tasks.add.bulk_enqueue([((1,), {})])
+    stored = Job.objects.get(pk=job.pk)
+    assert timezone.is_aware(job.run_after) and timezone.is_aware(job.enqueued_at)
+    assert (job.run_after, job.enqueued_at) == (stored.run_after, stored.enqueued_at)

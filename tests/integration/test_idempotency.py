@@ -75,6 +75,46 @@ def test_the_same_key_and_arguments_return_the_first_job_and_count_each_duplicat
     assert duplicates_counted(tasks.add, "enqueue") - before == 2
 
 
+@pytest.mark.parametrize("delay", [None, datetime.timedelta(minutes=5), "datetime"])
+def test_a_new_key_returns_the_job_as_stored_with_its_key_linked(delay):
+    # A new key and its job are written together (one statement on PostgreSQL); the Job
+    # returned must be the stored row, run_after included, and the key must point at it.
+    at = timezone.now() + datetime.timedelta(hours=2)
+    run_after = at if delay == "datetime" else delay
+    before = timezone.now()
+    job = tasks.add.using(idempotency_key=f"new:{delay}", run_after=run_after, priority=7).enqueue(1, b=2)
+    stored = Job.objects.get(pk=job.pk)
+    for field in (
+        "task_name",
+        "queue_name",
+        "args",
+        "kwargs",
+        "priority",
+        "run_after",
+        "enqueued_at",
+        "status",
+    ):
+        assert getattr(job, field) == getattr(stored, field), field
+    assert (stored.idempotency_key, stored.priority, stored.args, stored.kwargs) == (
+        f"new:{delay}",
+        7,
+        [1],
+        {"b": 2},
+    )
+    if delay is None:
+        assert stored.run_after == stored.enqueued_at
+    elif delay == "datetime":
+        assert stored.run_after == at
+    else:
+        assert before + delay - datetime.timedelta(seconds=5) < stored.run_after < timezone.now() + delay
+    key = IdempotencyKey.objects.get(key=f"new:{delay}")
+    assert (key.job_id, key.status, key.fingerprint) == (
+        job.pk,
+        "in_progress",
+        fingerprint(tasks.add, [1], {"b": 2}),
+    )
+
+
 def test_conflicting_arguments_raise_naming_the_key_and_write_nothing():
     first = tasks.add.using(idempotency_key="sum:2").enqueue(1)
     before = duplicates_counted(tasks.add, "enqueue")
