@@ -143,6 +143,22 @@ _INSERT_FIELDS = (
 )
 
 
+def _run_after_sql(
+    connection: Any, postgres: bool, run_after: datetime.datetime | datetime.timedelta | None
+) -> tuple[str, list[Any]]:
+    """The ``, <run_after>`` fragment of a job insert and its parameter (a delay: from the database clock)."""
+    if run_after is None:
+        return "", []
+    if isinstance(run_after, datetime.datetime):
+        return ", %s::timestamptz" if postgres else ", %s", [
+            connection.ops.adapt_datetimefield_value(run_after)
+        ]
+    seconds = run_after.total_seconds()
+    if postgres:
+        return ", statement_timestamp() + %s * interval '1 second'", [seconds]
+    return ", strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)", [f"{seconds:+.6f} seconds"]
+
+
 def insert_jobs(
     alias: str,
     rows: Sequence[dict[str, Any]],
@@ -159,22 +175,8 @@ def insert_jobs(
         return []
     connection = connections[alias]
     postgres = _vendor(alias) == "postgresql"
-    columns = _INSERT_COLUMNS
-    extra_params: list[Any] = []
-    run_after_sql = ""
-    if run_after is not None:
-        columns += ", run_after"
-        if isinstance(run_after, datetime.timedelta):
-            seconds = run_after.total_seconds()
-            if postgres:
-                run_after_sql = ", statement_timestamp() + %s * interval '1 second'"
-                extra_params = [seconds]
-            else:
-                run_after_sql = ", strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
-                extra_params = [f"{seconds:+.6f} seconds"]
-        else:
-            run_after_sql = ", %s"
-            extra_params = [connection.ops.adapt_datetimefield_value(run_after)]
+    columns = _INSERT_COLUMNS + (", run_after" if run_after is not None else "")
+    run_after_sql, extra_params = _run_after_sql(connection, postgres, run_after)
     constants = "'queued', 0, '', '', 0, 0"
     results: list[tuple[int, datetime.datetime, datetime.datetime]] = []
     with connection.cursor() as cursor:
@@ -259,14 +261,7 @@ def insert_keyed_job(
                 "UPDATE jobguard_idempotencykey SET job_id = %s WHERE id = %s", [inserted[0], key_id]
             )
         return inserted
-    run_after_sql = ""
-    extra_params: list[Any] = []
-    if isinstance(run_after, datetime.timedelta):
-        run_after_sql = ", statement_timestamp() + %s * interval '1 second'"
-        extra_params = [run_after.total_seconds()]
-    elif run_after is not None:
-        run_after_sql = ", %s::timestamptz"
-        extra_params = [connection.ops.adapt_datetimefield_value(run_after)]
+    run_after_sql, extra_params = _run_after_sql(connection, True, run_after)
     values = [row[field] for field in _INSERT_FIELDS]
     values[2] = json.dumps(values[2])
     values[3] = json.dumps(values[3])

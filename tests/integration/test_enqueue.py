@@ -91,14 +91,16 @@ def test_claim_index_is_partial_on_queued_rows():
             assert "WHERE ((status)::text = 'queued'::text)" in cursor.fetchone()[0]
 
 
-@pytest.mark.parametrize("how", ["one", "delayed", "bulk"])
-def test_the_returned_job_equals_the_stored_row_with_aware_timestamps(how):
-    if how == "one":
-        job = tasks.add.enqueue(1)
-    elif how == "delayed":
-        job = tasks.add.using(run_after=datetime.timedelta(minutes=1)).enqueue(1)
-    else:
-        (job,) = tasks.add.bulk_enqueue([((1,), {})])
+@pytest.mark.parametrize("bulk", [False, True])
+@pytest.mark.parametrize("run_after", [None, datetime.timedelta(minutes=1), "at"])
+def test_the_returned_job_equals_the_stored_row_with_aware_timestamps(bulk, run_after):
+    at = timezone.now() + datetime.timedelta(hours=1)
+    configured = tasks.add.using(run_after=at if run_after == "at" else run_after)
+    job = configured.bulk_enqueue([((1,), {})])[0] if bulk else configured.enqueue(1)
     stored = Job.objects.get(pk=job.pk)
+    if run_after == "at":
+        assert stored.run_after == at
+    elif run_after is not None:
+        assert stored.run_after > stored.enqueued_at + datetime.timedelta(seconds=59)
     assert timezone.is_aware(job.run_after) and timezone.is_aware(job.enqueued_at)
     assert (job.run_after, job.enqueued_at) == (stored.run_after, stored.enqueued_at)
