@@ -252,8 +252,8 @@ def set_versioned(
     Returns True if written. Returns False, and counts
     ``jobguard_cache_stale_writes_rejected_total``, if the cache holds a value of the same
     or a newer version, or the tombstone of ``invalidate(key, version=v)`` with ``v`` above
-    ``version``. ``timeout`` is seconds as in Django's ``cache.set()`` (the cache's default
-    when not given, None for no expiry). Versions are integers from 0 to 2**53 - 1.
+    ``version``. ``timeout``: seconds the value lives (the cache's default timeout when not
+    given, None for no expiry; 0 is refused). Versions are integers from 0 to 2**53 - 1.
 
     Atomic across processes on django-redis; on other back ends, atomic within one process
     only (see the module docstring). Read the key back with :func:`get_versioned`, not
@@ -263,11 +263,17 @@ def set_versioned(
     version = _check_version(version)
     alias = _alias(cache_alias)
     cache = caches[alias]
+    seconds = cache.default_timeout if timeout is DEFAULT_TIMEOUT else timeout
+    if seconds is not None and (
+        isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0
+    ):
+        # cache.set() takes 0 to mean "expire at once": a versioned write would only erase the floor.
+        raise ValueError(
+            f"a versioned write needs a timeout of more than 0 seconds, or None; not {seconds!r}"
+        )
     client = _redis_connection(cache, alias)
     if client is not None:
-        seconds = cache.default_timeout if timeout is DEFAULT_TIMEOUT else timeout
-        # As cache.set(): None never expires, 0 or less expires at once.
-        ttl_ms = 0 if seconds is None else _ms(max(float(seconds), 0.001))
+        ttl_ms = 0 if seconds is None else _ms(seconds)
         written = bool(
             _run(client, _SET, str(cache.make_key(key)), [version, cache.client.encode(value), ttl_ms])  # type: ignore[attr-defined]
         )

@@ -1,0 +1,57 @@
+"""Tasks of the cache invalidation tests: atomic writes that invalidate a cached value."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+from django_jobguard import task
+from django_jobguard.cache import invalidate
+from django_jobguard.models import Job
+
+from .models import Account, Execution
+
+GATE_TIMEOUT_SECONDS = 60
+
+
+def wait_for_gate(gate: str) -> None:
+    """Block until the test creates the file ``gate`` (never longer than a minute)."""
+    deadline = time.monotonic() + GATE_TIMEOUT_SECONDS
+    while not Path(gate).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@task(atomic=True, takes_context=True, visibility_timeout=2)
+def credit(
+    context,
+    account_id: int,
+    amount: int,
+    key: str,
+    cache_alias: str,
+    gate: str = "",
+    refuse_first_ack: bool = False,
+    sleep_first: float = 0.0,
+) -> int:
+    """Credit an account and invalidate its cached balance, all inside the ack's transaction.
+
+    - ``gate``: wait for that file after invalidating, still inside the transaction.
+    - ``refuse_first_ack``: on the first attempt, move the job's lease token inside the same
+      transaction, so the worker's fenced ack finds no row, raises LeaseLost and rolls back
+      (as when another worker took the job over). Later attempts run normally.
+    - ``sleep_first``: the first attempt sleeps this long before writing (a test freezes it).
+    """
+    Execution.objects.create(marker=key, job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    if context.attempt == 1 and sleep_first:
+        time.sleep(sleep_first)
+    account = Account.objects.select_for_update().get(pk=account_id)
+    account.balance += amount
+    account.revision += 1
+    account.save(update_fields=["balance", "revision"])
+    invalidate(key, cache_alias=cache_alias)  # one database: the default alias is the worker's
+    if gate:
+        wait_for_gate(gate)
+    if refuse_first_ack and context.attempt == 1:
+        Job.objects.filter(pk=context.job_id).update(lease_token="f" * 32)
+    return account.balance
