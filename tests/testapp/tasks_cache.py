@@ -6,7 +6,6 @@ import os
 import time
 from pathlib import Path
 
-
 from django_jobguard import task
 from django_jobguard.cache import invalidate
 from django_jobguard.models import Job
@@ -17,7 +16,8 @@ GATE_TIMEOUT_SECONDS = 60
 
 
 def wait_for_gate(gate: str) -> None:
-    """Block until the test creates the file ``gate`` (never longer than a minute)."""
+    """Create ``<gate>.reached``, then block until the test creates ``gate`` (a minute at most)."""
+    Path(f"{gate}.reached").touch()
     deadline = time.monotonic() + GATE_TIMEOUT_SECONDS
     while not Path(gate).exists() and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -36,7 +36,8 @@ def credit(
 ) -> int:
     """Credit an account and invalidate its cached balance, all inside the ack's transaction.
 
-    - ``gate``: wait for that file after invalidating, still inside the transaction.
+    - ``gate``: after invalidating, still inside the transaction, say so with the file
+      ``<gate>.reached`` and wait for the file ``gate``.
     - ``refuse_first_ack``: on the first attempt, move the job's lease token inside the same
       transaction, so the worker's fenced ack finds no row, raises LeaseLost and rolls back
       (as when another worker took the job over). Later attempts run normally.
