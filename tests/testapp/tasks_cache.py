@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from django_jobguard import task
-from django_jobguard.cache import invalidate
+from django_jobguard.cache import invalidate, set_versioned
 from django_jobguard.models import Job
 
 from .models import Account, Execution
@@ -56,3 +56,15 @@ def credit(
     if refuse_first_ack and context.attempt == 1:
         Job.objects.filter(pk=context.job_id).update(lease_token="f" * 32)
     return account.balance
+
+
+@task()
+def cache_churn(key: str, versions: list[int]) -> list[bool]:
+    """Versioned writes of ``versions`` in that order, then invalidate the key on two caches.
+
+    Not atomic: each invalidation runs at once (autocommit), in the worker process.
+    """
+    written = [set_versioned(key, version, version) for version in versions]
+    invalidate(key, f"{key}:summary")
+    invalidate(key, cache_alias="files")
+    return written
