@@ -2,6 +2,7 @@
 
 from decimal import Decimal
 
+from django.core.cache import cache
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
@@ -25,6 +26,10 @@ class Command(BaseCommand):
             # A producer resends the same business action: the key returns the first job.
             charge_order.using(idempotency_key=f"charge:order:{order.pk}").enqueue(order_id=order.pk)
 
+        # What a page would cache; the shop declares that a recorded payment invalidates it.
+        summaries = [f"shop:order:{pk}:summary" for pk in Order.objects.values_list("pk", flat=True)]
+        cache.set_many(dict.fromkeys(summaries, "unpaid"))
+
         Worker(burst=True, concurrency=2, install_signal_handlers=False).run()
 
         self.stdout.write("\njobs by queue and status")
@@ -38,6 +43,10 @@ class Command(BaseCommand):
         self.stdout.write(f"\nduplicate enqueues stopped by idempotency keys: {duplicates}")
         payments, charges = Payment.objects.count(), ProviderCharge.objects.count()
         self.stdout.write(f"payments recorded: {payments}, provider charges: {charges}")
+        invalidated = len(summaries) - len(cache.get_many(summaries))
+        self.stdout.write(
+            f"order summaries invalidated after their payment committed: {invalidated} of {len(summaries)}"
+        )
         for letter in DeadLetter.objects.all():
             self.stdout.write(
                 f"dead letter #{letter.pk}: {letter.task_name} {letter.kwargs} -> "
