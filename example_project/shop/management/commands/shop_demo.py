@@ -16,10 +16,12 @@ class Command(BaseCommand):
     help = "Run the django-jobguard demo: charge orders exactly once, dead-letter a declined card."
 
     def handle(self, *args, **options):
+        created = []
         customers = [("ada", "12.50", "4242"), ("grace", "99.00", "4242"), ("linus", "5.00", "0000")]
         for name, amount, card in customers:
             with transaction.atomic():
                 order = Order.objects.create(customer=name, amount=Decimal(amount), card=card)
+                created.append(order.pk)
                 # Enqueued inside the order's transaction: no order, no job; no job, no order.
                 charge_order.using(idempotency_key=f"charge:order:{order.pk}").enqueue(order_id=order.pk)
                 send_receipt.enqueue(order.pk)
@@ -27,7 +29,7 @@ class Command(BaseCommand):
             charge_order.using(idempotency_key=f"charge:order:{order.pk}").enqueue(order_id=order.pk)
 
         # What a page would cache; the shop declares that a recorded payment invalidates it.
-        summaries = [f"shop:order:{pk}:summary" for pk in Order.objects.values_list("pk", flat=True)]
+        summaries = [f"shop:order:{pk}:summary" for pk in created]
         cache.set_many(dict.fromkeys(summaries, "unpaid"))
 
         Worker(burst=True, concurrency=2, install_signal_handlers=False).run()
