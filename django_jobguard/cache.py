@@ -210,34 +210,36 @@ def invalidate(
 
 
 def _invalidate_now(keys: list[str], version: int | None, alias: str) -> None:
-    try:
-        cache = caches[alias]
-        if version is None:
-            cache.delete_many(keys)
+    # A plain delete is one round trip for all keys; tombstones are written key by key, so
+    # a failure is counted for the keys it left behind only.
+    batches = [keys] if version is None else [[key] for key in keys]
+    for batch in batches:
+        try:
+            cache = caches[alias]
+            if version is None:
+                cache.delete_many(batch)
+            else:
+                _tombstone(cache, alias, batch[0], version)
+        except Exception:
+            # The write committed; the worst left behind is a value that is stale until its TTL.
+            logger.exception("cache_invalidation_failed cache=%s keys=%s version=%s", alias, batch, version)
+            metrics.cache_invalidated(alias, "error", len(batch))
         else:
-            _tombstone(cache, alias, keys, version)
-    except Exception:
-        # The write committed; the worst left behind is a value that is stale until its TTL.
-        logger.exception("cache_invalidation_failed cache=%s keys=%s version=%s", alias, keys, version)
-        metrics.cache_invalidated(alias, "error", len(keys))
-        return
-    metrics.cache_invalidated(alias, "ok", len(keys))
+            metrics.cache_invalidated(alias, "ok", len(batch))
 
 
-def _tombstone(cache: BaseCache, alias: str, keys: list[str], version: int) -> None:
+def _tombstone(cache: BaseCache, alias: str, key: str, version: int) -> None:
     ttl = get_settings().cache.tombstone_ttl
     client = _redis_connection(cache, alias)
     if client is not None:
-        for key in keys:
-            _run(client, _TOMBSTONE, str(cache.make_key(key)), [version, _ms(ttl)])
+        _run(client, _TOMBSTONE, str(cache.make_key(key)), [version, _ms(ttl)])
         return
     with _local_lock(alias):
-        for key in keys:
-            floor = version - 1
-            held = _entry(cache.get(key))
-            if held is not None:
-                floor = max(floor, held[0] - 1 if held[1] else held[0])
-            cache.set(key, (_MARKER, floor, False, None), timeout=ttl)
+        floor = version - 1
+        held = _entry(cache.get(key))
+        if held is not None:
+            floor = max(floor, held[0] - 1 if held[1] else held[0])
+        cache.set(key, (_MARKER, floor, False, None), timeout=ttl)
 
 
 def set_versioned(
