@@ -103,3 +103,41 @@ def check_lock_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
             id="jobguard.E004",
         )
     ]
+
+
+@checks.register(checks.Tags.caches)
+def check_cache_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.E005: the cache invalidation feature names a cache alias that is not in CACHES.
+
+    Only when the feature is configured (``JOBGUARD["CACHE"]`` given) or used (a model
+    declared with ``cache.invalidates()``), so projects that do not use it are not bothered.
+    """
+    from django.conf import settings
+
+    from . import cache
+    from .conf import get_settings
+
+    try:
+        alias = get_settings().cache.alias
+    except ImproperlyConfigured:
+        return []
+    raw = getattr(settings, "JOBGUARD", None)
+    wanted: dict[str, str] = {}
+    declared = cache.declarations()
+    if (isinstance(raw, dict) and "CACHE" in raw) or any(d.cache_alias is None for d in declared):
+        wanted[alias] = "JOBGUARD['CACHE']['ALIAS']"
+    for declaration in declared:
+        if declaration.cache_alias is not None:
+            wanted.setdefault(
+                declaration.cache_alias, f"invalidates({declaration.model._meta.label})'s cache_alias"
+            )
+    configured = getattr(settings, "CACHES", {})
+    return [
+        checks.Error(
+            f"{where} is {name!r}, which is not in CACHES.",
+            hint="Name one of your CACHES aliases (JOBGUARD['CACHE']['ALIAS'] defaults to 'default').",
+            id="jobguard.E005",
+        )
+        for name, where in sorted(wanted.items())
+        if name not in configured
+    ]

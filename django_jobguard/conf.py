@@ -18,7 +18,15 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-__all__ = ["QueueConfig", "RetryOverrides", "RetryPolicy", "Settings", "get_settings", "reload"]
+__all__ = [
+    "CacheSettings",
+    "QueueConfig",
+    "RetryOverrides",
+    "RetryPolicy",
+    "Settings",
+    "get_settings",
+    "reload",
+]
 
 DEFAULT_VISIBILITY_TIMEOUT_SECONDS = 60
 DEFAULT_MAX_ATTEMPTS = 5
@@ -75,6 +83,14 @@ DEFAULTS: dict[str, Any] = {
         "ALLOW_SELF_APPROVAL": False,
         # Approved replays redriven per minute at most, across all workers.
         "RATE_PER_MINUTE": 60,
+    },
+    "CACHE": {
+        # Cache alias that invalidate(), invalidates(), set_versioned() and get_versioned() use
+        # when the call names none.
+        "ALIAS": "default",
+        # Seconds the tombstone of a versioned invalidation lives: it must outlast the longest
+        # time between a reader loading a row and writing it to the cache.
+        "TOMBSTONE_TTL": 60.0,
     },
 }
 
@@ -223,6 +239,14 @@ class ReplaySettings:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class CacheSettings:
+    """``JOBGUARD["CACHE"]``."""
+
+    alias: str
+    tombstone_ttl: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Settings:
     """The parsed, validated ``JOBGUARD`` setting."""
 
@@ -241,6 +265,7 @@ class Settings:
     locks: LockSettings
     idempotency: IdempotencySettings
     replay: ReplaySettings
+    cache: CacheSettings
     queues: Mapping[str, QueueConfig]
 
     def queue(self, name: str) -> QueueConfig:
@@ -323,6 +348,7 @@ def parse(raw: Any) -> Settings:
         )
     idem = _group(raw, "IDEMPOTENCY")
     replay = _group(raw, "REPLAY")
+    cache = _group(raw, "CACHE")
 
     return Settings(
         database_alias=_string(merged["DATABASE_ALIAS"], ("DATABASE_ALIAS",)),
@@ -351,6 +377,10 @@ def parse(raw: Any) -> Settings:
         replay=ReplaySettings(
             allow_self_approval=_boolean(replay["ALLOW_SELF_APPROVAL"], ("REPLAY", "ALLOW_SELF_APPROVAL")),
             rate_per_minute=_integer(replay["RATE_PER_MINUTE"], ("REPLAY", "RATE_PER_MINUTE"), minimum=1),
+        ),
+        cache=CacheSettings(
+            alias=_string(cache["ALIAS"], ("CACHE", "ALIAS")),
+            tombstone_ttl=_number(cache["TOMBSTONE_TTL"], ("CACHE", "TOMBSTONE_TTL"), allow_zero=False),
         ),
         queues=queues,
     )

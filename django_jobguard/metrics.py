@@ -14,7 +14,7 @@ Two kinds of metrics, served by different processes:
 
 Everything is a no-op when ``prometheus_client`` is not installed (the ``metrics`` extra),
 so the hot path never has to ask. Labels stay bounded: queue, task, status, category,
-reason, where, operation. Never a job id or a key.
+reason, where, operation, action, cache (a cache alias). Never a job id or a key.
 """
 
 from __future__ import annotations
@@ -73,7 +73,9 @@ DURATION_BUCKETS_SECONDS = (
 )
 
 #: The only label names a jobguard metric may carry (each with a small, bounded set of values).
-ALLOWED_LABELS = frozenset({"queue", "task", "status", "category", "reason", "where", "operation", "action"})
+ALLOWED_LABELS = frozenset(
+    {"queue", "task", "status", "category", "reason", "where", "operation", "action", "cache"}
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -187,6 +189,19 @@ KEY_CONFLICTS = _counter(
     "Idempotency key inserts that met the unique constraint (the key existed), at enqueue or execution.",
     ("task", "where"),
     source="enqueuing process and worker",
+)
+CACHE_INVALIDATIONS = _counter(
+    "jobguard_cache_invalidations_total",
+    "Cache keys invalidated after a commit (deleted, or replaced by a version tombstone); "
+    "status error: the cache failed and the key may hold a stale value until it expires.",
+    ("cache", "status"),
+    source="web or worker (the process that committed the write)",
+)
+CACHE_STALE_WRITES = _counter(
+    "jobguard_cache_stale_writes_rejected_total",
+    "Versioned cache writes refused because the cache held that version or a newer one.",
+    ("cache",),
+    source="web or worker (the process that fills the cache)",
 )
 
 # Queue gauges: computed from the database at scrape time by QueueCollector.
@@ -500,3 +515,13 @@ def reference_table() -> str:
 
 def key_conflict(task: str, where: str) -> None:
     KEY_CONFLICTS.labels(task, where).inc()
+
+
+def cache_invalidated(cache: str, status: str, count: int = 1) -> None:
+    """Count ``count`` keys invalidated on cache alias ``cache`` (status ``ok`` or ``error``)."""
+    _child(CACHE_INVALIDATIONS, cache, status).inc(count)
+
+
+def stale_write_rejected(cache: str) -> None:
+    """Count a versioned write that lost to the version the cache held."""
+    _child(CACHE_STALE_WRITES, cache).inc()

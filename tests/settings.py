@@ -70,7 +70,12 @@ if os.environ.get("JOBGUARD_TEST_CLOCK_OFFSET"):
 if os.environ.get("JOBGUARD_TEST_DB_NAME"):
     DATABASES["default"]["NAME"] = os.environ["JOBGUARD_TEST_DB_NAME"]
 
-CACHES: dict[str, dict[str, Any]] = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+CACHE_DIR = BASE_DIR / ".db" / f"cache_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+CACHES: dict[str, dict[str, Any]] = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    # A cache the worker subprocesses share with the test process (local memory is per process).
+    "files": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": str(CACHE_DIR)},
+}
 if REDIS_URL:
     CACHES["redis"] = {
         "BACKEND": "django_redis.cache.RedisCache",

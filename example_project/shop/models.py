@@ -1,5 +1,7 @@
 from django.db import models
 
+from django_jobguard.cache import invalidates
+
 
 class Order(models.Model):
     customer = models.CharField(max_length=100)
@@ -31,3 +33,8 @@ class ProviderCharge(models.Model):
 
     def __str__(self) -> str:
         return self.reference
+
+
+# A recorded payment changes its order's cached summary: delete the key once the payment
+# commits (for charge_order, an atomic task: once its ack commits), never if it rolls back.
+invalidates(Payment, "shop:order:{order_id}:summary")

@@ -25,7 +25,7 @@ from django_jobguard import lock
 from django_jobguard.metrics import metrics_view
 from django_jobguard.models import DeadLetter, Job
 from tests.conftest import wait_for
-from tests.testapp import tasks
+from tests.testapp import tasks, tasks_cache
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 
@@ -34,6 +34,7 @@ FLAKY = "tests.testapp.tasks.flaky"
 RECORD = "tests.testapp.tasks.record"
 LOCKED = "tests.testapp.tasks.locked_interval"
 SHORT = "tests.testapp.tasks.short_lease_plain"
+CHURN = "tests.testapp.tasks_cache.cache_churn"
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -94,6 +95,8 @@ def test_scrape_after_a_scripted_run_shows_every_metric(workers, client):
         second = tasks.record.enqueue("obs-dup")  # same ledger key: a unique-constraint conflict
         Job.objects.filter(pk__in=[first.pk, second.pk]).update(max_attempts=1)
         keyed = tasks.add.using(idempotency_key="obs-key").enqueue(40, b=2)
+        # Versioned cache writes 3, 1, 3, 5: two refused as stale; then 2 + 1 keys invalidated.
+        churn = tasks_cache.cache_churn.enqueue("obs-cache", [3, 1, 3, 5])
         # A lease that already expired (its worker died): the reaper makes the job visible again.
         now = timezone.now()
         orphan = Job.objects.create(
@@ -115,7 +118,7 @@ def test_scrape_after_a_scripted_run_shows_every_metric(workers, client):
 
     wait_for(lambda: Job.objects.get(pk=locked.pk).lock_contentions >= 1, 60, message="a lock contention")
     held.release()
-    run = [*adds, retried, permanent, first, second, keyed, orphan, locked]
+    run = [*adds, retried, permanent, first, second, keyed, orphan, locked, churn]
     wait_for(lambda: finished(run), 120, message="the scripted jobs to finish")
     # A second job with a key whose action already succeeded: a duplicate at execution.
     duplicate = Job.objects.create(
@@ -184,6 +187,16 @@ def test_scrape_after_a_scripted_run_shows_every_metric(workers, client):
     assert value(worker, "jobguard_idempotency_duplicates_total", task=ADD, where="execution") == 1
     assert not [key for key in worker if key[0] == "jobguard_lease_lost_total"]
     assert not [key for key in worker if key[0] == "jobguard_lock_failures_total"]
+    # Cache invalidations by cache alias and status, and versioned writes refused as stale.
+    assert Job.objects.get(pk=churn.pk).result == [True, False, False, True]
+    assert value(worker, "jobguard_cache_invalidations_total", cache="default", status="ok") == 2
+    assert value(worker, "jobguard_cache_invalidations_total", cache="files", status="ok") == 1
+    assert not [
+        key
+        for key in worker
+        if key[0] == "jobguard_cache_invalidations_total" and ("status", "error") in key[1]
+    ]
+    assert value(worker, "jobguard_cache_stale_writes_rejected_total", cache="default") == 2
     # The worker serves no queue gauges: the web process does, once for all workers.
     assert not [key for key in worker if key[0].startswith("jobguard_queue_")]
 

@@ -85,3 +85,24 @@ class JobTransition(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id}: {self.old_status or 'new'} -> {self.new_status}"
+
+
+class Tag(models.Model):
+    """A label on accounts: the many-to-many side of the cache invalidation tests."""
+
+    name = models.CharField(max_length=50, unique=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Account(models.Model):
+    """A row whose derived values (balance, summary) are cached and invalidated on write."""
+
+    owner = models.CharField(max_length=100)
+    balance = models.IntegerField(default=0)
+    revision = models.IntegerField(default=0, help_text="Bumped on every write: the cache version.")
+    tags = models.ManyToManyField(Tag, blank=True, related_name="accounts")
+
+    def __str__(self) -> str:
+        return f"{self.owner}: {self.balance} (r{self.revision})"

@@ -128,4 +128,4 @@ def short_lease_plain(context, marker: str, seconds: float = 0.0) -> int:
     return context.attempt
 
 
-from . import tasks_dlq, tasks_faults, tasks_idem, tasks_locks  # noqa: E402, F401
+from . import tasks_cache, tasks_dlq, tasks_faults, tasks_idem, tasks_locks  # noqa: E402, F401

@@ -2,6 +2,7 @@
 
 from decimal import Decimal
 
+from django.core.cache import cache
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
@@ -15,15 +16,21 @@ class Command(BaseCommand):
     help = "Run the django-jobguard demo: charge orders exactly once, dead-letter a declined card."
 
     def handle(self, *args, **options):
+        created = []
         customers = [("ada", "12.50", "4242"), ("grace", "99.00", "4242"), ("linus", "5.00", "0000")]
         for name, amount, card in customers:
             with transaction.atomic():
                 order = Order.objects.create(customer=name, amount=Decimal(amount), card=card)
+                created.append(order.pk)
                 # Enqueued inside the order's transaction: no order, no job; no job, no order.
                 charge_order.using(idempotency_key=f"charge:order:{order.pk}").enqueue(order_id=order.pk)
                 send_receipt.enqueue(order.pk)
             # A producer resends the same business action: the key returns the first job.
             charge_order.using(idempotency_key=f"charge:order:{order.pk}").enqueue(order_id=order.pk)
+
+        # What a page would cache; the shop declares that a recorded payment invalidates it.
+        summaries = [f"shop:order:{pk}:summary" for pk in created]
+        cache.set_many(dict.fromkeys(summaries, "unpaid"))
 
         Worker(burst=True, concurrency=2, install_signal_handlers=False).run()
 
@@ -38,6 +45,10 @@ class Command(BaseCommand):
         self.stdout.write(f"\nduplicate enqueues stopped by idempotency keys: {duplicates}")
         payments, charges = Payment.objects.count(), ProviderCharge.objects.count()
         self.stdout.write(f"payments recorded: {payments}, provider charges: {charges}")
+        invalidated = len(summaries) - len(cache.get_many(summaries))
+        self.stdout.write(
+            f"order summaries invalidated after their payment committed: {invalidated} of {len(summaries)}"
+        )
         for letter in DeadLetter.objects.all():
             self.stdout.write(
                 f"dead letter #{letter.pk}: {letter.task_name} {letter.kwargs} -> "
