@@ -29,7 +29,6 @@ request or job, whose write has already committed.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import logging
 import threading
@@ -42,6 +41,7 @@ from django.db import models, transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
 from . import metrics
+from ._redis import milliseconds, run_script
 from .conf import get_settings
 
 __all__ = [
@@ -113,9 +113,6 @@ redis.call('HSET', KEYS[1], 'f', string.format('%.0f', floor))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 """
-_SHA = {
-    script: hashlib.sha1(script.encode(), usedforsecurity=False).hexdigest() for script in (_SET, _TOMBSTONE)
-}
 
 
 def _redis_connection(cache: BaseCache, alias: str) -> Any | None:
@@ -125,20 +122,6 @@ def _redis_connection(cache: BaseCache, alias: str) -> Any | None:
     from django_redis import get_redis_connection
 
     return get_redis_connection(alias)
-
-
-def _run(client: Any, script: str, key: str, args: list[Any]) -> Any:
-    from redis.exceptions import NoScriptError
-
-    try:
-        return client.evalsha(_SHA[script], 1, key, *args)
-    except NoScriptError:
-        # First use on this server, or it restarted: EVAL runs and caches the script.
-        return client.eval(script, 1, key, *args)
-
-
-def _ms(seconds: float) -> int:
-    return max(1, round(seconds * 1000))
 
 
 # -- other back ends: a read and a write under a process-local lock ------------------------
@@ -232,7 +215,7 @@ def _tombstone(cache: BaseCache, alias: str, key: str, version: int) -> None:
     ttl = get_settings().cache.tombstone_ttl
     client = _redis_connection(cache, alias)
     if client is not None:
-        _run(client, _TOMBSTONE, str(cache.make_key(key)), [version, _ms(ttl)])
+        run_script(client, _TOMBSTONE, [str(cache.make_key(key))], [version, milliseconds(ttl)])
         return
     with _local_lock(alias):
         floor = version - 1
@@ -275,10 +258,9 @@ def set_versioned(
         )
     client = _redis_connection(cache, alias)
     if client is not None:
-        ttl_ms = 0 if seconds is None else _ms(seconds)
-        written = bool(
-            _run(client, _SET, str(cache.make_key(key)), [version, cache.client.encode(value), ttl_ms])  # type: ignore[attr-defined]
-        )
+        ttl_ms = 0 if seconds is None else milliseconds(seconds)
+        encoded = cache.client.encode(value)  # type: ignore[attr-defined]
+        written = bool(run_script(client, _SET, [str(cache.make_key(key))], [version, encoded, ttl_ms]))
     else:
         with _local_lock(alias):
             held = _entry(cache.get(key))

@@ -12,11 +12,11 @@ Both keys of one lock must live on one server, so Redis Cluster is not supported
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from .._redis import milliseconds, run_script
 from ..exceptions import LockUnavailable
 from .base import RESERVED_SUFFIX, BaseLock
 
@@ -51,14 +51,6 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
-_SHA = {
-    script: hashlib.sha1(script.encode(), usedforsecurity=False).hexdigest()
-    for script in (_ACQUIRE, _RELEASE, _EXTEND)
-}
-
-
-def _ms(seconds: float) -> int:
-    return max(1, round(seconds * 1000))
 
 
 class RedisLock(BaseLock):
@@ -95,15 +87,11 @@ class RedisLock(BaseLock):
             ) from None
 
     def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
-        from redis.exceptions import NoScriptError, RedisError
+        from redis.exceptions import RedisError
 
         client = self._client()
         try:
-            try:
-                return client.evalsha(_SHA[script], len(keys), *keys, *args)
-            except NoScriptError:
-                # First use on this server, or it restarted: EVAL runs and caches the script.
-                return client.eval(script, len(keys), *keys, *args)
+            return run_script(client, script, keys, args)
         except RedisError as exc:
             raise LockUnavailable(f"lock {self.name!r}: Redis did not answer ({exc})") from exc
 
@@ -111,7 +99,7 @@ class RedisLock(BaseLock):
         result = self._run(
             _ACQUIRE,
             [self.name, self.fencing_key],
-            [token, _ms(self.ttl), _ms(max(self.ttl, FENCING_KEY_TTL_SECONDS))],
+            [token, milliseconds(self.ttl), milliseconds(max(self.ttl, FENCING_KEY_TTL_SECONDS))],
         )
         return int(result) if result else None
 
@@ -119,7 +107,7 @@ class RedisLock(BaseLock):
         return bool(self._run(_RELEASE, [self.name], [self.token]))
 
     def _extend(self, ttl: float) -> bool:
-        return bool(self._run(_EXTEND, [self.name], [self.token, _ms(ttl)]))
+        return bool(self._run(_EXTEND, [self.name], [self.token, milliseconds(ttl)]))
 
     def locked(self) -> bool:
         from redis.exceptions import RedisError
