@@ -190,6 +190,9 @@ class Worker:
         """Stop claiming and shut down (what SIGTERM does); ``force`` skips the grace period."""
         self._forced = self._forced or force or self._stopping
         self._stopping = True
+        self._wake_waiters()
+
+    def _wake_waiters(self) -> None:
         self._wake.set()
         self._slot_freed.set()
         if self._listener is not None:
@@ -199,8 +202,16 @@ class Worker:
 
     def _install_signal_handlers(self) -> None:
         def handle(signum: int, frame: Any) -> None:
+            # This runs in the main thread between two bytecodes, possibly while that thread
+            # holds an Event's internal lock (inside Event.clear() or wait()): setting the
+            # Events from here could deadlock. Flags and the listener's pipe are safe; a
+            # short-lived thread sets the Events.
+            self._forced = self._forced or self._stopping
+            self._stopping = True
             logger.info("worker_stopping worker_id=%s signal=%s", self.worker_id, signal.Signals(signum).name)
-            self.stop(force=self._stopping)
+            if self._listener is not None:
+                self._listener.wake()
+            threading.Thread(target=self._wake_waiters, name="jobguard-stop", daemon=True).start()
 
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
