@@ -22,7 +22,8 @@ class JobContext:
     as a payment provider's idempotency key). ``checkpoint()`` records how far a
     non-atomic handler got, so a retry can resume after the last finished phase.
     ``lease_lost`` / ``lock_lost`` turn true when the heartbeat finds the job's lease or
-    lock gone: a long handler should check them between steps and stop.
+    lock gone: a long handler should check them between steps and stop. ``using`` is the
+    database alias of the job's transaction.
     """
 
     task: Task[Any, Any]
@@ -44,6 +45,16 @@ class JobContext:
     def detached(cls, task: Task[Any, Any]) -> JobContext:
         """A context for ``Task.call()``: no job, checkpoints kept in memory."""
         return cls(task=task, job_id=None, attempt=1, max_attempts=1, queue_name="", _checkpoints={})
+
+    @property
+    def using(self) -> str:
+        """The database alias the worker's claim, ack and (for ``atomic=True``) transaction use.
+
+        Pass it on where a call needs the alias of the job's transaction, for example
+        ``invalidate(key, using=context.using)`` when ``JOBGUARD["DATABASE_ALIAS"]`` is not
+        Django's default.
+        """
+        return self._alias
 
     @property
     def lease_lost(self) -> bool:

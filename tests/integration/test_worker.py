@@ -36,6 +36,19 @@ def test_burst_runs_every_due_job_once_and_stores_results():
         assert job.finished_at is not None and job.lease_token is None
 
 
+def test_context_describes_the_run_and_its_database_alias():
+    job = tasks.describe_context.enqueue()
+    assert run_burst(queues=["context"], worker_id="context-worker") == 0
+    job.refresh_from_db()
+    assert job.result == {
+        "job_id": job.pk,
+        "attempt": 1,
+        "queue_name": "context",
+        "worker_id": "context-worker",
+        "using": "default",
+    }
+
+
 def test_atomic_task_writes_and_ack_commit_together():
     job = tasks.record.enqueue("alpha", amount=5)
     run_burst()

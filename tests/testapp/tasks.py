@@ -129,3 +129,15 @@ def short_lease_plain(context, marker: str, seconds: float = 0.0) -> int:
 
 
 from . import tasks_cache, tasks_dlq, tasks_faults, tasks_idem, tasks_locks  # noqa: E402, F401
+
+
+@task(takes_context=True, queue_name="context")
+def describe_context(context) -> dict:
+    """Returns what the worker told the handler about its run."""
+    return {
+        "job_id": context.job_id,
+        "attempt": context.attempt,
+        "queue_name": context.queue_name,
+        "worker_id": context.worker_id,
+        "using": context.using,
+    }
