@@ -660,9 +660,6 @@ INVARIANTS = {
         "SELECT id FROM jobguard_job WHERE status = 'running' "
         "AND (lease_token IS NULL OR lease_expires_at IS NULL)"
     ),
-    "expired leases at quiescence": (
-        "SELECT id FROM jobguard_job WHERE status = 'running' AND lease_expires_at < statement_timestamp()"
-    ),
     "attempts > max attempts": "SELECT id FROM jobguard_job WHERE attempts > max_attempts",
     "dead letters without a reason": (
         "SELECT j.id FROM jobguard_job j LEFT JOIN jobguard_deadletter d ON d.job_id = j.id "
@@ -676,8 +673,13 @@ INVARIANTS = {
 }
 
 
+#: The package's own audit (``jobguard_audit``) at quiescence: no grace for expired leases.
+AUDIT_CHECKS = ("expired_leases", "dead_without_dead_letter", "keys_disagreeing_with_their_job")
+
+
 def invariant_violations() -> dict[str, list[int]]:
-    """Run every invariant query; each must return no rows."""
+    """Run every invariant query and the audit's checks; each must return no rows."""
+    from django_jobguard.audit import audit
     from django_jobguard.models import DeadLetterReason
 
     out: dict[str, list[int]] = {}
@@ -693,6 +695,9 @@ def invariant_violations() -> dict[str, list[int]]:
             params = (reasons if not postgres else [reasons]) if "%s" in sql else []
             cursor.execute(sql, params)
             out[name] = sorted(row[0] for row in cursor.fetchall())
+    for finding in audit(grace=0, sample_size=1_000_000):
+        if finding.check in AUDIT_CHECKS:
+            out[f"audit: {finding.description}"] = finding.sample
     return out
 
 
