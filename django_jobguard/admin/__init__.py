@@ -1,4 +1,4 @@
-"""Django admin for jobs, dead letters and idempotency keys.
+"""Django admin for jobs, dead letters, idempotency keys and database locks.
 
 Rows are read-only here: they change through the worker and the service layer. The one
 thing operators do in the admin is the dead-letter replay workflow (request, approve,
@@ -8,5 +8,6 @@ Payloads, stored results and tracebacks show only to users with ``jobguard.view_
 
 from .dead_letters import DeadLetterAdmin
 from .jobs import IdempotencyKeyAdmin, JobAdmin
+from .locks import LockAdmin
 
-__all__ = ["DeadLetterAdmin", "IdempotencyKeyAdmin", "JobAdmin"]
+__all__ = ["DeadLetterAdmin", "IdempotencyKeyAdmin", "JobAdmin", "LockAdmin"]
