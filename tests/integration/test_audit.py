@@ -136,9 +136,15 @@ def test_command_json_lists_every_check():
 
 
 def test_command_rejects_bad_options():
-    with pytest.raises(CommandError, match="no such database alias"):
-        call_command("jobguard_audit", "--database", "elsewhere")
     with pytest.raises(CommandError, match="0 seconds or more"):
         call_command("jobguard_audit", "--grace", "-1")
     with pytest.raises(ValueError, match="0 seconds or more"):
         audit(grace=-1)
+
+
+@pytest.mark.parametrize(
+    "command", ["jobguard_audit", "jobguard_prune", "jobguard_status", "jobguard_worker"]
+)
+def test_every_command_names_an_unknown_database_alias(command):
+    with pytest.raises(CommandError, match="--database 'elsewhere': no such database alias in DATABASES"):
+        call_command(command, "--database", "elsewhere")

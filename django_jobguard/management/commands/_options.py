@@ -1,8 +1,31 @@
-"""Argument types shared by the jobguard commands; their errors name the rule broken."""
+"""Arguments shared by the jobguard commands; their errors name the rule broken."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+from django.db import connections
+
+from ...conf import get_settings
+
+
+def add_database_argument(parser: CommandParser) -> None:
+    """``--database ALIAS``; read it back with :func:`database_alias`."""
+    parser.add_argument(
+        "--database",
+        default=None,
+        help="Database alias holding the jobs (default JOBGUARD['DATABASE_ALIAS']).",
+    )
+
+
+def database_alias(options: dict[str, Any]) -> str:
+    """The ``--database`` given, else ``JOBGUARD["DATABASE_ALIAS"]``; an unknown alias is an error."""
+    alias: str = options["database"] or get_settings().database_alias
+    if alias not in connections.settings:
+        raise CommandError(f"--database {alias!r}: no such database alias in DATABASES.")
+    return alias
 
 
 def positive_int(value: str) -> int:

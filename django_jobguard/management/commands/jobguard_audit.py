@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections
+from django.core.management.base import BaseCommand, CommandParser
 from django.utils import timezone
 
 from ...audit import DEFAULT_GRACE_SECONDS, Finding, audit
-from ...conf import get_settings
-from ._options import non_negative_float
+from ._options import add_database_argument, database_alias, non_negative_float
 
 
 class Command(BaseCommand):
@@ -33,16 +31,10 @@ class Command(BaseCommand):
                 f"reported (default {DEFAULT_GRACE_SECONDS:g})."
             ),
         )
-        parser.add_argument(
-            "--database",
-            default=None,
-            help="Database alias holding the jobs (default JOBGUARD['DATABASE_ALIAS']).",
-        )
+        add_database_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        alias = options["database"] or get_settings().database_alias
-        if alias not in connections.settings:
-            raise CommandError(f"--database {alias!r}: no such database alias in DATABASES.")
+        alias = database_alias(options)
         findings = audit(alias, grace=options["grace"])
         found = [finding for finding in findings if not finding.ok]
         if options["json"]:

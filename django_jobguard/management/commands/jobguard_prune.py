@@ -8,8 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from ...conf import get_settings
 from ...retention import prune
+from ._options import add_database_argument, database_alias
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
@@ -55,15 +55,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--dry-run", action="store_true", help="Count what would be deleted; delete nothing."
         )
-        parser.add_argument(
-            "--database",
-            default=None,
-            help="Database alias holding the jobs (default JOBGUARD['DATABASE_ALIAS']).",
-        )
+        add_database_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         report = prune(
-            options["database"] or get_settings().database_alias,
+            database_alias(options),
             jobs_older_than=options["jobs_older_than"],
             batch_size=options["batch_size"],
             dry_run=options["dry_run"],

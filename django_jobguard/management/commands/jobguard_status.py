@@ -7,12 +7,10 @@ import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections
 from django.utils import timezone
 
-from ...conf import get_settings
 from ...stats import QueueStats, queue_stats
-from ._options import positive_float, positive_int
+from ._options import add_database_argument, database_alias, positive_float, positive_int
 
 #: Seconds between refreshes of ``--watch`` when none is given.
 DEFAULT_WATCH_INTERVAL_SECONDS = 2.0
@@ -103,18 +101,12 @@ class Command(BaseCommand):
             metavar="QUEUE",
             help="Show only this queue; repeat for several. Default: every queue.",
         )
-        parser.add_argument(
-            "--database",
-            default=None,
-            help="Database alias holding the jobs (default JOBGUARD['DATABASE_ALIAS']).",
-        )
+        add_database_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["count"] is not None and options["watch"] is None:
             raise CommandError("--count only applies with --watch.")
-        alias = options["database"] or get_settings().database_alias
-        if alias not in connections.settings:
-            raise CommandError(f"--database {alias!r}: no such database alias in DATABASES.")
+        alias = database_alias(options)
         watch = options["watch"]
         shown = 0
         try:

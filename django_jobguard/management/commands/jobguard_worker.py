@@ -8,9 +8,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import metrics
-from ...conf import get_settings
 from ...worker import Worker
-from ._options import non_negative_float, positive_float, positive_int
+from ._options import add_database_argument, database_alias, non_negative_float, positive_float, positive_int
 
 
 class Command(BaseCommand):
@@ -85,14 +84,9 @@ class Command(BaseCommand):
             metavar="ADDR",
             help="Address the metrics server listens on (default 0.0.0.0).",
         )
-        parser.add_argument(
-            "--database",
-            default=None,
-            help="Database alias holding the jobs (default JOBGUARD['DATABASE_ALIAS']).",
-        )
+        add_database_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        conf = get_settings()
         queues = options["queues"]
         for name in queues or ():
             if not name or len(name) > 100:
@@ -109,7 +103,7 @@ class Command(BaseCommand):
             burst=options["burst"],
             max_jobs=options["max_jobs"],
             worker_id=options["worker_id"],
-            database_alias=options["database"] or conf.database_alias,
+            database_alias=database_alias(options),
             poll_interval=options["poll_interval"],
             reaper_interval=options["reaper_interval"],
             shutdown_grace=options["shutdown_grace"],
