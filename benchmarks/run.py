@@ -273,17 +273,20 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"warm-up: {system.label}, {sizes.warmup_jobs} jobs (not measured)")
                 throughput_run(system, workdir, sizes.warmup_jobs)
 
-        def measure(workload: str, key: str, config: str, run: Callable[[], dict[str, float]]) -> None:
+        def measure(
+            workload: str, key: str, config: str, run: Callable[[], dict[str, float]]
+        ) -> dict[str, float] | None:
             label = SYSTEM_LABELS.get(key, key)
             try:
                 values = run()
             except BenchError as exc:
                 results.errors.append(f"{workload} {label} {config}: {exc}")
                 log(f"  FAILED {workload} {label} {config}: {str(exc)[:2000]}")
-                return
+                return None
             results.add(workload, key, config, values)
             shown = ", ".join(f"{k}={v:,.2f}" for k, v in values.items() if isinstance(v, float))
             log(f"  {workload} {label} {config}: {shown}")
+            return values
 
         for r in range(args.runs):
             log(f"round {r + 1}/{args.runs}")
@@ -327,17 +330,25 @@ def main(argv: list[str] | None = None) -> int:
                 if r == 0:
                     full.setup()
                 fill_backlog(servers, full, sizes.backlog_rows)
-                for system, config in (
+                pair = [
                     (empty, f"n={sizes.backlog_jobs} empty table"),
                     (full, f"n={sizes.backlog_jobs} {sizes.backlog_rows:,} finished rows"),
-                ):
+                ]
+                # Each round measures both tables back to back, in alternating order, so the
+                # host's drift between rounds cancels out of the round's ratio.
+                rates = {}
+                for system, config in pair if r % 2 == 0 else pair[::-1]:
                     system.configure(*HEADLINE)
-                    measure(
+                    values = measure(
                         "backlog",
                         "jobguard",
                         config,
                         lambda s=system: throughput_run(s, workdir, sizes.backlog_jobs),
                     )
+                    if values:
+                        rates[system is full] = values["processing_rate"]
+                if len(rates) == 2:
+                    results.add("backlog", "jobguard", "paired", {"ratio": rates[True] / rates[False]})
             if "safety" in workloads and "jobguard" in systems:
                 ours = systems["jobguard"]
                 assert isinstance(ours, Jobguard)

@@ -87,3 +87,27 @@ def test_report_checks_the_issue_targets_on_medians() -> None:
     dtdb_row = next(line for line in text.splitlines() if line.startswith("| django-tasks-db"))
     assert "| 300 (300-300)" in dtdb_row
     assert "| 3.00x" in dtdb_row
+
+
+def test_backlog_target_takes_the_median_of_each_rounds_ratio() -> None:
+    # Rounds of (empty, full) rates measured back to back. The ratio of the medians pairs
+    # round 1's empty table with round 2's full one; each round's own ratio does not.
+    results = Results()
+    empty = f"n={QUICK.backlog_jobs} empty table"
+    full = f"n={QUICK.backlog_jobs} {QUICK.backlog_rows:,} finished rows"
+    for empty_rate, full_rate in ((1000.0, 700.0), (700.0, 680.0), (1000.0, 990.0)):
+        results.add("backlog", "jobguard", empty, {"processing_rate": empty_rate})
+        results.add("backlog", "jobguard", full, {"processing_rate": full_rate})
+        results.add("backlog", "jobguard", "paired", {"ratio": full_rate / empty_rate})
+    text = Report(results, QUICK, ["jobguard"]).build(["backlog"])
+    assert "- PASS: backlog processing rate within 10% of the empty table: 0.97x (target >= 0.9x)" in text
+    assert "backlog / empty, medians: 0.70x; per round, median (min-max): 0.97 (0.70-0.99)" in text
+
+
+def test_backlog_target_falls_back_to_the_ratio_of_medians_without_pairs() -> None:
+    results = Results()
+    results.add("backlog", "jobguard", f"n={QUICK.backlog_jobs} empty table", {"processing_rate": 1000.0})
+    full = f"n={QUICK.backlog_jobs} {QUICK.backlog_rows:,} finished rows"
+    results.add("backlog", "jobguard", full, {"processing_rate": 850.0})
+    text = Report(results, QUICK, ["jobguard"]).build(["backlog"])
+    assert "- FAIL: backlog processing rate within 10% of the empty table: 0.85x (target >= 0.9x)" in text
