@@ -213,6 +213,10 @@ class Death:
     cause: str  # "harness" (our SIGKILL) or "self" (a fault point or a poison job)
     returncode: int | None
     orphans: list[tuple[int, str]]
+    log_tail: str = ""  # the end of the worker's output, when it died by itself
+
+    def describe(self) -> str:
+        return f"{self.worker_id} ({self.cause}, exit {self.returncode}): ...{self.log_tail[-600:]}"
 
 
 class Pool:
@@ -317,6 +321,7 @@ class Pool:
             cause=cause,
             returncode=slot.proc.returncode,
             orphans=self.held_by(slot.worker_id),
+            log_tail=self.procs.log(slot.proc)[-2000:] if cause == "self" else "",
         )
         self.deaths.append(death)
         self.history.record(

@@ -97,7 +97,7 @@ def test_t8_poison_jobs_are_dead_lettered_with_their_reason_and_healthy_jobs_suc
     # Every worker death must be the worker-killer's doing: the dead worker had started one.
     killers = {j for j, kind in poison.items() if kind == "kills_worker"}
     started = {(e["source"], e["job_id"]) for e in scenario.history.events() if e["event"] == "start"}
-    unexplained = [d.worker_id for d in pool.deaths if not any((d.worker_id, j) in started for j in killers)]
+    unexplained = [d for d in pool.deaths if not any((d.worker_id, j) in started for j in killers)]
     violations = scenario.finish(
         **figures,
         drained=drained,
@@ -106,6 +106,7 @@ def test_t8_poison_jobs_are_dead_lettered_with_their_reason_and_healthy_jobs_suc
         healthy_total=healthy_total,
         poison_orphaned_by_worker_deaths=sorted(poison[j] for j in poison if j in orphaned),
         worker_deaths_unexplained=len(unexplained),
+        unexplained_deaths=[death.describe() for death in unexplained],
         exit_codes=exit_codes,
     )
 
@@ -119,8 +120,9 @@ def test_t8_poison_jobs_are_dead_lettered_with_their_reason_and_healthy_jobs_suc
         assert got in expected, (kind, job_id, got, expected)
     assert healthy_succeeded == healthy_total
     # At most one death per attempt of a worker-killer (fewer when one worker had claimed both).
-    assert 1 <= len(pool.deaths) <= 2 * COPIES, figures["worker_deaths"]
-    assert unexplained == [], unexplained
+    deaths = [death.describe() for death in pool.deaths]
+    assert 1 <= len(pool.deaths) <= 2 * COPIES, (figures["worker_deaths"], deaths)
+    assert unexplained == [], [death.describe() for death in unexplained]
     assert len(alive_at_end) == 3 and set(exit_codes.values()) == {0}, exit_codes
     assert (figures["lost"], figures["unexpected"], figures["duplicate_effects"]) == (0, 0, 0), figures
     assert not any(violations.values()), violations
