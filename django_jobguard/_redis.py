@@ -1,4 +1,4 @@
-"""Lua scripts on Redis, shared by the lock back end and the versioned cache writes."""
+"""Redis through django-redis, shared by the lock back end and the versioned cache writes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,28 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["milliseconds", "run_script"]
+__all__ = ["is_django_redis", "milliseconds", "run_script"]
+
+
+def is_django_redis(backend: Any) -> bool:
+    """Whether ``backend`` (a cache, a cache class, or its dotted path) is django-redis's cache.
+
+    Subclasses count: django-prometheus's ``django_prometheus.cache.backends.redis.RedisCache``
+    (hit and miss counters) is django-redis underneath.
+    """
+    try:
+        from django_redis.cache import RedisCache
+    except ImportError:  # pragma: no cover - only without the redis extra
+        return False
+    if isinstance(backend, str):
+        from django.utils.module_loading import import_string
+
+        try:
+            backend = import_string(backend)
+        except ImportError:
+            return False
+    cls = backend if isinstance(backend, type) else type(backend)
+    return issubclass(cls, RedisCache)
 
 
 @functools.cache

@@ -41,7 +41,7 @@ from django.db import models, transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
 from . import metrics
-from ._redis import milliseconds, run_script
+from ._redis import is_django_redis, milliseconds, run_script
 from .conf import get_settings
 
 __all__ = [
@@ -117,7 +117,7 @@ return 1
 
 def _redis_connection(cache: BaseCache, alias: str) -> Any | None:
     """The raw redis-py client behind a django-redis cache, or None for other back ends."""
-    if not type(cache).__module__.startswith("django_redis."):
+    if not is_django_redis(cache):
         return None
     from django_redis import get_redis_connection
 

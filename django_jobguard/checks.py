@@ -80,6 +80,7 @@ def check_lock_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
     """jobguard.E004: the Redis lock back end names a cache that is not django-redis."""
     from django.conf import settings
 
+    from ._redis import is_django_redis
     from .conf import get_settings
 
     try:
@@ -91,8 +92,11 @@ def check_lock_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
     cache = getattr(settings, "CACHES", {}).get(locks.cache_alias)
     if cache is None:
         problem = "is not in CACHES"
-    elif not str(cache.get("BACKEND", "")).startswith("django_redis."):
-        problem = f"has BACKEND {cache.get('BACKEND')!r}; the Redis lock back end needs django-redis"
+    elif not is_django_redis(str(cache.get("BACKEND", ""))):
+        problem = (
+            f"has BACKEND {cache.get('BACKEND')!r}; the Redis lock back end needs django-redis "
+            "(or a subclass of its cache)"
+        )
     else:
         return []
     return [

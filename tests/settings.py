@@ -82,6 +82,11 @@ if REDIS_URL:
         "LOCATION": REDIS_URL,
         "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 1, "SOCKET_TIMEOUT": 2},
     }
+    # django-prometheus's subclass (hit and miss counters): still django-redis underneath.
+    CACHES["redis_metered"] = {
+        **CACHES["redis"],
+        "BACKEND": "django_prometheus.cache.backends.redis.RedisCache",
+    }
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -30,7 +30,13 @@ from tests.testapp.models import Account, Tag
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(params=["default", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "default",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("redis_metered", marks=pytest.mark.redis),
+    ]
+)
 def alias(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -426,3 +432,16 @@ def test_the_check_reports_the_alias_a_declaration_uses(declared):
     declared(Tag, "t:{pk}")
     with override_settings(CACHES={"missing": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}):
         assert e005() == ["JOBGUARD['CACHE']['ALIAS'] is 'default', which is not in CACHES."]
+
+
+@pytest.mark.redis
+def test_django_prometheus_redis_cache_takes_the_atomic_redis_path(key):
+    # Its versioned writes must be the Lua compare-and-set, not the per-process fallback.
+    metered = caches["redis_metered"]
+    assert jobguard_cache._redis_connection(metered, "redis_metered") is not None
+    assert set_versioned(key, "v2", version=2, cache_alias="redis_metered")
+    assert not set_versioned(key, "v1", version=1, cache_alias="redis_metered")
+    assert get_versioned(key, cache_alias="redis_metered") == Versioned("v2", 2)
+    before = REGISTRY.get_sample_value("django_cache_get_misses_total", {"backend": "redis"}) or 0
+    metered.get(key + ":absent")
+    assert REGISTRY.get_sample_value("django_cache_get_misses_total", {"backend": "redis"}) == before + 1

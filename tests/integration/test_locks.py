@@ -357,7 +357,8 @@ def test_system_check_reports_a_redis_lock_backend_without_django_redis():
     assert error.id == "jobguard.E004"
     assert error.msg == (
         "JOBGUARD['LOCKS']['CACHE_ALIAS'] is 'default', which has BACKEND "
-        "'django.core.cache.backends.locmem.LocMemCache'; the Redis lock back end needs django-redis."
+        "'django.core.cache.backends.locmem.LocMemCache'; the Redis lock back end needs django-redis "
+        "(or a subclass of its cache)."
     )
     with override_settings(JOBGUARD={"LOCKS": {"BACKEND": "redis", "CACHE_ALIAS": "nope"}}):
         [error] = check_lock_backend()
@@ -366,4 +367,15 @@ def test_system_check_reports_a_redis_lock_backend_without_django_redis():
         JOBGUARD={"LOCKS": {"BACKEND": "redis", "CACHE_ALIAS": "down"}}, CACHES=DOWN_CACHES
     ):
         assert check_lock_backend() == []
+    metered = {"BACKEND": "django_prometheus.cache.backends.redis.RedisCache", "LOCATION": "redis://x:1/0"}
+    with override_settings(
+        JOBGUARD={"LOCKS": {"BACKEND": "redis", "CACHE_ALIAS": "metered"}}, CACHES={"metered": metered}
+    ):
+        assert check_lock_backend() == []  # a subclass of django-redis's cache is django-redis
+    missing = {"BACKEND": "nowhere.RedisCache"}
+    with override_settings(
+        JOBGUARD={"LOCKS": {"BACKEND": "redis", "CACHE_ALIAS": "missing"}}, CACHES={"missing": missing}
+    ):
+        [error] = check_lock_backend()
+    assert "has BACKEND 'nowhere.RedisCache'" in error.msg
     assert check_lock_backend() == []  # the database back end needs no cache

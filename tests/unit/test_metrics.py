@@ -33,6 +33,11 @@ def exposed_series() -> dict[str, set[str]]:
             names = [info.name]
         for name in names:
             series[name] = labels
+    # The dashboard's cache miss ratio reads django-prometheus's cache counters.
+    from django_prometheus.cache import metrics as cache_metrics
+
+    for counter in (cache_metrics.django_cache_get_total, cache_metrics.django_cache_misses_total):
+        series[counter._name + "_total"] = set(counter._labelnames)
     return series
 
 
@@ -111,7 +116,7 @@ def test_reference_page_lists_every_metric_exactly():
 def expression_problems(expr: str, series: dict[str, set[str]]) -> list[str]:
     """Names that are not real metrics, and labels none of the expression's metrics carry."""
     problems = []
-    names = set(re.findall(r"\bjobguard_[a-z0-9_]+", expr))
+    names = set(re.findall(r"\b(?:jobguard|django_cache)_[a-z0-9_]+", expr))
     if not names:
         problems.append(f"names no jobguard metric: {expr}")
     unknown = names - set(series)
