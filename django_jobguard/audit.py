@@ -105,8 +105,9 @@ CHECKS: tuple[_Check, ...] = (
     _Check(
         "dead_without_dead_letter",
         "dead jobs with no dead-letter row",
-        "The job's status was set to dead outside the worker (a manual UPDATE?). Nothing can "
-        "replay it: requeue it, or cancel it, after reading what it was meant to do.",
+        "The job's status was set to dead outside the worker (a manual UPDATE?), so nothing can "
+        "replay it. Read what it was meant to do; if it must still run, enqueue it again (with "
+        "its idempotency key, if it had one).",
         _dead_without_letter,
     ),
     _Check(
