@@ -6,6 +6,7 @@ from django.core.cache import cache
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from django_jobguard.audit import audit
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job
 from django_jobguard.worker import Worker
 from shop.models import Order, Payment, ProviderCharge
@@ -54,6 +55,9 @@ class Command(BaseCommand):
                 f"dead letter #{letter.pk}: {letter.task_name} {letter.kwargs} -> "
                 f"{letter.reason} ({letter.error_class}: {letter.error_message})"
             )
+        # What `manage.py jobguard_audit` checks: rows that disagree, leases nobody reaps.
+        found = [f"{finding.check} ({finding.count})" for finding in audit() if not finding.ok]
+        self.stdout.write(f"consistency audit: {', '.join(found) if found else 'nothing found'}")
         self.stdout.write(
             "\nNext: `python manage.py createsuperuser`, `python manage.py runserver`, and open "
             "http://127.0.0.1:8000/admin/ to read the dead letter and request its replay."
