@@ -57,6 +57,7 @@ __all__ = [
     "dead_letter",
     "redrive",
     "reject_replay",
+    "replay_actions",
     "request_replay",
 ]
 
@@ -202,16 +203,37 @@ def check_permission(dead_letter: DeadLetter, user: User | None, action: str) ->
 
 def available_actions(dead_letter: DeadLetter, user: User | None) -> list[str]:
     """The transitions ``user`` may make on ``dead_letter`` now (for buttons; each call checks again)."""
-    allowed = []
+    return [action for action, refusal in replay_actions(dead_letter, user).items() if refusal is None]
+
+
+def replay_actions(dead_letter: DeadLetter, user: User | None) -> dict[str, str | None]:
+    """Each transition the dead letter's state allows, with why ``user`` cannot make it now.
+
+    ``None`` means the transition can succeed now; a string is the refusal its service
+    function would raise (the permission, self-approval, a task not registered in this
+    process, a payload that no longer fits the handler). Transitions the state does not
+    allow are left out: the state itself says why. A request stays offered to users who may
+    correct the payload (``jobguard.view_payload``) when only the payload does not fit.
+    """
+    result: dict[str, str | None] = {}
     for action, states in _FROM.items():
         if dead_letter.replay_state not in states:
             continue
         try:
             check_permission(dead_letter, user, action)
-        except ReplayPermissionDenied:
-            continue
-        allowed.append(action)
-    return allowed
+            if action == REQUEST:
+                try:
+                    _validated_payload(dead_letter)
+                except InvalidArgumentsError:
+                    if not can_view_payload(user):
+                        raise
+            elif action == APPROVE:
+                _validated_payload(dead_letter, dead_letter.replay_args, dead_letter.replay_kwargs)
+        except (ReplayError, InvalidArgumentsError) as exc:
+            result[action] = str(exc)
+        else:
+            result[action] = None
+    return result
 
 
 # -- transitions ---------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 ``manage.py jobguard_prune`` calls :func:`prune`; the worker prunes keys on its own when
 ``JOBGUARD["IDEMPOTENCY"]["PRUNE_IN_WORKER"]`` is on. Nothing that a queued or running job
 needs goes: a key stays while a job that owns or carries it is queued or running, and a
-job stays while a live key or a dead letter refers to it.
+job stays while a live key or a dead letter refers to it. The same rules, without the age,
+say what the admin may delete by hand (:func:`deletable_jobs`, :func:`deletable_keys`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import dataclasses
 import datetime
 from typing import Any
 
+from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -19,7 +21,18 @@ from django.utils import timezone
 from . import idempotency
 from .conf import get_settings
 
-__all__ = ["PruneReport", "prunable_jobs", "prune", "prune_finished_jobs"]
+__all__ = [
+    "JOB_DELETION_RULE",
+    "KEY_DELETION_RULE",
+    "PruneReport",
+    "deletable_jobs",
+    "deletable_keys",
+    "delete_jobs",
+    "delete_keys",
+    "prunable_jobs",
+    "prune",
+    "prune_finished_jobs",
+]
 
 #: Jobs deleted per transaction: small enough that no batch holds locks for long.
 JOB_BATCH_SIZE = 500
@@ -34,19 +47,81 @@ class PruneReport:
     dry_run: bool
 
 
-def prunable_jobs(alias: str, finished_before: datetime.datetime) -> Any:
-    """Finished jobs older than ``finished_before`` that no live key or dead letter refers to."""
+#: The rule of :func:`deletable_jobs`, for the surfaces that refuse a deletion.
+JOB_DELETION_RULE = (
+    "Only a finished job (succeeded, dead or cancelled) that no dead letter and no live "
+    "idempotency key refers to can be deleted; the others are kept for the audit trail, "
+    "replays and deduplication."
+)
+#: The rule of :func:`deletable_keys`.
+KEY_DELETION_RULE = (
+    "An idempotency key that a queued or running job owns or carries, or a live key of an "
+    "action that succeeded, cannot be deleted: either would let the action run twice."
+)
+
+
+def deletable_jobs(alias: str) -> Any:
+    """Jobs that may be deleted by hand: finished, and no live key or dead letter refers to them.
+
+    Deleting one cannot break what :func:`~django_jobguard.audit.audit` checks: it is not
+    running, no dead letter loses its job (or its replay job), and no live key loses the job
+    it answers resends with.
+    """
     from .models import TERMINAL_STATUSES, DeadLetter, IdempotencyKey, Job
 
     return (
         Job.objects.using(alias)
-        .filter(status__in=TERMINAL_STATUSES, finished_at__lt=finished_before)
+        .filter(status__in=TERMINAL_STATUSES)
         # A live key answers resends with this job; a dead letter's history needs its job
         # and the job that replayed it.
         .exclude(Exists(IdempotencyKey.objects.filter(job_id=OuterRef("pk"), expires_at__gt=Now())))
         .exclude(Exists(DeadLetter.objects.filter(job_id=OuterRef("pk"))))
         .exclude(Exists(DeadLetter.objects.filter(replay_job_id=OuterRef("pk"))))
     )
+
+
+def deletable_keys(alias: str) -> Any:
+    """Idempotency keys that may be deleted by hand without letting an action run twice.
+
+    Neither a queued or running job owns or carries the key (a duplicate would run beside
+    it), nor is it a live record of a succeeded action (a resend would run it again).
+    Expired keys, and failed or stuck keys of finished jobs (what the audit asks to fix),
+    may go.
+    """
+    from .models import IdempotencyKey, IdempotencyStatus, Job, JobStatus
+
+    active = (JobStatus.QUEUED, JobStatus.RUNNING)
+    return (
+        IdempotencyKey.objects.using(alias)
+        .exclude(status=IdempotencyStatus.SUCCEEDED, expires_at__gt=Now())
+        .exclude(Exists(Job.objects.filter(pk=OuterRef("job_id"), status__in=active)))
+        .exclude(Exists(Job.objects.filter(idempotency_key=OuterRef("key"), status__in=active)))
+    )
+
+
+def delete_jobs(ids: Any, alias: str | None = None) -> int:
+    """Delete those of ``ids`` that :func:`deletable_jobs` allows (checked by the DELETE); the number."""
+    from .models import Job
+
+    alias = alias or get_settings().database_alias
+    with transaction.atomic(using=alias):
+        _, per_model = deletable_jobs(alias).filter(pk__in=list(ids)).delete()
+    return int(per_model.get(Job._meta.label, 0))
+
+
+def delete_keys(ids: Any, alias: str | None = None) -> int:
+    """Delete those of ``ids`` that :func:`deletable_keys` allows; the number deleted."""
+    from .models import IdempotencyKey
+
+    alias = alias or get_settings().database_alias
+    with transaction.atomic(using=alias):
+        _, per_model = deletable_keys(alias).filter(pk__in=list(ids)).delete()
+    return int(per_model.get(IdempotencyKey._meta.label, 0))
+
+
+def prunable_jobs(alias: str, finished_before: datetime.datetime) -> Any:
+    """Finished jobs older than ``finished_before`` that no live key or dead letter refers to."""
+    return deletable_jobs(alias).filter(finished_at__lt=finished_before)
 
 
 def prune_finished_jobs(

@@ -1,21 +1,82 @@
-"""What every jobguard admin shares: read-only rows, and payloads shown only with permission."""
+"""What every jobguard admin shares: read-only rows, payloads shown only with permission,
+filters limited to what the page offers, and times with seconds and their zone."""
 
 from __future__ import annotations
 
+import datetime
 import json
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.filters import SimpleListFilter
+from django.db import models
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from .. import dlq
 
+#: Query-string parameters Django's own list filters send for a field: exact and null (choice
+#: and all-values filters), and a date range (date filters).
+_FILTER_SUFFIXES = ("", "__exact", "__isnull", "__gte", "__lt")
+#: What the date hierarchy sends for its field.
+_HIERARCHY_SUFFIXES = ("__year", "__month", "__day")
+#: Suffix of the generated read-only field that shows a datetime field with seconds and zone.
+TIME_SUFFIX = "_display"
+
+
+def format_time(value: datetime.datetime | None) -> str:
+    """``2026-11-30 18:52:03 CST (UTC-06:00)``: seconds, and the zone, in the current time zone.
+
+    In UTC this reads ``2026-12-01 00:52:03 UTC``, as ``jobguard_status`` prints its times.
+    """
+    if value is None:
+        return "-"
+    local = timezone.localtime(value)
+    text = f"{local:%Y-%m-%d %H:%M:%S %Z}"
+    offset = local.strftime("%z")
+    if offset != "+0000":
+        text += f" (UTC{offset[:3]}:{offset[3:]})"
+    return text
+
+
+def _time_column(field: models.DateTimeField[Any, Any]) -> Callable[[Any], str]:
+    @admin.display(description=field.verbose_name, ordering=field.name)
+    def show(obj: Any) -> str:
+        return format_time(getattr(obj, field.name))
+
+    return show
+
 
 class ReadOnlyAdmin(admin.ModelAdmin):
-    """Rows change through the worker and the service layer, never by hand in a form."""
+    """Rows change through the worker and the service layer, never by hand in a form.
+
+    - The change list accepts only the lookups its filters, its date hierarchy and
+      :attr:`extra_lookups` send: Django would otherwise answer any lookup in the query
+      string (``?kwargs__note__startswith=a``), which reads payloads out a character at a
+      time. A refused lookup is a 400.
+    - :attr:`payload_search_fields` join the search for users with ``jobguard.view_payload`` only.
+    - Every datetime field shows through :func:`format_time` (list columns and the detail
+      page), so times compare with the commands' output.
+    """
+
+    #: Lookups allowed besides the filters' (links from other admin pages).
+    extra_lookups: Sequence[str] = ()
+    #: Searched only for users who may see payloads.
+    payload_search_fields: Sequence[str] = ()
+
+    def __init__(self, model: type[models.Model], admin_site: admin.AdminSite) -> None:
+        super().__init__(model, admin_site)
+        self._times: dict[str, str] = {}
+        for field in model._meta.get_fields():
+            if isinstance(field, models.DateTimeField):
+                name = field.name + TIME_SUFFIX
+                self._times[field.name] = name
+                setattr(self, name, _time_column(field))
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -23,10 +84,64 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    # -- times -----------------------------------------------------------------------------
+
+    def with_times(self, names: Sequence[Any]) -> list[Any]:
+        """``names`` with each datetime field replaced by its formatted read-only field."""
+        return [self._times.get(name, name) if isinstance(name, str) else name for name in names]
+
+    def with_times_in_fieldsets(self, fieldsets: Any) -> list[Any]:
+        """``fieldsets`` with :meth:`with_times` applied to each one's fields."""
+        return [(title, {**opts, "fields": self.with_times(opts["fields"])}) for title, opts in fieldsets]
+
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
+        return self.with_times(super().get_list_display(request))
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        return self.with_times_in_fieldsets(super().get_fieldsets(request, obj))
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [*super().get_readonly_fields(request, obj), *self._times.values()]
+
+    # -- filters and search ----------------------------------------------------------------
+
+    def offered_lookups(self, request: HttpRequest) -> set[str]:
+        """The query-string lookups this change list's filters and links use."""
+        offered = set(self.extra_lookups)
+        for item in self.get_list_filter(request):
+            if isinstance(item, type) and issubclass(item, SimpleListFilter):
+                offered.add(str(item.parameter_name))
+                continue
+            name = item[0] if isinstance(item, list | tuple) else item
+            offered.update(f"{name}{suffix}" for suffix in _FILTER_SUFFIXES)
+        if self.date_hierarchy:
+            offered.update(f"{self.date_hierarchy}{suffix}" for suffix in _HIERARCHY_SUFFIXES)
+        return offered
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
+        return lookup in self.offered_lookups(request) and super().lookup_allowed(lookup, value, request)
+
+    def get_search_fields(self, request: HttpRequest) -> list[str]:
+        fields = list(super().get_search_fields(request))
+        if can_view_payload(request):
+            fields += self.payload_search_fields
+        return fields
+
 
 def can_view_payload(request: HttpRequest) -> bool:
     """Whether the request's user may see payloads, results and tracebacks."""
     return dlq.can_view_payload(request.user)
+
+
+def refusal(request: HttpRequest, admin: admin.ModelAdmin, title: str, message: str) -> TemplateResponse:
+    """A 403 admin page that says why (instead of Django's bare "403 Forbidden")."""
+    context = {
+        **admin.admin_site.each_context(request),
+        "opts": admin.opts,
+        "title": title,
+        "message": message,
+    }
+    return TemplateResponse(request, "django_jobguard/admin/refused.html", context, status=403)
 
 
 def pretty_json(value: Any) -> SafeString:

@@ -1,7 +1,9 @@
 """Admin for dead letters: diagnosis, and the replay workflow's request / approve / reject.
 
 The views only parse input and render; :mod:`django_jobguard.dlq` decides who may do what
-(a :class:`ReplayPermissionDenied` becomes a 403) and makes the transition.
+(a :class:`ReplayPermissionDenied` becomes a 403 page with its message), which transitions
+can succeed now, and makes the transition. Dead letters are never deleted here: their replay
+audit trail would go with them (retention is ``jobguard_prune``'s).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.utils import unquote
-from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
+from django.core.exceptions import ObjectDoesNotExist
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -24,7 +26,7 @@ from .. import dlq
 from ..exceptions import InvalidArgumentsError, ReplayError, ReplayPermissionDenied
 from ..models import DeadLetter, IdempotencyKey
 from ..registry import registry
-from .base import ReadOnlyAdmin, admin_link, can_view_payload, pre, pretty_json
+from .base import ReadOnlyAdmin, admin_link, can_view_payload, format_time, pre, pretty_json, refusal
 from .forms import ReplayDecisionForm, ReplayRequestForm, dumps
 
 _SERVICES: dict[str, Callable[..., DeadLetter]] = {
@@ -69,6 +71,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         "created_at",
     ]
     search_fields = ["=id", "task_name", "error_class", "error_message", "idempotency_key"]
+    payload_search_fields = ["args", "kwargs", "traceback"]
     date_hierarchy = "created_at"
     ordering = ["-id"]
     show_full_result_count = False
@@ -140,7 +143,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         if can_view_payload(request):
             payload = ["payload_json", "replay_payload_json", "traceback_text"]
             fieldsets.insert(1, (_("Payload and traceback"), {"fields": payload}))
-        return fieldsets
+        return self.with_times_in_fieldsets(fieldsets)
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
@@ -148,9 +151,10 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         letter = self.get_object(request, unquote(object_id))
         context = dict(extra_context or {})
         if letter is not None:
-            context["replay_actions"] = [
-                (action, _LABELS[action]) for action in dlq.available_actions(letter, request.user)
-            ]
+            # The service layer says which transitions can succeed now, and why the others cannot.
+            offered = dlq.replay_actions(letter, request.user)
+            context["replay_actions"] = [(a, _LABELS[a]) for a, why in offered.items() if why is None]
+            context["replay_refusals"] = [(_LABELS[a], why) for a, why in offered.items() if why is not None]
             context["replay_events"] = self._events(request, letter)
         return super().change_view(request, object_id, form_url, context)
 
@@ -165,7 +169,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             )
             events.append(
                 {
-                    "created_at": event.created_at,
+                    "created_at": format_time(event.created_at),
                     "action": event.get_action_display(),
                     "actor": event.actor_name or _("system"),
                     "reason": event.reason,
@@ -219,6 +223,11 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             text += str(_(": the action succeeded since; a replay is acked as a duplicate without running"))
         return text
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Deleting a dead letter cascades its append-only replay audit trail away and leaves
+        # its job dead with nothing to replay it (jobguard_audit's dead_without_dead_letter).
+        return False
+
     # -- replay views ----------------------------------------------------------------------
 
     def get_urls(self) -> list[URLPattern]:
@@ -234,8 +243,13 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         if letter is None:
             raise Http404(f"No dead letter {object_id!r}.")
         if not self.has_view_permission(request, letter):
-            raise PermissionDenied
-        dlq.check_permission(letter, request.user, action)  # a ReplayPermissionDenied is a 403
+            name = request.user.get_username()
+            why = f"{name} may not view dead letters: that needs the jobguard.view_deadletter permission."
+            return refusal(request, self, f"{_LABELS[action]}: {letter}", why)
+        try:
+            dlq.check_permission(letter, request.user, action)
+        except ReplayPermissionDenied as exc:
+            return refusal(request, self, f"{_LABELS[action]}: {letter}", str(exc))
         show_payload = action == dlq.REQUEST and can_view_payload(request)
         form_class = ReplayRequestForm if show_payload else ReplayDecisionForm
         if request.method == "POST":
@@ -243,8 +257,8 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             if form.is_valid():
                 try:
                     _SERVICES[action](letter, request.user, form.cleaned_data["reason"], **form.payload())
-                except ReplayPermissionDenied:
-                    raise
+                except ReplayPermissionDenied as exc:
+                    return refusal(request, self, f"{_LABELS[action]}: {letter}", str(exc))
                 except (ReplayError, InvalidArgumentsError) as exc:
                     form.add_error(None, str(exc))
                 else:
@@ -267,6 +281,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             "show_payload": can_view_payload(request),
             "corrected": letter.replay_args is not None or letter.replay_kwargs is not None,
             "replay_payload": dumps({"args": letter.replay_args, "kwargs": letter.replay_kwargs}),
+            "requested_at": format_time(letter.replay_requested_at),
         }
         return TemplateResponse(request, "django_jobguard/admin/deadletter/replay_form.html", context)
 

@@ -5,16 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from .. import jobs
+from .. import jobs, retention
+from ..conf import get_settings
 from ..models import IdempotencyKey, Job
-from .base import ReadOnlyAdmin, admin_link, can_view_payload, pretty_json
+from .base import ReadOnlyAdmin, admin_link, can_view_payload, pretty_json, refusal
 
 _PAYLOAD = (_("Payload"), {"fields": ["args_json", "kwargs_json", "result_json", "checkpoints_json"]})
 
@@ -33,6 +35,9 @@ class JobAdmin(ReadOnlyAdmin):
     ]
     list_filter = ["status", "queue_name", "task_name"]
     search_fields = ["=id", "task_name", "idempotency_key", "lock_key"]
+    payload_search_fields = ["args", "kwargs"]
+    # The lock admin links to the running jobs holding a lock key.
+    extra_lookups = ["lock_key", "idempotency_key"]
     date_hierarchy = "enqueued_at"
     ordering = ["-id"]
     show_full_result_count = False  # a count(*) over millions of finished rows is slow
@@ -87,7 +92,7 @@ class JobAdmin(ReadOnlyAdmin):
         ]
         if can_view_payload(request):
             fieldsets.insert(1, _PAYLOAD)
-        return fieldsets
+        return self.with_times_in_fieldsets(fieldsets)
 
     @admin.display(description=_("args"))
     def args_json(self, obj: Job) -> SafeString:
@@ -147,6 +152,29 @@ class JobAdmin(ReadOnlyAdmin):
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("jobguard.cancel_job")
 
+    # -- deletion: only what retention.deletable_jobs allows -----------------------------------
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if not super().has_delete_permission(request, obj):
+            return False
+        alias = get_settings().database_alias
+        return obj is None or retention.deletable_jobs(alias).filter(pk=obj.pk).exists()
+
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> HttpResponse:
+        job = self.get_object(request, unquote(object_id))
+        if job is not None and super().has_delete_permission(request, job):
+            if not self.has_delete_permission(request, job):
+                return refusal(request, self, f"Delete {job}", retention.JOB_DELETION_RULE)
+        return super().delete_view(request, object_id, extra_context)
+
+    def delete_model(self, request: HttpRequest, obj: Job) -> None:
+        retention.delete_jobs([obj.pk])
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        # Checked again by the DELETE: a job may have been claimed or replayed since the
+        # confirmation page.
+        retention.delete_jobs(queryset.values_list("pk", flat=True))
+
 
 @admin.register(IdempotencyKey)
 class IdempotencyKeyAdmin(ReadOnlyAdmin):
@@ -161,7 +189,28 @@ class IdempotencyKeyAdmin(ReadOnlyAdmin):
         fields += ["created_at", "updated_at", "expires_at"]
         if can_view_payload(request):
             fields.append("result_json")
-        return [(None, {"fields": fields})]
+        return self.with_times_in_fieldsets([(None, {"fields": fields})])
+
+    # -- deletion: only what retention.deletable_keys allows -----------------------------------
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if not super().has_delete_permission(request, obj):
+            return False
+        alias = get_settings().database_alias
+        return obj is None or retention.deletable_keys(alias).filter(pk=obj.pk).exists()
+
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> HttpResponse:
+        key = self.get_object(request, unquote(object_id))
+        if key is not None and super().has_delete_permission(request, key):
+            if not self.has_delete_permission(request, key):
+                return refusal(request, self, f"Delete {key}", retention.KEY_DELETION_RULE)
+        return super().delete_view(request, object_id, extra_context)
+
+    def delete_model(self, request: HttpRequest, obj: IdempotencyKey) -> None:
+        retention.delete_keys([obj.pk])
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]) -> None:
+        retention.delete_keys(queryset.values_list("pk", flat=True))
 
     @admin.display(description=_("stored result"))
     def result_json(self, obj: IdempotencyKey) -> SafeString:
