@@ -1,13 +1,16 @@
 """The dead-letter and job admin through the test client: views, payload visibility, replay permissions."""
 
+import datetime
 from types import SimpleNamespace
 
 import pytest
+from django.test import override_settings
 from django.urls import reverse
 
 from django_jobguard import dlq
-from django_jobguard.models import DeadLetter, Job, ReplayEvent
-from tests.dlq_support import dead_charge, make_user
+from django_jobguard.models import DeadLetter, IdempotencyKey, Job, ReplayEvent
+from tests.dlq_support import dead_charge, make_user, run_burst
+from tests.testapp import tasks_dlq
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -259,3 +262,103 @@ def test_bulk_approval_skips_the_approvers_own_requests_and_says_why(client, peo
     assert any(f"#{mine.pk}: sam requested this replay" in m for m in messages), messages
     assert state(mine)[0] == "requested"
     assert state(theirs)[0] == "approved"
+
+
+def test_a_refusal_is_an_admin_page_that_says_why(client, people):
+    letter = dead_charge(order_id=30, amount=0)
+    client.force_login(people.viewer)
+    response = client.get(replay_url(letter, "request"))
+    assert response.status_code == 403
+    content = response.content.decode()
+    assert "vic may not request replays: that needs the jobguard.request_replay permission." in content
+    assert 'id="site-name"' in content  # the admin's own page (base_site), not a bare 403
+
+    both = make_user("sam", "request_replay", "approve_replay", "view_deadletter")
+    dlq.request_replay(letter, both, "mine")
+    client.force_login(both)
+    response = client.post(replay_url(letter, "approve"), {"reason": "trust me"})
+    assert response.status_code == 403
+    assert "sam requested this replay, so another user with jobguard.approve_replay must approve it" in (
+        response.content.decode()
+    )
+
+
+def unknown_task_letter() -> DeadLetter:
+    """A dead letter of a task no process registers any more (a worker met it and dead-lettered it)."""
+    job = tasks_dlq.charge.enqueue(order_id=31, amount=5)
+    Job.objects.filter(pk=job.pk).update(task_name="tests.testapp.tasks_dlq.removed")
+    assert run_burst() == 0
+    letter = DeadLetter.objects.get(job=job)
+    assert letter.reason == "unknown_task"
+    return letter
+
+
+def test_request_replay_is_not_offered_where_it_can_only_fail_and_the_page_says_why(client, people):
+    letter = unknown_task_letter()
+    client.force_login(people.requester)
+    content = client.get(page(letter)).content.decode()
+    assert replay_url(letter, "request") not in content
+    assert (
+        "Request replay is not offered: Task &#x27;tests.testapp.tasks_dlq.removed&#x27; is not registered "
+        "in this process"
+    ) in content
+    assert dlq.available_actions(letter, people.requester) == []
+
+    client.force_login(people.approver)  # no request_replay: the page says so
+    content = client.get(page(letter)).content.decode()
+    assert "amir may not request replays: that needs the jobguard.request_replay permission." in content
+
+
+def test_a_payload_that_no_longer_fits_is_offered_only_to_who_may_correct_it(client, people):
+    job = tasks_dlq.charge.enqueue(order_id=32, amount=5)
+    Job.objects.filter(pk=job.pk).update(kwargs={"order_id": 32, "amout": 5})
+    assert run_burst() == 0
+    letter = DeadLetter.objects.get(job=job)
+    assert letter.reason == "invalid_payload"
+    client.force_login(people.requester)  # may correct the payload
+    assert replay_url(letter, "request") in client.get(page(letter)).content.decode()
+    client.force_login(people.blind)  # may request, but only the original payload, which cannot run
+    content = client.get(page(letter)).content.decode()
+    assert replay_url(letter, "request") not in content
+    assert "Request replay is not offered: Arguments do not fit" in content
+
+
+CHICAGO_WINTER = datetime.datetime(2026, 12, 1, 6, 52, 3, tzinfo=datetime.UTC)
+CHICAGO_SUMMER = datetime.datetime(2026, 7, 1, 6, 52, 3, tzinfo=datetime.UTC)
+
+
+def test_times_show_seconds_and_their_zone_in_lists_detail_pages_and_the_audit_trail(client, people):
+    letter = dead_charge(order_id=33, amount=0, key="charge:33")
+    dlq.request_replay(letter, people.requester, "after the fix")
+    Job.objects.filter(pk=letter.job_id).update(finished_at=CHICAGO_WINTER)
+    DeadLetter.objects.filter(pk=letter.pk).update(last_failed_at=CHICAGO_SUMMER)
+    ReplayEvent.objects.filter(dead_letter=letter).update(created_at=CHICAGO_WINTER)
+    IdempotencyKey.objects.filter(key="charge:33").update(expires_at=CHICAGO_WINTER)
+    key = IdempotencyKey.objects.get(key="charge:33")
+    client.force_login(make_user("olga", "view_job", "view_deadletter", "view_idempotencykey"))
+    pages = {
+        "job list": reverse("admin:jobguard_job_changelist"),
+        "job": reverse("admin:jobguard_job_change", args=[letter.job_id]),
+        "dead letter list": reverse(CHANGELIST),
+        "dead letter": page(letter),
+        "key list": reverse("admin:jobguard_idempotencykey_changelist"),
+        "key": reverse("admin:jobguard_idempotencykey_change", args=[key.pk]),
+    }
+    expected = {
+        "job list": ["2026-12-01 00:52:03 CST (UTC-06:00)"],
+        "job": ["2026-12-01 00:52:03 CST (UTC-06:00)"],
+        "dead letter list": ["2026-07-01 01:52:03 CDT (UTC-05:00)"],
+        "dead letter": ["2026-07-01 01:52:03 CDT (UTC-05:00)", "2026-12-01 00:52:03 CST (UTC-06:00)"],
+        "key list": ["2026-12-01 00:52:03 CST (UTC-06:00)"],
+        "key": ["2026-12-01 00:52:03 CST (UTC-06:00)"],
+    }
+    with override_settings(TIME_ZONE="America/Chicago"):
+        for name, url in pages.items():
+            content = client.get(url).content.decode()
+            for text in expected[name]:
+                assert text in content, (name, text)
+            assert "a.m." not in content and "p.m." not in content, name
+    # In UTC they read as jobguard_status prints its times.
+    assert "2026-12-01 06:52:03 UTC" in client.get(pages["job list"]).content.decode()
+    trail = client.get(pages["dead letter"]).content.decode()
+    assert "2026-07-01 06:52:03 UTC" in trail and "2026-12-01 06:52:03 UTC" in trail

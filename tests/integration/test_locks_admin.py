@@ -4,6 +4,7 @@ import datetime
 
 import pytest
 from django.contrib.auth.models import User
+from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
 
@@ -72,3 +73,19 @@ def test_locks_cannot_be_added_changed_or_deleted_from_the_admin(operator):
     response = operator.post(reverse("admin:jobguard_lock_change", args=[held]), {"key": held, "token": ""})
     assert response.status_code == 403
     assert Lock.objects.get(key=held).token is not None
+
+
+def test_lock_times_show_seconds_and_their_zone(operator):
+    held, _ = held_and_expired()
+    at = datetime.datetime(2026, 12, 1, 6, 52, 3, tzinfo=datetime.UTC)
+    Lock.objects.filter(key=held).update(expires_at=at, acquired_at=at)
+    with override_settings(TIME_ZONE="Asia/Jakarta"):
+        for url in (
+            reverse("admin:jobguard_lock_changelist"),
+            reverse("admin:jobguard_lock_change", args=[held]),
+        ):
+            content = operator.get(url).content.decode()
+            assert content.count("2026-12-01 13:52:03 WIB (UTC+07:00)") == 2, url  # expires, acquired
+            assert "p.m." not in content
+    content = operator.get(reverse("admin:jobguard_lock_changelist")).content.decode()
+    assert "2026-12-01 06:52:03 UTC" in content
