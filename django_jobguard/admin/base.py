@@ -3,22 +3,29 @@ filters limited to what the page offers, and times with seconds and their zone."
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin.actions import delete_selected
 from django.contrib.admin.filters import SimpleListFilter
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
 from django.db import models
-from django.http import HttpRequest
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
+from django.utils.translation import ngettext
 
 from .. import dlq
+from ..conf import get_settings
 
 #: Query-string parameters Django's own list filters send for a field: exact and null (choice
 #: and all-values filters), and a date range (date filters).
@@ -52,6 +59,18 @@ def _time_column(field: models.DateTimeField[Any, Any]) -> Callable[[Any], str]:
     return show
 
 
+@dataclasses.dataclass(frozen=True)
+class Deletion:
+    """The service layer's rule for deleting rows by hand: which may go, how, and why not others."""
+
+    #: The deletable rows of a database alias.
+    rows: Callable[[str], QuerySet[Any]]
+    #: Deletes those of the given ids that are deletable (checked again by the DELETE).
+    delete: Callable[[Iterable[Any]], int]
+    #: The rule in one sentence, shown when a deletion is refused.
+    rule: str
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Rows change through the worker and the service layer, never by hand in a form.
 
@@ -62,7 +81,12 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     - :attr:`payload_search_fields` join the search for users with ``jobguard.view_payload`` only.
     - Every datetime field shows through :func:`format_time` (list columns and the detail
       page), so times compare with the commands' output.
+    - Nothing is deleted unless :attr:`deletion` names the service layer's rule, and then
+      only the rows it allows (and the user's ``delete_…`` permission).
     """
+
+    #: What may be deleted here; ``None``: nothing.
+    deletion: Deletion | None = None
 
     #: Lookups allowed besides the filters' (links from other admin pages).
     extra_lookups: Sequence[str] = ()
@@ -83,6 +107,60 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    # -- deletion ----------------------------------------------------------------------------
+
+    def _rule(self) -> Deletion:
+        if self.deletion is None:  # has_delete_permission refuses first; this guards overrides
+            raise PermissionDenied
+        return self.deletion
+
+    def _deletable(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        rows = self._rule().rows(get_settings().database_alias)
+        return rows.filter(pk__in=queryset.values("pk"))
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if self.deletion is None or not super().has_delete_permission(request, obj):
+            return False
+        return obj is None or self._deletable(self.model._default_manager.filter(pk=obj.pk)).exists()
+
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> HttpResponse:
+        obj = self.get_object(request, unquote(object_id))
+        if obj is not None and self.deletion is not None and not self.has_delete_permission(request, obj):
+            if super().has_delete_permission(request, obj):  # allowed in general, not this row
+                return refusal(request, self, f"Delete {obj}", self.deletion.rule)
+        return super().delete_view(request, object_id, extra_context)
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        self._rule().delete([obj.pk])
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        # Checked again by the DELETE: a row may have changed since the confirmation page.
+        self._rule().delete(queryset.values_list("pk", flat=True))
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions: dict[str, Any] = super().get_actions(request)
+        if actions.get("delete_selected") is not None:
+            _, name, description = actions["delete_selected"]
+            actions["delete_selected"] = (ReadOnlyAdmin._delete_selected, name, description)
+        return actions
+
+    def _delete_selected(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        """Django's "Delete selected", for a selection of deletable rows only; else why not."""
+        kept = queryset.count() - self._deletable(queryset).count()
+        if kept:
+            self.message_user(
+                request,
+                ngettext(
+                    "%(count)d selected row may not be deleted, so nothing was: %(rule)s",
+                    "%(count)d selected rows may not be deleted, so nothing was: %(rule)s",
+                    kept,
+                )
+                % {"count": kept, "rule": self._rule().rule},
+                messages.ERROR,
+            )
+            return None
+        return delete_selected(self, request, queryset)
 
     # -- times -----------------------------------------------------------------------------
 

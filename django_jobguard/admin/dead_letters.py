@@ -76,6 +76,9 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     ordering = ["-id"]
     show_full_result_count = False
     list_select_related = False
+    # No deletion (ReadOnlyAdmin's default): deleting a dead letter would cascade its
+    # append-only replay audit trail away and leave its job dead with nothing to replay it
+    # (jobguard_audit's dead_without_dead_letter).
     actions = ["request_replays", "approve_replays", "reject_replays"]
     change_form_template = "django_jobguard/admin/deadletter/change_form.html"
     readonly_fields = [
@@ -222,11 +225,6 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         if row.status == "succeeded" and row.job_id != obj.job_id:
             text += str(_(": the action succeeded since; a replay is acked as a duplicate without running"))
         return text
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Deleting a dead letter cascades its append-only replay audit trail away and leaves
-        # its job dead with nothing to replay it (jobguard_audit's dead_without_dead_letter).
-        return False
 
     # -- replay views ----------------------------------------------------------------------
 

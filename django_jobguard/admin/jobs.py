@@ -1,22 +1,23 @@
-"""Admin for jobs and idempotency keys: read-only, payloads only with ``jobguard.view_payload``."""
+"""Admin for jobs and idempotency keys: read-only, payloads only with ``jobguard.view_payload``.
+
+Deleting is allowed only for the rows :mod:`django_jobguard.retention` says may go.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.utils import unquote
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from .. import jobs, retention
-from ..conf import get_settings
 from ..models import IdempotencyKey, Job
-from .base import ReadOnlyAdmin, admin_link, can_view_payload, pretty_json, refusal
+from .base import Deletion, ReadOnlyAdmin, admin_link, can_view_payload, pretty_json
 
 _PAYLOAD = (_("Payload"), {"fields": ["args_json", "kwargs_json", "result_json", "checkpoints_json"]})
 
@@ -39,6 +40,7 @@ class JobAdmin(ReadOnlyAdmin):
     # The lock admin links to the running jobs holding a lock key.
     extra_lookups = ["lock_key", "idempotency_key"]
     date_hierarchy = "enqueued_at"
+    deletion = Deletion(retention.deletable_jobs, retention.delete_jobs, retention.JOB_DELETION_RULE)
     ordering = ["-id"]
     show_full_result_count = False  # a count(*) over millions of finished rows is slow
     actions = ["cancel_jobs"]
@@ -152,29 +154,6 @@ class JobAdmin(ReadOnlyAdmin):
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("jobguard.cancel_job")
 
-    # -- deletion: only what retention.deletable_jobs allows -----------------------------------
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        if not super().has_delete_permission(request, obj):
-            return False
-        alias = get_settings().database_alias
-        return obj is None or retention.deletable_jobs(alias).filter(pk=obj.pk).exists()
-
-    def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> HttpResponse:
-        job = self.get_object(request, unquote(object_id))
-        if job is not None and super().has_delete_permission(request, job):
-            if not self.has_delete_permission(request, job):
-                return refusal(request, self, f"Delete {job}", retention.JOB_DELETION_RULE)
-        return super().delete_view(request, object_id, extra_context)
-
-    def delete_model(self, request: HttpRequest, obj: Job) -> None:
-        retention.delete_jobs([obj.pk])
-
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        # Checked again by the DELETE: a job may have been claimed or replayed since the
-        # confirmation page.
-        retention.delete_jobs(queryset.values_list("pk", flat=True))
-
 
 @admin.register(IdempotencyKey)
 class IdempotencyKeyAdmin(ReadOnlyAdmin):
@@ -183,6 +162,7 @@ class IdempotencyKeyAdmin(ReadOnlyAdmin):
     search_fields = ["key"]
     raw_id_fields = ["job"]
     readonly_fields = ["result_json"]
+    deletion = Deletion(retention.deletable_keys, retention.delete_keys, retention.KEY_DELETION_RULE)
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         fields = ["key", "scope", "fingerprint", "status", "job", "duplicates"]
@@ -190,27 +170,6 @@ class IdempotencyKeyAdmin(ReadOnlyAdmin):
         if can_view_payload(request):
             fields.append("result_json")
         return self.with_times_in_fieldsets([(None, {"fields": fields})])
-
-    # -- deletion: only what retention.deletable_keys allows -----------------------------------
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        if not super().has_delete_permission(request, obj):
-            return False
-        alias = get_settings().database_alias
-        return obj is None or retention.deletable_keys(alias).filter(pk=obj.pk).exists()
-
-    def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> HttpResponse:
-        key = self.get_object(request, unquote(object_id))
-        if key is not None and super().has_delete_permission(request, key):
-            if not self.has_delete_permission(request, key):
-                return refusal(request, self, f"Delete {key}", retention.KEY_DELETION_RULE)
-        return super().delete_view(request, object_id, extra_context)
-
-    def delete_model(self, request: HttpRequest, obj: IdempotencyKey) -> None:
-        retention.delete_keys([obj.pk])
-
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]) -> None:
-        retention.delete_keys(queryset.values_list("pk", flat=True))
 
     @admin.display(description=_("stored result"))
     def result_json(self, obj: IdempotencyKey) -> SafeString:

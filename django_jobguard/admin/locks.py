@@ -53,10 +53,8 @@ class LockAdmin(ReadOnlyAdmin):
     fields = _FIELDS
     readonly_fields = _FIELDS
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Deleting a held lock would let a second job in while the first still runs, and
-        # deleting a free one would reset its fencing counter.
-        return False
+    # No deletion (ReadOnlyAdmin's default): deleting a held lock would let a second job in
+    # while the first still runs, and deleting a free one would reset its fencing counter.
 
     @admin.display(boolean=True, description=_("held"))
     def is_held(self, obj: Lock) -> bool:
