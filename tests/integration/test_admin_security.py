@@ -267,3 +267,18 @@ def test_locks_are_still_not_deletable(superuser, rows):
     held = Lock.objects.get(key__endswith="order:secret")
     assert superuser.post(delete_url(held), {"post": "yes"}).status_code == 403
     assert Lock.objects.filter(pk=held.pk, token__isnull=False).exists()
+
+
+def test_bulk_deletion_of_keys_deletes_nothing_when_one_selected_key_guards_an_action(superuser, rows):
+    succeeded = IdempotencyKey.objects.get(key="refund:1")
+    failed = IdempotencyKey.objects.get(key="charge:secret")
+    url = changelist("idempotencykey")
+    bulk = {"action": "delete_selected", "_selected_action": [succeeded.pk, failed.pk], "post": "yes"}
+    response = superuser.post(url, bulk, follow=True)
+    assert [str(m) for m in response.context["messages"]] == [
+        f"1 selected row may not be deleted, so nothing was: {KEY_DELETION_RULE}"
+    ]
+    assert IdempotencyKey.objects.filter(pk__in=[succeeded.pk, failed.pk]).count() == 2
+    superuser.post(url, {**bulk, "_selected_action": [failed.pk]})
+    assert list(IdempotencyKey.objects.values_list("key", flat=True)) == ["refund:1"]
+    assert_audit_clean()
