@@ -63,6 +63,7 @@ __all__ = [
     "can_view_payload",
     "check_permission",
     "dead_letter",
+    "describe_key",
     "redrive",
     "reject_replay",
     "request_replay",
@@ -221,6 +222,51 @@ def available_actions(dead_letter: DeadLetter, user: User | None) -> list[str]:
             continue
         allowed.append(action)
     return allowed
+
+
+def describe_key(dead_letter: DeadLetter, *, using: str | None = None) -> str:
+    """What the dead letter's idempotency key row says today, and what that means for its replay.
+
+    ``""`` when the dead letter has no key. Names jobs by id, never payload values.
+    """
+    from .models import IdempotencyKey, IdempotencyStatus, Job, JobStatus
+
+    letter = dead_letter
+    if not letter.idempotency_key:
+        return ""
+    alias = using or get_settings().database_alias
+    scope = _scope(registry.find(letter.task_name), letter.task_name)
+    row = IdempotencyKey.objects.using(alias).filter(scope=scope, key=letter.idempotency_key).first()
+    replayed = letter.replay_state == "replayed"
+    if row is None:
+        if replayed:
+            return "no row (expired and pruned after the replay)"
+        return "no row (expired and pruned): a replay recreates it"
+    status = row.get_status_display()
+    succeeded = row.status == IdempotencyStatus.SUCCEEDED
+    if row.job_id is not None and row.job_id == letter.replay_job_id:
+        outcome = {
+            IdempotencyStatus.SUCCEEDED: "the replay ran the action",
+            IdempotencyStatus.IN_PROGRESS: "the replay holds the key and has not finished",
+            IdempotencyStatus.FAILED: "the replay failed too",
+        }[IdempotencyStatus(row.status)]
+        return f"{status} (job #{row.job_id}, this dead letter's replay): {outcome}"
+    if row.job_id is not None and row.job_id == letter.job_id:
+        text = f"{status} (job #{row.job_id}, the dead job)"
+        return text if replayed else f"{text}: a replay takes the key over"
+    text = f"{status} (job #{row.job_id}, another job)"
+    if replayed:
+        if succeeded and letter.replay_job_id is not None:
+            replay = Job.objects.using(alias).filter(pk=letter.replay_job_id).values_list("status", flat=True)
+            if replay.first() == JobStatus.SUCCEEDED:
+                return f"{text}: the action succeeded through that job; the replay was acked as a duplicate"
+        return text
+    if succeeded:
+        return f"{text}: the action succeeded since; a replay is acked as a duplicate without running"
+    active = (JobStatus.QUEUED, JobStatus.RUNNING)
+    if row.job_id is not None and Job.objects.using(alias).filter(pk=row.job_id, status__in=active).exists():
+        return f"{text}: that job owns the action now, so an approved replay waits until it finishes"
+    return f"{text}: a replay takes the key over"
 
 
 # -- transitions ---------------------------------------------------------------------------------
