@@ -64,6 +64,10 @@ MAX_ABANDONED_THREADS = 16
 #: A job put back on lock contention waits CONTENTION_DELAY plus up to this fraction of it,
 #: so the jobs of one busy key do not all come back at the same instant.
 CONTENTION_JITTER_FRACTION = 0.5
+#: What summary() counts: acked (a duplicate acked with the stored result included), put
+#: back to retry after a failed attempt, dead-lettered, put back without using an attempt
+#: (lock contention, another job owning the key, shutdown hand-back).
+OUTCOMES = ("succeeded", "retried", "dead_lettered", "put_back")
 #: An executor idle this long checks its connection before the next job, so a connection
 #: the database dropped meanwhile (restart, failover, idle timeout) costs that job no attempt.
 CONNECTION_CHECK_AFTER_IDLE_SECONDS = 1.0
@@ -143,11 +147,15 @@ class Worker:
         self._listener: leasing.Listener | None = None
         self.claimed = 0
         self.processed = 0
+        #: Outcomes of the jobs this worker finished, for the summary on exit (see summary()).
+        self.outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
+        self._started_at: float | None = None
 
     # -- public ------------------------------------------------------------------------
 
     def run(self) -> int:
         """Run until stopped (or, with ``burst``, until nothing is due). Returns the exit code."""
+        self._started_at = time.monotonic()
         if self.install_signal_handlers:
             self._install_signal_handlers()
         listener = self._listener = leasing.Listener(self.alias, self.queues)
@@ -185,6 +193,20 @@ class Worker:
             logging.shutdown()
             os._exit(0)
         return 0
+
+    def summary(self) -> str:
+        """One line on what this worker did: jobs run, succeeded, retried, dead-lettered, elapsed."""
+        elapsed = time.monotonic() - self._started_at if self._started_at is not None else 0.0
+        counts = self.outcomes
+        return (
+            f"{self.processed} jobs run: {counts['succeeded']} succeeded, {counts['retried']} retried, "
+            f"{counts['dead_lettered']} dead-lettered, {counts['put_back']} put back; "
+            f"{elapsed:.1f}s elapsed"
+        )
+
+    def _count(self, outcome: str) -> None:
+        with self._lock:
+            self.outcomes[outcome] += 1
 
     def stop(self, *, force: bool = False) -> None:
         """Stop claiming and shut down (what SIGTERM does); ``force`` skips the grace period."""
@@ -522,6 +544,7 @@ class Worker:
         duration = time.perf_counter() - began
         if _faults.ENABLED:
             _faults.maybe_crash("after_complete")
+        self._count("succeeded")
         self._note_run_time(duration)
         metrics.job_succeeded(job.queue_name, job.task_name, duration)
         if logger.isEnabledFor(logging.INFO):  # skip building the fields for a dropped record
@@ -593,6 +616,8 @@ class Worker:
                 self.alias, job.id, job.lease_token, delay=delay, error=None, refund_attempt=True
             ):
                 metrics.lease_lost(job.queue_name, job.task_name, "requeue")
+            else:
+                self._count("put_back")
             return
         with transaction.atomic(using=self.alias):
             acked = leasing.complete(self.alias, job.id, job.lease_token, json.dumps(decision.result))
@@ -601,6 +626,7 @@ class Worker:
         if not acked:
             metrics.lease_lost(job.queue_name, job.task_name, "ack")
             return
+        self._count("succeeded")
         metrics.duplicate_prevented(job.task_name, "execution")
         logger.info(
             "job_duplicate job_id=%s idempotency_key=%s; stored result returned, handler not run",
@@ -650,6 +676,7 @@ class Worker:
             ):
                 metrics.lease_lost(job.queue_name, job.task_name, "requeue")
                 return False
+            self._count("put_back")
             metrics.lock_contended(job.queue_name, job.task_name)
             logger.info(
                 "lock_contended job_id=%s lock_key=%s; retry in %.2fs",
@@ -682,6 +709,8 @@ class Worker:
         )
         if not requeued:
             metrics.lease_lost(job.queue_name, job.task_name, "requeue")
+        else:
+            self._count("put_back")
         logger.warning(
             "lock_unavailable job_id=%s lock_key=%s; handler not run, retry in %.2fs: %s",
             job.id,
@@ -770,6 +799,7 @@ class Worker:
                 extra=job_fields(job, self.worker_id, outcome="stale"),
             )
             return
+        self._count("retried")
         metrics.job_failed(job.queue_name, job.task_name, category, duration, retried=True)
         logger.warning(
             "job_retry job_id=%s task=%s attempt=%d category=%s delay=%.2f error=%s",
@@ -827,6 +857,7 @@ class Worker:
                 extra=job_fields(job, self.worker_id, outcome="stale"),
             )
             return
+        self._count("dead_lettered")
         logger.error(
             "job_dead_lettered job_id=%s task=%s reason=%s error=%s",
             job.id,
@@ -944,6 +975,7 @@ class Worker:
         job = held.job
         started = held.state in ("running", "abandoned")
         if leasing.requeue(self.alias, job.id, job.lease_token, delay=0, error=None, refund_attempt=refund):
+            self._count("put_back")
             logger.info(
                 "job_handed_back job_id=%s started=%s",
                 job.id,
