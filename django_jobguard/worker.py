@@ -12,7 +12,9 @@ One process runs:
 
 SIGTERM / SIGINT stop the claiming; jobs not started are handed back at once, running
 ones get ``SHUTDOWN_GRACE`` seconds, and what is still running then is handed back (it
-will run again: handlers must be idempotent). A second signal skips the grace period.
+will run again: handlers must be idempotent). On SQLite the running jobs' connections are
+closed first, rolling their transactions back, since an open one blocks every write. A
+second signal skips the grace period.
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ class _Held:
     lock_renewed_at: float = 0.0
     lock_lost: bool = False
     lease_lost: bool = False
+    #: The executor thread's connection while the job runs, so shutdown can cut it (SQLite).
+    connection: Any = None
 
 
 class Worker:
@@ -382,6 +386,7 @@ class Worker:
                     else:
                         held.state = "running"
                         held.started_at = time.monotonic()
+                        held.connection = connections[self.alias]
                         start = True
                 try:
                     if start:
@@ -985,18 +990,48 @@ class Worker:
         with self._lock:
             held.state = "handed_back"
 
+    def _cut_connection(self, held: _Held) -> None:
+        """Close the database connection of a job's executor thread from this thread (SQLite).
+
+        Its open transaction is rolled back and its handler's next query fails. Django lets
+        SQLite connections cross threads (``check_same_thread=False``); interrupting first
+        ends a statement in progress.
+        """
+        raw = getattr(held.connection, "connection", None)
+        if raw is None:
+            return
+        try:
+            raw.interrupt()
+            raw.close()
+        except Exception:  # the connection may be closing already: nothing left to cut
+            logger.debug("connection_cut_failed job_id=%s", held.job.id, exc_info=True)
+        logger.info(
+            "job_connection_closed job_id=%s; its transaction rolled back so it can be handed back",
+            held.job.id,
+            extra=job_fields(held.job, self.worker_id, outcome="handed_back"),
+        )
+
     def _shutdown(self) -> bool:
         """Hand back what did not start, wait for the rest; True if threads had to be abandoned."""
         self._stopping = True
         for _ in self._threads:
             self._ready.put(None)
         deadline = time.monotonic() + (0 if self._forced else self.shutdown_grace)
+        cut = not leasing.writes_while_busy(self.alias)
+        deferred: list[_Held] = []
         while True:
             with self._lock:
                 running = [h for h in self._held.values() if h.state == "running"]
                 waiting = [h for h in self._held.values() if h.state == "waiting"]
                 for h in waiting:
                     h.state = "handing_back"
+            if cut and running:
+                # SQLite: a running job's transaction would make these hand-backs wait for the
+                # write lock (and fail after the busy timeout): hand them back once it is gone.
+                deferred += waiting
+                waiting = []
+            elif deferred:
+                waiting, deferred = waiting + deferred, []
             for h in waiting:
                 try:
                     self._hand_back(h, refund=True)
@@ -1007,28 +1042,33 @@ class Worker:
             if not running:
                 break
             if time.monotonic() >= deadline or self._forced:
-                # On SQLite a running job's open transaction blocks our write: leave it to
-                # its lease, which expires and lets the reaper of another worker return it.
-                hand_back = leasing.writes_while_busy(self.alias)
                 for h in running:
                     with self._lock:
                         if h.state != "running":
                             continue
                         h.state = "abandoned"
-                    if not hand_back:
-                        logger.warning(
-                            "job_abandoned job_id=%s; it reappears when its lease expires",
-                            h.job.id,
-                            extra=job_fields(h.job, self.worker_id, outcome="abandoned"),
-                        )
-                        continue
+                    if cut:
+                        # SQLite: a running job's open transaction (an atomic task's, or one its
+                        # handler opened) holds the database's only write lock, so no hand-back
+                        # could commit while it lives. Closing the job's connection rolls that
+                        # transaction back (nothing of the attempt is kept, as if the process
+                        # had died) and leaves the handler no way to write; then the job is
+                        # handed back like on PostgreSQL, instead of waiting for its lease.
+                        self._cut_connection(h)
                     try:
                         # The attempt is refunded: the worker stopped it, the job did not fail.
                         self._hand_back(h, refund=True)
                     except (DatabaseError, InterfaceError):
                         logger.warning("hand_back_failed job_id=%s; its lease will expire", h.job.id)
-                    # Its lock stays with the handler, which runs until the process exits;
-                    # the TTL frees it after that.
+                    if cut:
+                        self._release_lock(h)  # its handler can no longer write: free the resource
+                    # Otherwise its lock stays with the handler, which runs until the process
+                    # exits; the TTL frees it after that.
+                for h in deferred:
+                    try:
+                        self._hand_back(h, refund=True)
+                    except (DatabaseError, InterfaceError):
+                        logger.warning("hand_back_failed job_id=%s; its lease will expire", h.job.id)
                 return True
             self._slot_freed.wait(0.1)
             self._slot_freed.clear()
