@@ -254,7 +254,7 @@ def describe_key(dead_letter: DeadLetter, *, using: str | None = None) -> str:
     if row.job_id is not None and row.job_id == letter.job_id:
         text = f"{status} (job #{row.job_id}, the dead job)"
         return text if replayed else f"{text}: a replay takes the key over"
-    text = f"{status} (job #{row.job_id}, another job)"
+    text = f"{status} (job #{row.job_id}, another job)" if row.job_id is not None else f"{status} (no job)"
     if replayed:
         if succeeded and letter.replay_job_id is not None:
             replay = Job.objects.using(alias).filter(pk=letter.replay_job_id).values_list("status", flat=True)
