@@ -199,14 +199,14 @@ class Worker:
         return 0
 
     def summary(self) -> str:
-        """One line on what this worker did: jobs run, succeeded, retried, dead-lettered, elapsed."""
+        """One line on what this worker did: jobs run, succeeded, retried, dead-lettered, elapsed.
+
+        ``key=value`` like the log lines, so scripts can read it: ``jobs=3 succeeded=1
+        retried=1 dead_lettered=1 put_back=0 elapsed=0.42s``.
+        """
         elapsed = time.monotonic() - self._started_at if self._started_at is not None else 0.0
-        counts = self.outcomes
-        return (
-            f"{self.processed} jobs run: {counts['succeeded']} succeeded, {counts['retried']} retried, "
-            f"{counts['dead_lettered']} dead-lettered, {counts['put_back']} put back; "
-            f"{elapsed:.1f}s elapsed"
-        )
+        counts = " ".join(f"{outcome}={self.outcomes[outcome]}" for outcome in OUTCOMES)
+        return f"jobs={self.processed} {counts} elapsed={elapsed:.2f}s"
 
     def _count(self, outcome: str) -> None:
         with self._lock:

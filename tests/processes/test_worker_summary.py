@@ -18,8 +18,8 @@ def test_a_burst_prints_what_it_did_on_stdout_at_the_default_log_level(workers):
     lines = done.stdout.decode().splitlines()
     assert len(lines) == 1, lines
     assert re.fullmatch(
-        r"jobguard_worker --burst: 3 jobs run: 1 succeeded, 1 retried, 1 dead-lettered, 0 put back; "
-        r"\d+\.\ds elapsed",
+        r"jobguard_worker --burst: jobs=3 succeeded=1 retried=1 dead_lettered=1 put_back=0 "
+        r"elapsed=\d+\.\d\ds",
         lines[0],
     ), lines
 
@@ -27,4 +27,6 @@ def test_a_burst_prints_what_it_did_on_stdout_at_the_default_log_level(workers):
 def test_a_burst_with_nothing_due_says_so(workers):
     done = workers.burst()
     assert done.returncode == 0, done.stderr
-    assert done.stdout.decode().startswith("jobguard_worker --burst: 0 jobs run: 0 succeeded, 0 retried")
+    assert done.stdout.decode().startswith(
+        "jobguard_worker --burst: jobs=0 succeeded=0 retried=0 dead_lettered=0"
+    )
