@@ -11,7 +11,11 @@ Admin, API and commands call these functions; the rules live here once.
   redriven, replay to ``rejected``.
 - :func:`redrive`, run by every worker between claims, turns approved replays into new jobs,
   at most ``JOBGUARD["REPLAY"]["RATE_PER_MINUTE"]`` a minute across all workers, and marks
-  them ``replayed``. The new job keeps the idempotency key, and the key's row points at it.
+  them ``replayed``. The new job keeps the idempotency key, and the key's row points at it
+  under the fingerprint of the payload it runs: after a corrected replay, an enqueue of the key
+  with the original arguments is an :class:`IdempotencyConflict` (docs/runbooks/dead-letters.md).
+- :func:`review_correction` says what a corrected payload changes (by argument name) and
+  warns when the idempotency key's fingerprint or the lock key depends on what changed.
 
 Every transition is one transaction: a conditional update of ``replay_state`` (so of two
 concurrent approvals, or two workers redriving, exactly one wins) and a :class:`ReplayEvent`
@@ -20,9 +24,11 @@ row saying who, when and why. Signals and metrics follow the commit.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import hashlib
+import inspect
 import json
 import logging
 import math
@@ -41,7 +47,7 @@ from .exceptions import InvalidArgumentsError, LeaseLost, ReplayError, ReplayPer
 from .registry import registry
 
 if TYPE_CHECKING:
-    from .models import DeadLetter, IdempotencyKey, Job
+    from .models import DeadLetter, Job
     from .task import Task
 
 logger = logging.getLogger(__name__)
@@ -50,15 +56,19 @@ __all__ = [
     "APPROVE",
     "REJECT",
     "REQUEST",
+    "CorrectionReview",
+    "FieldChange",
     "approve_replay",
     "available_actions",
     "can_view_payload",
     "check_permission",
     "dead_letter",
+    "describe_key",
     "redrive",
     "reject_replay",
     "replay_actions",
     "request_replay",
+    "review_correction",
 ]
 
 #: The throttle counts redrives in this window against ``RATE_PER_MINUTE``...
@@ -236,6 +246,51 @@ def replay_actions(dead_letter: DeadLetter, user: User | None) -> dict[str, str 
     return result
 
 
+def describe_key(dead_letter: DeadLetter, *, using: str | None = None) -> str:
+    """What the dead letter's idempotency key row says today, and what that means for its replay.
+
+    ``""`` when the dead letter has no key. Names jobs by id, never payload values.
+    """
+    from .models import IdempotencyKey, IdempotencyStatus, Job, JobStatus
+
+    letter = dead_letter
+    if not letter.idempotency_key:
+        return ""
+    alias = using or get_settings().database_alias
+    scope = _scope(registry.find(letter.task_name), letter.task_name)
+    row = IdempotencyKey.objects.using(alias).filter(scope=scope, key=letter.idempotency_key).first()
+    replayed = letter.replay_state == "replayed"
+    if row is None:
+        if replayed:
+            return "no row (expired and pruned after the replay)"
+        return "no row (expired and pruned): a replay recreates it"
+    status = row.get_status_display()
+    succeeded = row.status == IdempotencyStatus.SUCCEEDED
+    if row.job_id is not None and row.job_id == letter.replay_job_id:
+        outcome = {
+            IdempotencyStatus.SUCCEEDED: "the replay ran the action",
+            IdempotencyStatus.IN_PROGRESS: "the replay holds the key and has not finished",
+            IdempotencyStatus.FAILED: "the replay failed too",
+        }[IdempotencyStatus(row.status)]
+        return f"{status} (job #{row.job_id}, this dead letter's replay): {outcome}"
+    if row.job_id is not None and row.job_id == letter.job_id:
+        text = f"{status} (job #{row.job_id}, the dead job)"
+        return text if replayed else f"{text}: a replay takes the key over"
+    text = f"{status} (job #{row.job_id}, another job)" if row.job_id is not None else f"{status} (no job)"
+    if replayed:
+        if succeeded and letter.replay_job_id is not None:
+            replay = Job.objects.using(alias).filter(pk=letter.replay_job_id).values_list("status", flat=True)
+            if replay.first() == JobStatus.SUCCEEDED:
+                return f"{text}: the action succeeded through that job; the replay was acked as a duplicate"
+        return text
+    if succeeded:
+        return f"{text}: the action succeeded since; a replay is acked as a duplicate without running"
+    active = (JobStatus.QUEUED, JobStatus.RUNNING)
+    if row.job_id is not None and Job.objects.using(alias).filter(pk=row.job_id, status__in=active).exists():
+        return f"{text}: that job owns the action now, so an approved replay waits until it finishes"
+    return f"{text}: a replay takes the key over"
+
+
 # -- transitions ---------------------------------------------------------------------------------
 
 
@@ -390,6 +445,163 @@ def _validated_payload(
     clean_kwargs = normalize_json(dict(kwargs), "kwargs")
     task.lock_key_for(task.bind(clean_args, clean_kwargs))
     return clean_args, clean_kwargs
+
+
+# -- reviewing a correction ----------------------------------------------------------------------
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+#: A FieldChange's value when the argument is not in that payload at all.
+ABSENT: Any = _Absent()
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldChange:
+    """One argument a correction changes: its name, the original value and the corrected one.
+
+    ``name`` is the handler's parameter name when both payloads fit the handler, else its
+    place in the payload (``args[0]``, ``kwargs.amount``). A value is :data:`ABSENT` when
+    that payload does not have the argument.
+    """
+
+    name: str
+    original: Any
+    corrected: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class CorrectionReview:
+    """What a replay's payload changes, and what that does to its idempotency key and lock key.
+
+    Built by :func:`review_correction` for the surfaces (admin, API) to render. ``warnings``
+    name arguments and keys but never their values, so every viewer may see them; the
+    ``changes`` (with values) and ``corrected_lock_key`` are for users who may see payloads.
+    """
+
+    changes: tuple[FieldChange, ...]
+    idempotency_key: str
+    #: The correction changes what the key's fingerprint covers (every argument, by name).
+    key_affected: bool
+    lock_template: str | None
+    #: Changed arguments the lock key derives from (the task's ``lock`` template).
+    lock_fields: tuple[str, ...]
+    original_lock_key: str
+    corrected_lock_key: str
+    warnings: tuple[str, ...]
+
+    @property
+    def corrected(self) -> bool:
+        """Whether the replay runs another payload than the dead job did."""
+        return bool(self.changes)
+
+    @property
+    def changed_fields(self) -> list[str]:
+        """The names of the changed arguments (safe to show without ``jobguard.view_payload``)."""
+        return [change.name for change in self.changes]
+
+
+def review_correction(
+    dead_letter: DeadLetter, args: list[Any] | None = None, kwargs: dict[str, Any] | None = None
+) -> CorrectionReview:
+    """Compare the dead letter's payload with a correction: ``args`` / ``kwargs``, or the stored one.
+
+    Left out, the correction is the one stored on the dead letter by :func:`request_replay`
+    (none: the replay runs the original). Raises :class:`InvalidArgumentsError` or
+    :class:`ReplayError` as :func:`request_replay` would for a payload it refuses.
+    """
+    letter = dead_letter
+    if args is None and kwargs is None:
+        args, kwargs = letter.replay_args, letter.replay_kwargs
+    if args is None and kwargs is None:
+        new_args, new_kwargs = letter.args, letter.kwargs
+    else:
+        new_args, new_kwargs = _validated_payload(letter, args, kwargs)
+    task = registry.find(letter.task_name)
+    changes = _changes(task, letter.args, letter.kwargs, new_args, new_kwargs)
+    key = letter.idempotency_key or ""
+    key_affected = bool(key) and _fingerprint(task, letter, letter.args, letter.kwargs) != _fingerprint(
+        task, letter, new_args, new_kwargs
+    )
+    template = task.lock if task is not None else None
+    lock_fields: tuple[str, ...] = ()
+    corrected_lock = letter.lock_key
+    if template and task is not None:
+        from .task import _template_fields
+
+        names = set(_template_fields(template))
+        lock_fields = tuple(change.name for change in changes if change.name in names)
+        corrected_lock = task.lock_key_for(task.bind(new_args, new_kwargs))
+    warnings = []
+    if key_affected:
+        fields = ", ".join(change.name for change in changes)
+        warnings.append(
+            f"This correction changes {fields}, which the fingerprint of idempotency key {key!r} covers: "
+            f"the replay takes the key over with the corrected arguments, so an enqueue of {key!r} with "
+            "the original arguments raises IdempotencyConflict instead of returning this replay's job. "
+            "To run the original action as well, enqueue it under another key."
+        )
+    if lock_fields and corrected_lock != letter.lock_key:
+        warnings.append(
+            f"This correction changes {', '.join(lock_fields)}, from which the lock key derives "
+            f"(lock template {template!r}): the replay locks another resource than the dead job did."
+        )
+    return CorrectionReview(
+        changes=tuple(changes),
+        idempotency_key=key,
+        key_affected=key_affected,
+        lock_template=template,
+        lock_fields=lock_fields,
+        original_lock_key=letter.lock_key,
+        corrected_lock_key=corrected_lock,
+        warnings=tuple(warnings),
+    )
+
+
+def _changes(
+    task: Task[Any, Any] | None, args: Any, kwargs: Any, new_args: Any, new_kwargs: Any
+) -> list[FieldChange]:
+    """The arguments that differ, by parameter name when both payloads fit the handler."""
+    named_before, named_after = _by_name(task, args, kwargs), _by_name(task, new_args, new_kwargs)
+    if named_before is not None and named_after is not None:
+        before, after = named_before, named_after
+    else:
+        before, after = _by_place(args, kwargs), _by_place(new_args, new_kwargs)
+    names = list(before) + [name for name in after if name not in before]
+    return [
+        FieldChange(name, before.get(name, ABSENT), after.get(name, ABSENT))
+        for name in names
+        if before.get(name, ABSENT) != after.get(name, ABSENT)
+    ]
+
+
+def _by_name(task: Task[Any, Any] | None, args: Any, kwargs: Any) -> dict[str, Any] | None:
+    if task is None or not isinstance(args, list) or not isinstance(kwargs, dict):
+        return None
+    try:
+        bound = task.bind(args, kwargs)
+    except InvalidArgumentsError:
+        return None  # e.g. an invalid_payload dead letter: compare by place instead
+    values: dict[str, Any] = {}
+    for name, param in task.signature.parameters.items():
+        if name in bound.arguments:
+            value = bound.arguments[name]
+            values[name] = list(value) if param.kind is inspect.Parameter.VAR_POSITIONAL else value
+        elif param.default is not inspect.Parameter.empty:
+            values[name] = param.default  # f(1) and f(1, b=0) run the same call
+    return values
+
+
+def _by_place(args: Any, kwargs: Any) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for index, value in enumerate(args if isinstance(args, list) else [args]):
+        values[f"args[{index}]"] = value
+    for name, value in (kwargs if isinstance(kwargs, dict) else {"": kwargs}).items():
+        values[f"kwargs.{name}"] = value
+    return values
 
 
 def _transition(
@@ -548,13 +760,18 @@ def _redrive_one(alias: str, letter: DeadLetter, worker_id: str) -> Job | None:
     try:
         # A savepoint per dead letter: one that fails does not undo the others of the pass.
         with transaction.atomic(using=alias):
-            key_row, key_state = _claim_key(alias, task, letter)
-            if key_state == "busy":
-                raise _SkipRedriveError
+            key_row, key_state = None, "none"
+            if letter.idempotency_key:
+                digest = _fingerprint(task, letter, args, kwargs)
+                key_row, key_state = idempotency.claim_for_replay(
+                    alias, _scope(task, letter.task_name), letter.idempotency_key, digest, letter.job_id
+                )
+                if key_state == idempotency.REPLAY_BUSY:
+                    raise _SkipRedriveError
             job = Job(**_job_fields(task, letter, args, kwargs))
             job.save(force_insert=True, using=alias)
             if key_row is not None:
-                _point_key(alias, key_row, job)
+                idempotency.hand_to_replay(alias, key_row, job.pk, digest)
             moved = (
                 DeadLetter.objects.using(alias)
                 .filter(pk=letter.pk, replay_state="approved", replay_job__isnull=True)
@@ -606,72 +823,16 @@ def _scope(task: Task[Any, Any] | None, task_name: str) -> str:
     return idempotency.scope_of(task) if task is not None else task_name
 
 
-def _claim_key(
-    alias: str, task: Task[Any, Any] | None, letter: DeadLetter
-) -> tuple[IdempotencyKey | None, str]:
-    """The key row the replay job will own, and what became of it.
-
-    ``none`` (no key), ``adopted`` (the row will point at the replay job), ``already_succeeded``
-    (the action succeeded through another job: the replay job is acked as a duplicate
-    without running), ``busy`` (another live job owns the action now: wait for it).
-    """
-    from .models import IdempotencyKey, Job, JobStatus
-
-    if not letter.idempotency_key:
-        return None, "none"
-    scope = _scope(task, letter.task_name)
-    keys = IdempotencyKey.objects.using(alias)
-    # A pruned key is recreated, so a producer resending the action later is still deduplicated.
-    keys.bulk_create(
-        [
-            IdempotencyKey(
-                key=letter.idempotency_key,
-                scope=scope,
-                fingerprint=_fingerprint(task, letter),
-                status="in_progress",
-                expires_at=_key_expiry(),
-            )
-        ],
-        ignore_conflicts=True,
-    )
-    row = keys.select_for_update().get(scope=scope, key=letter.idempotency_key)
-    if row.status == "succeeded":
-        return None, "already_succeeded"
-    if row.job_id is not None and row.job_id != letter.job_id:
-        owner_active = (
-            Job.objects.using(alias)
-            .filter(pk=row.job_id, status__in=(JobStatus.QUEUED, JobStatus.RUNNING))
-            .exists()
-        )
-        if owner_active:
-            return None, "busy"
-    return row, "adopted"
-
-
-def _point_key(alias: str, row: IdempotencyKey, job: Job) -> None:
-    from .models import IdempotencyKey
-
-    IdempotencyKey.objects.using(alias).filter(pk=row.pk).update(
-        job=job,
-        status="in_progress",
-        result=None,
-        updated_at=Now(),
-        expires_at=max(row.expires_at, _key_expiry()),
-    )
-
-
-def _key_expiry() -> datetime.datetime:
-    return timezone.now() + datetime.timedelta(seconds=get_settings().idempotency.ttl)
-
-
-def _fingerprint(task: Task[Any, Any] | None, letter: DeadLetter) -> str:
-    """The original call's fingerprint: a producer resending it is a duplicate, not a conflict."""
+def _fingerprint(task: Task[Any, Any] | None, letter: DeadLetter, args: Any, kwargs: Any) -> str:
+    """The fingerprint of the call the replay runs (the corrected one, if corrected)."""
     if task is not None:
         try:
-            return idempotency.fingerprint(task, letter.args, letter.kwargs)
+            return idempotency.fingerprint(task, args, kwargs)
         except InvalidArgumentsError:
-            pass
-    canonical = json.dumps([letter.args, letter.kwargs], sort_keys=True, separators=(",", ":"))
+            pass  # the handler changed since approval: the worker dead-letters the replay, saying so
+    canonical = json.dumps(
+        {"task": letter.task_name, "args": args, "kwargs": kwargs}, sort_keys=True, separators=(",", ":")
+    )
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

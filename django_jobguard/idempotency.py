@@ -51,8 +51,10 @@ __all__ = [
     "WAIT",
     "Decision",
     "begin_execution",
+    "claim_for_replay",
     "enqueue_once",
     "fingerprint",
+    "hand_to_replay",
     "prune_expired",
     "record_failure",
     "record_success",
@@ -386,6 +388,58 @@ def _take_over(alias: str, existing: IdempotencyKey, job_id: int, digest: str, l
     if not live:
         changes.update(duplicates=0, created_at=Now(), expires_at=_expiry())
     IdempotencyKey.objects.using(alias).filter(pk=existing.pk).update(**changes)
+
+
+# -- replays --------------------------------------------------------------------------------
+
+#: What :func:`claim_for_replay` found (recorded in the "replayed" event of the dead letter).
+REPLAY_ADOPTED = "adopted"
+REPLAY_ALREADY_SUCCEEDED = "already_succeeded"
+REPLAY_BUSY = "busy"
+
+
+def claim_for_replay(
+    alias: str, scope: str, key: str, digest: str, origin_job_id: int | None
+) -> tuple[IdempotencyKey | None, str]:
+    """Lock the key a replay of dead job ``origin_job_id`` runs under; the row and what became of it.
+
+    ``adopted``: the row is the replay's to take (call :func:`hand_to_replay` once the job
+    exists). ``already_succeeded``: the action succeeded through another job, so the replay
+    is acked as a duplicate without running. ``busy``: another queued or running job owns
+    the action now: try again later. A pruned key is recreated (with ``digest``), so the
+    action stays deduplicated. Call inside the replay's transaction.
+    """
+    from .models import IdempotencyStatus
+
+    insert_key(alias, scope, key, digest)
+    row = _locked_key(alias, scope, key)
+    if row is None:
+        return None, REPLAY_BUSY  # pruned between the insert and the read: the next pass retries
+    if row.status == IdempotencyStatus.SUCCEEDED:
+        return None, REPLAY_ALREADY_SUCCEEDED
+    if row.job_id is not None and row.job_id != origin_job_id and _is_active(row.job):
+        return None, REPLAY_BUSY
+    return row, REPLAY_ADOPTED
+
+
+def hand_to_replay(alias: str, row: IdempotencyKey, job_id: int, digest: str) -> None:
+    """Make the replay job the key's owner, under the fingerprint of the arguments it runs.
+
+    A corrected payload replaces the key's fingerprint: the key's action is now the
+    corrected call, so an enqueue with the original arguments is an
+    :class:`IdempotencyConflict`, not a duplicate silently answered with the corrected job
+    (see the dead-letter runbook).
+    """
+    from .models import IdempotencyKey, IdempotencyStatus
+
+    IdempotencyKey.objects.using(alias).filter(pk=row.pk).update(
+        job_id=job_id,
+        fingerprint=digest,
+        status=IdempotencyStatus.IN_PROGRESS,
+        result=None,
+        updated_at=Now(),
+        expires_at=max(row.expires_at, _expiry()),
+    )
 
 
 def stored_result(alias: str, scope: str, key: str) -> Any:

@@ -12,7 +12,9 @@ One process runs:
 
 SIGTERM / SIGINT stop the claiming; jobs not started are handed back at once, running
 ones get ``SHUTDOWN_GRACE`` seconds, and what is still running then is handed back (it
-will run again: handlers must be idempotent). A second signal skips the grace period.
+will run again: handlers must be idempotent). On SQLite the running jobs' connections are
+closed first, rolling their transactions back, since an open one blocks every write. A
+second signal skips the grace period.
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ MAX_ABANDONED_THREADS = 16
 #: A job put back on lock contention waits CONTENTION_DELAY plus up to this fraction of it,
 #: so the jobs of one busy key do not all come back at the same instant.
 CONTENTION_JITTER_FRACTION = 0.5
+#: What summary() counts: acked (a duplicate acked with the stored result included), put
+#: back to retry after a failed attempt, dead-lettered, put back without using an attempt
+#: (lock contention, another job owning the key, shutdown hand-back).
+OUTCOMES = ("succeeded", "retried", "dead_lettered", "put_back")
 #: An executor idle this long checks its connection before the next job, so a connection
 #: the database dropped meanwhile (restart, failover, idle timeout) costs that job no attempt.
 CONNECTION_CHECK_AFTER_IDLE_SECONDS = 1.0
@@ -91,6 +97,8 @@ class _Held:
     lock_renewed_at: float = 0.0
     lock_lost: bool = False
     lease_lost: bool = False
+    #: The executor thread's connection while the job runs, so shutdown can cut it (SQLite).
+    connection: Any = None
 
 
 class Worker:
@@ -143,11 +151,15 @@ class Worker:
         self._listener: leasing.Listener | None = None
         self.claimed = 0
         self.processed = 0
+        #: Outcomes of the jobs this worker finished, for the summary on exit (see summary()).
+        self.outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
+        self._started_at: float | None = None
 
     # -- public ------------------------------------------------------------------------
 
     def run(self) -> int:
         """Run until stopped (or, with ``burst``, until nothing is due). Returns the exit code."""
+        self._started_at = time.monotonic()
         if self.install_signal_handlers:
             self._install_signal_handlers()
         listener = self._listener = leasing.Listener(self.alias, self.queues)
@@ -185,6 +197,20 @@ class Worker:
             logging.shutdown()
             os._exit(0)
         return 0
+
+    def summary(self) -> str:
+        """One line on what this worker did: jobs run, succeeded, retried, dead-lettered, elapsed.
+
+        ``key=value`` like the log lines, so scripts can read it: ``jobs=3 succeeded=1
+        retried=1 dead_lettered=1 put_back=0 elapsed=0.42s``.
+        """
+        elapsed = time.monotonic() - self._started_at if self._started_at is not None else 0.0
+        counts = " ".join(f"{outcome}={self.outcomes[outcome]}" for outcome in OUTCOMES)
+        return f"jobs={self.processed} {counts} elapsed={elapsed:.2f}s"
+
+    def _count(self, outcome: str) -> None:
+        with self._lock:
+            self.outcomes[outcome] += 1
 
     def stop(self, *, force: bool = False) -> None:
         """Stop claiming and shut down (what SIGTERM does); ``force`` skips the grace period."""
@@ -360,6 +386,7 @@ class Worker:
                     else:
                         held.state = "running"
                         held.started_at = time.monotonic()
+                        held.connection = connections[self.alias]
                         start = True
                 try:
                     if start:
@@ -522,6 +549,7 @@ class Worker:
         duration = time.perf_counter() - began
         if _faults.ENABLED:
             _faults.maybe_crash("after_complete")
+        self._count("succeeded")
         self._note_run_time(duration)
         metrics.job_succeeded(job.queue_name, job.task_name, duration)
         if logger.isEnabledFor(logging.INFO):  # skip building the fields for a dropped record
@@ -593,6 +621,8 @@ class Worker:
                 self.alias, job.id, job.lease_token, delay=delay, error=None, refund_attempt=True
             ):
                 metrics.lease_lost(job.queue_name, job.task_name, "requeue")
+            else:
+                self._count("put_back")
             return
         with transaction.atomic(using=self.alias):
             acked = leasing.complete(self.alias, job.id, job.lease_token, json.dumps(decision.result))
@@ -601,6 +631,7 @@ class Worker:
         if not acked:
             metrics.lease_lost(job.queue_name, job.task_name, "ack")
             return
+        self._count("succeeded")
         metrics.duplicate_prevented(job.task_name, "execution")
         logger.info(
             "job_duplicate job_id=%s idempotency_key=%s; stored result returned, handler not run",
@@ -650,6 +681,7 @@ class Worker:
             ):
                 metrics.lease_lost(job.queue_name, job.task_name, "requeue")
                 return False
+            self._count("put_back")
             metrics.lock_contended(job.queue_name, job.task_name)
             logger.info(
                 "lock_contended job_id=%s lock_key=%s; retry in %.2fs",
@@ -682,6 +714,8 @@ class Worker:
         )
         if not requeued:
             metrics.lease_lost(job.queue_name, job.task_name, "requeue")
+        else:
+            self._count("put_back")
         logger.warning(
             "lock_unavailable job_id=%s lock_key=%s; handler not run, retry in %.2fs: %s",
             job.id,
@@ -770,6 +804,7 @@ class Worker:
                 extra=job_fields(job, self.worker_id, outcome="stale"),
             )
             return
+        self._count("retried")
         metrics.job_failed(job.queue_name, job.task_name, category, duration, retried=True)
         logger.warning(
             "job_retry job_id=%s task=%s attempt=%d category=%s delay=%.2f error=%s",
@@ -827,6 +862,7 @@ class Worker:
                 extra=job_fields(job, self.worker_id, outcome="stale"),
             )
             return
+        self._count("dead_lettered")
         logger.error(
             "job_dead_lettered job_id=%s task=%s reason=%s error=%s",
             job.id,
@@ -944,6 +980,7 @@ class Worker:
         job = held.job
         started = held.state in ("running", "abandoned")
         if leasing.requeue(self.alias, job.id, job.lease_token, delay=0, error=None, refund_attempt=refund):
+            self._count("put_back")
             logger.info(
                 "job_handed_back job_id=%s started=%s",
                 job.id,
@@ -953,18 +990,48 @@ class Worker:
         with self._lock:
             held.state = "handed_back"
 
+    def _cut_connection(self, held: _Held) -> None:
+        """Close the database connection of a job's executor thread from this thread (SQLite).
+
+        Its open transaction is rolled back and its handler's next query fails. Django lets
+        SQLite connections cross threads (``check_same_thread=False``); interrupting first
+        ends a statement in progress.
+        """
+        raw = getattr(held.connection, "connection", None)
+        if raw is None:
+            return
+        try:
+            raw.interrupt()
+            raw.close()
+        except Exception:  # the connection may be closing already: nothing left to cut
+            logger.debug("connection_cut_failed job_id=%s", held.job.id, exc_info=True)
+        logger.info(
+            "job_connection_closed job_id=%s; its transaction rolled back so it can be handed back",
+            held.job.id,
+            extra=job_fields(held.job, self.worker_id, outcome="handed_back"),
+        )
+
     def _shutdown(self) -> bool:
         """Hand back what did not start, wait for the rest; True if threads had to be abandoned."""
         self._stopping = True
         for _ in self._threads:
             self._ready.put(None)
         deadline = time.monotonic() + (0 if self._forced else self.shutdown_grace)
+        cut = not leasing.writes_while_busy(self.alias)
+        deferred: list[_Held] = []
         while True:
             with self._lock:
                 running = [h for h in self._held.values() if h.state == "running"]
                 waiting = [h for h in self._held.values() if h.state == "waiting"]
                 for h in waiting:
                     h.state = "handing_back"
+            if cut and running:
+                # SQLite: a running job's transaction would make these hand-backs wait for the
+                # write lock (and fail after the busy timeout): hand them back once it is gone.
+                deferred += waiting
+                waiting = []
+            elif deferred:
+                waiting, deferred = waiting + deferred, []
             for h in waiting:
                 try:
                     self._hand_back(h, refund=True)
@@ -975,28 +1042,33 @@ class Worker:
             if not running:
                 break
             if time.monotonic() >= deadline or self._forced:
-                # On SQLite a running job's open transaction blocks our write: leave it to
-                # its lease, which expires and lets the reaper of another worker return it.
-                hand_back = leasing.writes_while_busy(self.alias)
                 for h in running:
                     with self._lock:
                         if h.state != "running":
                             continue
                         h.state = "abandoned"
-                    if not hand_back:
-                        logger.warning(
-                            "job_abandoned job_id=%s; it reappears when its lease expires",
-                            h.job.id,
-                            extra=job_fields(h.job, self.worker_id, outcome="abandoned"),
-                        )
-                        continue
+                    if cut:
+                        # SQLite: a running job's open transaction (an atomic task's, or one its
+                        # handler opened) holds the database's only write lock, so no hand-back
+                        # could commit while it lives. Closing the job's connection rolls that
+                        # transaction back (nothing of the attempt is kept, as if the process
+                        # had died) and leaves the handler no way to write; then the job is
+                        # handed back like on PostgreSQL, instead of waiting for its lease.
+                        self._cut_connection(h)
                     try:
                         # The attempt is refunded: the worker stopped it, the job did not fail.
                         self._hand_back(h, refund=True)
                     except (DatabaseError, InterfaceError):
                         logger.warning("hand_back_failed job_id=%s; its lease will expire", h.job.id)
-                    # Its lock stays with the handler, which runs until the process exits;
-                    # the TTL frees it after that.
+                    if cut:
+                        self._release_lock(h)  # its handler can no longer write: free the resource
+                    # Otherwise its lock stays with the handler, which runs until the process
+                    # exits; the TTL frees it after that.
+                for h in deferred:
+                    try:
+                        self._hand_back(h, refund=True)
+                    except (DatabaseError, InterfaceError):
+                        logger.warning("hand_back_failed job_id=%s; its lease will expire", h.job.id)
                 return True
             self._slot_freed.wait(0.1)
             self._slot_freed.clear()

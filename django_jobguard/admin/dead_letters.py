@@ -8,6 +8,8 @@ audit trail would go with them (retention is ``jobguard_prune``'s).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -24,8 +26,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import dlq
 from ..exceptions import InvalidArgumentsError, ReplayError, ReplayPermissionDenied
-from ..models import DeadLetter, IdempotencyKey
-from ..registry import registry
+from ..models import DeadLetter
 from .base import ReadOnlyAdmin, admin_link, can_view_payload, format_time, pre, pretty_json, refusal
 from .forms import ReplayDecisionForm, ReplayRequestForm, dumps
 
@@ -159,6 +160,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             context["replay_actions"] = [(a, _LABELS[a]) for a, why in offered.items() if why is None]
             context["replay_refusals"] = [(_LABELS[a], why) for a, why in offered.items() if why is not None]
             context["replay_events"] = self._events(request, letter)
+            context.update(_correction_context(request, _stored_review(letter)))
         return super().change_view(request, object_id, form_url, context)
 
     def _events(self, request: HttpRequest, letter: DeadLetter) -> list[dict[str, Any]]:
@@ -213,18 +215,8 @@ class DeadLetterAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("idempotency key now"))
     def idempotency_status(self, obj: DeadLetter) -> str:
-        """What the key's row says today: a key that succeeded since means a replay runs nothing."""
-        if not obj.idempotency_key:
-            return "-"
-        task = registry.find(obj.task_name)
-        scope = (task.idempotency_scope if task else None) or obj.task_name
-        row = IdempotencyKey.objects.filter(scope=scope, key=obj.idempotency_key).first()
-        if row is None:
-            return str(_("no row (expired and pruned): a replay recreates it"))
-        text = f"{row.get_status_display()} (job #{row.job_id})"
-        if row.status == "succeeded" and row.job_id != obj.job_id:
-            text += str(_(": the action succeeded since; a replay is acked as a duplicate without running"))
-        return text
+        """What the key's row says today, and what that means for the replay (from dlq)."""
+        return dlq.describe_key(obj) or "-"
 
     # -- replay views ----------------------------------------------------------------------
 
@@ -250,16 +242,29 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             return refusal(request, self, f"{_LABELS[action]}: {letter}", str(exc))
         show_payload = action == dlq.REQUEST and can_view_payload(request)
         form_class = ReplayRequestForm if show_payload else ReplayDecisionForm
+        review = None if action == dlq.REQUEST else _stored_review(letter)
+        confirm = ""
         if request.method == "POST":
             form = form_class(request.POST)
             if form.is_valid():
                 try:
-                    _SERVICES[action](letter, request.user, form.cleaned_data["reason"], **form.payload())
+                    if action == dlq.REQUEST and show_payload:
+                        review = _review(letter, form.payload())
+                        # A correction that moves the key's fingerprint or the lock is shown with
+                        # its warnings before it is requested; submitting that same payload again
+                        # requests it (an edited payload is reviewed afresh).
+                        token = _payload_token(form.payload())
+                        if review and review.warnings and request.POST.get("confirm_correction") != token:
+                            confirm = token
+                    if not confirm:
+                        _SERVICES[action](letter, request.user, form.cleaned_data["reason"], **form.payload())
                 except ReplayPermissionDenied as exc:
                     return refusal(request, self, f"{_LABELS[action]}: {letter}", str(exc))
                 except (ReplayError, InvalidArgumentsError) as exc:
                     form.add_error(None, str(exc))
                 else:
+                    if confirm:
+                        return self._replay_form(request, letter, action, form, review, show_payload, confirm)
                     self.message_user(request, _DONE[action], messages.SUCCESS)
                     url = reverse(
                         f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[letter.pk]
@@ -268,6 +273,18 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         else:
             initial = {"args": dumps(letter.args), "kwargs": dumps(letter.kwargs)} if show_payload else {}
             form = form_class(initial=initial)
+        return self._replay_form(request, letter, action, form, review, show_payload, confirm)
+
+    def _replay_form(
+        self,
+        request: HttpRequest,
+        letter: DeadLetter,
+        action: str,
+        form: ReplayDecisionForm,
+        review: dlq.CorrectionReview | None,
+        show_payload: bool,
+        confirm: str,
+    ) -> HttpResponse:
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
@@ -280,6 +297,8 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             "corrected": letter.replay_args is not None or letter.replay_kwargs is not None,
             "replay_payload": dumps({"args": letter.replay_args, "kwargs": letter.replay_kwargs}),
             "requested_at": format_time(letter.replay_requested_at),
+            "confirm_correction": confirm,
+            **_correction_context(request, review),
         }
         return TemplateResponse(request, "django_jobguard/admin/deadletter/replay_form.html", context)
 
@@ -338,3 +357,44 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "django_jobguard/admin/deadletter/replay_bulk.html", context)
+
+
+def _payload_token(payload: dict[str, Any]) -> str:
+    """Names the payload whose warnings the requester saw (not a secret: a form round-trip)."""
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _review(letter: DeadLetter, payload: dict[str, Any]) -> dlq.CorrectionReview | None:
+    try:
+        return dlq.review_correction(letter, **payload)
+    except (ReplayError, InvalidArgumentsError):
+        return None  # the request refuses it, with the state checked first, and says why
+
+
+def _stored_review(letter: DeadLetter) -> dlq.CorrectionReview | None:
+    """The review of the correction stored on ``letter``; None if it has none or it no longer fits."""
+    if letter.replay_args is None and letter.replay_kwargs is None:
+        return None
+    try:
+        return dlq.review_correction(letter)
+    except (ReplayError, InvalidArgumentsError):
+        return None  # the task changed since: approval refuses it, saying why
+
+
+def _correction_context(request: HttpRequest, review: dlq.CorrectionReview | None) -> dict[str, Any]:
+    """What _correction.html renders: values only for users who may see payloads."""
+    if review is None:
+        return {"correction": None}
+    show_payload = can_view_payload(request)
+    rows = []
+    if show_payload:
+        absent = str(_("(not given)"))
+        rows = [
+            {
+                "name": change.name,
+                "original": absent if change.original is dlq.ABSENT else dumps(change.original),
+                "corrected": absent if change.corrected is dlq.ABSENT else dumps(change.corrected),
+            }
+            for change in review.changes
+        ]
+    return {"correction": review, "correction_rows": rows, "show_payload": show_payload}

@@ -6,7 +6,12 @@ import pytest
 from django.db.models import F
 
 from django_jobguard import dlq, idempotency, leasing, signals
-from django_jobguard.exceptions import InvalidArgumentsError, ReplayError, ReplayPermissionDenied
+from django_jobguard.exceptions import (
+    IdempotencyConflict,
+    InvalidArgumentsError,
+    ReplayError,
+    ReplayPermissionDenied,
+)
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job, ReplayEvent
 from tests.dlq_support import dead_charge, make_user, replay_jobs, run_burst
 from tests.testapp import tasks_dlq
@@ -305,10 +310,87 @@ def test_a_pruned_key_is_recreated_so_the_action_stays_deduplicated(people):
     [job] = dlq.redrive()
     key = IdempotencyKey.objects.get(key="charge:order:15")
     assert (key.scope, key.job_id, key.status) == ("tests.testapp.tasks_dlq.charge", job.pk, "in_progress")
-    # The original call's fingerprint: a producer resending it gets the replay job back.
-    assert key.fingerprint == idempotency.fingerprint(tasks_dlq.charge, [], {"order_id": 15, "amount": 0})
-    again = tasks_dlq.charge.using(idempotency_key="charge:order:15").enqueue(order_id=15, amount=0)
+    # The fingerprint of the call the replay runs: a producer sending it gets the replay job back.
+    assert key.fingerprint == idempotency.fingerprint(tasks_dlq.charge, [], {"order_id": 15, "amount": 10})
+    again = tasks_dlq.charge.using(idempotency_key="charge:order:15").enqueue(order_id=15, amount=10)
     assert again.pk == job.pk
+
+
+def test_a_corrected_replay_takes_its_key_over_so_the_original_arguments_conflict_instead_of_returning_it(
+    people,
+):
+    letter = dead_charge(order_id=4, key="charge:order:4")
+    dlq.request_replay(letter, people.requester, "it was order 1", kwargs={"order_id": 1, "amount": 700})
+    dlq.approve_replay(letter, people.approver, "ok")
+    [job] = dlq.redrive()
+    key = IdempotencyKey.objects.get(key="charge:order:4")
+    assert key.fingerprint == idempotency.fingerprint(tasks_dlq.charge, [], {"order_id": 1, "amount": 700})
+    run_burst()
+    key.refresh_from_db()
+    assert (key.status, key.job_id, key.result) == ("succeeded", job.pk, 700)
+    jobs_before = Job.objects.count()
+    # The original action is not silently answered with the corrected job: the producer is told.
+    with pytest.raises(IdempotencyConflict) as refused:
+        tasks_dlq.charge.using(idempotency_key="charge:order:4").enqueue(order_id=4, amount=0)
+    assert "charge:order:4" in str(refused.value) and "different arguments" in str(refused.value)
+    assert Job.objects.count() == jobs_before
+    # The corrected call is the key's action now: sending it again is a duplicate.
+    again = tasks_dlq.charge.using(idempotency_key="charge:order:4").enqueue(order_id=1, amount=700)
+    assert again.pk == job.pk
+    assert LedgerEntry.objects.get(effect_key="charge:1").job_id == job.pk
+    assert not LedgerEntry.objects.filter(effect_key="charge:4").exists()
+
+
+def test_a_replay_without_correction_keeps_answering_the_original_arguments_as_a_duplicate(people):
+    letter = dead_charge(order_id=16, key="charge:order:16")
+    dlq.request_replay(letter, people.requester, "transient outage, replay as is")
+    dlq.approve_replay(letter, people.approver, "ok")
+    [job] = dlq.redrive()
+    again = tasks_dlq.charge.using(idempotency_key="charge:order:16").enqueue(order_id=16, amount=0)
+    assert again.pk == job.pk
+
+
+def test_the_review_of_a_correction_names_the_changed_arguments_and_warns_about_key_and_lock(people):
+    letter = dead_charge(order_id=4, key="charge:order:4")
+    review = dlq.review_correction(letter, kwargs={"order_id": 1, "amount": 700})
+    assert review.corrected and review.key_affected
+    assert [(c.name, c.original, c.corrected) for c in review.changes] == [
+        ("order_id", 4, 1),
+        ("amount", 0, 700),
+    ]
+    assert review.changed_fields == ["order_id", "amount"]
+    [key_warning] = review.warnings  # charge has no lock template
+    assert "changes order_id, amount" in key_warning
+    assert "'charge:order:4'" in key_warning and "raises IdempotencyConflict" in key_warning
+    # Warnings name arguments, never values: users without view_payload see them too.
+    assert "700" not in key_warning
+    # Nothing stored yet: the review of the dead letter itself finds no correction.
+    assert not dlq.review_correction(letter).corrected
+    dlq.request_replay(letter, people.requester, "fix", args=[], kwargs={"amount": 700, "order_id": 4})
+    letter.refresh_from_db()
+    stored = dlq.review_correction(letter)
+    assert [(c.name, c.original, c.corrected) for c in stored.changes] == [("amount", 0, 700)]
+
+
+def test_the_review_warns_when_a_correction_moves_the_lock_to_another_resource():
+    job = tasks_dlq.ship.enqueue(order_id=5)
+    run_burst()
+    letter = DeadLetter.objects.get(job=job)
+    review = dlq.review_correction(letter, kwargs={"order_id": 6})
+    assert review.lock_fields == ("order_id",)
+    assert (review.original_lock_key, review.corrected_lock_key) == ("order:5", "order:6")
+    assert review.key_affected is False  # no idempotency key on this job
+    [lock_warning] = review.warnings
+    assert "from which the lock key derives (lock template 'order:{order_id}')" in lock_warning
+    # Passing an argument by position instead of by name is no change.
+    assert not dlq.review_correction(letter, args=[5], kwargs={}).corrected
+
+
+def test_the_review_refuses_a_payload_that_does_not_fit_the_handler():
+    letter = dead_charge(order_id=4, key="charge:order:4")
+    with pytest.raises(InvalidArgumentsError) as refused:
+        dlq.review_correction(letter, kwargs={"order": 1})
+    assert "missing a required argument: 'order_id'" in str(refused.value)
 
 
 def test_dead_lettering_without_a_task_marks_the_key_failed_in_the_tasks_own_scope():

@@ -362,3 +362,68 @@ def test_times_show_seconds_and_their_zone_in_lists_detail_pages_and_the_audit_t
     assert "2026-12-01 06:52:03 UTC" in client.get(pages["job list"]).content.decode()
     trail = client.get(pages["dead letter"]).content.decode()
     assert "2026-07-01 06:52:03 UTC" in trail and "2026-12-01 06:52:03 UTC" in trail
+
+
+def test_the_approver_sees_original_against_corrected_payload_or_only_the_changed_argument_names(
+    client, people
+):
+    letter = dead_charge(order_id=30, amount=0, key="charge:order:30")
+    dlq.request_replay(letter, people.requester, "it was order 31", kwargs={"order_id": 31, "amount": 700})
+    reader = make_user("rhea", "approve_replay", "view_payload", "view_deadletter", "view_job")
+    client.force_login(reader)
+    for url in (replay_url(letter, "approve"), page(letter)):
+        response = client.get(url)
+        content = response.content.decode()
+        assert "Payload correction" in content
+        rows = [(r["name"], r["original"], r["corrected"]) for r in response.context["correction_rows"]]
+        assert rows == [("order_id", "30", "31"), ("amount", "0", "700")]
+        assert "<del><pre>30</pre></del>" in content and "<ins><pre>700</pre></ins>" in content
+        assert "raises IdempotencyConflict" in content and "&#x27;charge:order:30&#x27;" in content
+
+    client.force_login(people.approver)  # may approve, may not read payloads
+    for url in (replay_url(letter, "approve"), page(letter)):
+        content = client.get(url).content.decode()
+        assert "Payload changed: order_id, amount." in content
+        assert "raises IdempotencyConflict" in content  # the warning names keys and arguments only
+        assert "700" not in content and "<del>" not in content
+
+
+def test_a_request_whose_correction_changes_the_keys_arguments_is_shown_with_its_warnings_first(
+    client, people
+):
+    letter = dead_charge(order_id=32, amount=0, key="charge:order:32")
+    before = state(letter)
+    client.force_login(people.requester)
+    corrected = {"reason": "it was order 33", "args": "[]", "kwargs": '{"order_id": 33, "amount": 700}'}
+    response = client.post(replay_url(letter, "request"), corrected)
+    assert response.status_code == 200
+    content = response.content.decode()
+    assert "changes order_id, amount, which the fingerprint of idempotency key" in content
+    assert "submit again to request this replay" in content
+    assert state(letter) == before  # nothing requested yet
+    token = response.context["confirm_correction"]
+
+    # A confirmation of another payload than the one reviewed is reviewed afresh.
+    other = {**corrected, "kwargs": '{"order_id": 34, "amount": 700}', "confirm_correction": token}
+    assert client.post(replay_url(letter, "request"), other).status_code == 200
+    assert state(letter) == before
+
+    response = client.post(replay_url(letter, "request"), {**corrected, "confirm_correction": token})
+    assert response.status_code == 302
+    assert state(letter)[:2] == ("requested", {"order_id": 33, "amount": 700})
+
+
+def test_idempotency_key_now_describes_the_dead_letters_own_replay_as_its_replay(client, people):
+    letter = dead_charge(order_id=35, amount=0, key="charge:order:35")
+    client.force_login(people.viewer)
+    expected = f"failed (job #{letter.job_id}, the dead job): a replay takes the key over"
+    assert expected in client.get(page(letter)).content.decode()
+    dlq.request_replay(letter, people.requester, "fix", kwargs={"order_id": 35, "amount": 500})
+    dlq.approve_replay(letter, people.approver, "ok")
+    [job] = dlq.redrive()
+    content = client.get(page(letter)).content.decode()
+    assert f"in progress (job #{job.pk}, this dead letter&#x27;s replay)" in content
+    run_burst()
+    content = client.get(page(letter)).content.decode()
+    assert f"succeeded (job #{job.pk}, this dead letter&#x27;s replay): the replay ran the action" in content
+    assert "acked as a duplicate" not in content

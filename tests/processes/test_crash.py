@@ -1,9 +1,9 @@
 """Crashed, frozen and stopped workers: leases expire, jobs come back, stale acks are refused."""
 
 import signal
+from pathlib import Path
 
 import pytest
-from django.db import connection
 
 from tests.conftest import wait_for
 from tests.testapp import tasks
@@ -74,24 +74,49 @@ def test_sigterm_lets_the_running_job_finish_and_exits_zero(workers):
     assert LedgerEntry.objects.filter(effect_key="graceful").exists()
 
 
-def test_jobs_past_the_grace_period_are_given_back_and_run_again(workers):
-    job = tasks.short_lease.enqueue("handback", seconds=30)
+@pytest.mark.parametrize("task", [tasks.blocks_atomic, tasks.blocks_plain], ids=["atomic", "plain"])
+def test_jobs_past_the_grace_period_are_handed_back_at_once_and_run_again(workers, tmp_path, task):
+    # On SQLite too: the running job's own transaction used to block the hand-back, leaving
+    # the job "running" until its lease (30 s here) expired.
+    release = tmp_path / "release"
+    job = task.enqueue("handback", path=str(release))
     proc = workers.start("--shutdown-grace", "0.5")
-    wait_for(lambda: status_of(job) == "running", message="the worker to claim the job")
+    wait_for(lambda: Path(f"{release}.started").exists(), message="the handler to start")
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0
-    assert not LedgerEntry.objects.exists()  # its transaction died with the process
-    if connection.vendor == "postgresql":
-        # Handed back at once, the attempt refunded: the worker stopped it, it did not fail.
-        job.refresh_from_db()
-        assert (job.status, job.attempts, job.lease_token) == ("queued", 0, None)
-        assert "job_handed_back" in workers.log(proc)
-    else:
-        # SQLite: the open transaction blocked the hand-back; the lease expiry returns it.
-        assert "job_abandoned" in workers.log(proc)
+    assert proc.wait(timeout=60) == 0
+    job.refresh_from_db()
+    # Handed back as the worker exited, the attempt refunded: the worker stopped it, it did not fail.
+    assert (job.status, job.attempts, job.lease_token, job.worker_id) == ("queued", 0, None, "")
+    assert "job_handed_back" in workers.log(proc)
+    assert "job_abandoned" not in workers.log(proc)
+    assert not LedgerEntry.objects.exists()
+    # An atomic attempt's writes rolled back; a plain one's committed as it went.
+    assert Execution.objects.filter(job_id=job.pk).exists() is (task is tasks.blocks_plain)
+    release.touch()
     workers.start()
     wait_for(lambda: status_of(job) == "succeeded", timeout=60, message="another worker to run it")
+    assert job.attempts == 1
     assert LedgerEntry.objects.filter(effect_key="handback").count() == 1
+
+
+def test_every_running_job_is_handed_back_when_one_holds_an_open_transaction(workers, tmp_path):
+    # SQLite: the atomic job's transaction holds the only write lock, which the plain job's
+    # hand-back needs as much as its own.
+    atomic = tasks.blocks_atomic.enqueue("both-atomic", path=str(tmp_path / "atomic"))
+    plain = tasks.blocks_plain.enqueue("both-plain", path=str(tmp_path / "plain"))
+    proc = workers.start("--concurrency", "2", "--shutdown-grace", "0.5")
+    # On SQLite the plain handler's first write waits for the atomic one's lock: both are
+    # claimed, and at least the atomic one is inside its handler.
+    wait_for(
+        lambda: (tmp_path / "atomic.started").exists() and status_of(plain) == "running",
+        message="both jobs to be claimed and the atomic handler to start",
+    )
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    for job in (atomic, plain):
+        job.refresh_from_db()
+        assert (job.status, job.attempts, job.lease_token) == ("queued", 0, None), job.task_name
+    assert workers.log(proc).count("job_handed_back") == 2
 
 
 def test_double_sigint_skips_the_grace_period(workers):

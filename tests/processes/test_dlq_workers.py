@@ -8,7 +8,7 @@ from django.db import connections
 from django.urls import reverse
 
 from django_jobguard import dlq
-from django_jobguard.exceptions import ReplayError
+from django_jobguard.exceptions import IdempotencyConflict, ReplayError
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job, ReplayEvent
 from tests.conftest import wait_for
 from tests.dlq_support import make_user, replay_jobs
@@ -126,11 +126,17 @@ def test_a_replay_approved_in_the_admin_is_redriven_by_a_worker_and_succeeds(wor
     letter = dead_letter_of(job, workers)
 
     client.force_login(requester)
-    response = client.post(
-        replay_url(letter, "request"),
-        {"reason": "sign flipped by the importer", "args": "[]", "kwargs": '{"order_id": 7, "amount": 500}'},
-    )
-    assert response.status_code == 302
+    corrected = {
+        "reason": "sign flipped by the importer",
+        "args": "[]",
+        "kwargs": '{"order_id": 7, "amount": 500}',
+    }
+    # The correction changes what the key's fingerprint covers: shown with its warning first.
+    response = client.post(replay_url(letter, "request"), corrected)
+    assert response.status_code == 200
+    assert "raises IdempotencyConflict" in response.content.decode()
+    confirmed = {**corrected, "confirm_correction": response.context["confirm_correction"]}
+    assert client.post(replay_url(letter, "request"), confirmed).status_code == 302
     client.force_login(approver)
     assert client.post(replay_url(letter, "approve"), {"reason": "ticket OPS-12"}).status_code == 302
 
@@ -151,9 +157,12 @@ def test_a_replay_approved_in_the_admin_is_redriven_by_a_worker_and_succeeds(wor
         "approved",
         "replayed",
     ]
-    # A producer resending the original action now gets the replay's job, not a new charge.
-    again = tasks_dlq.charge.using(idempotency_key="charge:order:7").enqueue(order_id=7, amount=-5)
+    # The key stands for the corrected call now: sending it again gets the replay's job, not a
+    # new charge, and the original arguments are refused rather than answered with that job.
+    again = tasks_dlq.charge.using(idempotency_key="charge:order:7").enqueue(order_id=7, amount=500)
     assert again.pk == replay.pk
+    with pytest.raises(IdempotencyConflict, match=r"'charge:order:7'.*different arguments"):
+        tasks_dlq.charge.using(idempotency_key="charge:order:7").enqueue(order_id=7, amount=-5)
 
 
 def test_a_user_without_permission_gets_403_and_no_worker_replays_anything(workers, client):

@@ -128,6 +128,33 @@ def short_lease_plain(context, marker: str, seconds: float = 0.0) -> int:
     return context.attempt
 
 
+def _block_until(path: str) -> None:
+    """Say the handler started (``path`` + ".started"), then wait until ``path`` exists."""
+    with open(f"{path}.started", "w"):
+        pass
+    deadline = time.monotonic() + 600  # a test that never releases it fails on its own timeout
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@task(atomic=True, takes_context=True)
+def blocks_atomic(context, marker: str, path: str) -> int:
+    """Atomic: writes, then waits inside its transaction (holding SQLite's write lock) for ``path``."""
+    Execution.objects.create(marker=marker, job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    _block_until(path)
+    LedgerEntry.objects.create(effect_key=marker, job_id=context.job_id)
+    return os.getpid()
+
+
+@task(takes_context=True)
+def blocks_plain(context, marker: str, path: str) -> int:
+    """Not atomic: its write commits at once, then it waits for ``path`` holding no transaction."""
+    Execution.objects.create(marker=marker, job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    _block_until(path)
+    LedgerEntry.objects.create(effect_key=marker, job_id=context.job_id)
+    return os.getpid()
+
+
 from . import tasks_cache, tasks_dlq, tasks_faults, tasks_idem, tasks_locks  # noqa: E402, F401
 
 

@@ -75,3 +75,9 @@ def charge(context, order_id: int, amount: int) -> int:
 def scoped_refund(order_id: int) -> None:
     """Keys of this task live in the "payments" scope, not under the task name."""
     raise TransientError(f"refund {order_id} failed")
+
+
+@task(lock="order:{order_id}", max_attempts=1)
+def ship(order_id: int, carrier: str = "post") -> None:
+    """Locks its order and always fails for good: a dead letter whose correction may move the lock."""
+    raise PermanentError(f"order {order_id}: no delivery address")

@@ -37,7 +37,11 @@ class Command(BaseCommand):
             default=None,
             help="Most jobs held (claimed) at once, taken in one round trip (default: twice --concurrency).",
         )
-        parser.add_argument("--burst", action="store_true", help="Run the jobs that are due, then exit.")
+        parser.add_argument(
+            "--burst",
+            action="store_true",
+            help="Run the jobs that are due, then exit, printing a one-line summary on stdout.",
+        )
         parser.add_argument(
             "--max-jobs",
             type=positive_int,
@@ -126,5 +130,8 @@ class Command(BaseCommand):
         finally:
             if server is not None:
                 server.close()
+        if options["burst"]:
+            # Logging may be quiet (WARNING by default): say what the burst did on stdout.
+            self.stdout.write(f"jobguard_worker --burst: {worker.summary()}")
         if code:
             raise SystemExit(code)
