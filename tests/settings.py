@@ -126,6 +126,9 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast tes
 
 JOBGUARD: dict[str, Any] = {
     "QUEUES": {"default": {"visibility_timeout": 30}, "slow": {"visibility_timeout": 120}},
+    # Tests name queues freely (one per test, to keep workers apart); the refusal of
+    # undeclared queues is tested with override_settings in test_enqueue.py and test_queues.py.
+    "ALLOW_UNDECLARED_QUEUES": True,
     # Fast retries so process tests do not wait on production backoff.
     "RETRY": {"base": 0.05, "max": 0.5, "jitter": 0.05},
     "RECOVERABLE_RETRY": {"base": 0.2, "max": 1.0, "jitter": 0.1},
