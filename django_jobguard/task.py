@@ -171,9 +171,7 @@ class Task(Generic[P, R]):
             changes["run_after"] = run_after
         if idempotency_key is not None:
             if not isinstance(idempotency_key, str):
-                raise InvalidArgumentsError(
-                    f"idempotency_key must be a string, not {type(idempotency_key).__name__} {idempotency_key!r}."
-                )
+                raise InvalidArgumentsError(f"idempotency_key must be a string, not {idempotency_key!r}.")
             changes["idempotency_key"] = idempotency_key
         return dataclasses.replace(self, **changes)
 
