@@ -136,6 +136,11 @@ JOBGUARD: dict[str, Any] = {
     "REAPER_INTERVAL": 0.5,
     "LOCKS": {"CONTENTION_DELAY": 0.1},
 }
+if os.environ.get("JOBGUARD_TEST_STRICT_QUEUES"):
+    # Worker processes of the queue-refusal tests: undeclared queues refused, as in a project.
+    JOBGUARD["ALLOW_UNDECLARED_QUEUES"] = False
+    # The test app's tasks name undeclared queues; that check (E030) is tested in-process.
+    SILENCED_SYSTEM_CHECKS = ["jobguard.E030"]
 if os.environ.get("JOBGUARD_TEST_LOCK_BACKEND") == "redis":
     JOBGUARD["LOCKS"] = {**JOBGUARD["LOCKS"], "BACKEND": "redis", "CACHE_ALIAS": "redis"}
 
