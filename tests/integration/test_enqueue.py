@@ -139,7 +139,8 @@ UNSTORABLE = {
     "surrogate": ("\ud83d", r"kwargs\['b'\] holds a lone surrogate \('\\ud83d'\) at position 0"),
     "too-large": (
         "x" * (1024 * 1024),
-        r"take 1,048,[0-9]{3} bytes as JSON, more than the limit of 1,048,576 bytes \(JOBGUARD\['MAX_PAYLOAD_BYTES'\]\)",
+        r"take 1,048,[0-9]{3} bytes as JSON, more than the limit of 1,048,576 bytes "
+        r"\(JOBGUARD\['MAX_PAYLOAD_BYTES'\]\)",
     ),
 }
 

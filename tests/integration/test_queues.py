@@ -37,7 +37,7 @@ def test_a_command_refuses_an_undeclared_queue_naming_the_known_ones(command):
 
 
 def test_jobguard_status_short_option_refuses_too():
-    with strict(), pytest.raises(CommandError, match="^--queue 'typo': queue 'typo' is not declared"):
+    with strict(), pytest.raises(CommandError, match=r"^--queue 'typo': queue 'typo' is not declared"):
         call_command("jobguard_status", "-q", "typo", stdout=io.StringIO())
 
 
