@@ -32,7 +32,7 @@ _INTEGER_BITS_SURELY_SHORT = 14_000
 _MAX_BYTES_PER_CHAR = 6
 _MAX_FLOAT_CHARS = 24
 
-_END = object()
+_END: Any = object()
 
 
 def _settings_limits() -> tuple[int, int]:
@@ -124,7 +124,7 @@ def _walk(value: Any, where: str, max_depth: int, uncounted: int) -> tuple[Any, 
     limit = max_depth + uncounted
     while frames:
         frame = frames[-1]
-        entry = next(frame[0], _END)
+        entry: Any = next(frame[0], _END)
         if entry is _END:
             frames.pop()
             open_ids.discard(frame[4])
