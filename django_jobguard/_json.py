@@ -32,22 +32,12 @@ _INTEGER_BITS_SURELY_SHORT = 14_000
 _MAX_BYTES_PER_CHAR = 6
 _MAX_FLOAT_CHARS = 24
 
-_END: Any = object()
-
 
 def _settings_limits() -> tuple[int, int]:
     from .conf import get_settings
 
     conf = get_settings()
     return conf.max_payload_depth, conf.max_payload_bytes
-
-
-def _path(where: str, frames: list[list[Any]], upto: int | None = None) -> str:
-    """``where`` followed by the key or index of each open container (``kwargs['note'][2]``)."""
-    parts = [where]
-    for frame in frames[:upto]:
-        parts.append(f"[{frame[3]!r}]" if frame[2] else f"[{frame[3]}]")
-    return "".join(parts)
 
 
 def _check_string(text: str, what: str) -> None:
@@ -108,73 +98,126 @@ def _int_str_allowed(value: int) -> bool:
     return True
 
 
-def _walk(value: Any, where: str, max_depth: int, uncounted: int) -> tuple[Any, int]:
+def _walk(
+    value: Any,
+    where: str,
+    max_depth: int,
+    uncounted: int,
+    max_bytes: int | None = None,
+    setting: str = "",
+) -> tuple[Any, int]:
     """Normalize ``value``; return it with an upper bound of its compact UTF-8 JSON size.
 
     ``uncounted`` outer container levels do not count toward ``max_depth`` (1 for the
-    ``args`` list and the ``kwargs`` dict, whose items are the arguments).
+    ``args`` list and the ``kwargs`` dict, whose items are the arguments). Containers wait
+    on a stack, each output container made in its place before it is filled, so order is
+    kept without recursion. A cycle nests without end, so it is looked for only once the
+    depth limit is reached: the common case pays nothing for it. Every element takes at
+    least a byte, so more elements than ``max_bytes`` is too large without measuring.
     """
     if not isinstance(value, list | tuple | dict):
         return _scalar(value, where)
-    # A frame: [iterator, output container, is a dict, current key or index, id of the source].
-    root_out: Any = {} if isinstance(value, dict) else []
-    frames: list[list[Any]] = [_frame(value, root_out)]
-    open_ids = {id(value)}
-    size = 2 + max(0, len(value) - 1)
+    root: Any = {} if isinstance(value, dict) else []
+    # (source, its output container, its node); a node is (parent node, key in the parent,
+    # id of the source, depth), enough to name a path or find a cycle when one is needed.
+    stack: list[tuple[Any, Any, _Node]] = [(value, root, (None, None, id(value), 1))]
     limit = max_depth + uncounted
-    while frames:
-        frame = frames[-1]
-        entry: Any = next(frame[0], _END)
-        if entry is _END:
-            frames.pop()
-            open_ids.discard(frame[4])
-            continue
-        if frame[2]:
-            key, item = entry
-            if not isinstance(key, str):
-                raise InvalidArgumentsError(
-                    f"{_path(where, frames)}: key {key!r} is not a string; JSON objects need string keys."
-                )
-            frame[3] = key
-            _check_string(key, f"{_path(where, frames)}: the key")
-            size += 3 + _MAX_BYTES_PER_CHAR * len(key)  # quotes and the colon
-        else:
-            frame[3] += 1
-            item = entry
-        if isinstance(item, list | tuple | dict):
-            if id(item) in open_ids:
-                raise InvalidArgumentsError(
-                    f"{_path(where, frames)} contains itself (a reference cycle); JSON cannot represent it."
-                )
-            if len(frames) >= limit:
-                raise InvalidArgumentsError(
-                    f"{_path(where, frames, uncounted)} is nested more than {max_depth} levels deep; "
-                    "the limit is JOBGUARD['MAX_PAYLOAD_DEPTH']. Flatten the structure, or store it "
-                    "elsewhere and pass its id."
-                )
-            child: Any = {} if isinstance(item, dict) else []
-            size += 2 + max(0, len(item) - 1)
-            _store(frame, child)
-            frames.append(_frame(item, child))
-            open_ids.add(id(item))
-        else:
-            clean, item_size = _scalar(item, _path(where, frames))
-            size += item_size
-            _store(frame, clean)
-    return root_out, size
+    size = elements = 0
+    while stack:
+        source, out, node = stack.pop()
+        count = len(source)
+        size += 2 + (count - 1 if count else 0)
+        elements += count
+        if max_bytes is not None and elements > max_bytes:
+            raise PayloadTooLargeError(None, max_bytes, setting)
+        is_dict = isinstance(source, dict)
+        depth = node[3]
+        for key, item in source.items() if is_dict else enumerate(source):
+            if is_dict:
+                if type(key) is not str and not isinstance(key, str):
+                    raise InvalidArgumentsError(
+                        f"{_path(where, node)}: key {key!r} is not a string; JSON objects need string keys."
+                    )
+                if "\x00" in key or not key.isascii():
+                    _check_string(key, f"{_path(where, node, key)}: the key")
+                size += 3 + _MAX_BYTES_PER_CHAR * len(key)  # quotes and the colon
+            kind = type(item)
+            if kind is str:
+                if "\x00" in item or not item.isascii():
+                    _check_string(item, _path(where, node, key))
+                size += 2 + _MAX_BYTES_PER_CHAR * len(item)
+                clean = item
+            elif kind is int and -_SMALL_INT < item < _SMALL_INT:
+                size += _SMALL_INT_CHARS
+                clean = item
+            elif item is None or kind is bool:
+                size += 5
+                clean = item
+            elif kind is list or kind is dict or kind is tuple or isinstance(item, list | tuple | dict):
+                if depth >= limit:
+                    raise _too_deep(where, node, key, item, max_depth, uncounted)
+                clean = {} if isinstance(item, dict) else []
+                stack.append((item, clean, (node, key, id(item), depth + 1)))
+            else:
+                clean, item_size = _scalar(item, _path(where, node, key))
+                size += item_size
+            if is_dict:
+                out[key] = clean
+            else:
+                out.append(clean)
+    return root, size
 
 
-def _frame(source: Any, out: Any) -> list[Any]:
-    if isinstance(source, dict):
-        return [iter(source.items()), out, True, None, id(source)]
-    return [iter(source), out, False, -1, id(source)]
+_Node = tuple[Any, Any, int, int]
+# Integers this small have at most 20 digits and a sign: no digit count needed.
+_SMALL_INT = 2**64
+_SMALL_INT_CHARS = 21
 
 
-def _store(frame: list[Any], value: Any) -> None:
-    if frame[2]:
-        frame[1][frame[3]] = value
-    else:
-        frame[1].append(value)
+def _keys(node: _Node | None) -> list[Any]:
+    """The keys from the root down to ``node``."""
+    keys = []
+    while node is not None and node[0] is not None:
+        keys.append(node[1])
+        node = node[0]
+    keys.reverse()
+    return keys
+
+
+def _format(where: str, keys: list[Any]) -> str:
+    return where + "".join(f"[{key!r}]" if isinstance(key, str) else f"[{key}]" for key in keys)
+
+
+def _path(where: str, node: _Node, *key: Any) -> str:
+    """``where`` and the keys down to ``node`` (and ``key`` in it): ``kwargs['note'][2]``."""
+    return _format(where, [*_keys(node), *key])
+
+
+def _too_deep(
+    where: str, node: _Node, key: Any, item: Any, max_depth: int, uncounted: int
+) -> InvalidArgumentsError:
+    """The error for a container past the depth limit: a cycle if one is on the way down."""
+    chain: list[_Node] = []
+    current: _Node | None = node
+    while current is not None:
+        chain.append(current)
+        current = current[0]
+    chain.reverse()
+    ids = [*(entry[2] for entry in chain), id(item)]
+    keys = [*_keys(node), key]
+    seen: set[int] = set()
+    for level, ident in enumerate(ids):
+        if ident in seen:
+            return InvalidArgumentsError(
+                f"{_format(where, keys[:level])} contains itself (a reference cycle); "
+                "JSON cannot represent it."
+            )
+        seen.add(ident)
+    return InvalidArgumentsError(
+        f"{_format(where, keys[:uncounted])} is nested more than {max_depth} levels deep; "
+        "the limit is JOBGUARD['MAX_PAYLOAD_DEPTH']. Flatten the structure, or store it "
+        "elsewhere and pass its id."
+    )
 
 
 def normalize_json(value: Any, where: str, *, max_depth: int | None = None) -> Any:
@@ -224,8 +267,10 @@ def validate_payload(
         raise InvalidArgumentsError(f"args must be a list (a JSON array), not {type(args).__name__}.")
     if not isinstance(kwargs, Mapping):
         raise InvalidArgumentsError(f"kwargs must be a dict (a JSON object), not {type(kwargs).__name__}.")
-    clean_args, args_bound = _walk(list(args), "args", max_depth, 1)
-    clean_kwargs, kwargs_bound = _walk(dict(kwargs), "kwargs", max_depth, 1)
+    args = args if isinstance(args, list) else list(args)
+    kwargs = kwargs if isinstance(kwargs, dict) else dict(kwargs)
+    clean_args, args_bound = _walk(args, "args", max_depth, 1, max_bytes, setting)
+    clean_kwargs, kwargs_bound = _walk(kwargs, "kwargs", max_depth, 1, max_bytes, setting)
     if args_bound + kwargs_bound > max_bytes:
         size = payload_size(clean_args, clean_kwargs)
         if size > max_bytes:

@@ -69,10 +69,16 @@ class InvalidArgumentsError(JobguardError, TypeError):
 class PayloadTooLargeError(InvalidArgumentsError):
     """A job's arguments take more bytes as JSON than the configured limit allows."""
 
-    def __init__(self, size: int, limit: int, setting: str = "JOBGUARD['MAX_PAYLOAD_BYTES']") -> None:
+    def __init__(self, size: int | None, limit: int, setting: str = "JOBGUARD['MAX_PAYLOAD_BYTES']") -> None:
+        if size is None:
+            # More values than the limit has bytes (each takes one at least): too large for
+            # sure, and not worth serialising to say by how much.
+            took = f"hold more than {limit:,} values, so they take more than the limit of {limit:,} bytes"
+        else:
+            took = f"take {size:,} bytes as JSON, more than the limit of {limit:,} bytes"
         super().__init__(
-            f"The job's arguments take {size:,} bytes as JSON, more than the limit of {limit:,} "
-            f"bytes ({setting}). Store large data elsewhere (a model, a file) and pass its id."
+            f"The job's arguments {took} ({setting}). Store large data elsewhere (a model, a file) "
+            "and pass its id."
         )
         self.size = size
         self.limit = limit

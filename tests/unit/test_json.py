@@ -182,3 +182,16 @@ def test_an_unstorable_character_anywhere_is_refused(value, bad, prefix):
         validate_payload([value, {"k": [prefix + bad]}], {})
     with pytest.raises(InvalidArgumentsError, match=r"NUL character|lone surrogate"):
         validate_payload([], {"v": value, "w": {prefix + bad: 1}})
+
+
+def test_more_values_than_the_limit_has_bytes_is_refused_without_serialising_them():
+    shared: list = [0] * 4
+    for _ in range(60):  # 4 * 2**60 values when written out: json.dumps would never finish
+        shared = [shared, shared]
+    with pytest.raises(PayloadTooLargeError) as refused:
+        validate_payload([shared], {}, max_bytes=1000)
+    assert str(refused.value) == (
+        "The job's arguments hold more than 1,000 values, so they take more than the limit of 1,000 "
+        "bytes (JOBGUARD['MAX_PAYLOAD_BYTES']). Store large data elsewhere (a model, a file) and pass its id."
+    )
+    assert refused.value.size is None
