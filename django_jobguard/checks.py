@@ -145,3 +145,34 @@ def check_cache_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
         for name, where in sorted(wanted.items())
         if name not in configured
     ]
+
+
+@checks.register()
+def check_task_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.E030: a task's ``queue_name`` is not declared in ``JOBGUARD["QUEUES"]``.
+
+    ``@task`` runs at import time, before settings may be read, so its queue is checked
+    here (and again at each enqueue, which refuses it).
+    """
+    from .conf import get_settings
+    from .registry import registry
+
+    try:
+        conf = get_settings()
+    except ImproperlyConfigured:
+        return []
+    messages: list[checks.CheckMessage] = []
+    for name in registry.names():
+        queue_name = registry.get(name).queue_name
+        if queue_name is None or conf.undeclared_queue(queue_name) is None:
+            continue
+        messages.append(
+            checks.Error(
+                f"Task {name} names queue {queue_name!r}, which JOBGUARD['QUEUES'] does not declare; "
+                "its enqueues are refused.",
+                hint=f"Declare it in JOBGUARD['QUEUES'] (known queues: {', '.join(conf.known_queues)}), "
+                "fix the task's queue_name, or set JOBGUARD['ALLOW_UNDECLARED_QUEUES'] = True.",
+                id="jobguard.E030",
+            )
+        )
+    return messages

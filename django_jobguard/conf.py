@@ -30,6 +30,10 @@ __all__ = [
 
 DEFAULT_VISIBILITY_TIMEOUT_SECONDS = 60
 DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+DEFAULT_MAX_PAYLOAD_DEPTH = 64
+# Deeper than this, PostgreSQL's JSON parser and json.loads come near their own stack limits.
+MAX_PAYLOAD_DEPTH_CEILING = 500
 
 #: Every setting with its default. The settings reference in docs/ is generated from this.
 DEFAULTS: dict[str, Any] = {
@@ -38,8 +42,17 @@ DEFAULTS: dict[str, Any] = {
     "DATABASE_ALIAS": "default",
     # Queue used when a task names none.
     "DEFAULT_QUEUE": "default",
-    # Per-queue options: visibility_timeout, max_attempts, retry, recoverable_retry.
+    # Per-queue options: visibility_timeout, max_attempts, retry, recoverable_retry. Once any
+    # queue is declared here, enqueue, jobguard_worker --queue and jobguard_status --queue
+    # refuse a queue that is neither declared nor DEFAULT_QUEUE.
     "QUEUES": {},
+    # Accept queue names QUEUES does not declare (free-form queues, as with no QUEUES at all).
+    "ALLOW_UNDECLARED_QUEUES": False,
+    # Bytes a job's args and kwargs may take together as compact UTF-8 JSON (1 MiB); checked
+    # at enqueue and replay, before anything is written.
+    "MAX_PAYLOAD_BYTES": DEFAULT_MAX_PAYLOAD_BYTES,
+    # Levels of nesting one argument, a result or a checkpoint may have ([] is one level).
+    "MAX_PAYLOAD_DEPTH": DEFAULT_MAX_PAYLOAD_DEPTH,
     # Seconds a claimed job stays invisible to other workers without a heartbeat.
     "VISIBILITY_TIMEOUT": DEFAULT_VISIBILITY_TIMEOUT_SECONDS,
     # Attempts before a failing job is dead-lettered (the first run counts).
@@ -267,6 +280,33 @@ class Settings:
     replay: ReplaySettings
     cache: CacheSettings
     queues: Mapping[str, QueueConfig]
+    allow_undeclared_queues: bool
+    max_payload_bytes: int
+    max_payload_depth: int
+
+    @property
+    def known_queues(self) -> list[str]:
+        """The queues jobs may be enqueued to: the declared ones and ``DEFAULT_QUEUE``, sorted."""
+        return sorted({*self.queues, self.default_queue})
+
+    def undeclared_queue(self, name: str) -> str | None:
+        """Why ``name`` is refused as a queue, or None when it is accepted.
+
+        Every name is accepted when ``QUEUES`` declares none or ``ALLOW_UNDECLARED_QUEUES``
+        is set; otherwise only the declared queues and ``DEFAULT_QUEUE`` are.
+        """
+        if (
+            not self.queues
+            or self.allow_undeclared_queues
+            or name in self.queues
+            or name == self.default_queue
+        ):
+            return None
+        return (
+            f"queue {name!r} is not declared in JOBGUARD['QUEUES']; known queues: "
+            f"{', '.join(self.known_queues)}. Check the spelling, declare it there, or set "
+            "JOBGUARD['ALLOW_UNDECLARED_QUEUES'] = True to allow free-form queue names."
+        )
 
     def queue(self, name: str) -> QueueConfig:
         """The configuration of queue ``name`` (global defaults for queues not listed)."""
@@ -383,7 +423,21 @@ def parse(raw: Any) -> Settings:
             tombstone_ttl=_number(cache["TOMBSTONE_TTL"], ("CACHE", "TOMBSTONE_TTL"), allow_zero=False),
         ),
         queues=queues,
+        allow_undeclared_queues=_boolean(merged["ALLOW_UNDECLARED_QUEUES"], ("ALLOW_UNDECLARED_QUEUES",)),
+        max_payload_bytes=_integer(merged["MAX_PAYLOAD_BYTES"], ("MAX_PAYLOAD_BYTES",), minimum=1),
+        max_payload_depth=_depth(merged["MAX_PAYLOAD_DEPTH"]),
     )
+
+
+def _depth(value: Any) -> int:
+    depth = _integer(value, ("MAX_PAYLOAD_DEPTH",), minimum=1)
+    if depth > MAX_PAYLOAD_DEPTH_CEILING:
+        raise _fail(
+            ("MAX_PAYLOAD_DEPTH",),
+            f"must be at most {MAX_PAYLOAD_DEPTH_CEILING} (deeper JSON nears the stack limits of "
+            f"PostgreSQL's parser and of json.loads), not {value!r}.",
+        )
+    return depth
 
 
 @functools.cache

@@ -42,7 +42,7 @@ from django.utils import timezone
 from . import _dispatch, idempotency, leasing, metrics, signals
 from .conf import get_settings
 from .enqueue import _prepare as prepare_job_fields
-from .enqueue import normalize_json
+from .enqueue import validate_payload
 from .exceptions import InvalidArgumentsError, LeaseLost, ReplayError, ReplayPermissionDenied
 from .registry import registry
 
@@ -441,8 +441,8 @@ def _validated_payload(
         raise InvalidArgumentsError(f"args must be a JSON array, not {type(args).__name__}.")
     if not isinstance(kwargs, dict):
         raise InvalidArgumentsError(f"kwargs must be a JSON object, not {type(kwargs).__name__}.")
-    clean_args = normalize_json(list(args), "args")
-    clean_kwargs = normalize_json(dict(kwargs), "kwargs")
+    # The same checks as an enqueue (types, unstorable strings, depth, cycles, size).
+    clean_args, clean_kwargs = validate_payload(args, kwargs)
     task.lock_key_for(task.bind(clean_args, clean_kwargs))
     return clean_args, clean_kwargs
 

@@ -9,63 +9,39 @@ from __future__ import annotations
 
 import datetime
 import functools
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _dispatch, idempotency, leasing, metrics, signals
+from ._json import normalize_json, validate_payload
 from .conf import get_settings
-from .exceptions import InvalidArgumentsError
+from .exceptions import InvalidArgumentsError, UnknownQueueError
 
 if TYPE_CHECKING:
     from .models import Job
     from .task import Task
 
-__all__ = ["bulk_enqueue", "enqueue", "normalize_json"]
+# normalize_json lives in _json (a leaf); it is re-exported here, where callers import it from.
+__all__ = ["bulk_enqueue", "enqueue", "normalize_json", "validate_payload"]
 
 MAX_QUEUE_NAME_LENGTH = 100
 
 
-def normalize_json(value: Any, where: str) -> Any:
-    """Return ``value`` as plain JSON types, or raise naming the first part that is not.
-
-    Tuples become lists. Non-finite floats, non-string keys and any other type are
-    refused, so what the handler receives is exactly what was enqueued.
-    """
-    if value is None or isinstance(value, bool | str):
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise InvalidArgumentsError(f"{where}: {value!r} is not valid JSON (only finite numbers are).")
-        return value
-    if isinstance(value, list | tuple):
-        return [normalize_json(item, f"{where}[{index}]") for index, item in enumerate(value)]
-    if isinstance(value, dict):
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise InvalidArgumentsError(
-                    f"{where}: key {key!r} is not a string; JSON objects need string keys."
-                )
-            out[key] = normalize_json(item, f"{where}[{key!r}]")
-        return out
-    hint = " (pass value.isoformat())" if isinstance(value, datetime.date | datetime.time) else ""
-    raise InvalidArgumentsError(
-        f"{where}: {type(value).__module__}.{type(value).__qualname__} is not JSON-serialisable{hint}."
-    )
-
-
 def _prepare(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """Everything about one call that does not touch the database."""
+    """Everything about one call that does not touch the database.
+
+    Every check that can refuse the call runs here, before anything is written, and raises
+    :class:`InvalidArgumentsError` (a refused queue: :class:`UnknownQueueError`).
+    """
     bound = task.bind(args, kwargs)
-    clean_args = normalize_json(list(args), "args")
-    clean_kwargs = normalize_json(dict(kwargs), "kwargs")
+    clean_args, clean_kwargs = validate_payload(args, kwargs)
     conf = get_settings()
     queue_name = task.queue_name or conf.default_queue
     if len(queue_name) > MAX_QUEUE_NAME_LENGTH:
         raise InvalidArgumentsError(f"queue_name must be at most {MAX_QUEUE_NAME_LENGTH} characters.")
+    refusal = conf.undeclared_queue(queue_name)
+    if refusal is not None:
+        raise UnknownQueueError(f"{task.name}: {refusal}")
     queue = conf.queue(queue_name)
     return {
         "task_name": task.name,

@@ -57,7 +57,35 @@ class UnknownTaskError(JobguardError, LookupError):
 
 
 class InvalidArgumentsError(JobguardError, TypeError):
-    """Arguments do not bind to the task's signature or are not JSON-serialisable."""
+    """An enqueue was refused before anything was written; the message says why and what to change.
+
+    Raised when the arguments do not bind to the task's signature, cannot be stored as JSON
+    (an unsupported type, a NUL character or lone surrogate in a string, a reference cycle,
+    nesting deeper than ``JOBGUARD["MAX_PAYLOAD_DEPTH"]``), or when a ``using()`` option is
+    invalid.
+    """
+
+
+class PayloadTooLargeError(InvalidArgumentsError):
+    """A job's arguments take more bytes as JSON than the configured limit allows."""
+
+    def __init__(self, size: int | None, limit: int, setting: str = "JOBGUARD['MAX_PAYLOAD_BYTES']") -> None:
+        if size is None:
+            # More values than the limit has bytes (each takes one at least): too large for
+            # sure, and not worth serialising to say by how much.
+            took = f"hold more than {limit:,} values, so they take more than the limit of {limit:,} bytes"
+        else:
+            took = f"take {size:,} bytes as JSON, more than the limit of {limit:,} bytes"
+        super().__init__(
+            f"The job's arguments {took} ({setting}). Store large data elsewhere (a model, a file) "
+            "and pass its id."
+        )
+        self.size = size
+        self.limit = limit
+
+
+class UnknownQueueError(InvalidArgumentsError, LookupError):
+    """The queue is not declared in ``JOBGUARD["QUEUES"]``, so no worker would be sure to take its jobs."""
 
 
 class IdempotencyConflict(JobguardError):  # noqa: N818 - public name fixed by the design

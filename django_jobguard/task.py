@@ -118,7 +118,10 @@ class Task(Generic[P, R]):
         try:
             return self.signature.bind(*args, **kwargs)
         except TypeError as exc:
-            raise InvalidArgumentsError(f"Arguments do not fit {self.name}{self.signature}: {exc}") from None
+            problems = _binding_problems(self.signature, args, kwargs) or [str(exc)]
+            raise InvalidArgumentsError(
+                f"Arguments do not fit {self.name}{self.signature}: {'; '.join(problems)}."
+            ) from None
 
     def lock_key_for(self, bound: inspect.BoundArguments) -> str:
         """The lock key of a call: the ``lock`` template formatted with its arguments."""
@@ -146,14 +149,29 @@ class Task(Generic[P, R]):
         """A copy of this task with per-call options; chain ``.enqueue(...)`` on it."""
         changes: dict[str, Any] = {}
         if priority is not None:
+            if isinstance(priority, bool) or not isinstance(priority, int):
+                raise InvalidArgumentsError(f"priority must be an integer, not {priority!r}.")
+            if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+                raise InvalidArgumentsError(
+                    f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}, not {priority}."
+                )
             changes["priority"] = priority
         if queue_name is not None:
+            if not isinstance(queue_name, str) or not queue_name:
+                raise InvalidArgumentsError(f"queue_name must be a non-empty string, not {queue_name!r}.")
             changes["queue_name"] = queue_name
         if run_after is not None:
+            if not isinstance(run_after, datetime.datetime | datetime.timedelta):
+                raise InvalidArgumentsError(
+                    f"run_after must be an aware datetime or a timedelta, not {type(run_after).__name__} "
+                    f"{run_after!r} (for example timezone.now() + timedelta(days=1), or timedelta(days=1))."
+                )
             if isinstance(run_after, datetime.datetime) and run_after.tzinfo is None:
                 raise InvalidArgumentsError("run_after must be an aware datetime (or a timedelta).")
             changes["run_after"] = run_after
         if idempotency_key is not None:
+            if not isinstance(idempotency_key, str):
+                raise InvalidArgumentsError(f"idempotency_key must be a string, not {idempotency_key!r}.")
             changes["idempotency_key"] = idempotency_key
         return dataclasses.replace(self, **changes)
 
@@ -179,6 +197,50 @@ class Task(Generic[P, R]):
 
     def __repr__(self) -> str:
         return f"<Task {self.name}>"
+
+
+def _binding_problems(
+    signature: inspect.Signature, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> list[str]:
+    """Every reason ``args`` / ``kwargs`` do not bind: unexpected and missing arguments together.
+
+    ``Signature.bind`` stops at the first problem, so a misspelt keyword was reported as
+    only the unexpected one or only the missing one; naming both shows the typo.
+    """
+    kind = inspect.Parameter
+    params = list(signature.parameters.values())
+    positional = [p for p in params if p.kind in (kind.POSITIONAL_ONLY, kind.POSITIONAL_OR_KEYWORD)]
+    var_args = any(p.kind is kind.VAR_POSITIONAL for p in params)
+    var_kwargs = any(p.kind is kind.VAR_KEYWORD for p in params)
+    by_name = {p.name for p in params if p.kind in (kind.POSITIONAL_OR_KEYWORD, kind.KEYWORD_ONLY)}
+    filled = {p.name for p in positional[: len(args)]}
+    problems: list[str] = []
+    if len(args) > len(positional) and not var_args:
+        problems.append(f"too many positional arguments ({len(args)} given, {len(positional)} taken)")
+    if not var_kwargs:
+        unexpected = [name for name in kwargs if name not in by_name]
+        if unexpected:
+            problems.append(_names("unexpected keyword argument", unexpected))
+    twice = [name for name in kwargs if name in filled and name in by_name]
+    if twice:
+        problems.append(_names("multiple values for argument", twice))
+    missing = [
+        p.name
+        for p in params
+        if p.default is kind.empty
+        and p.kind not in (kind.VAR_POSITIONAL, kind.VAR_KEYWORD)
+        and p.name not in filled
+        and not (p.name in kwargs and p.kind is not kind.POSITIONAL_ONLY)
+    ]
+    if len(missing) == 1:
+        problems.append(f"missing a required argument: {missing[0]!r}")
+    elif missing:
+        problems.append(f"missing required arguments: {', '.join(map(repr, missing))}")
+    return problems
+
+
+def _names(what: str, names: list[str]) -> str:
+    return f"{what}{'s' if len(names) > 1 else ''} {', '.join(map(repr, names))}"
 
 
 _signature_cache: dict[tuple[Callable[..., Any], bool], inspect.Signature] = {}

@@ -126,6 +126,9 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast tes
 
 JOBGUARD: dict[str, Any] = {
     "QUEUES": {"default": {"visibility_timeout": 30}, "slow": {"visibility_timeout": 120}},
+    # Tests name queues freely (one per test, to keep workers apart); the refusal of
+    # undeclared queues is tested with override_settings in test_enqueue.py and test_queues.py.
+    "ALLOW_UNDECLARED_QUEUES": True,
     # Fast retries so process tests do not wait on production backoff.
     "RETRY": {"base": 0.05, "max": 0.5, "jitter": 0.05},
     "RECOVERABLE_RETRY": {"base": 0.2, "max": 1.0, "jitter": 0.1},
@@ -133,6 +136,11 @@ JOBGUARD: dict[str, Any] = {
     "REAPER_INTERVAL": 0.5,
     "LOCKS": {"CONTENTION_DELAY": 0.1},
 }
+if os.environ.get("JOBGUARD_TEST_STRICT_QUEUES"):
+    # Worker processes of the queue-refusal tests: undeclared queues refused, as in a project.
+    JOBGUARD["ALLOW_UNDECLARED_QUEUES"] = False
+    # The test app's tasks name undeclared queues; that check (E030) is tested in-process.
+    SILENCED_SYSTEM_CHECKS = ["jobguard.E030"]
 if os.environ.get("JOBGUARD_TEST_LOCK_BACKEND") == "redis":
     JOBGUARD["LOCKS"] = {**JOBGUARD["LOCKS"], "BACKEND": "redis", "CACHE_ALIAS": "redis"}
 

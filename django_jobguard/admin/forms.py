@@ -48,6 +48,11 @@ class ReplayRequestForm(ReplayDecisionForm):
             value = json.loads(text)
         except ValueError as exc:
             raise forms.ValidationError(_("Not valid JSON: %(error)s"), params={"error": exc}) from None
+        except RecursionError:
+            # json.loads gives up on nesting deeper than the interpreter's recursion limit.
+            raise forms.ValidationError(
+                _("Nested too deeply to read; the limit is JOBGUARD['MAX_PAYLOAD_DEPTH'] levels.")
+            ) from None
         if not isinstance(value, kind):
             raise forms.ValidationError(_("Must be a JSON %(kind)s."), params={"kind": _KINDS[kind]})
         return value

@@ -2,11 +2,15 @@ import datetime
 
 import pytest
 from django.db import connection, transaction
+from django.test import override_settings
+from django.urls import reverse
 from django.utils import timezone
 
-from django_jobguard import InvalidArgumentsError
-from django_jobguard.models import Job
-from tests.testapp import tasks
+from django_jobguard import InvalidArgumentsError, dlq
+from django_jobguard.exceptions import UnknownQueueError
+from django_jobguard.models import IdempotencyKey, Job, ReplayEvent
+from tests.dlq_support import dead_charge, make_user
+from tests.testapp import tasks, tasks_dlq
 
 pytestmark = pytest.mark.django_db
 
@@ -104,3 +108,238 @@ def test_the_returned_job_equals_the_stored_row_with_aware_timestamps(bulk, run_
         assert stored.run_after > stored.enqueued_at + datetime.timedelta(seconds=59)
     assert timezone.is_aware(job.run_after) and timezone.is_aware(job.enqueued_at)
     assert (job.run_after, job.enqueued_at) == (stored.run_after, stored.enqueued_at)
+
+
+# -- bad input gets a clear error and writes nothing, on every enqueue path ---------------------
+
+
+def deep(depth: int) -> list:
+    """A list ``depth`` levels deep ([] is one level)."""
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def cyclic() -> dict:
+    note: dict = {"items": []}
+    note["items"].append(note)
+    return note
+
+
+#: (value of the argument, what the refusal says after the argument's path)
+UNSTORABLE = {
+    "deep": (
+        deep(500),
+        r"kwargs\['b'\] is nested more than 64 levels deep; the limit is JOBGUARD\['MAX_PAYLOAD_DEPTH'\]",
+    ),
+    "cycle": (cyclic(), r"kwargs\['b'\]\['items'\]\[0\] contains itself \(a reference cycle\)"),
+    "nul": ({"note": ["ok", "a\x00b"]}, r"kwargs\['b'\]\['note'\]\[1\] holds a NUL character \(\\x00\)"),
+    "nul-key": ({"a\x00": 1}, r"kwargs\['b'\]\['a\\x00'\]: the key holds a NUL character"),
+    "surrogate": ("\ud83d", r"kwargs\['b'\] holds a lone surrogate \('\\ud83d'\) at position 0"),
+    "too-large": (
+        "x" * (1024 * 1024),
+        r"take 1,048,[0-9]{3} bytes as JSON, more than the limit of 1,048,576 bytes "
+        r"\(JOBGUARD\['MAX_PAYLOAD_BYTES'\]\)",
+    ),
+}
+
+
+def nothing_written():
+    assert not Job.objects.exists()
+    assert not IdempotencyKey.objects.exists()
+
+
+@pytest.mark.parametrize("case", sorted(UNSTORABLE))
+@pytest.mark.parametrize("path", ["enqueue", "using", "keyed", "bulk_enqueue"])
+def test_unstorable_arguments_are_refused_on_every_enqueue_path_and_write_nothing(case, path):
+    value, message = UNSTORABLE[case]
+    with pytest.raises(InvalidArgumentsError, match=message):
+        if path == "enqueue":
+            tasks.add.enqueue(1, b=value)
+        elif path == "using":
+            tasks.add.using(priority=3, queue_name="slow").enqueue(1, b=value)
+        elif path == "keyed":
+            tasks.add.using(idempotency_key=f"k:{case}").enqueue(1, b=value)
+        else:
+            tasks.add.bulk_enqueue([((1,), {"b": 2}), ((1,), {"b": value})])
+    nothing_written()
+
+
+@pytest.mark.parametrize("case", ["nul", "nul-key", "surrogate", "deep"])
+def test_a_refused_enqueue_leaves_the_callers_transaction_usable(case):
+    """Today's PostgreSQL failure: DataError at the INSERT, then every query of the block fails."""
+    value, message = UNSTORABLE[case]
+    with transaction.atomic():
+        with pytest.raises(InvalidArgumentsError, match=message):
+            tasks.add.enqueue(1, b=value)
+        assert Job.objects.count() == 0  # the transaction still answers
+        kept = tasks.add.enqueue(1, b=2)
+    assert list(Job.objects.values_list("pk", flat=True)) == [kept.pk]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("case", ["nul", "nul-key", "surrogate"])
+def test_on_postgresql_strings_jsonb_rejects_are_refused_before_any_insert(case):
+    value, message = UNSTORABLE[case]
+    statements: list[str] = []
+
+    def record(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    with transaction.atomic():
+        with connection.execute_wrapper(record), pytest.raises(InvalidArgumentsError, match=message):
+            tasks.add.using(idempotency_key=f"pg:{case}").enqueue(1, b=value)
+        assert not [sql for sql in statements if sql.lstrip().upper().startswith("INSERT")]
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")  # not "current transaction is aborted"
+            assert cursor.fetchone() == (1,)
+        tasks.add.enqueue(1, b=3)
+    assert Job.objects.count() == 1
+
+
+def test_storable_text_is_kept_exactly_on_both_databases():
+    text = 'naïve 日本語 🎉 \t\n\x01 \\ " \u2028'
+    job = tasks.add.enqueue(1, b={text: [text]})
+    assert Job.objects.get(pk=job.pk).kwargs == {"b": {text: [text]}}
+
+
+def test_the_size_and_depth_limits_follow_the_settings(settings):
+    settings.JOBGUARD = {**settings.JOBGUARD, "MAX_PAYLOAD_BYTES": 64, "MAX_PAYLOAD_DEPTH": 2}
+    tasks.add.enqueue(1, b=[[1]])
+    with pytest.raises(InvalidArgumentsError, match=r"kwargs\['b'\] is nested more than 2 levels"):
+        tasks.add.enqueue(1, b=[[[1]]])
+    with pytest.raises(InvalidArgumentsError, match=r"more than the limit of 64 bytes"):
+        tasks.add.enqueue(1, b="x" * 60)
+    assert Job.objects.count() == 1
+
+
+def test_a_misspelt_argument_is_reported_as_unexpected_and_missing():
+    with pytest.raises(InvalidArgumentsError) as refused:
+        tasks_dlq.charge.enqueue(ordr_id=4, amount=100)
+    assert str(refused.value).endswith(
+        ": unexpected keyword argument 'ordr_id'; missing a required argument: 'order_id'."
+    )
+    with pytest.raises(InvalidArgumentsError, match=r"too many positional arguments \(3 given, 2 taken\)"):
+        tasks.add.enqueue(1, 2, 3)
+    nothing_written()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"run_after": "tomorrow"}, "run_after must be an aware datetime or a timedelta, not str 'tomorrow'"),
+        ({"run_after": 60}, "run_after must be an aware datetime or a timedelta, not int 60"),
+        ({"priority": 500}, "priority must be between -100 and 100, not 500."),
+        ({"priority": "high"}, "priority must be an integer, not 'high'."),
+        ({"queue_name": ""}, "queue_name must be a non-empty string, not ''."),
+        ({"queue_name": 7}, "queue_name must be a non-empty string, not 7."),
+        ({"idempotency_key": 5}, "idempotency_key must be a string, not 5."),
+        ({"idempotency_key": "k" * 256}, "idempotency_key must be at most 255 characters."),
+    ],
+)
+def test_bad_using_options_are_refused_with_an_invalid_arguments_error(options, message):
+    with pytest.raises(InvalidArgumentsError) as refused:
+        tasks.add.using(**options).enqueue(1)
+    assert str(refused.value).startswith(message)
+    nothing_written()
+
+
+# -- queues ------------------------------------------------------------------------------------
+
+
+def strict(**changes):
+    """The test settings with undeclared queues refused (tests/settings.py allows them)."""
+    from django.conf import settings
+
+    return override_settings(JOBGUARD={**settings.JOBGUARD, "ALLOW_UNDECLARED_QUEUES": False, **changes})
+
+
+def test_an_undeclared_queue_is_refused_naming_the_known_ones():
+    with strict(), pytest.raises(UnknownQueueError) as refused:
+        tasks.add.using(queue_name="typo").enqueue(1)
+    assert str(refused.value) == (
+        "tests.testapp.tasks.add: queue 'typo' is not declared in JOBGUARD['QUEUES']; known queues: "
+        "default, slow. Check the spelling, declare it there, or set "
+        "JOBGUARD['ALLOW_UNDECLARED_QUEUES'] = True to allow free-form queue names."
+    )
+    assert isinstance(refused.value, InvalidArgumentsError)
+    with strict(), pytest.raises(UnknownQueueError, match="queue 'context' is not declared"):
+        tasks.describe_context.enqueue()  # @task(queue_name="context")
+    with strict(), pytest.raises(UnknownQueueError):
+        tasks.add.using(queue_name="typo").bulk_enqueue([((1,), {})])
+    nothing_written()
+
+
+def test_declared_queues_and_the_default_queue_are_accepted():
+    with strict(QUEUES={"slow": {}}):  # "default" is not listed: DEFAULT_QUEUE is always known
+        assert tasks.add.enqueue(1).queue_name == "default"
+        assert tasks.slow_record.enqueue("m", 0).queue_name == "slow"
+    with strict(QUEUES={"slow": {}}, DEFAULT_QUEUE="main"):
+        assert tasks.add.enqueue(1).queue_name == "main"
+        with pytest.raises(UnknownQueueError, match="known queues: main, slow"):
+            tasks.add.using(queue_name="default").enqueue(1)
+
+
+def test_without_declared_queues_or_with_the_opt_in_any_queue_is_accepted():
+    with strict(QUEUES={}):
+        assert tasks.add.using(queue_name="anything").enqueue(1).queue_name == "anything"
+    with strict(ALLOW_UNDECLARED_QUEUES=True):
+        assert tasks.add.using(queue_name="free-form").enqueue(1).queue_name == "free-form"
+
+
+# -- the replay paths: dlq.request_replay and the admin's replay form --------------------------
+
+
+@pytest.fixture
+def requester():
+    return make_user("rita", "request_replay", "view_payload", "view_deadletter", "view_job")
+
+
+def replay_state(letter):
+    letter.refresh_from_db()
+    return (
+        letter.replay_state,
+        letter.replay_args,
+        letter.replay_kwargs,
+        ReplayEvent.objects.filter(dead_letter=letter).count(),
+        Job.objects.count(),
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("case", sorted(UNSTORABLE))
+def test_a_corrected_replay_payload_is_refused_like_an_enqueue(requester, case):
+    value, message = UNSTORABLE[case]
+    letter = dead_charge(order_id=9)
+    before = replay_state(letter)
+    with pytest.raises(InvalidArgumentsError, match=message.replace(r"kwargs\['b'\]", r"kwargs\['amount'\]")):
+        dlq.request_replay(letter, requester, "fix", kwargs={"order_id": 9, "amount": value})
+    assert replay_state(letter) == before
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("kwargs_text", "error"),
+    [
+        # json.loads reads it; the validator refuses it (a RecursionError, a 500, before).
+        (
+            '{"order_id": 9, "amount": ' + "[" * 500 + "]" * 500 + "}",
+            "kwargs[&#x27;amount&#x27;] is nested more than 64 levels deep",
+        ),
+        # Too deep for json.loads itself.
+        ('{"order_id": 9, "amount": ' + "[" * 100_000 + "]" * 100_000 + "}", "Nested too deeply to read"),
+        ('{"order_id": 9, "amount": "a\\u0000b"}', "holds a NUL character"),
+        ('{"order_id": 9, "amount": "\\ud800"}', "holds a lone surrogate"),
+    ],
+)
+def test_the_admin_replay_form_shows_a_refused_payload_as_a_form_error(client, requester, kwargs_text, error):
+    letter = dead_charge(order_id=9)
+    before = replay_state(letter)
+    client.force_login(requester)
+    url = reverse("admin:jobguard_deadletter_replay", args=[letter.pk, "request"])
+    response = client.post(url, {"reason": "fix", "args": "[]", "kwargs": kwargs_text})
+    assert response.status_code == 200
+    assert error in response.content.decode()
+    assert replay_state(letter) == before

@@ -103,6 +103,17 @@ def test_non_json_return_value_is_dead_lettered():
     assert "return value" in letter.error_message
 
 
+def test_a_return_value_postgresql_cannot_store_is_dead_lettered_saying_why():
+    """Refused before the ack on both databases (on PostgreSQL it failed the ack with a DataError)."""
+    job = tasks.returns_nul.enqueue()
+    run_burst()
+    letter = DeadLetter.objects.get(job=job)
+    assert (letter.reason, letter.category) == ("invalid_result", "permanent")
+    assert letter.error_message.startswith("return value['note'] holds a NUL character (\\x00) at position 1")
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.result) == ("dead", 1, None)
+
+
 def test_transient_failures_are_retried_then_succeed():
     job = tasks.flaky.enqueue("t", failures=2)
     run_until(job, "succeeded")

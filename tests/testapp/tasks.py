@@ -79,6 +79,12 @@ def returns_object() -> object:
 
 
 @task(max_attempts=2)
+def returns_nul() -> dict:
+    """A result PostgreSQL cannot store in jsonb (a NUL character), built in the handler."""
+    return {"note": "a" + chr(0) + "b"}
+
+
+@task(max_attempts=2)
 def kills_worker() -> None:
     """Poison: takes its worker down every time."""
     os.kill(os.getpid(), signal.SIGKILL)

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import datetime
+import re
+from collections.abc import Iterable
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
 from ...conf import get_settings
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 
 
 def add_database_argument(parser: CommandParser) -> None:
@@ -63,3 +69,32 @@ def _seconds(value: str) -> float:
     if number != number or number in (float("inf"), float("-inf")):
         raise argparse.ArgumentTypeError(f"{value!r} is not a finite number of seconds")
     return number
+
+
+def duration(value: str) -> datetime.timedelta:
+    """An age: a number of seconds, or a number with a unit s, m, h, d or w (``90m``, ``30d``)."""
+    match = _DURATION.match(value)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a duration: give a number of seconds (3600) or a number with a unit "
+            "s, m, h, d or w (90m, 12h, 30d, 2w)"
+        )
+    return datetime.timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2) or "s"])
+
+
+def check_queues(names: Iterable[str], alias: str, option: str = "--queue") -> None:
+    """Refuse a queue name that JOBGUARD["QUEUES"] does not declare and that holds no job.
+
+    A name outside the declared queues is most often a typo: a worker would wait on it
+    forever and a status would show zeros. One that still holds jobs (a queue removed from
+    the settings, its jobs not drained yet) stays usable, so its jobs can still be run or seen.
+    """
+    from ...models import Job
+
+    conf = get_settings()
+    for name in names:
+        if not name or len(name) > 100:
+            raise CommandError(f"{option} {name!r}: a queue name is 1 to 100 characters.")
+        refusal = conf.undeclared_queue(name)
+        if refusal is not None and not Job.objects.using(alias).filter(queue_name=name).exists():
+            raise CommandError(f"{option} {name!r}: {refusal} No job is in that queue either.")

@@ -2,31 +2,12 @@
 
 from __future__ import annotations
 
-import datetime
-import re
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
 from ...retention import prune
-from ._options import add_database_argument, database_alias
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-
-
-def _duration(value: str) -> datetime.timedelta:
-    match = _DURATION.match(value)
-    if match is None:
-        raise ValueError(value)
-    return datetime.timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2) or "s"])
-
-
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError(value)
-    return number
+from ._options import add_database_argument, database_alias, duration, positive_int
 
 
 class Command(BaseCommand):
@@ -38,7 +19,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--jobs-older-than",
-            type=_duration,
+            type=duration,
             default=None,
             metavar="AGE",
             help=(
@@ -48,7 +29,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--batch-size",
-            type=_positive_int,
+            type=positive_int,
             default=None,
             help="Rows deleted per statement (default 1000 keys, 500 jobs).",
         )

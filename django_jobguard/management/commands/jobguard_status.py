@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from ...stats import QueueStats, queue_stats
-from ._options import add_database_argument, database_alias, positive_float, positive_int
+from ._options import add_database_argument, check_queues, database_alias, positive_float, positive_int
 
 #: Seconds between refreshes of ``--watch`` when none is given.
 DEFAULT_WATCH_INTERVAL_SECONDS = 2.0
@@ -107,6 +107,7 @@ class Command(BaseCommand):
         if options["count"] is not None and options["watch"] is None:
             raise CommandError("--count only applies with --watch.")
         alias = database_alias(options)
+        check_queues(options["queues"] or (), alias)
         watch = options["watch"]
         shown = 0
         try:

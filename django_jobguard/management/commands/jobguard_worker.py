@@ -9,7 +9,14 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import metrics
 from ...worker import Worker
-from ._options import add_database_argument, database_alias, non_negative_float, positive_float, positive_int
+from ._options import (
+    add_database_argument,
+    check_queues,
+    database_alias,
+    non_negative_float,
+    positive_float,
+    positive_int,
+)
 
 
 class Command(BaseCommand):
@@ -92,9 +99,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         queues = options["queues"]
-        for name in queues or ():
-            if not name or len(name) > 100:
-                raise CommandError(f"--queue {name!r}: a queue name is 1 to 100 characters.")
+        check_queues(queues or (), database_alias(options))
         port = options["metrics_port"]
         if port is not None and not 0 <= port <= 65535:
             raise CommandError(f"--metrics-port {port}: a port is 0 to 65535.")
