@@ -96,7 +96,9 @@ def _postgres(alias: str, since: float, queue: str | None) -> list[Durations]:
     ]
 
 
-_SQLITE_DURATION = "(julianday(finished_at) - julianday(started_at)) * 86400.0"
+# julianday() keeps about 0.1 ms of precision at today's dates: rounded to the millisecond
+# (the resolution of the worker's SQLite timestamps), so 25 s reads as 25.0, not 25.00004.
+_SQLITE_DURATION = "round((julianday(finished_at) - julianday(started_at)) * 86400.0, 3)"
 
 
 def _sqlite(alias: str, since: float, queue: str | None) -> list[Durations]:
@@ -148,8 +150,8 @@ def _round_up(seconds: float) -> float:
     """Up to a value an operator would type: whole seconds, then 5 s, 30 s, 1 min steps."""
     for limit, step in ((10, 1), (120, 5), (1200, 30)):
         if seconds <= limit:
-            return float(max(1, math.ceil(seconds / step - 1e-9) * step))
-    return float(math.ceil(seconds / 60 - 1e-9) * 60)
+            return float(max(1, math.ceil(seconds / step - 1e-6) * step))
+    return float(math.ceil(seconds / 60 - 1e-6) * 60)
 
 
 def recommend_timeout(p99: float, conf: Settings | None = None) -> tuple[float, str]:

@@ -63,3 +63,22 @@ def _seconds(value: str) -> float:
     if number != number or number in (float("inf"), float("-inf")):
         raise argparse.ArgumentTypeError(f"{value!r} is not a finite number of seconds")
     return number
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def window(value: str) -> float:
+    """A time window: ``90s``, ``30m``, ``24h``, ``7d``, or plain seconds; above zero."""
+    text = value.strip().lower()
+    unit = _UNITS.get(text[-1:]) if text else None
+    number_text = text[:-1] if unit is not None else text
+    try:
+        number = float(number_text) * (unit or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a time window; write it as 90s, 30m, 24h, 7d or a number of seconds"
+        ) from None
+    if number != number or number in (float("inf"), float("-inf")) or number <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be a finite window above 0")
+    return number
