@@ -187,3 +187,19 @@ def test_postgres_uses_the_finished_index_with_a_million_finished_rows():
     reports = tuning.observed_durations(connection.alias, since=86400)
     assert sum(d.count for d in reports) == pytest.approx(1_000_000 / 30, rel=0.01)
     assert max(d.max for d in reports) == pytest.approx(12, abs=1e-3)
+
+
+def test_the_job_admin_shows_the_run_time_beside_the_expected_duration(client):
+    from django.urls import reverse
+
+    from tests.dlq_support import make_user
+    from tests.testapp.tasks_checklist import sleep_for  # expected_duration=1
+
+    finished(sleep_for.name, "tune", [2.5])
+    job = Job.objects.get(task_name=sleep_for.name)
+    client.force_login(make_user("tess", "view_job"))
+    content = client.get(reverse("admin:jobguard_job_change", args=[job.pk])).content.decode()
+    assert "2.500 s; longer than expected; expected 1 s" in content
+    Job.objects.filter(pk=job.pk).update(finished_at=None, started_at=None, status="queued")
+    content = client.get(reverse("admin:jobguard_job_change", args=[job.pk])).content.decode()
+    assert "expected 1 s" in content and "longer than expected" not in content
