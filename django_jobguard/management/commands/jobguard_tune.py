@@ -9,10 +9,20 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.utils import timezone
 
 from ...conf import get_settings
-from ...tuning import QueueReport, report
+from ...tuning import SPLIT_FLOOR_SECONDS, QueueReport, report
 from ._options import add_database_argument, database_alias, window
 
 DEFAULT_SINCE = "24h"
+
+
+def _window_text(seconds: float) -> str:
+    """``86400`` as ``24h``: the window as an operator would have typed it (days from a week)."""
+    if seconds >= 7 * 86400 and seconds % 86400 == 0:
+        return f"{seconds / 86400:g}d"
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 class Command(BaseCommand):
@@ -83,10 +93,10 @@ class Command(BaseCommand):
     def _print(self, since: float, reports: list[QueueReport], queue: str | None) -> None:
         where = f"queue {queue!r}" if queue else "any queue"
         if not reports:
-            self.stdout.write(f"No succeeded jobs in {where} in the last {since:g}s: nothing to tune from.")
+            self.stdout.write(f"No succeeded jobs in {where} in the last {_window_text(since)}: nothing to tune from.")
             return
         factor = get_settings().tuning.queue_split_factor
-        self.stdout.write(f"Succeeded jobs of the last {since:g}s, seconds from claim to ack.")
+        self.stdout.write(f"Succeeded jobs of the last {_window_text(since)}, seconds from claim to ack.")
         for item in reports:
             self.stdout.write("")
             self.stdout.write(
@@ -110,9 +120,10 @@ class Command(BaseCommand):
                     )
             if item.split is not None:
                 fastest, slowest = item.split
+                low = f"{fastest:.3g}s" + (" or less" if fastest <= SPLIT_FLOOR_SECONDS else "")
                 self.stdout.write(
                     self.style.WARNING(
-                        f"  ! split queue {item.queue}: p99s from {fastest:.3g}s to {slowest:.3g}s, "
+                        f"  ! split queue {item.queue}: p99s from {low} to {slowest:.3g}s, "
                         f"more than {factor:g}x apart; move the slow tasks to a queue of their own."
                     )
                 )
