@@ -255,9 +255,7 @@ def check_expected_durations(app_configs: Any = None, **kwargs: Any) -> list[che
                     id="jobguard.W004",
                 )
             )
-    messages += _mixed_queues(
-        {queue: durations for queue, durations in by_queue.items()}, conf, source="expected"
-    )
+    messages += _mixed_queues(by_queue, conf, source="expected")
     return messages
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from django.db import connections
 
@@ -73,7 +74,7 @@ def observed_durations(alias: str, *, since: float, queue: str | None = None) ->
 
 
 def _postgres(alias: str, since: float, queue: str | None) -> list[Durations]:
-    params: list[object] = [since]
+    params: list[Any] = [since]
     queue_filter = ""
     if queue is not None:
         queue_filter = "AND queue_name = %s "
@@ -107,7 +108,7 @@ def _sqlite(alias: str, since: float, queue: str | None) -> list[Durations]:
         cursor.execute("SELECT strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)", [f"-{since:.3f} seconds"])
         (threshold,) = cursor.fetchone()
         where = f"{_FINISHED} AND finished_at >= %s"
-        params: list[object] = [threshold]
+        params: list[Any] = [threshold]
         if queue is not None:
             where += " AND queue_name = %s"
             params.append(queue)
@@ -157,7 +158,7 @@ def _round_up(seconds: float) -> float:
 def recommend_timeout(p99: float, conf: Settings | None = None) -> tuple[float, str]:
     """The visibility timeout a p99 duration calls for, and why.
 
-    ``p99 × SAFETY_FACTOR``, but at least ``p99 + HEARTBEAT_MARGIN``, rounded up.
+    ``p99 * SAFETY_FACTOR``, but at least ``p99 + HEARTBEAT_MARGIN``, rounded up.
     """
     tuning = (conf or get_settings()).tuning
     scaled = p99 * tuning.safety_factor

@@ -114,15 +114,15 @@ class JobAdmin(ReadOnlyAdmin):
 
         task = registry.find(obj.task_name)
         expected = task.expected_duration if task is not None else None
-        parts = []
+        parts: list[str] = []
         if obj.started_at is not None and obj.finished_at is not None:
             seconds = (obj.finished_at - obj.started_at).total_seconds()
-            parts.append(_("%(seconds).3f s") % {"seconds": seconds})
+            parts.append(str(_("%(seconds).3f s") % {"seconds": seconds}))
             if expected is not None and seconds > expected:
-                parts.append(_("longer than expected"))
+                parts.append(str(_("longer than expected")))
         if expected is not None:
-            parts.append(_("expected %(expected)g s") % {"expected": expected})
-        return "; ".join(str(part) for part in parts) or "-"
+            parts.append(str(_("expected %(expected)g s") % {"expected": expected}))
+        return "; ".join(parts) or "-"
 
     @admin.display(description=_("dead letter"))
     def dead_letter_link(self, obj: Job) -> SafeString | str:

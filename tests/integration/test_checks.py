@@ -102,7 +102,10 @@ def test_a_visibility_timeout_below_expected_duration_plus_margin_warns(define):
     messages = checks.check_expected_durations()
     warning = one(messages, "jobguard.W004", tight)
     assert "Expected duration 26s, but the visibility timeout is 30s, below 31s" in warning.msg
-    assert "visibility_timeout=55" in warning.hint and "p99 26s x safety factor 2 = 52s, rounded up to 55s" in warning.hint
+    assert (
+        "visibility_timeout=55" in warning.hint
+        and "p99 26s x safety factor 2 = 52s, rounded up to 55s" in warning.hint
+    )
     assert ids_for(messages, own) == []
     assert ids_for(messages, fits) == []
 
@@ -119,11 +122,19 @@ def test_a_queue_mixing_fast_and_slow_expected_durations_warns(define):
     assert mixed[0].obj is slow
     assert "Queue 'mixed' mixes fast and slow work: tests.checks.fast expected 2s" in mixed[0].msg
     assert "more than 20x apart" in mixed[0].msg
-    with override_settings(JOBGUARD={**BASE, "QUEUES": {"mixed": {"visibility_timeout": 600}}, "TUNING": {"QUEUE_SPLIT_FACTOR": 30}}):
+    with override_settings(
+        JOBGUARD={
+            **BASE,
+            "QUEUES": {"mixed": {"visibility_timeout": 600}},
+            "TUNING": {"QUEUE_SPLIT_FACTOR": 30},
+        }
+    ):
         assert [m for m in checks.check_expected_durations() if m.id == "jobguard.W006"] == []
 
 
-@pytest.mark.parametrize(("debug", "self_approval", "fires"), [(False, True, True), (True, True, False), (False, False, False)])
+@pytest.mark.parametrize(
+    ("debug", "self_approval", "fires"), [(False, True, True), (True, True, False), (False, False, False)]
+)
 def test_self_approval_of_replays_warns_only_in_production(debug, self_approval, fires):
     with override_settings(DEBUG=debug, JOBGUARD={"REPLAY": {"ALLOW_SELF_APPROVAL": self_approval}}):
         messages = checks.check_replay_approval()
@@ -225,4 +236,3 @@ def test_check_database_runs_the_observed_check(define):
     err = StringIO()
     call_command("check", stdout=StringIO(), stderr=err)
     assert "jobguard.W005" not in err.getvalue()
-

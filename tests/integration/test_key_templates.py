@@ -40,7 +40,11 @@ def test_using_overrides_the_template_for_one_call():
 
 def test_bulk_enqueue_keys_every_call_and_dedupes_within_the_batch():
     jobs = charge_by_key.bulk_enqueue([((1,), {}), ((2,), {}), ((1,), {})])
-    assert [j.idempotency_key for j in jobs] == ["checklist:charge:1", "checklist:charge:2", "checklist:charge:1"]
+    assert [j.idempotency_key for j in jobs] == [
+        "checklist:charge:1",
+        "checklist:charge:2",
+        "checklist:charge:1",
+    ]
     assert jobs[0].pk == jobs[2].pk
     assert Job.objects.filter(task_name=charge_by_key.name).count() == 2
 
@@ -57,4 +61,6 @@ def test_a_worker_runs_the_keyed_action_once():
         charge_by_key.enqueue(order_id=11)
     run_burst()
     assert LedgerEntry.objects.filter(effect_key="checklist:charge:11").count() == 1
-    assert list(Job.objects.filter(task_name=charge_by_key.name).values_list("status", flat=True)) == ["succeeded"]
+    assert list(Job.objects.filter(task_name=charge_by_key.name).values_list("status", flat=True)) == [
+        "succeeded"
+    ]

@@ -23,7 +23,9 @@ SETTINGS = {
 }
 
 
-def finished(task_name: str, queue: str, seconds: list[float], *, hours_ago: float = 0.5, status: str = "succeeded") -> None:
+def finished(
+    task_name: str, queue: str, seconds: list[float], *, hours_ago: float = 0.5, status: str = "succeeded"
+) -> None:
     end = timezone.now() - datetime.timedelta(hours=hours_ago)
     Job.objects.bulk_create(
         Job(
@@ -77,7 +79,9 @@ def test_only_succeeded_jobs_inside_the_window_count():
     ],
 )
 @override_settings(JOBGUARD=SETTINGS)
-def test_recommendation_is_p99_times_the_safety_factor_at_least_the_margin_rounded_up(p99, recommended, reason):
+def test_recommendation_is_p99_times_the_safety_factor_at_least_the_margin_rounded_up(
+    p99, recommended, reason
+):
     assert tuning.recommend_timeout(p99) == (recommended, reason)
 
 
@@ -87,7 +91,10 @@ def test_text_report_flags_a_task_past_its_timeout_and_a_queue_to_split():
     finished("t.slow", "web", [3.0] * 90 + [30.0] * 10)
     finished("t.report", "reports", [60.0] * 5)
     out = tune()
-    assert "queue web: visibility timeout 10s, recommended 60s (its slowest task, t.slow: p99 30s x safety factor 2 = 60s, rounded up to 60s)" in out
+    assert (
+        "queue web: visibility timeout 10s, recommended 60s (its slowest task, t.slow: "
+        "p99 30s x safety factor 2 = 60s, rounded up to 60s)" in out
+    )
     assert "! t.slow: p99 30s outlasts its visibility timeout of 10s" in out
     assert "Set visibility_timeout=60" in out
     assert "! split queue web: p99s from 1s or less to 30s, more than 20x apart" in out
@@ -170,7 +177,8 @@ def test_postgres_uses_the_finished_index_with_a_million_finished_rows():
             "INSERT INTO jobguard_job (task_name, queue_name, args, kwargs, priority, run_after, status, "
             "attempts, max_attempts, visibility_timeout, lock_key, handler_version, enqueued_at, "
             "started_at, finished_at, reappearances, lock_contentions, checkpoints, worker_id, last_error) "
-            "SELECT 't.bulk' || (n % 7), 'q' || (n % 3), '[]', '{}', 0, now(), 'succeeded', 1, 1, 60, '', '', "
+            "SELECT 't.bulk' || (n % 7), 'q' || (n % 3), '[]', '{}', 0, now(), 'succeeded', 1, 1, 60, "
+            "'', '', "
             "now(), now() - (n % 30) * interval '1 day' - (n % 13) * interval '1 second', "
             "now() - (n % 30) * interval '1 day', 0, 0, '{}', '', '' "
             "FROM generate_series(1, 1000000) AS n"

@@ -142,4 +142,5 @@ def describe_context(context) -> dict:
         "using": context.using,
     }
 
+
 from . import tasks_checklist  # noqa: E402, F401

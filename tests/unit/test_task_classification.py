@@ -20,7 +20,9 @@ def _forget_test_tasks() -> Iterator[None]:
 
 
 def test_idempotency_key_template_must_name_parameters():
-    with pytest.raises(InvalidTaskError, match=r"template 'charge:\{order\}' names 'order', which is not a parameter"):
+    with pytest.raises(
+        InvalidTaskError, match=r"template 'charge:\{order\}' names 'order', which is not a parameter"
+    ):
 
         @task(idempotency_key="charge:{order}", name="tests.classify.bad_key")
         def charge(order_id: int) -> None: ...
@@ -45,6 +47,7 @@ def test_parallel_false_requires_a_lock():
 
         @task(parallel=False, name="tests.classify.unlocked")
         def sync(account_id: int) -> None: ...
+
     assert "tests.classify.unlocked" not in registry
 
     @task(parallel=False, lock="account:{account_id}", name="tests.classify.locked")

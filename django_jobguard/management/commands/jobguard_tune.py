@@ -93,7 +93,9 @@ class Command(BaseCommand):
     def _print(self, since: float, reports: list[QueueReport], queue: str | None) -> None:
         where = f"queue {queue!r}" if queue else "any queue"
         if not reports:
-            self.stdout.write(f"No succeeded jobs in {where} in the last {_window_text(since)}: nothing to tune from.")
+            self.stdout.write(
+                f"No succeeded jobs in {where} in the last {_window_text(since)}: nothing to tune from."
+            )
             return
         factor = get_settings().tuning.queue_split_factor
         self.stdout.write(f"Succeeded jobs of the last {_window_text(since)}, seconds from claim to ack.")
@@ -103,7 +105,9 @@ class Command(BaseCommand):
                 f"queue {item.queue}: visibility timeout {item.visibility_timeout:g}s, "
                 f"recommended {item.recommended:g}s ({item.reason})"
             )
-            self.stdout.write(f"  {'task':<48} {'count':>7} {'p50':>8} {'p95':>8} {'p99':>8} {'max':>8}  timeout")
+            self.stdout.write(
+                f"  {'task':<48} {'count':>7} {'p50':>8} {'p95':>8} {'p99':>8} {'max':>8}  timeout"
+            )
             for row in item.tasks:
                 d = row.durations
                 self.stdout.write(
