@@ -197,8 +197,8 @@ def check_task_classification(app_configs: Any = None, **kwargs: Any) -> list[ch
                 checks.Warning(
                     f"{attempts} attempts and no error classification: every "
                     "exception, a bug included, is retried as transient.",
-                    hint="Map your exceptions with retry_on= / recoverable_on= / fatal_on= "
-                    "(raise PermanentError for what retrying cannot fix), or set max_attempts=1.",
+                    hint="Map your exceptions: retry_on= what another try can fix, recoverable_on= "
+                    "a degraded dependency, fatal_on= bad data and bugs; or set max_attempts=1.",
                     obj=task,
                     id="jobguard.W003",
                 )
