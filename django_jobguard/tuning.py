@@ -10,8 +10,8 @@ Reads go through the partial index on finished jobs (``jobguard_job_finished_idx
 ``(status, finished_at)``): a window of recent runs is a range of it, however many older
 rows the table keeps. Percentiles are ``percentile_cont`` (linear interpolation between the
 two nearest ranks): on PostgreSQL computed by the database in one query; on SQLite, which
-has no percentile function, one ordered ``LIMIT 2 OFFSET k`` read per percentile and task,
-so only two durations per percentile ever reach Python, never the whole window.
+has no percentile function, one statement ranks each task's durations with window functions
+and returns only the two rows per percentile it interpolates between.
 
 The SQL differs per database, so it branches on ``connection.vendor`` here rather than in
 ``leasing.py``: this is read-only reporting, kept out of the module of the hot path.
@@ -73,7 +73,8 @@ def observed_durations(alias: str, *, since: float, queue: str | None = None) ->
     return _sqlite(alias, since, queue)
 
 
-def _postgres(alias: str, since: float, queue: str | None) -> list[Durations]:
+def postgres_sql(since: float, queue: str | None) -> tuple[str, list[Any]]:
+    """The PostgreSQL statement of :func:`observed_durations` and its parameters."""
     params: list[Any] = [since]
     queue_filter = ""
     if queue is not None:
@@ -88,6 +89,11 @@ def _postgres(alias: str, since: float, queue: str | None) -> list[Durations]:
         "AND finished_at >= statement_timestamp() - %s * interval '1 second' "
         f"{queue_filter}) AS runs GROUP BY queue_name, task_name ORDER BY queue_name, task_name"
     )
+    return sql, params
+
+
+def _postgres(alias: str, since: float, queue: str | None) -> list[Durations]:
+    sql, params = postgres_sql(since, queue)
     with connections[alias].cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
@@ -102,49 +108,69 @@ def _postgres(alias: str, since: float, queue: str | None) -> list[Durations]:
 _SQLITE_DURATION = "round((julianday(finished_at) - julianday(started_at)) * 86400.0, 3)"
 
 
+def sqlite_sql(since: float, queue: str | None) -> tuple[str, list[Any]]:
+    """The SQLite statement of :func:`observed_durations` and its parameters."""
+    params: list[Any] = [f"-{since:.3f} seconds"]
+    queue_filter = ""
+    if queue is not None:
+        queue_filter = "AND queue_name = %s "
+        params.append(queue)
+    # Window functions rank each task's durations; only the rows at the ranks the
+    # percentiles interpolate between (two per percentile) leave the database. One
+    # statement, so the counts and the ranks come from one snapshot.
+    ranks = ", ".join(
+        f"CAST({fraction!r} * (n - 1) AS INTEGER), CAST({fraction!r} * (n - 1) AS INTEGER) + 1"
+        for fraction in PERCENTILES
+    )
+    sql = (
+        "SELECT queue_name, task_name, n, top, position, d FROM ("
+        "SELECT queue_name, task_name, d, "
+        "row_number() OVER (PARTITION BY queue_name, task_name ORDER BY d) - 1 AS position, "
+        "count(*) OVER (PARTITION BY queue_name, task_name) AS n, "
+        "max(d) OVER (PARTITION BY queue_name, task_name) AS top "
+        f"FROM (SELECT queue_name, task_name, {_SQLITE_DURATION} AS d FROM {_TABLE} "
+        f"WHERE {_FINISHED} AND finished_at >= strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) "
+        f"{queue_filter}) AS runs) AS ranked "
+        f"WHERE position IN ({ranks}) ORDER BY queue_name, task_name, position"
+    )
+    return sql, params
+
+
 def _sqlite(alias: str, since: float, queue: str | None) -> list[Durations]:
+    sql, params = sqlite_sql(since, queue)
     with connections[alias].cursor() as cursor:
-        # One threshold for every read below, from the database clock.
-        cursor.execute("SELECT strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)", [f"-{since:.3f} seconds"])
-        (threshold,) = cursor.fetchone()
-        where = f"{_FINISHED} AND finished_at >= %s"
-        params: list[Any] = [threshold]
-        if queue is not None:
-            where += " AND queue_name = %s"
-            params.append(queue)
-        cursor.execute(
-            f"SELECT queue_name, task_name, count(*), max({_SQLITE_DURATION}) FROM {_TABLE} "
-            f"WHERE {where} GROUP BY queue_name, task_name ORDER BY queue_name, task_name",
-            params,
-        )
-        groups = cursor.fetchall()
-        found = []
-        for queue_name, task_name, count, top in groups:
-            values = []
-            for fraction in PERCENTILES:
-                position = fraction * (count - 1)
-                low = math.floor(position)
-                cursor.execute(
-                    f"SELECT {_SQLITE_DURATION} AS d FROM {_TABLE} "
-                    f"WHERE {_FINISHED} AND finished_at >= %s AND queue_name = %s AND task_name = %s "
-                    "ORDER BY d LIMIT 2 OFFSET %s",
-                    [threshold, queue_name, task_name, low],
-                )
-                pair = [row[0] for row in cursor.fetchall()]
-                upper = pair[1] if len(pair) > 1 else pair[0]
-                values.append(pair[0] + (position - low) * (upper - pair[0]))
-            found.append(
-                Durations(
-                    queue=queue_name,
-                    task=task_name,
-                    count=count,
-                    p50=values[0],
-                    p95=values[1],
-                    p99=values[2],
-                    max=top,
-                )
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    groups: dict[tuple[str, str], tuple[int, float, dict[int, float]]] = {}
+    for queue_name, task_name, count, top, position, value in rows:
+        groups.setdefault((queue_name, task_name), (count, top, {}))[2][position] = value
+    found = []
+    for (queue_name, task_name), (count, top, kept) in groups.items():
+        values = [_interpolate(f, count, kept) for f in PERCENTILES]
+        found.append(
+            Durations(
+                queue=queue_name,
+                task=task_name,
+                count=count,
+                p50=values[0],
+                p95=values[1],
+                p99=values[2],
+                max=top,
             )
+        )
     return found
+
+
+def _ranks(fraction: float, count: int) -> tuple[int, int]:
+    """The two 0-based ranks ``percentile_cont(fraction)`` interpolates between."""
+    low = math.floor(fraction * (count - 1))
+    return low, min(low + 1, count - 1)
+
+
+def _interpolate(fraction: float, count: int, values: dict[int, float]) -> float:
+    position = fraction * (count - 1)
+    low, high = _ranks(fraction, count)
+    return values[low] + (position - low) * (values[high] - values[low])
 
 
 def _round_up(seconds: float) -> float:
