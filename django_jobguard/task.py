@@ -95,6 +95,8 @@ class Task(Generic[P, R]):
             raise InvalidTaskError(f"max_attempts must be at least 1, not {self.max_attempts}.")
         for option in ("visibility_timeout", "lock_ttl", "timeout", "expected_duration"):
             value = getattr(self, option)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise InvalidTaskError(f"{option} must be a number of seconds, not {value!r}.")
             if value is not None and value <= 0:
                 raise InvalidTaskError(f"{option} must be a positive number of seconds, not {value}.")
         if self.lock is not None:

@@ -62,6 +62,7 @@ def test_parallel_false_requires_a_lock():
         ({"idempotent": "yes"}, "idempotent must be True or False"),
         ({"parallel": 0}, "parallel must be True or False"),
         ({"expected_duration": 0}, "expected_duration must be a positive number of seconds"),
+        ({"expected_duration": "5"}, "expected_duration must be a number of seconds, not '5'"),
         ({"idempotency_key": ""}, "idempotency_key must be a non-empty key template"),
     ],
 )
