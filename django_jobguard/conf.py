@@ -24,6 +24,7 @@ __all__ = [
     "RetryOverrides",
     "RetryPolicy",
     "Settings",
+    "TuningSettings",
     "get_settings",
     "reload",
 ]
@@ -104,6 +105,21 @@ DEFAULTS: dict[str, Any] = {
         # Seconds the tombstone of a versioned invalidation lives: it must outlast the longest
         # time between a reader loading a row and writing it to the cache.
         "TOMBSTONE_TTL": 60.0,
+    },
+    "TUNING": {
+        # Seconds a heartbeat may come late in a slow moment (a busy machine, a database that
+        # answers late). A visibility timeout should exceed a task's expected duration by it,
+        # a lock TTL should be at least twice it, and jobguard_tune recommends no less.
+        "HEARTBEAT_MARGIN": 5.0,
+        # jobguard_tune recommends a visibility timeout of the observed p99 duration times this.
+        "SAFETY_FACTOR": 2.0,
+        # Tasks of one queue whose durations differ by more than this factor should be split
+        # into a fast and a slow queue (check jobguard.W006, jobguard_tune).
+        "QUEUE_SPLIT_FACTOR": 20.0,
+        # Seconds of finished jobs that `check --database` reads for observed durations.
+        "WINDOW": 24 * 3600.0,
+        # Finished runs of a task in the window before its observed durations are trusted.
+        "MIN_RUNS": 20,
     },
 }
 
@@ -260,6 +276,17 @@ class CacheSettings:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class TuningSettings:
+    """``JOBGUARD["TUNING"]``: the figures the checks and ``jobguard_tune`` judge timeouts by."""
+
+    heartbeat_margin: float
+    safety_factor: float
+    queue_split_factor: float
+    window: float
+    min_runs: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Settings:
     """The parsed, validated ``JOBGUARD`` setting."""
 
@@ -307,6 +334,8 @@ class Settings:
             f"{', '.join(self.known_queues)}. Check the spelling, declare it there, or set "
             "JOBGUARD['ALLOW_UNDECLARED_QUEUES'] = True to allow free-form queue names."
         )
+
+    tuning: TuningSettings
 
     def queue(self, name: str) -> QueueConfig:
         """The configuration of queue ``name`` (global defaults for queues not listed)."""
@@ -389,6 +418,7 @@ def parse(raw: Any) -> Settings:
     idem = _group(raw, "IDEMPOTENCY")
     replay = _group(raw, "REPLAY")
     cache = _group(raw, "CACHE")
+    tuning = _group(raw, "TUNING")
 
     return Settings(
         database_alias=_string(merged["DATABASE_ALIAS"], ("DATABASE_ALIAS",)),
@@ -426,6 +456,15 @@ def parse(raw: Any) -> Settings:
         allow_undeclared_queues=_boolean(merged["ALLOW_UNDECLARED_QUEUES"], ("ALLOW_UNDECLARED_QUEUES",)),
         max_payload_bytes=_integer(merged["MAX_PAYLOAD_BYTES"], ("MAX_PAYLOAD_BYTES",), minimum=1),
         max_payload_depth=_depth(merged["MAX_PAYLOAD_DEPTH"]),
+        tuning=TuningSettings(
+            heartbeat_margin=_number(tuning["HEARTBEAT_MARGIN"], ("TUNING", "HEARTBEAT_MARGIN")),
+            safety_factor=_number(tuning["SAFETY_FACTOR"], ("TUNING", "SAFETY_FACTOR"), minimum=1),
+            queue_split_factor=_number(
+                tuning["QUEUE_SPLIT_FACTOR"], ("TUNING", "QUEUE_SPLIT_FACTOR"), minimum=1
+            ),
+            window=_number(tuning["WINDOW"], ("TUNING", "WINDOW"), allow_zero=False),
+            min_runs=_integer(tuning["MIN_RUNS"], ("TUNING", "MIN_RUNS"), minimum=1),
+        ),
     )
 
 

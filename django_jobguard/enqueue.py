@@ -12,6 +12,8 @@ import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from django.db import transaction
+
 from . import _dispatch, idempotency, leasing, metrics, signals
 from ._json import normalize_json, validate_payload
 from .conf import get_settings
@@ -53,7 +55,7 @@ def _prepare(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any
         "visibility_timeout": task.visibility_timeout or queue.visibility_timeout,
         "lock_key": task.lock_key_for(bound),
         "handler_version": task.handler_version or conf.handler_version,
-        "idempotency_key": task.idempotency_key,
+        "idempotency_key": task.idempotency_key_for(bound),
     }
 
 
@@ -92,8 +94,12 @@ def _job_layout() -> tuple[list[str], dict[str, Any]]:
 def enqueue(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
     """Store one job for ``task(*args, **kwargs)`` and return it (see :meth:`Task.enqueue`)."""
     fields = _prepare(task, args, kwargs)
-    alias = get_settings().database_alias
-    if task.idempotency_key is not None:
+    return _store_one(task, fields, get_settings().database_alias)
+
+
+def _store_one(task: Task[Any, Any], fields: dict[str, Any], alias: str) -> Job:
+    """Insert one prepared job, deduped by its key when it has one; announce a new job."""
+    if fields["idempotency_key"] is not None:
         job, created = idempotency.enqueue_once(
             task, fields, alias, create_job=lambda: _insert(task, [fields], alias)[0]
         )
@@ -107,7 +113,11 @@ def enqueue(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
 
 
 def bulk_enqueue(task: Task[Any, Any], calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]) -> list[Job]:
-    """Store many jobs of one task in a single INSERT; every call is validated first."""
+    """Store many jobs of one task in a single INSERT; every call is validated first.
+
+    A task with an ``idempotency_key`` template gives each call its own key, so its jobs
+    are stored one by one (each deduped by its key), in one transaction.
+    """
     if task.idempotency_key is not None:
         raise InvalidArgumentsError(
             "bulk_enqueue() does not take one idempotency key for many jobs; enqueue them one by one."
@@ -115,7 +125,11 @@ def bulk_enqueue(task: Task[Any, Any], calls: Iterable[tuple[Sequence[Any], Mapp
     rows = [_prepare(task, args, kwargs) for args, kwargs in calls]
     if not rows:
         return []
-    jobs = _insert(task, rows, get_settings().database_alias)
+    alias = get_settings().database_alias
+    if task.idempotency_key_template is not None:
+        with transaction.atomic(using=alias):
+            return [_store_one(task, fields, alias) for fields in rows]
+    jobs = _insert(task, rows, alias)
     metrics.job_enqueued(jobs[0].queue_name, task.name, len(jobs))
     if signals.job_enqueued.has_listeners(None):
         for job in jobs:

@@ -27,6 +27,8 @@ R = TypeVar("R")
 
 MIN_PRIORITY = -100
 MAX_PRIORITY = 100
+#: The length of ``Job.idempotency_key``.
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
 
 ExceptionTypes = tuple[type[BaseException], ...]
 
@@ -73,6 +75,13 @@ class Task(Generic[P, R]):
     timeout: float | None = None
     handler_version: str = ""
     idempotency_scope: str | None = None
+    # Classification (the checklist that ``manage.py check`` holds tasks to, see checks.py):
+    # None means "not declared". The decorator's ``idempotency_key=`` is stored as
+    # ``idempotency_key_template``, because ``idempotency_key`` below is using()'s per-call key.
+    idempotent: bool | None = None
+    idempotency_key_template: str | None = None
+    parallel: bool = True
+    expected_duration: float | None = None
     # Per-call overrides set by using():
     run_after: datetime.datetime | datetime.timedelta | None = None
     idempotency_key: str | None = None
@@ -84,8 +93,10 @@ class Task(Generic[P, R]):
             )
         if self.max_attempts is not None and self.max_attempts < 1:
             raise InvalidTaskError(f"max_attempts must be at least 1, not {self.max_attempts}.")
-        for option in ("visibility_timeout", "lock_ttl", "timeout"):
+        for option in ("visibility_timeout", "lock_ttl", "timeout", "expected_duration"):
             value = getattr(self, option)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise InvalidTaskError(f"{option} must be a number of seconds, not {value!r}.")
             if value is not None and value <= 0:
                 raise InvalidTaskError(f"{option} must be a positive number of seconds, not {value}.")
         if self.lock is not None:
@@ -97,10 +108,49 @@ class Task(Generic[P, R]):
                     f"lock template {self.lock!r} names {unknown[0]!r}, which is not a parameter "
                     f"of {self.name}; parameters: {', '.join(self.parameters) or '(none)'}."
                 )
+        self._check_classification()
         if self.idempotency_key is not None and not self.idempotency_key:
             raise InvalidArgumentsError("idempotency_key must be a non-empty string.")
-        if self.idempotency_key is not None and len(self.idempotency_key) > 255:
-            raise InvalidArgumentsError("idempotency_key must be at most 255 characters.")
+        if self.idempotency_key is not None and len(self.idempotency_key) > MAX_IDEMPOTENCY_KEY_LENGTH:
+            raise InvalidArgumentsError(
+                f"idempotency_key must be at most {MAX_IDEMPOTENCY_KEY_LENGTH} characters."
+            )
+
+    def _check_classification(self) -> None:
+        if self.idempotent is not None and not isinstance(self.idempotent, bool):
+            raise InvalidTaskError(f"idempotent must be True or False, not {self.idempotent!r}.")
+        if not isinstance(self.parallel, bool):
+            raise InvalidTaskError(f"parallel must be True or False, not {self.parallel!r}.")
+        if not self.parallel and self.lock is None:
+            raise InvalidTaskError(
+                f"{self.name} has parallel=False but no lock: name the resource two runs must not "
+                "share, e.g. lock='order:{order_id}' (the lock is what keeps them apart)."
+            )
+        template = self.idempotency_key_template
+        if template is None:
+            return
+        if not isinstance(template, str) or not template:
+            raise InvalidTaskError(
+                "idempotency_key must be a non-empty key template such as 'charge:order:{order_id}'."
+            )
+        if self.idempotent is False:
+            raise InvalidTaskError(
+                f"{self.name} has idempotent=False and an idempotency_key template: a key makes "
+                "the task safe to run twice, so drop idempotent=False (or the key)."
+            )
+        fields = _template_fields(template)
+        if not fields:
+            raise InvalidTaskError(
+                f"idempotency_key template {template!r} names no parameter, so every call of "
+                f"{self.name} would share one key; name the business identity, e.g. "
+                "'charge:order:{order_id}' (or pass a fixed key per call with using())."
+            )
+        unknown = [f for f in fields if f not in self.parameters]
+        if unknown:
+            raise InvalidTaskError(
+                f"idempotency_key template {template!r} names {unknown[0]!r}, which is not a "
+                f"parameter of {self.name}; parameters: {', '.join(self.parameters) or '(none)'}."
+            )
 
     # -- signature -----------------------------------------------------------------------
 
@@ -123,18 +173,45 @@ class Task(Generic[P, R]):
                 f"Arguments do not fit {self.name}{self.signature}: {'; '.join(problems)}."
             ) from None
 
-    def lock_key_for(self, bound: inspect.BoundArguments) -> str:
-        """The lock key of a call: the ``lock`` template formatted with its arguments."""
-        if self.lock is None:
-            return ""
+    def _arguments(self, bound: inspect.BoundArguments) -> dict[str, Any]:
         arguments = dict(bound.arguments)
         for name, param in self.signature.parameters.items():
             if name not in arguments and param.default is not inspect.Parameter.empty:
                 arguments[name] = param.default
+        return arguments
+
+    def lock_key_for(self, bound: inspect.BoundArguments) -> str:
+        """The lock key of a call: the ``lock`` template formatted with its arguments."""
+        if self.lock is None:
+            return ""
         try:
-            return self.lock.format_map(arguments)
+            return self.lock.format_map(self._arguments(bound))
         except (KeyError, IndexError, AttributeError) as exc:
             raise InvalidArgumentsError(f"lock template {self.lock!r} cannot be formatted: {exc}") from None
+
+    def idempotency_key_for(self, bound: inspect.BoundArguments) -> str | None:
+        """The idempotency key of a call: ``using(idempotency_key=...)``, else the template's.
+
+        None when the task has neither. The template is formatted from the bound arguments
+        (defaults included), so every enqueue of one business action gets the same key.
+        """
+        if self.idempotency_key is not None:
+            return self.idempotency_key
+        template = self.idempotency_key_template
+        if template is None:
+            return None
+        try:
+            key = template.format_map(self._arguments(bound))
+        except (KeyError, IndexError, AttributeError, ValueError) as exc:
+            raise InvalidArgumentsError(
+                f"idempotency_key template {template!r} cannot be formatted: {exc}"
+            ) from None
+        if not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH:
+            raise InvalidArgumentsError(
+                f"idempotency_key template {template!r} gave a key of {len(key)} characters; "
+                f"a key must have 1 to {MAX_IDEMPOTENCY_KEY_LENGTH}."
+            )
+        return key
 
     # -- enqueue ---------------------------------------------------------------------------
 
@@ -305,6 +382,10 @@ def task(
     timeout: float | None = None,
     handler_version: str = "",
     idempotency_scope: str | None = None,
+    idempotent: bool | None = None,
+    idempotency_key: str | None = None,
+    parallel: bool = True,
+    expected_duration: float | None = None,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -329,6 +410,10 @@ def task(
     timeout: float | None = None,
     handler_version: str = "",
     idempotency_scope: str | None = None,
+    idempotent: bool | None = None,
+    idempotency_key: str | None = None,
+    parallel: bool = True,
+    expected_duration: float | None = None,
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a function as a task. Options left unset fall back to the queue, then globals.
 
@@ -343,6 +428,11 @@ def task(
     - ``timeout``: hard limit in seconds; a job past it is failed and its thread abandoned.
     - ``handler_version``: recorded on jobs and dead letters.
     - ``idempotency_scope``: where idempotency keys are unique (the task name by default).
+    - Classification, checked by ``manage.py check``: ``idempotent`` (True: running twice
+      has the effect of once; False: explicitly not), or ``idempotency_key``, a key template
+      over the parameters (``"charge:order:{order_id}"``) formatted at every enqueue;
+      ``parallel=False`` (two runs must never overlap: needs ``lock``); ``expected_duration``
+      (seconds the author expects a run to take, its p99).
     """
 
     def decorate(func: Callable[P, R]) -> Task[P, R]:
@@ -374,6 +464,10 @@ def task(
             timeout=timeout,
             handler_version=handler_version,
             idempotency_scope=idempotency_scope,
+            idempotent=idempotent,
+            idempotency_key_template=idempotency_key,
+            parallel=parallel,
+            expected_duration=expected_duration,
         )
         created.signature  # noqa: B018 - validates takes_context against the signature now
         registry.register(created)

@@ -51,6 +51,7 @@ class JobAdmin(ReadOnlyAdmin):
         "checkpoints_json",
         "dead_letter_link",
         "replayed_from_link",
+        "run_time",
     ]
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -69,6 +70,7 @@ class JobAdmin(ReadOnlyAdmin):
                         "enqueued_at",
                         "started_at",
                         "finished_at",
+                        "run_time",
                         "handler_version",
                     ]
                 },
@@ -111,6 +113,23 @@ class JobAdmin(ReadOnlyAdmin):
     @admin.display(description=_("checkpoints"))
     def checkpoints_json(self, obj: Job) -> SafeString:
         return pretty_json(obj.checkpoints)
+
+    @admin.display(description=_("run time"))
+    def run_time(self, obj: Job) -> str:
+        """Claim to finish of the last attempt, beside the task's ``expected_duration``."""
+        from ..registry import registry
+
+        task = registry.find(obj.task_name)
+        expected = task.expected_duration if task is not None else None
+        parts: list[str] = []
+        if obj.started_at is not None and obj.finished_at is not None:
+            seconds = (obj.finished_at - obj.started_at).total_seconds()
+            parts.append(str(_("%(seconds).3f s") % {"seconds": seconds}))
+            if expected is not None and seconds > expected:
+                parts.append(str(_("longer than expected")))
+        if expected is not None:
+            parts.append(str(_("expected %(expected)g s") % {"expected": expected}))
+        return "; ".join(parts) or "-"
 
     @admin.display(description=_("dead letter"))
     def dead_letter_link(self, obj: Job) -> SafeString | str:

@@ -35,6 +35,9 @@ def provider_charge(idempotency_key: str, amount: Decimal, card: str) -> str:
     retry_on=(ProviderTimeoutError,),
     fatal_on=(CardDeclinedError,),
     handler_version="2026.11",
+    idempotency_key="charge:order:{order_id}",  # the key of every enqueue (using() may override)
+    parallel=False,  # two charges of one order must never overlap: the lock above keeps them apart
+    expected_duration=5,
 )
 def charge_order(context, order_id: int) -> dict:
     order = Order.objects.get(pk=order_id)
@@ -47,6 +50,6 @@ def charge_order(context, order_id: int) -> dict:
     return {"order_id": order_id, "provider_ref": reference}
 
 
-@task(queue_name="emails")
+@task(queue_name="emails", idempotent=True, max_attempts=1, expected_duration=1)
 def send_receipt(order_id: int) -> str:
     return f"receipt for order {order_id} sent"

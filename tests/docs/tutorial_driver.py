@@ -11,8 +11,9 @@ at the first step whose outcome differs from the page. Blocks are taken in page 
 - a ``pycon`` block runs as a doctest in this process, whose names persist from block to
   block like the reader's open shell.
 
-Last, the system checks must not warn about SQLite, and every admin page the tutorial links to
-must render for a superuser, the dead letter's page with its error and traceback.
+Last, no jobguard system check may warn (SQLite settings, unclassified tasks), and every admin
+page the tutorial links to must render for a superuser, the dead letter's page with its error
+and traceback.
 """
 
 from __future__ import annotations
@@ -155,7 +156,8 @@ def check_project(workdir: Path, page: str) -> None:
         text=True,
         check=False,
     )
-    if result.returncode != 0 or "jobguard.W001" in result.stdout + result.stderr:
+    # The tutorial's project follows the docs, so no jobguard check has anything to say.
+    if result.returncode != 0 or "(jobguard." in result.stdout + result.stderr:
         fail(f"manage.py check is not clean:\n{result.stdout}{result.stderr}")
 
     from django.contrib.auth import get_user_model

@@ -174,3 +174,6 @@ def describe_context(context) -> dict:
         "worker_id": context.worker_id,
         "using": context.using,
     }
+
+
+from . import tasks_checklist  # noqa: E402, F401

@@ -209,3 +209,18 @@ def test_a_scrape_without_database_access_still_serves_the_rest(caplog):
     assert any(
         record.getMessage().startswith("queue_stats_failed alias=default") for record in caplog.records
     )
+
+
+def test_every_alert_rule_links_a_runbook_that_exists():
+    rules = alert_rules()
+    runbooks = DOCS / "runbooks"
+    linked = set()
+    for rule in rules:
+        url = rule["annotations"].get("runbook_url", "")
+        assert url.startswith("docs/runbooks/") and url.endswith(".md"), (rule["alert"], url)
+        page = runbooks / url.removeprefix("docs/runbooks/")
+        assert page.is_file(), f"{rule['alert']}: {url} does not exist"
+        # The runbook names the alert that sends people to it.
+        assert rule["alert"] in page.read_text(), f"{page.name} does not mention {rule['alert']}"
+        linked.add(page.name)
+    assert {"growing-dead-letter-queue.md", "retry-storm.md", "replay.md"} <= linked

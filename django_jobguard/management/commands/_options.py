@@ -98,3 +98,11 @@ def check_queues(names: Iterable[str], alias: str, option: str = "--queue") -> N
         refusal = conf.undeclared_queue(name)
         if refusal is not None and not Job.objects.using(alias).filter(queue_name=name).exists():
             raise CommandError(f"{option} {name!r}: {refusal} No job is in that queue either.")
+
+
+def window(value: str) -> float:
+    """A time window in seconds: ``90s``, ``30m``, ``24h``, ``7d``, or plain seconds; above zero."""
+    seconds = duration(value).total_seconds()
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be a window above 0")
+    return seconds
