@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from . import _dispatch, idempotency, leasing, metrics, signals
 from .conf import get_settings
-from .exceptions import InvalidArgumentsError
+from .exceptions import IdempotencyConflict, InvalidArgumentsError, TaskNotExposedError
+from .registry import registry
 
 if TYPE_CHECKING:
     from .models import Job
     from .task import Task
 
-__all__ = ["bulk_enqueue", "enqueue", "normalize_json"]
+__all__ = ["bulk_enqueue", "enqueue", "enqueue_exposed", "normalize_json"]
 
 MAX_QUEUE_NAME_LENGTH = 100
 
@@ -115,6 +116,52 @@ def _job_layout() -> tuple[list[str], dict[str, Any]]:
 
 def enqueue(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
     """Store one job for ``task(*args, **kwargs)`` and return it (see :meth:`Task.enqueue`)."""
+    return _enqueue(task, args, kwargs)[0]
+
+
+def enqueue_exposed(
+    task_name: str,
+    args: Any,
+    kwargs: Any,
+    *,
+    queue_name: str | None = None,
+    priority: int | None = None,
+    run_after: datetime.datetime | None = None,
+    idempotency_key: str | None = None,
+) -> tuple[Job, bool]:
+    """Enqueue a task by name for a caller outside this code (the REST API): ``(job, created)``.
+
+    Only tasks declared ``@task(api=True)`` are accepted (:class:`UnknownTaskError` for a
+    name not registered, :class:`TaskNotExposedError` for one not opted in). ``created`` is
+    False when ``idempotency_key`` already names a job with the same arguments: that job is
+    returned. The same key with other arguments, or with another ``queue_name`` or
+    ``priority`` than its job, raises :class:`IdempotencyConflict`. Nothing is written on
+    any error.
+    """
+    task = registry.get(task_name)
+    if not task.api:
+        raise TaskNotExposedError(
+            f"Task {task_name!r} is not exposed to the API; declare it with @task(api=True) to allow it."
+        )
+    if not isinstance(args, list | tuple):
+        raise InvalidArgumentsError(f"args must be a JSON array, not {type(args).__name__}.")
+    if not isinstance(kwargs, Mapping):
+        raise InvalidArgumentsError(f"kwargs must be a JSON object, not {type(kwargs).__name__}.")
+    call = task.using(
+        queue_name=queue_name, priority=priority, run_after=run_after, idempotency_key=idempotency_key
+    )
+    job, created = _enqueue(call, args, kwargs)
+    wanted = (call.queue_name or get_settings().default_queue, call.priority)
+    if not created and (job.queue_name, job.priority) != wanted:
+        raise IdempotencyConflict(
+            str(idempotency_key),
+            idempotency.scope_of(task),
+            f"for job #{job.pk} on queue {job.queue_name!r} with priority {job.priority}",
+        )
+    return job, created
+
+
+def _enqueue(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Job, bool]:
     fields = _prepare(task, args, kwargs)
     alias = get_settings().database_alias
     if task.idempotency_key is not None:
@@ -122,12 +169,12 @@ def enqueue(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
             task, fields, alias, create_job=lambda: _insert(task, [fields], alias)[0]
         )
         if not created:
-            return job  # the key's job; the duplicate is counted by enqueue_once
+            return job, False  # the key's job; the duplicate is counted by enqueue_once
     else:
         (job,) = _insert(task, [fields], alias)
     metrics.job_enqueued(job.queue_name, job.task_name)
     _dispatch.send(signals.job_enqueued, job=job)
-    return job
+    return job, True
 
 
 def bulk_enqueue(task: Task[Any, Any], calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]) -> list[Job]:

@@ -56,6 +56,10 @@ class UnknownTaskError(JobguardError, LookupError):
     """No task is registered under that name."""
 
 
+class TaskNotExposedError(JobguardError, LookupError):
+    """The task is registered but not declared ``@task(api=True)``, so HTTP callers may not enqueue it."""
+
+
 class InvalidArgumentsError(JobguardError, TypeError):
     """Arguments do not bind to the task's signature or are not JSON-serialisable."""
 

@@ -73,6 +73,8 @@ class Task(Generic[P, R]):
     timeout: float | None = None
     handler_version: str = ""
     idempotency_scope: str | None = None
+    #: May be enqueued over HTTP through the REST API (``django_jobguard.api``).
+    api: bool = False
     # Per-call overrides set by using():
     run_after: datetime.datetime | datetime.timedelta | None = None
     idempotency_key: str | None = None
@@ -243,6 +245,7 @@ def task(
     timeout: float | None = None,
     handler_version: str = "",
     idempotency_scope: str | None = None,
+    api: bool = False,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -267,6 +270,7 @@ def task(
     timeout: float | None = None,
     handler_version: str = "",
     idempotency_scope: str | None = None,
+    api: bool = False,
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a function as a task. Options left unset fall back to the queue, then globals.
 
@@ -281,6 +285,8 @@ def task(
     - ``timeout``: hard limit in seconds; a job past it is failed and its thread abandoned.
     - ``handler_version``: recorded on jobs and dead letters.
     - ``idempotency_scope``: where idempotency keys are unique (the task name by default).
+    - ``api``: other systems may enqueue it through the REST API (``POST jobs/``); off by
+      default, so a task is exposed over HTTP only when its author says so.
     """
 
     def decorate(func: Callable[P, R]) -> Task[P, R]:
@@ -312,6 +318,7 @@ def task(
             timeout=timeout,
             handler_version=handler_version,
             idempotency_scope=idempotency_scope,
+            api=bool(api),
         )
         created.signature  # noqa: B018 - validates takes_context against the signature now
         registry.register(created)

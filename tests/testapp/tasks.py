@@ -141,3 +141,15 @@ def describe_context(context) -> dict:
         "worker_id": context.worker_id,
         "using": context.using,
     }
+
+
+@task(api=True)
+def api_add(a: int, b: int = 0) -> int:
+    """Exposed to the REST API (tests/integration/test_api*.py)."""
+    return a + b
+
+
+@task(api=True, queue_name="slow")
+def api_notify(user_id: int, *, channel: str = "email", items: list | None = None) -> str:
+    """Exposed to the REST API, with keyword-only parameters."""
+    return f"{user_id}:{channel}"
