@@ -173,21 +173,16 @@ def _query_filters(view: JobguardView, serializer_class: type[serializers.Serial
 
 
 def _arguments_error(exc: Exception) -> exceptions.ValidationError:
-    """The service's argument error under the field it is about (its message names the parameter)."""
+    """The service's argument error under the field(s) it is about; its message names the parameter."""
     message = str(exc)
-    if message.startswith("kwargs") or "keyword argument" in message:
-        field = "kwargs"
-    elif message.startswith("args") or "argument" in message:
-        field = "args"
-    elif message.startswith("queue_name"):
-        field = "queue_name"
-    elif message.startswith("priority"):
-        field = "priority"
-    elif message.startswith("idempotency_key"):
-        field = IDEMPOTENCY_HEADER
-    else:
-        field = "non_field_errors"
-    return exceptions.ValidationError({field: [message]}, code="invalid")
+    if message.startswith("Arguments do not fit"):
+        # args and kwargs bind together: a missing or unexpected parameter concerns both.
+        return exceptions.ValidationError({"args": [message], "kwargs": [message]}, code="invalid")
+    for field in ("args", "kwargs", "queue_name", "priority", "idempotency_key"):
+        if message.startswith(field):
+            name = IDEMPOTENCY_HEADER if field == "idempotency_key" else field
+            return exceptions.ValidationError({name: [message]}, code="invalid")
+    return exceptions.ValidationError({"non_field_errors": [message]}, code="invalid")
 
 
 def _idempotency_key(request: Request) -> str | None:
