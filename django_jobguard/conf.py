@@ -335,7 +335,7 @@ def _rate(value: Any, path: tuple[str, ...]) -> str | None:
             path,
             f'must be a rate such as "600/minute" (per second, minute, hour or day) or None, not {value!r}.',
         )
-    return value
+    return str(value)
 
 
 def _group(raw: Mapping[str, Any], name: str) -> dict[str, Any]:

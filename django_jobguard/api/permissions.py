@@ -35,4 +35,4 @@ class JobguardPermission(BasePermission):
 
 def can_view_payload(request: Request) -> bool:
     """Whether the request's user may see args, kwargs, results and tracebacks (the admin's rule)."""
-    return dlq.can_view_payload(request.user)  # type: ignore[arg-type]
+    return dlq.can_view_payload(request.user)

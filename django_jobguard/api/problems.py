@@ -177,8 +177,9 @@ def exception_handler(exc: Exception, context: Mapping[str, Any]) -> Response | 
         body["detail"] = str(exc.detail)
         body["code"] = _first_code(exc.get_codes())
     headers: dict[str, str] = {}
-    if getattr(exc, "auth_header", None):
-        headers["WWW-Authenticate"] = str(exc.auth_header)
+    auth_header = getattr(exc, "auth_header", None)  # set by DRF's APIView on 401s
+    if auth_header:
+        headers["WWW-Authenticate"] = str(auth_header)
     wait = getattr(exc, "wait", None)
     if wait is not None:
         headers["Retry-After"] = str(int(wait))

@@ -29,6 +29,7 @@ SCHEMA_SETTINGS: dict[str, Any] = {
     "VERSION": __version__,
     "SCHEMA_PATH_PREFIX": "",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_GENERATE_CHOICE_DESCRIPTION": False,
     "ENUM_NAME_OVERRIDES": {
         "JobStatusEnum": "django_jobguard.models.JobStatus",
         "ReplayStateEnum": "django_jobguard.models.ReplayState",
@@ -59,7 +60,7 @@ class SchemaView(SpectacularAPIView):
 
     @documented(exclude=True)
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        response = super().get(request, *args, **kwargs)
+        response: Response = super().get(request, *args, **kwargs)
         # The paths are relative to the mount point: tell clients where that is.
         base = request.build_absolute_uri(request.path).rsplit("schema/", 1)[0].rstrip("/")
         response.data = {**response.data, "servers": [{"url": base}]}

@@ -111,7 +111,8 @@ class ProblemSerializer(serializers.Serializer):
     code = serializers.CharField(
         read_only=True, help_text="What went wrong, for programs: invalid, idempotency_conflict, ..."
     )
-    errors = serializers.DictField(
+    # DRF's metaclass takes declared fields off the class, so Serializer.errors stays intact.
+    errors = serializers.DictField(  # type: ignore[assignment]
         child=serializers.ListField(child=serializers.CharField()),
         required=False,
         help_text="Validation errors only: field name → messages.",
@@ -208,7 +209,8 @@ class ReplayEventSerializer(serializers.ModelSerializer):
     """One step of the replay audit trail; corrected payloads only with ``jobguard.view_payload``."""
 
     actor = serializers.SerializerMethodField()
-    data = serializers.SerializerMethodField()
+    # As with ProblemSerializer.errors: the field does not replace Serializer.data.
+    data = serializers.SerializerMethodField()  # type: ignore[assignment]
 
     class Meta:
         model = ReplayEvent
@@ -264,8 +266,12 @@ class DeadLetterSerializer(_PayloadHiding, serializers.ModelSerializer):
 
     job_id = serializers.IntegerField(read_only=True, allow_null=True)
     replay_job_id = serializers.IntegerField(read_only=True, allow_null=True)
-    replay_requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
-    replay_decided_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    replay_requested_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
+    replay_decided_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
     args = serializers.ListField(child=serializers.JSONField(), required=False)
     kwargs = serializers.DictField(child=serializers.JSONField(), required=False)
     replay_args = serializers.ListField(child=serializers.JSONField(), required=False, allow_null=True)
@@ -290,7 +296,7 @@ class DeadLetterDetailSerializer(DeadLetterSerializer):
 
     def get_replay_events(self, letter: DeadLetter) -> list[dict[str, Any]]:
         """Every step of the replay, oldest first."""
-        events = ReplayEventSerializer(letter.replay_events.all(), many=True, context=self.context)
+        events: Any = ReplayEventSerializer(letter.replay_events.all(), many=True, context=self.context)
         return list(events.data)
 
     def get_available_actions(self, letter: DeadLetter) -> list[str]:

@@ -1,6 +1,6 @@
 """URLs of the REST API: ``path("jobguard/api/", include("django_jobguard.api.urls"))``."""
 
-from django.urls import path
+from django.urls import path, re_path
 
 from . import views
 from .schema import SchemaView
@@ -25,4 +25,7 @@ urlpatterns = [
     path("dead-letters/<int:letter_id>/reject/", views.ReplayRejectView.as_view(), name="dead-letter-reject"),
     path("queues/", views.QueueListView.as_view(), name="queues"),
     path("schema/", SchemaView.as_view(), name="schema"),
+    # Last: a path that matches nothing above (a job id that is not a number...) answers a
+    # problem-details 404 like the rest of the API, not the project's HTML page.
+    re_path(r"^(?P<rest>.*)$", views.NotFoundView.as_view(), name="not-found"),
 ]

@@ -153,7 +153,7 @@ class JobguardView(GenericAPIView):
         return [JobguardThrottle()]
 
     def get_serializer_context(self) -> dict[str, Any]:
-        context = super().get_serializer_context()
+        context = dict(super().get_serializer_context())
         context["show_payload"] = can_view_payload(self.request)
         context["user"] = self.request.user
         return context
@@ -165,7 +165,7 @@ class JobguardView(GenericAPIView):
 
 
 def _query_filters(view: JobguardView, serializer_class: type[serializers.Serializer]) -> dict[str, Any]:
-    params = {key: view.request.query_params.get(key) for key in serializer_class().fields}
+    params = {str(key): view.request.query_params.get(str(key)) for key in serializer_class().fields}
     return view.validated(serializer_class, {k: v for k, v in params.items() if v is not None})
 
 
@@ -445,6 +445,8 @@ class ReplayRequestView(_LetterObjectView):
     """``POST dead-letters/{id}/request-replay/``."""
 
     required_permissions: ClassVar[dict[str, tuple[str, ...]]] = {"POST": ("jobguard.view_deadletter",)}
+    #: The replay step: :data:`dlq.PERMISSIONS` names what the service checks on top.
+    replay_action = dlq.REQUEST
 
     @documented(
         operation_id="dead_letters_request_replay",
@@ -462,7 +464,7 @@ class ReplayRequestView(_LetterObjectView):
         data = self.validated(s.ReplayRequestSerializer, request.data)
         letter = self.letter(letter_id)
         try:
-            dlq.request_replay(letter, request.user, data["reason"], data.get("args"), data.get("kwargs"))  # type: ignore[arg-type]
+            dlq.request_replay(letter, request.user, data["reason"], data.get("args"), data.get("kwargs"))
         except InvalidArgumentsError as exc:
             raise _arguments_error(exc) from None
         return self.answer(letter_id)
@@ -472,6 +474,8 @@ class ReplayApproveView(_LetterObjectView):
     """``POST dead-letters/{id}/approve/``."""
 
     required_permissions: ClassVar[dict[str, tuple[str, ...]]] = {"POST": ("jobguard.view_deadletter",)}
+    #: The replay step: :data:`dlq.PERMISSIONS` names what the service checks on top.
+    replay_action = dlq.APPROVE
 
     @documented(
         operation_id="dead_letters_approve",
@@ -488,7 +492,7 @@ class ReplayApproveView(_LetterObjectView):
         """Approve a requested replay (``jobguard.approve_replay``, not by its requester)."""
         data = self.validated(s.ReasonSerializer, request.data)
         try:
-            dlq.approve_replay(self.letter(letter_id), request.user, data["reason"])  # type: ignore[arg-type]
+            dlq.approve_replay(self.letter(letter_id), request.user, data["reason"])
         except InvalidArgumentsError as exc:
             raise _arguments_error(exc) from None
         return self.answer(letter_id)
@@ -498,6 +502,8 @@ class ReplayRejectView(_LetterObjectView):
     """``POST dead-letters/{id}/reject/``."""
 
     required_permissions: ClassVar[dict[str, tuple[str, ...]]] = {"POST": ("jobguard.view_deadletter",)}
+    #: The replay step: :data:`dlq.PERMISSIONS` names what the service checks on top.
+    replay_action = dlq.REJECT
 
     @documented(
         operation_id="dead_letters_reject",
@@ -513,7 +519,7 @@ class ReplayRejectView(_LetterObjectView):
     def post(self, request: Request, letter_id: int) -> Response:
         """Reject a requested replay, or withdraw an approved one not yet redriven (``approve_replay``)."""
         data = self.validated(s.ReasonSerializer, request.data)
-        dlq.reject_replay(self.letter(letter_id), request.user, data["reason"])  # type: ignore[arg-type]
+        dlq.reject_replay(self.letter(letter_id), request.user, data["reason"])
         return self.answer(letter_id)
 
 
@@ -531,3 +537,15 @@ class QueueListView(JobguardView):
         """Every queue's depth, due and scheduled jobs, jobs in flight, oldest age and dead letters."""
         rows = [row.as_dict() for row in stats.queue_stats(recent=True)]
         return Response(self.get_serializer(rows, many=True).data)
+
+
+class NotFoundView(JobguardView):
+    """Any other path under the API's mount: a 404 in the API's error shape, not an HTML page."""
+
+    permission_classes: ClassVar[list[Any]] = []  # type: ignore[misc]
+
+    @documented(exclude=True)
+    def get(self, request: Request, rest: str = "") -> Response:
+        raise exceptions.NotFound(f"No API endpoint at {request.path}.")
+
+    post = put = patch = delete = get

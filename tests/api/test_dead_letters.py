@@ -1,4 +1,4 @@
-"""Dead letters and the replay flow over HTTP: the service's permissions and two-person rule, payload hiding."""
+"""Dead letters and the replay flow over HTTP: permissions, the two-person rule, payload hiding."""
 
 from __future__ import annotations
 
@@ -119,7 +119,9 @@ def test_reject_needs_a_reason_and_records_it(people):
     response = people.approver.post(url(letter, "reject"), {"reason": "  "}, format="json")
     assert response.status_code == 400 and "reason" in response.json()["errors"]
     assert state(letter) == before
-    response = people.approver.post(url(letter, "reject"), {"reason": "the order was refunded"}, format="json")
+    response = people.approver.post(
+        url(letter, "reject"), {"reason": "the order was refunded"}, format="json"
+    )
     assert response.status_code == 200
     assert response.json()["replay_state"] == "rejected"
     assert response.json()["replay_events"][-1]["reason"] == "the order was refunded"
@@ -138,7 +140,9 @@ def test_a_corrected_payload_that_does_not_bind_is_400_naming_the_parameter(peop
     letter = dead_charge(order_id=10, amount=0)
     before = state(letter)
     response = people.requester.post(
-        url(letter, "request-replay"), {"reason": "fix", "kwargs": {"order_id": 10, "amunt": 5}}, format="json"
+        url(letter, "request-replay"),
+        {"reason": "fix", "kwargs": {"order_id": 10, "amunt": 5}},
+        format="json",
     )
     assert response.status_code == 400
     assert "missing a required argument: 'amount'" in " ".join(response.json()["errors"]["kwargs"])
@@ -154,7 +158,9 @@ def test_payloads_and_tracebacks_show_only_with_view_payload(people):
             assert body["id"] == letter.pk and body["error_class"]
             assert ("args" in body, "kwargs" in body, "traceback" in body) == (shown, shown, shown)
         if shown:
-            assert detail["kwargs"] == {"order_id": 11, "amount": 0} and "PermanentError" in detail["traceback"]
+            assert (
+                detail["kwargs"] == {"order_id": 11, "amount": 0} and "PermanentError" in detail["traceback"]
+            )
     assert people.viewer.get(url(letter)).json()["available_actions"] == []
     assert people.requester.get(url(letter)).json()["available_actions"] == ["request"]
 

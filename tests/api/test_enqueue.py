@@ -45,11 +45,24 @@ def test_enqueue_creates_the_job_with_201(producer):
     run_after = "2031-01-02T03:04:05+01:00"
     response = post(
         producer,
-        {"task": ADD, "args": [2], "kwargs": {"b": 3}, "queue_name": "slow", "priority": 7, "run_after": run_after},
+        {
+            "task": ADD,
+            "args": [2],
+            "kwargs": {"b": 3},
+            "queue_name": "slow",
+            "priority": 7,
+            "run_after": run_after,
+        },
     )
     assert response.status_code == 201, response.content
     job = Job.objects.get()
-    assert (job.task_name, job.args, job.kwargs, job.queue_name, job.priority) == (ADD, [2], {"b": 3}, "slow", 7)
+    assert (job.task_name, job.args, job.kwargs, job.queue_name, job.priority) == (
+        ADD,
+        [2],
+        {"b": 3},
+        "slow",
+        7,
+    )
     assert job.run_after == datetime.datetime(2031, 1, 2, 2, 4, 5, tzinfo=datetime.UTC)
     body = response.json()
     assert body["id"] == job.pk and body["status"] == "queued"
@@ -62,7 +75,9 @@ def test_a_task_without_api_true_is_refused_naming_the_task(producer):
 
 
 def test_an_unknown_task_is_refused_naming_the_task(producer):
-    assert_problem(post(producer, {"task": "nope.missing"}), 400, "task", "No task is registered", "nope.missing")
+    assert_problem(
+        post(producer, {"task": "nope.missing"}), 400, "task", "No task is registered", "nope.missing"
+    )
 
 
 @pytest.mark.parametrize(
@@ -101,7 +116,9 @@ def test_a_body_of_another_content_type_is_415(producer):
 
 @override_settings(JOBGUARD={"API": {"MAX_PAYLOAD_BYTES": 1000}})
 def test_a_payload_over_the_size_limit_is_400(producer):
-    assert_problem(post(producer, {"task": ADD, "args": ["x" * 1200]}), 400, "args", "1000", "MAX_PAYLOAD_BYTES")
+    assert_problem(
+        post(producer, {"task": ADD, "args": ["x" * 1200]}), 400, "args", "1000", "MAX_PAYLOAD_BYTES"
+    )
 
 
 @override_settings(JOBGUARD={"API": {"MAX_PAYLOAD_BYTES": 1000}})
@@ -152,7 +169,9 @@ def test_the_same_key_with_another_body_is_409_naming_the_key(producer, change):
 
 
 def test_a_malformed_idempotency_key_is_400(producer):
-    assert_problem(post(producer, {"task": ADD, "args": [1]}, **{"Idempotency-Key": "x" * 256}), 400, "Idempotency-Key")
+    assert_problem(
+        post(producer, {"task": ADD, "args": [1]}, **{"Idempotency-Key": "x" * 256}), 400, "Idempotency-Key"
+    )
 
 
 def test_without_add_job_enqueue_is_403_and_writes_nothing():

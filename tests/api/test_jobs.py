@@ -1,4 +1,4 @@
-"""GET jobs/, GET jobs/{id}/, cancel/, retry/ and queues/: allowed and denied users, nothing changed when denied."""
+"""jobs/, jobs/{id}/, cancel/, retry/ and queues/: allowed and denied users; nothing changes when denied."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def test_the_list_is_newest_first_with_cursor_links_and_filters():
 
 
 @pytest.mark.parametrize(
-    ("params", "field"), [({"status": "lost"}, "status"), ({"page_size": "0"}, "page_size"), ({"cursor": "zz"}, "cursor")]
+    ("params", "field"),
+    [({"status": "lost"}, "status"), ({"page_size": "0"}, "page_size"), ({"cursor": "zz"}, "cursor")],
 )
 def test_a_bad_filter_is_400_naming_it(params, field):
     client, _ = as_user("reader", "view_job")
