@@ -23,6 +23,9 @@ class JobguardPermission(BasePermission):
     """
 
     def has_permission(self, request: Request, view: Any) -> bool:
+        method = (request.method or "").lower()
+        if method not in getattr(view, "http_method_names", ()) or not hasattr(view, method):
+            return True  # no such operation: let DRF answer 405, which grants nothing
         required = getattr(view, "required_permissions", {}).get(request.method or "")
         if required is None:
             # OPTIONS and HEAD follow GET; anything else not listed is denied.

@@ -187,3 +187,12 @@ def test_the_schema_needs_an_authenticated_user():
     response = client.get(BASE + "schema/", HTTP_ACCEPT="application/json")
     assert response.status_code == 200
     assert response.json()["servers"] == [{"url": "http://testserver/jobguard/api"}]
+
+
+def test_a_method_an_endpoint_does_not_have_is_405_and_changes_nothing():
+    job = tasks.api_add.enqueue(1)
+    client, _ = as_user("reader", "view_job")
+    before = snapshot()
+    assert client.delete(f"{BASE}jobs/{job.pk}/").status_code == 405
+    assert client.put(f"{BASE}jobs/{job.pk}/", {}, format="json").status_code == 405
+    assert snapshot() == before

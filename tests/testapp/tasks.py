@@ -153,3 +153,8 @@ def api_add(a: int, b: int = 0) -> int:
 def api_notify(user_id: int, *, channel: str = "email", items: list | None = None) -> str:
     """Exposed to the REST API, with keyword-only parameters."""
     return f"{user_id}:{channel}"
+
+
+@task(api=True, name="tests.api_anything")
+def api_anything(*args: object, **kwargs: object) -> None:
+    """Takes any arguments, so the API fuzzing reaches the insert with whatever JSON it makes up."""
