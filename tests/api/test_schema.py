@@ -100,7 +100,12 @@ def admin_auth(django_user_model, settings):
     ],
 )
 def test_the_api_answers_every_generated_request_by_its_schema(case, admin_auth):
-    if case.method == "POST" and case.path == "/jobs/" and isinstance(case.body, dict) and "task" in case.body:
+    if (
+        case.method == "POST"
+        and case.path == "/jobs/"
+        and isinstance(case.body, dict)
+        and "task" in case.body
+    ):
         # A made-up task name is refused before anything is stored; every other case names a
         # task that binds any arguments, so the made-up payloads go all the way to the insert.
         case.body["task"] = "tests.api_anything"

@@ -4,7 +4,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from django_jobguard import InvalidArgumentsError
+from django_jobguard import IdempotencyConflict, InvalidArgumentsError
 from django_jobguard.models import Job
 from tests.testapp import tasks
 
@@ -104,3 +104,22 @@ def test_the_returned_job_equals_the_stored_row_with_aware_timestamps(bulk, run_
         assert stored.run_after > stored.enqueued_at + datetime.timedelta(seconds=59)
     assert timezone.is_aware(job.run_after) and timezone.is_aware(job.enqueued_at)
     assert (job.run_after, job.enqueued_at) == (stored.run_after, stored.enqueued_at)
+
+
+def test_enqueue_exposed_takes_only_tasks_declared_api_true_and_writes_nothing_otherwise():
+    from django_jobguard.enqueue import enqueue_exposed
+    from django_jobguard.exceptions import TaskNotExposedError, UnknownTaskError
+
+    with pytest.raises(TaskNotExposedError, match=r"@task\(api=True\)"):
+        enqueue_exposed("tests.testapp.tasks.add", [1], {})
+    with pytest.raises(UnknownTaskError, match="nope"):
+        enqueue_exposed("nope", [], {})
+    assert Job.objects.count() == 0
+    job, created = enqueue_exposed("tests.testapp.tasks.api_add", [1], {}, idempotency_key="k", priority=4)
+    again, created_again = enqueue_exposed(
+        "tests.testapp.tasks.api_add", [1], {}, idempotency_key="k", priority=4
+    )
+    assert (created, created_again, again.pk) == (True, False, job.pk)
+    with pytest.raises(IdempotencyConflict, match="priority 4"):
+        enqueue_exposed("tests.testapp.tasks.api_add", [1], {}, idempotency_key="k", priority=5)
+    assert Job.objects.count() == 1
