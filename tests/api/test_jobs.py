@@ -196,3 +196,13 @@ def test_a_method_an_endpoint_does_not_have_is_405_and_changes_nothing():
     assert client.delete(f"{BASE}jobs/{job.pk}/").status_code == 405
     assert client.put(f"{BASE}jobs/{job.pk}/", {}, format="json").status_code == 405
     assert snapshot() == before
+
+
+def test_the_check_warns_when_exposed_tasks_have_no_rest_framework(settings):
+    from django_jobguard.checks import check_api
+
+    assert check_api() == []
+    settings.INSTALLED_APPS = [app for app in settings.INSTALLED_APPS if app != "rest_framework"]
+    (warning,) = check_api()
+    assert warning.id == "jobguard.W040"
+    assert "@task(api=True)" in warning.msg and "rest_framework" in warning.hint
