@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
+from django.urls import Resolver404, resolve
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import exceptions, serializers
@@ -546,6 +547,15 @@ class NotFoundView(JobguardView):
 
     @documented(exclude=True)
     def get(self, request: Request, rest: str = "") -> Response:
-        raise exceptions.NotFound(f"No API endpoint at {request.path}.")
+        hint = ""
+        if not request.path.endswith("/"):
+            try:
+                resolve(request.path + "/")
+            except Resolver404:
+                pass
+            else:
+                # APPEND_SLASH cannot redirect here (this view matches), and cannot redirect a POST.
+                hint = f" Did you mean {request.path}/ (with the trailing slash)?"
+        raise exceptions.NotFound(f"No API endpoint at {request.path}.{hint}")
 
     post = put = patch = delete = get

@@ -206,3 +206,13 @@ def test_the_check_warns_when_exposed_tasks_have_no_rest_framework(settings):
     (warning,) = check_api()
     assert warning.id == "jobguard.W040"
     assert "@task(api=True)" in warning.msg and "rest_framework" in warning.hint
+
+
+def test_any_other_path_under_the_api_is_a_problem_404_with_a_slash_hint():
+    client, _ = as_user("reader", "view_job")
+    response = client.post(BASE + "jobs", {}, format="json")
+    assert response.status_code == 404
+    assert response["Content-Type"] == "application/problem+json"
+    assert "Did you mean /jobguard/api/jobs/" in response.json()["detail"]
+    response = client.get(BASE + "jobs/not-a-number/")
+    assert response.status_code == 404 and "Did you mean" not in response.json()["detail"]
