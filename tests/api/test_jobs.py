@@ -216,3 +216,15 @@ def test_any_other_path_under_the_api_is_a_problem_404_with_a_slash_hint():
     assert "Did you mean /jobguard/api/jobs/" in response.json()["detail"]
     response = client.get(BASE + "jobs/not-a-number/")
     assert response.status_code == 404 and "Did you mean" not in response.json()["detail"]
+
+
+def test_an_id_beyond_the_column_range_is_404_not_a_database_error():
+    client, _ = as_user("operator", "view_job", "cancel_job", "view_deadletter")
+    huge = 10**30
+    for method, path in (
+        ("get", f"jobs/{huge}/"),
+        ("post", f"jobs/{huge}/cancel/"),
+        ("get", f"dead-letters/{huge}/"),
+    ):
+        response = getattr(client, method)(BASE + path, format="json")
+        assert response.status_code == 404, (path, response.content)
