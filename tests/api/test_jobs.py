@@ -228,3 +228,16 @@ def test_an_id_beyond_the_column_range_is_404_not_a_database_error():
     ):
         response = getattr(client, method)(BASE + path, format="json")
         assert response.status_code == 404, (path, response.content)
+
+
+def test_operator_writes_are_throttled_at_the_configured_rate(settings):
+    settings.JOBGUARD = {**settings.JOBGUARD, "API": {"OPERATE_THROTTLE_RATE": "2/minute"}}
+    made = [tasks.api_add.enqueue(n) for n in range(3)]
+    client, _ = as_user("operator", "view_job", "cancel_job")
+    codes = [client.post(f"{BASE}jobs/{job.pk}/cancel/", format="json").status_code for job in made]
+    assert codes == [200, 200, 429]
+    assert Job.objects.get(pk=made[2].pk).status == "queued"
+    response = client.post(f"{BASE}jobs/{made[2].pk}/cancel/", format="json")
+    assert response["Content-Type"] == "application/problem+json" and int(response["Retry-After"]) > 0
+    # Reads are not throttled.
+    assert client.get(f"{BASE}jobs/{made[2].pk}/").status_code == 200
