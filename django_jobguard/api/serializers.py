@@ -32,9 +32,6 @@ __all__ = [
     "ReplayRequestSerializer",
 ]
 
-#: Keys of a replay event's data that carry payload (the corrected args and kwargs).
-PAYLOAD_EVENT_KEYS = frozenset({"args", "kwargs"})
-
 
 def _has_nul(value: Any) -> bool:
     if isinstance(value, str):
@@ -225,7 +222,7 @@ class ReplayEventSerializer(serializers.ModelSerializer):
         """Details of the step (whether the payload was corrected, the new job...)."""
         data = dict(event.data or {})
         if not self.context.get("show_payload", False):
-            for key in PAYLOAD_EVENT_KEYS:
+            for key in dlq.PAYLOAD_EVENT_KEYS:
                 data.pop(key, None)
         return data
 
