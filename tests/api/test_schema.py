@@ -93,6 +93,7 @@ def admin_auth(django_user_model, settings):
     max_examples=8,
     deadline=None,
     derandomize=True,
+    database=None,  # deterministic examples; nothing written to .hypothesis/
     suppress_health_check=[
         HealthCheck.function_scoped_fixture,
         HealthCheck.too_slow,
