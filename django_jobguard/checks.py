@@ -147,6 +147,27 @@ def check_cache_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
     ]
 
 
+@checks.register()
+def check_api(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.W040: tasks are declared ``@task(api=True)`` but Django REST framework is not installed."""
+    from django.apps import apps
+
+    from .registry import registry
+
+    exposed = [name for name in registry.names() if registry.get(name).api]
+    if not exposed or apps.is_installed("rest_framework"):
+        return []
+    return [
+        checks.Warning(
+            f"{len(exposed)} task(s) are declared @task(api=True) (such as {exposed[0]!r}), but "
+            "'rest_framework' is not in INSTALLED_APPS, so nothing can enqueue them over HTTP.",
+            hint='pip install "django-jobguard[api]", add "rest_framework" to INSTALLED_APPS and mount '
+            'path("jobguard/api/", include("django_jobguard.api.urls")); or drop api=True.',
+            id="jobguard.W040",
+        )
+    ]
+
+
 # -- the checklist: task classification and timeouts -----------------------------------------
 # These read the registered tasks and the settings only (never the database), so they run
 # with every command, like the ones above. The observed-duration checks below need the

@@ -121,6 +121,21 @@ DEFAULTS: dict[str, Any] = {
         # Finished runs of a task in the window before its observed durations are trusted.
         "MIN_RUNS": 20,
     },
+    "API": {
+        # Largest JSON size, in bytes, of a job's args plus kwargs accepted by the REST API
+        # (POST jobs/ and corrected replay payloads); a bigger one is refused with 400.
+        "MAX_PAYLOAD_BYTES": 256 * 1024,
+        # Deepest nesting of lists and objects accepted in args and kwargs over the REST API.
+        "MAX_DEPTH": 32,
+        # Jobs and dead letters per page of the REST API's lists (?page_size= up to MAX_PAGE_SIZE).
+        "PAGE_SIZE": 50,
+        # Largest ?page_size= a REST API list accepts.
+        "MAX_PAGE_SIZE": 500,
+        # DRF throttle rate of POST jobs/ per user ("600/minute"), or None for no limit.
+        "ENQUEUE_THROTTLE_RATE": "600/minute",
+        # DRF throttle rate of the other REST API writes (cancel, retry, replay steps) per user.
+        "OPERATE_THROTTLE_RATE": "120/minute",
+    },
 }
 
 _QUEUE_OPTIONS = {"visibility_timeout", "max_attempts", "retry", "recoverable_retry"}
@@ -287,6 +302,18 @@ class TuningSettings:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ApiSettings:
+    """``JOBGUARD["API"]``."""
+
+    max_payload_bytes: int
+    max_depth: int
+    page_size: int
+    max_page_size: int
+    enqueue_throttle_rate: str | None
+    operate_throttle_rate: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Settings:
     """The parsed, validated ``JOBGUARD`` setting."""
 
@@ -306,6 +333,7 @@ class Settings:
     idempotency: IdempotencySettings
     replay: ReplaySettings
     cache: CacheSettings
+    api: ApiSettings
     queues: Mapping[str, QueueConfig]
     allow_undeclared_queues: bool
     max_payload_bytes: int
@@ -361,6 +389,22 @@ def _boolean(value: Any, path: tuple[str, ...]) -> bool:
     if not isinstance(value, bool):
         raise _fail(path, f"must be True or False, not {value!r}.")
     return value
+
+
+_RATE_PERIODS = ("s", "sec", "second", "m", "min", "minute", "h", "hour", "d", "day")
+
+
+def _rate(value: Any, path: tuple[str, ...]) -> str | None:
+    """A DRF throttle rate such as ``"600/minute"``, or None (no throttle)."""
+    if value is None:
+        return None
+    count, _, period = value.partition("/") if isinstance(value, str) else ("", "", "")
+    if not (count.isdigit() and period in _RATE_PERIODS):
+        raise _fail(
+            path,
+            f'must be a rate such as "600/minute" (per second, minute, hour or day) or None, not {value!r}.',
+        )
+    return str(value)
 
 
 def _group(raw: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -419,6 +463,11 @@ def parse(raw: Any) -> Settings:
     replay = _group(raw, "REPLAY")
     cache = _group(raw, "CACHE")
     tuning = _group(raw, "TUNING")
+    api = _group(raw, "API")
+    page_size = _integer(api["PAGE_SIZE"], ("API", "PAGE_SIZE"), minimum=1)
+    max_page_size = _integer(api["MAX_PAGE_SIZE"], ("API", "MAX_PAGE_SIZE"), minimum=1)
+    if max_page_size < page_size:
+        raise _fail(("API", "MAX_PAGE_SIZE"), f"({max_page_size}) must not be below PAGE_SIZE ({page_size}).")
 
     return Settings(
         database_alias=_string(merged["DATABASE_ALIAS"], ("DATABASE_ALIAS",)),
@@ -451,6 +500,14 @@ def parse(raw: Any) -> Settings:
         cache=CacheSettings(
             alias=_string(cache["ALIAS"], ("CACHE", "ALIAS")),
             tombstone_ttl=_number(cache["TOMBSTONE_TTL"], ("CACHE", "TOMBSTONE_TTL"), allow_zero=False),
+        ),
+        api=ApiSettings(
+            max_payload_bytes=_integer(api["MAX_PAYLOAD_BYTES"], ("API", "MAX_PAYLOAD_BYTES"), minimum=2),
+            max_depth=_integer(api["MAX_DEPTH"], ("API", "MAX_DEPTH"), minimum=1),
+            page_size=page_size,
+            max_page_size=max_page_size,
+            enqueue_throttle_rate=_rate(api["ENQUEUE_THROTTLE_RATE"], ("API", "ENQUEUE_THROTTLE_RATE")),
+            operate_throttle_rate=_rate(api["OPERATE_THROTTLE_RATE"], ("API", "OPERATE_THROTTLE_RATE")),
         ),
         queues=queues,
         allow_undeclared_queues=_boolean(merged["ALLOW_UNDECLARED_QUEUES"], ("ALLOW_UNDECLARED_QUEUES",)),

@@ -92,6 +92,9 @@ PERMISSIONS = {
     REJECT: "jobguard.approve_replay",
 }
 VIEW_PAYLOAD = "jobguard.view_payload"
+#: Keys of a ReplayEvent's ``data`` that carry payload (a corrected args / kwargs): shown only
+#: to users with VIEW_PAYLOAD, in the admin and the API alike.
+PAYLOAD_EVENT_KEYS = frozenset({"args", "kwargs"})
 
 #: Replay states each transition may start from.
 _FROM = {

@@ -17,14 +17,15 @@ from django.db import transaction
 from . import _dispatch, idempotency, leasing, metrics, signals
 from ._json import normalize_json, validate_payload
 from .conf import get_settings
-from .exceptions import InvalidArgumentsError, UnknownQueueError
+from .exceptions import IdempotencyConflict, InvalidArgumentsError, TaskNotExposedError, UnknownQueueError
+from .registry import registry
 
 if TYPE_CHECKING:
     from .models import Job
     from .task import Task
 
 # normalize_json lives in _json (a leaf); it is re-exported here, where callers import it from.
-__all__ = ["bulk_enqueue", "enqueue", "normalize_json", "validate_payload"]
+__all__ = ["bulk_enqueue", "enqueue", "enqueue_exposed", "normalize_json", "validate_payload"]
 
 MAX_QUEUE_NAME_LENGTH = 100
 
@@ -93,23 +94,69 @@ def _job_layout() -> tuple[list[str], dict[str, Any]]:
 
 def enqueue(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
     """Store one job for ``task(*args, **kwargs)`` and return it (see :meth:`Task.enqueue`)."""
+    return _enqueue(task, args, kwargs)[0]
+
+
+def enqueue_exposed(
+    task_name: str,
+    args: Any,
+    kwargs: Any,
+    *,
+    queue_name: str | None = None,
+    priority: int | None = None,
+    run_after: datetime.datetime | None = None,
+    idempotency_key: str | None = None,
+) -> tuple[Job, bool]:
+    """Enqueue a task by name for a caller outside this code (the REST API): ``(job, created)``.
+
+    Only tasks declared ``@task(api=True)`` are accepted (:class:`UnknownTaskError` for a
+    name not registered, :class:`TaskNotExposedError` for one not opted in). ``created`` is
+    False when ``idempotency_key`` already names a job with the same arguments: that job is
+    returned. The same key with other arguments, or with another ``queue_name`` or
+    ``priority`` than its job, raises :class:`IdempotencyConflict`. Nothing is written on
+    any error.
+    """
+    task = registry.get(task_name)
+    if not task.api:
+        raise TaskNotExposedError(
+            f"Task {task_name!r} is not exposed to the API; declare it with @task(api=True) to allow it."
+        )
+    if not isinstance(args, list | tuple):
+        raise InvalidArgumentsError(f"args must be a JSON array, not {type(args).__name__}.")
+    if not isinstance(kwargs, Mapping):
+        raise InvalidArgumentsError(f"kwargs must be a JSON object, not {type(kwargs).__name__}.")
+    call = task.using(
+        queue_name=queue_name, priority=priority, run_after=run_after, idempotency_key=idempotency_key
+    )
+    job, created = _enqueue(call, args, kwargs)
+    wanted = (call.queue_name or get_settings().default_queue, call.priority)
+    if not created and (job.queue_name, job.priority) != wanted:
+        raise IdempotencyConflict(
+            str(idempotency_key),
+            idempotency.scope_of(task),
+            f"for job #{job.pk} on queue {job.queue_name!r} with priority {job.priority}",
+        )
+    return job, created
+
+
+def _enqueue(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Job, bool]:
     fields = _prepare(task, args, kwargs)
     return _store_one(task, fields, get_settings().database_alias)
 
 
-def _store_one(task: Task[Any, Any], fields: dict[str, Any], alias: str) -> Job:
-    """Insert one prepared job, deduped by its key when it has one; announce a new job."""
+def _store_one(task: Task[Any, Any], fields: dict[str, Any], alias: str) -> tuple[Job, bool]:
+    """Insert one prepared job, deduped by its key: ``(job, created)``; announce a new job."""
     if fields["idempotency_key"] is not None:
         job, created = idempotency.enqueue_once(
             task, fields, alias, create_job=lambda: _insert(task, [fields], alias)[0]
         )
         if not created:
-            return job  # the key's job; the duplicate is counted by enqueue_once
+            return job, False  # the key's job; the duplicate is counted by enqueue_once
     else:
         (job,) = _insert(task, [fields], alias)
     metrics.job_enqueued(job.queue_name, job.task_name)
     _dispatch.send(signals.job_enqueued, job=job)
-    return job
+    return job, True
 
 
 def bulk_enqueue(task: Task[Any, Any], calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]) -> list[Job]:
@@ -128,7 +175,7 @@ def bulk_enqueue(task: Task[Any, Any], calls: Iterable[tuple[Sequence[Any], Mapp
     alias = get_settings().database_alias
     if task.idempotency_key_template is not None:
         with transaction.atomic(using=alias):
-            return [_store_one(task, fields, alias) for fields in rows]
+            return [_store_one(task, fields, alias)[0] for fields in rows]
     jobs = _insert(task, rows, alias)
     metrics.job_enqueued(jobs[0].queue_name, task.name, len(jobs))
     if signals.job_enqueued.has_listeners(None):

@@ -56,6 +56,10 @@ class UnknownTaskError(JobguardError, LookupError):
     """No task is registered under that name."""
 
 
+class TaskNotExposedError(JobguardError, LookupError):
+    """The task is registered but not declared ``@task(api=True)``, so HTTP callers may not enqueue it."""
+
+
 class InvalidArgumentsError(JobguardError, TypeError):
     """An enqueue was refused before anything was written; the message says why and what to change.
 

@@ -1,4 +1,4 @@
-"""Operator actions on jobs: cancel. The admin (and a future API) call this, never the ORM."""
+"""Operator actions on jobs: cancel, run now. The admin and the REST API call these, never the ORM."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .conf import get_settings
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cancel"]
+__all__ = ["cancel", "run_now"]
 
 
 def cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None) -> list[int]:
@@ -48,4 +48,26 @@ def cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None
             status="failed", expires_at=Now(), updated_at=Now()
         )
     logger.info("jobs_cancelled count=%d ids=%s reason=%s", len(ids), ids[:20], reason or "-")
+    return ids
+
+
+def run_now(job_ids: Iterable[int], *, using: str | None = None) -> list[int]:
+    """Make the given queued jobs due now (``run_after`` = the database's now); the ids still queued.
+
+    A job waiting for its ``run_after`` (a delayed job, or a retry in its backoff) becomes
+    claimable at once; attempts are not touched, so a retried job keeps its remaining
+    attempts. Jobs that are due already stay as they are (and are returned: they run as soon
+    as a worker is free); running and finished jobs are left alone and not returned.
+    """
+    from .models import Job, JobStatus
+
+    alias = using or get_settings().database_alias
+    wanted = list(job_ids)
+    if not wanted:
+        return []
+    with transaction.atomic(using=alias):
+        jobs = Job.objects.using(alias).filter(pk__in=wanted, status=JobStatus.QUEUED)
+        moved = jobs.filter(run_after__gt=Now()).update(run_after=Now())
+        ids = list(jobs.values_list("pk", flat=True))
+    logger.info("jobs_run_now count=%d moved=%d ids=%s", len(ids), moved, ids[:20])
     return ids

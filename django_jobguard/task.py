@@ -82,6 +82,8 @@ class Task(Generic[P, R]):
     idempotency_key_template: str | None = None
     parallel: bool = True
     expected_duration: float | None = None
+    #: May be enqueued over HTTP through the REST API (``django_jobguard.api``).
+    api: bool = False
     # Per-call overrides set by using():
     run_after: datetime.datetime | datetime.timedelta | None = None
     idempotency_key: str | None = None
@@ -386,6 +388,7 @@ def task(
     idempotency_key: str | None = None,
     parallel: bool = True,
     expected_duration: float | None = None,
+    api: bool = False,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -414,6 +417,7 @@ def task(
     idempotency_key: str | None = None,
     parallel: bool = True,
     expected_duration: float | None = None,
+    api: bool = False,
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a function as a task. Options left unset fall back to the queue, then globals.
 
@@ -433,6 +437,8 @@ def task(
       over the parameters (``"charge:order:{order_id}"``) formatted at every enqueue;
       ``parallel=False`` (two runs must never overlap: needs ``lock``); ``expected_duration``
       (seconds the author expects a run to take, its p99).
+    - ``api``: other systems may enqueue it through the REST API (``POST jobs/``); off by
+      default, so a task is exposed over HTTP only when its author says so.
     """
 
     def decorate(func: Callable[P, R]) -> Task[P, R]:
@@ -468,6 +474,7 @@ def task(
             idempotency_key_template=idempotency_key,
             parallel=parallel,
             expected_duration=expected_duration,
+            api=bool(api),
         )
         created.signature  # noqa: B018 - validates takes_context against the signature now
         registry.register(created)

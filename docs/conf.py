@@ -22,7 +22,7 @@ django.setup()
 project = "django-jobguard"
 author = "The django-jobguard developers"
 copyright = "2026, the django-jobguard developers"
-extensions = ["myst_parser", "sphinx.ext.autodoc", "jobguard_docs"]
+extensions = ["myst_parser", "sphinx.ext.autodoc", "jobguard_docs", "jobguard_api_docs"]
 source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build", "_ext"]
 myst_heading_anchors = 3

@@ -96,6 +96,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_prometheus",
+    "rest_framework",
     "django_jobguard",
     "tests.testapp",
 ]

@@ -46,7 +46,7 @@ _DONE = {
     dlq.REJECT: _("Replay rejected."),
 }
 #: Event data keys that carry payload, hidden from users without jobguard.view_payload.
-_PAYLOAD_KEYS = {"args", "kwargs"}
+_PAYLOAD_KEYS = dlq.PAYLOAD_EVENT_KEYS
 
 
 @admin.register(DeadLetter)

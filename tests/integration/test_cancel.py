@@ -1,4 +1,4 @@
-"""Cancelling queued jobs: the service and the admin action."""
+"""Cancelling queued jobs (the service and the admin action), and running queued jobs now."""
 
 import pytest
 from django.urls import reverse
@@ -56,3 +56,23 @@ def test_the_admin_action_needs_the_cancel_permission(client):
     assert job.status == "cancelled"
     assert "by operator in the admin" in job.last_error
     assert b"1 job cancelled." in response.content
+
+
+def test_run_now_makes_waiting_queued_jobs_due_and_leaves_the_others_alone():
+    import datetime
+
+    from django.utils import timezone
+
+    later = timezone.now() + datetime.timedelta(hours=1)
+    waiting = tasks.add.using(run_after=later).enqueue(1)
+    due = tasks.add.enqueue(2)
+    finished = tasks.add.enqueue(3)
+    Job.objects.filter(pk=finished.pk).update(status="succeeded", finished_at=timezone.now())
+    Job.objects.filter(pk=waiting.pk).update(attempts=2)  # a retry in its backoff
+    assert sorted(jobs.run_now([waiting.pk, due.pk, finished.pk, 10**9])) == sorted([waiting.pk, due.pk])
+    waiting.refresh_from_db()
+    assert waiting.run_after <= timezone.now() and waiting.attempts == 2
+    assert Job.objects.due().filter(pk=waiting.pk).exists()
+    finished.refresh_from_db()
+    assert finished.status == "succeeded"
+    assert jobs.run_now([]) == []

@@ -6,7 +6,7 @@ from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
 
-from django_jobguard import InvalidArgumentsError, dlq
+from django_jobguard import IdempotencyConflict, InvalidArgumentsError, dlq
 from django_jobguard.exceptions import UnknownQueueError
 from django_jobguard.models import IdempotencyKey, Job, ReplayEvent
 from tests.dlq_support import dead_charge, make_user
@@ -343,3 +343,22 @@ def test_the_admin_replay_form_shows_a_refused_payload_as_a_form_error(client, r
     assert response.status_code == 200
     assert error in response.content.decode()
     assert replay_state(letter) == before
+
+
+def test_enqueue_exposed_takes_only_tasks_declared_api_true_and_writes_nothing_otherwise():
+    from django_jobguard.enqueue import enqueue_exposed
+    from django_jobguard.exceptions import TaskNotExposedError, UnknownTaskError
+
+    with pytest.raises(TaskNotExposedError, match=r"@task\(api=True\)"):
+        enqueue_exposed("tests.testapp.tasks.add", [1], {})
+    with pytest.raises(UnknownTaskError, match="nope"):
+        enqueue_exposed("nope", [], {})
+    assert Job.objects.count() == 0
+    job, created = enqueue_exposed("tests.testapp.tasks.api_add", [1], {}, idempotency_key="k", priority=4)
+    again, created_again = enqueue_exposed(
+        "tests.testapp.tasks.api_add", [1], {}, idempotency_key="k", priority=4
+    )
+    assert (created, created_again, again.pk) == (True, False, job.pk)
+    with pytest.raises(IdempotencyConflict, match="priority 4"):
+        enqueue_exposed("tests.testapp.tasks.api_add", [1], {}, idempotency_key="k", priority=5)
+    assert Job.objects.count() == 1

@@ -176,4 +176,21 @@ def describe_context(context) -> dict:
     }
 
 
+@task(api=True)
+def api_add(a: int, b: int = 0) -> int:
+    """Exposed to the REST API (tests/integration/test_api*.py)."""
+    return a + b
+
+
+@task(api=True, queue_name="slow")
+def api_notify(user_id: int, *, channel: str = "email", items: list | None = None) -> str:
+    """Exposed to the REST API, with keyword-only parameters."""
+    return f"{user_id}:{channel}"
+
+
+@task(api=True, name="tests.api_anything")
+def api_anything(*args: object, **kwargs: object) -> None:
+    """Takes any arguments, so the API fuzzing reaches the insert with whatever JSON it makes up."""
+
+
 from . import tasks_checklist  # noqa: E402, F401

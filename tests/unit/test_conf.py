@@ -44,6 +44,12 @@ def test_queue_options_override_globals_and_fill_missing_keys():
         ({"MAX_ATTEMPTS": 0}, "JOBGUARD['MAX_ATTEMPTS']"),
         ({"UNCLASSIFIED_ERRORS": "maybe"}, "JOBGUARD['UNCLASSIFIED_ERRORS']"),
         ({"REPLAY": {"RATE_PER_MINUTE": 0}}, "JOBGUARD['REPLAY']['RATE_PER_MINUTE']"),
+        ({"API": {"MAX_PAYLOAD_BYTES": "big"}}, "JOBGUARD['API']['MAX_PAYLOAD_BYTES']"),
+        ({"API": {"MAX_DEPTH": 0}}, "JOBGUARD['API']['MAX_DEPTH']"),
+        ({"API": {"PAGE_SIZE": 100, "MAX_PAGE_SIZE": 10}}, "JOBGUARD['API']['MAX_PAGE_SIZE']"),
+        ({"API": {"ENQUEUE_THROTTLE_RATE": "lots"}}, "JOBGUARD['API']['ENQUEUE_THROTTLE_RATE']"),
+        ({"API": {"OPERATE_THROTTLE_RATE": "5/fortnight"}}, "JOBGUARD['API']['OPERATE_THROTTLE_RATE']"),
+        ({"API": {"MAX_BODY": 1}}, "JOBGUARD['API']['MAX_BODY']"),
     ],
 )
 def test_invalid_settings_name_the_key(raw, named):
@@ -66,3 +72,9 @@ def test_system_check_reports_invalid_settings():
         messages = check_settings()
     assert [m.id for m in messages] == ["jobguard.E001"]
     assert "JOBGUARD['QUEUES']" in messages[0].msg
+
+
+def test_the_api_settings_default_to_256_kib_and_accept_none_as_no_throttle():
+    api = conf.parse({"API": {"ENQUEUE_THROTTLE_RATE": None, "OPERATE_THROTTLE_RATE": "10/s"}}).api
+    assert (api.max_payload_bytes, api.max_depth, api.page_size, api.max_page_size) == (262144, 32, 50, 500)
+    assert (api.enqueue_throttle_rate, api.operate_throttle_rate) == (None, "10/s")

@@ -69,3 +69,11 @@ def test_a_bad_retry_option_names_the_task_option_not_a_setting():
     message = str(info.value)
     assert "@task(retry=...): retry['maxx'] is not a known setting" in message
     assert "JOBGUARD" not in message
+
+
+def test_tasks_are_not_exposed_to_the_api_unless_they_say_so():
+    from tests.testapp import tasks
+
+    assert tasks.add.api is False
+    assert tasks.api_add.api is True
+    assert tasks.api_add.using(priority=3).api is True

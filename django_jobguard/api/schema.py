@@ -1,0 +1,67 @@
+"""The OpenAPI 3 document of the API (drf-spectacular), with paths relative to where it is mounted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.generators import SchemaGenerator
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.settings import patched_settings
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from .. import __version__
+from .permissions import JobguardPermission
+from .problems import exception_handler
+from .views import documented
+
+__all__ = ["SCHEMA_SETTINGS", "SchemaView", "build_schema"]
+
+#: drf-spectacular settings of this API's document, whatever the project's SPECTACULAR_SETTINGS say.
+SCHEMA_SETTINGS: dict[str, Any] = {
+    "TITLE": "django-jobguard API",
+    "DESCRIPTION": (
+        "Jobs, dead letters, replays and queues of django-jobguard. Paths are relative to where "
+        'the project mounts django_jobguard.api.urls (path("jobguard/api/", ...) in the docs). '
+        "Errors are RFC 9457 problem details (application/problem+json)."
+    ),
+    "VERSION": __version__,
+    "SCHEMA_PATH_PREFIX": "",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_GENERATE_CHOICE_DESCRIPTION": False,
+    "ENUM_NAME_OVERRIDES": {
+        "JobStatusEnum": "django_jobguard.models.JobStatus",
+        "ReplayStateEnum": "django_jobguard.models.ReplayState",
+        "DeadLetterReasonEnum": "django_jobguard.models.DeadLetterReason",
+    },
+}
+
+
+def build_schema() -> dict[str, Any]:
+    """The OpenAPI document, as ``GET schema/`` serves it (without the ``servers`` entry)."""
+    with patched_settings(SCHEMA_SETTINGS):
+        generator = SchemaGenerator(urlconf="django_jobguard.api.urls")
+        return generator.get_schema(request=None, public=True)  # type: ignore[no-any-return]
+
+
+class SchemaView(SpectacularAPIView):
+    """``GET schema/``: the OpenAPI 3 document (JSON), for any authenticated user."""
+
+    permission_classes = [JobguardPermission]
+    required_permissions: dict[str, tuple[str, ...]] = {"GET": ()}
+    custom_settings = SCHEMA_SETTINGS
+    urlconf = "django_jobguard.api.urls"
+    serve_public = True
+    schema = AutoSchema()
+
+    def get_exception_handler(self) -> Any:
+        return exception_handler
+
+    @documented(exclude=True)
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        response: Response = super().get(request, *args, **kwargs)
+        # The paths are relative to the mount point: tell clients where that is.
+        base = request.build_absolute_uri(request.path).rsplit("schema/", 1)[0].rstrip("/")
+        response.data = {**response.data, "servers": [{"url": base}]}
+        return response

@@ -1,0 +1,339 @@
+"""What goes in and out of the API. Payload fields (args, kwargs, results, tracebacks) are
+left out of every response unless the user holds ``jobguard.view_payload``.
+
+The input serializers only parse and bound the request; the rules (which task, whether the
+arguments bind, the replay states and permissions) are the service layer's.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.utils.dateparse import parse_datetime
+from rest_framework import serializers
+
+from .. import dlq
+from ..conf import get_settings
+from ..models import DeadLetter, Job, JobStatus, ReplayEvent
+from ..task import MAX_PRIORITY, MIN_PRIORITY
+from .problems import json_depth
+
+__all__ = [
+    "DeadLetterDetailSerializer",
+    "DeadLetterSerializer",
+    "EnqueueSerializer",
+    "JobFilterSerializer",
+    "JobSerializer",
+    "ProblemSerializer",
+    "QueueSerializer",
+    "ReasonSerializer",
+    "ReplayEventSerializer",
+    "ReplayRequestSerializer",
+]
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, list):
+        return any(_has_nul(item) for item in value)
+    if isinstance(value, dict):
+        return any(_has_nul(key) or _has_nul(item) for key, item in value.items())
+    return False
+
+
+def check_payload(args: Any, kwargs: Any) -> None:
+    """Refuse a payload over ``JOBGUARD["API"]["MAX_PAYLOAD_BYTES"]``, too deep, or holding NUL.
+
+    A small check of the API's own: once the shared payload validator of the enqueue path
+    is merged, call it from here instead (it applies the same limits to every caller).
+    """
+    limits = get_settings().api
+    errors: dict[str, list[str]] = {}
+    sizes: dict[str, int] = {}
+    for name, value in (("args", args), ("kwargs", kwargs)):
+        if value is None:
+            continue
+        text = json.dumps(value, separators=(",", ":"))
+        sizes[name] = len(text.encode())
+        if json_depth(text) > limits.max_depth:
+            errors[name] = [
+                f'{name} is nested deeper than {limits.max_depth} levels (JOBGUARD["API"]["MAX_DEPTH"]).'
+            ]
+        elif _has_nul(value):
+            # PostgreSQL's jsonb cannot store U+0000; refusing it everywhere keeps databases alike.
+            errors[name] = [f"{name} holds a string with a NUL character (U+0000), which cannot be stored."]
+    total = sum(sizes.values())
+    if not errors and total > limits.max_payload_bytes:
+        biggest = max(sizes, key=sizes.__getitem__)
+        errors[biggest] = [
+            f"args and kwargs take {total} bytes as JSON, more than the {limits.max_payload_bytes} "
+            'allowed (JOBGUARD["API"]["MAX_PAYLOAD_BYTES"]).'
+        ]
+    if errors:
+        raise serializers.ValidationError(errors, code="invalid_payload")
+
+
+class AwareDateTimeField(serializers.DateTimeField):
+    """An ISO 8601 datetime with a UTC offset; a naive one is refused, not guessed."""
+
+    default_error_messages = {
+        "invalid": "Must be an ISO 8601 datetime, such as 2030-01-01T12:00:00Z.",
+        "naive": "Must include a UTC offset (Z or +01:00): a naive datetime is ambiguous.",
+    }
+
+    def to_internal_value(self, value: Any) -> Any:
+        if not isinstance(value, str):
+            self.fail("invalid")
+        try:
+            parsed = parse_datetime(value.strip())
+        except ValueError:
+            parsed = None
+        if parsed is None:
+            self.fail("invalid")
+            raise AssertionError  # unreachable: fail() raises; tells mypy parsed is set below
+        if parsed.tzinfo is None or parsed.utcoffset() is None:
+            self.fail("naive")
+        return parsed
+
+
+class ProblemSerializer(serializers.Serializer):
+    """An RFC 9457 problem-details body (``application/problem+json``)."""
+
+    type = serializers.CharField(read_only=True, help_text="Always about:blank: see status and code.")
+    title = serializers.CharField(read_only=True, help_text="The HTTP status phrase.")
+    status = serializers.IntegerField(read_only=True)
+    detail = serializers.CharField(read_only=True, help_text="What went wrong, for people.")
+    code = serializers.CharField(
+        read_only=True, help_text="What went wrong, for programs: invalid, idempotency_conflict, ..."
+    )
+    # DRF's metaclass takes declared fields off the class, so Serializer.errors stays intact.
+    errors = serializers.DictField(  # type: ignore[assignment]
+        child=serializers.ListField(child=serializers.CharField()),
+        required=False,
+        help_text="Validation errors only: field name → messages.",
+    )
+
+
+# -- jobs -----------------------------------------------------------------------------------------
+
+_JOB_FIELDS = [
+    "id",
+    "task_name",
+    "queue_name",
+    "status",
+    "priority",
+    "run_after",
+    "attempts",
+    "max_attempts",
+    "enqueued_at",
+    "started_at",
+    "finished_at",
+    "first_failed_at",
+    "last_error",
+    "idempotency_key",
+    "lock_key",
+    "handler_version",
+    "worker_id",
+    "reappearances",
+    "lock_contentions",
+]
+
+
+class _PayloadHiding(serializers.Serializer):
+    """Drops :attr:`payload_fields` unless the context says ``show_payload``."""
+
+    payload_fields: tuple[str, ...] = ()
+
+    def to_representation(self, instance: Any) -> Any:
+        data = super().to_representation(instance)
+        if not self.context.get("show_payload", False):
+            for name in self.payload_fields:
+                data.pop(name, None)
+        return data
+
+
+class JobSerializer(_PayloadHiding, serializers.ModelSerializer):
+    """A job; ``args``, ``kwargs`` and ``result`` only with ``jobguard.view_payload``."""
+
+    payload_fields = ("args", "kwargs", "result")
+
+    args = serializers.ListField(child=serializers.JSONField(), required=False)
+    kwargs = serializers.DictField(child=serializers.JSONField(), required=False)
+    result = serializers.JSONField(required=False, allow_null=True)
+
+    class Meta:
+        model = Job
+        fields = [*_JOB_FIELDS, "args", "kwargs", "result"]
+        read_only_fields = _JOB_FIELDS
+
+
+class JobFilterSerializer(serializers.Serializer):
+    """Filters of ``GET jobs/`` (all optional, combined with AND)."""
+
+    status = serializers.ChoiceField(choices=JobStatus.choices, required=False)
+    queue_name = serializers.CharField(max_length=100, required=False)
+    task_name = serializers.CharField(max_length=255, required=False)
+    idempotency_key = serializers.CharField(max_length=255, required=False)
+
+
+class EnqueueSerializer(serializers.Serializer):
+    """``POST jobs/``: one call of a task declared ``@task(api=True)``."""
+
+    task = serializers.CharField(max_length=255, help_text="The registered task name (its dotted path).")
+    args = serializers.ListField(child=serializers.JSONField(), required=False, default=list)
+    kwargs = serializers.DictField(child=serializers.JSONField(), required=False, default=dict)
+    queue_name = serializers.CharField(
+        max_length=100, required=False, help_text="Another queue than the task's own."
+    )
+    priority = serializers.IntegerField(
+        min_value=MIN_PRIORITY, max_value=MAX_PRIORITY, required=False, help_text="Higher runs first."
+    )
+    run_after = AwareDateTimeField(
+        required=False, help_text="Not before this time: ISO 8601 with a UTC offset."
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        check_payload(attrs.get("args"), attrs.get("kwargs"))
+        return attrs
+
+
+# -- dead letters and replays ----------------------------------------------------------------------
+
+
+class ReplayEventSerializer(serializers.ModelSerializer):
+    """One step of the replay audit trail; corrected payloads only with ``jobguard.view_payload``."""
+
+    actor = serializers.SerializerMethodField()
+    # As with ProblemSerializer.errors: the field does not replace Serializer.data.
+    data = serializers.SerializerMethodField()  # type: ignore[assignment]
+
+    class Meta:
+        model = ReplayEvent
+        fields = ["id", "action", "actor", "reason", "data", "created_at"]
+        read_only_fields = fields
+
+    def get_actor(self, event: ReplayEvent) -> str:
+        """The user's name as it was, or "system" for a worker's redrive."""
+        return event.actor_name or "system"
+
+    def get_data(self, event: ReplayEvent) -> dict[str, Any]:
+        """Details of the step (whether the payload was corrected, the new job...)."""
+        data = dict(event.data or {})
+        if not self.context.get("show_payload", False):
+            for key in dlq.PAYLOAD_EVENT_KEYS:
+                data.pop(key, None)
+        return data
+
+
+_LETTER_FIELDS = [
+    "id",
+    "job_id",
+    "task_name",
+    "queue_name",
+    "attempts",
+    "max_attempts",
+    "reason",
+    "category",
+    "error_class",
+    "error_message",
+    "first_failed_at",
+    "last_failed_at",
+    "handler_version",
+    "worker_id",
+    "idempotency_key",
+    "lock_key",
+    "created_at",
+    "replay_state",
+    "replay_requested_by",
+    "replay_requested_at",
+    "replay_reason",
+    "replay_decided_by",
+    "replay_decided_at",
+    "replay_job_id",
+    "replayed_at",
+]
+
+
+class DeadLetterSerializer(_PayloadHiding, serializers.ModelSerializer):
+    """A dead letter; payloads and the traceback only with ``jobguard.view_payload``."""
+
+    payload_fields = ("args", "kwargs", "replay_args", "replay_kwargs", "traceback")
+
+    job_id = serializers.IntegerField(read_only=True, allow_null=True)
+    replay_job_id = serializers.IntegerField(read_only=True, allow_null=True)
+    replay_requested_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
+    replay_decided_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
+    args = serializers.ListField(child=serializers.JSONField(), required=False)
+    kwargs = serializers.DictField(child=serializers.JSONField(), required=False)
+    replay_args = serializers.ListField(child=serializers.JSONField(), required=False, allow_null=True)
+    replay_kwargs = serializers.DictField(child=serializers.JSONField(), required=False, allow_null=True)
+    traceback = serializers.CharField(required=False)
+
+    class Meta:
+        model = DeadLetter
+        fields = [*_LETTER_FIELDS, "args", "kwargs", "replay_args", "replay_kwargs", "traceback"]
+        read_only_fields = _LETTER_FIELDS
+
+
+class DeadLetterDetailSerializer(DeadLetterSerializer):
+    """A dead letter with its replay audit trail and the replay steps the user may take now."""
+
+    replay_events = serializers.SerializerMethodField()
+    available_actions = serializers.SerializerMethodField()
+
+    class Meta(DeadLetterSerializer.Meta):
+        fields = [*DeadLetterSerializer.Meta.fields, "replay_events", "available_actions"]
+        read_only_fields = [*_LETTER_FIELDS, "replay_events", "available_actions"]
+
+    def get_replay_events(self, letter: DeadLetter) -> list[dict[str, Any]]:
+        """Every step of the replay, oldest first."""
+        events: Any = ReplayEventSerializer(letter.replay_events.all(), many=True, context=self.context)
+        return list(events.data)
+
+    def get_available_actions(self, letter: DeadLetter) -> list[str]:
+        """The transitions (request, approve, reject) the user may make now; each call checks again."""
+        return dlq.available_actions(letter, self.context.get("user"))
+
+
+class ReasonSerializer(serializers.Serializer):
+    """``approve/`` and ``reject/``: the reason goes into the audit trail."""
+
+    reason = serializers.CharField(max_length=10_000, help_text="Why; required, kept in the audit trail.")
+
+
+class ReplayRequestSerializer(ReasonSerializer):
+    """``request-replay/``: a reason, and optionally a corrected payload (needs ``jobguard.view_payload``)."""
+
+    args = serializers.ListField(child=serializers.JSONField(), required=False)
+    kwargs = serializers.DictField(child=serializers.JSONField(), required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        check_payload(attrs.get("args"), attrs.get("kwargs"))
+        return attrs
+
+
+# -- queues ---------------------------------------------------------------------------------------
+
+
+class QueueSerializer(serializers.Serializer):
+    """The figures ``jobguard_status`` shows for one queue."""
+
+    queue = serializers.CharField(read_only=True)
+    depth = serializers.IntegerField(read_only=True, help_text="Queued jobs that are due.")
+    scheduled = serializers.IntegerField(read_only=True, help_text="Queued jobs with a future run_after.")
+    in_flight = serializers.IntegerField(read_only=True, help_text="Running jobs.")
+    oldest_age_seconds = serializers.FloatField(
+        read_only=True, help_text="Seconds the oldest due job has waited."
+    )
+    dead_letters = serializers.IntegerField(
+        read_only=True, help_text="Dead letters not replayed or rejected."
+    )
+    pending_approvals = serializers.IntegerField(read_only=True, help_text="Replays awaiting approval.")
+    succeeded_last_hour = serializers.IntegerField(read_only=True)
+    failed_last_hour = serializers.IntegerField(read_only=True)

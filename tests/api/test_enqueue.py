@@ -1,0 +1,238 @@
+"""POST jobs/: enqueue over HTTP, its validation (400 naming the field) and the Idempotency-Key header."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+
+from django_jobguard.models import IdempotencyKey, Job
+from tests.api.support import BASE, as_user, client_for
+from tests.conftest import ON_POSTGRES
+
+pytestmark = pytest.mark.django_db
+
+JOBS = BASE + "jobs/"
+ADD = "tests.testapp.tasks.api_add"
+
+
+@pytest.fixture
+def producer():
+    client, _ = as_user("producer", "add_job")
+    return client
+
+
+def post(client, body, **headers):
+    return client.post(JOBS, body, format="json", headers=headers)
+
+
+def assert_problem(response, status: int, field: str, *words: str) -> None:
+    assert response.status_code == status, response.content
+    assert response["Content-Type"] == "application/problem+json"
+    body = response.json()
+    assert body["status"] == status
+    assert field in body["errors"], body
+    message = " ".join(body["errors"][field])
+    for word in words:
+        assert word in message, message
+    assert Job.objects.count() == 0
+
+
+def test_enqueue_creates_the_job_with_201(producer):
+    run_after = "2031-01-02T03:04:05+01:00"
+    response = post(
+        producer,
+        {
+            "task": ADD,
+            "args": [2],
+            "kwargs": {"b": 3},
+            "queue_name": "slow",
+            "priority": 7,
+            "run_after": run_after,
+        },
+    )
+    assert response.status_code == 201, response.content
+    job = Job.objects.get()
+    assert (job.task_name, job.args, job.kwargs, job.queue_name, job.priority) == (
+        ADD,
+        [2],
+        {"b": 3},
+        "slow",
+        7,
+    )
+    assert job.run_after == datetime.datetime(2031, 1, 2, 2, 4, 5, tzinfo=datetime.UTC)
+    body = response.json()
+    assert body["id"] == job.pk and body["status"] == "queued"
+    # The producer may enqueue, not read payloads back.
+    assert "args" not in body and "kwargs" not in body
+
+
+def test_a_task_without_api_true_is_refused_naming_the_task(producer):
+    assert_problem(post(producer, {"task": "tests.testapp.tasks.add", "args": [1]}), 400, "task", "api=True")
+
+
+def test_an_unknown_task_is_refused_naming_the_task(producer):
+    assert_problem(
+        post(producer, {"task": "nope.missing"}), 400, "task", "No task is registered", "nope.missing"
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        ({"task": ADD}, "args", ["'a'"]),
+        ({"task": ADD, "args": [1, 2, 3]}, "args", ["too many positional"]),
+        ({"task": ADD, "args": [1], "kwargs": {"c": 1}}, "kwargs", ["'c'"]),
+        ({"task": ADD, "args": {"a": 1}}, "args", ["list"]),
+        ({"task": ADD, "args": [1], "kwargs": [1]}, "kwargs", ["dictionary"]),
+        ({"task": ADD, "args": [1], "run_after": "2031-01-02T03:04:05"}, "run_after", ["UTC offset"]),
+        ({"task": ADD, "args": [1], "run_after": "next tuesday"}, "run_after", ["ISO 8601"]),
+        ({"task": ADD, "args": [1], "priority": 101}, "priority", ["100"]),
+        ({"task": ADD, "args": [1], "priority": -101}, "priority", ["-100"]),
+        ({"task": ADD, "args": ["a\x00b"]}, "args", ["NUL"]),
+        ({"args": [1]}, "task", ["required"]),
+    ],
+)
+def test_bad_input_is_400_naming_the_field_and_writes_nothing(producer, body, field, words):
+    assert_problem(post(producer, body), 400, field, *words)
+
+
+def test_a_body_that_is_not_json_is_400(producer):
+    response = producer.post(JOBS, b'{"task": ', content_type="application/json")
+    assert response.status_code == 400
+    assert response["Content-Type"] == "application/problem+json"
+    assert "not valid JSON" in response.json()["detail"]
+    assert Job.objects.count() == 0
+
+
+def test_a_body_of_another_content_type_is_415(producer):
+    response = producer.post(JOBS, "task=x", content_type="application/x-www-form-urlencoded")
+    assert response.status_code == 415
+    assert Job.objects.count() == 0
+
+
+@override_settings(JOBGUARD={"API": {"MAX_PAYLOAD_BYTES": 1000}})
+def test_a_payload_over_the_size_limit_is_400(producer):
+    assert_problem(
+        post(producer, {"task": ADD, "args": ["x" * 1200]}), 400, "args", "1000", "MAX_PAYLOAD_BYTES"
+    )
+
+
+@override_settings(JOBGUARD={"API": {"MAX_PAYLOAD_BYTES": 1000}})
+def test_a_body_far_over_the_limit_is_refused_before_parsing(producer):
+    response = post(producer, {"task": ADD, "args": ["x" * 40_000]})
+    assert response.status_code == 400
+    assert "larger than" in response.json()["detail"]
+    assert Job.objects.count() == 0
+
+
+@override_settings(JOBGUARD={"API": {"MAX_DEPTH": 5}})
+def test_a_payload_nested_deeper_than_the_limit_is_400(producer):
+    nested: list = [1]
+    for _ in range(4):
+        nested = [nested]
+    assert_problem(post(producer, {"task": ADD, "args": [nested]}), 400, "args", "deeper than 5")
+
+
+def test_a_body_nested_a_million_deep_is_400_not_a_crash(producer):
+    body = b'{"task": "x", "args": ' + b"[" * 1_000_000 + b"]" * 1_000_000 + b"}"
+    with override_settings(JOBGUARD={"API": {"MAX_PAYLOAD_BYTES": 4_000_000}}):
+        response = producer.post(JOBS, body, content_type="application/json")
+    assert response.status_code == 400
+    assert "nested deeper" in response.json()["detail"]
+    assert Job.objects.count() == 0
+
+
+def test_the_same_key_and_body_return_the_same_job_with_200(producer):
+    body = {"task": ADD, "args": [1], "kwargs": {"b": 2}}
+    first = post(producer, body, **{"Idempotency-Key": "order-7"})
+    again = post(producer, {"task": ADD, "kwargs": {"a": 1, "b": 2}}, **{"Idempotency-Key": "order-7"})
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json()["id"] == again.json()["id"]
+    assert Job.objects.get().idempotency_key == "order-7"
+    assert IdempotencyKey.objects.get().duplicates == 1
+
+
+@pytest.mark.parametrize("change", [{"args": [2]}, {"priority": 5}, {"queue_name": "slow"}])
+def test_the_same_key_with_another_body_is_409_naming_the_key(producer, change):
+    body = {"task": ADD, "args": [1]}
+    assert post(producer, body, **{"Idempotency-Key": "order-8"}).status_code == 201
+    response = post(producer, {**body, **change}, **{"Idempotency-Key": "order-8"})
+    assert response.status_code == 409, response.content
+    assert response["Content-Type"] == "application/problem+json"
+    assert "'order-8'" in response.json()["detail"]
+    assert response.json()["code"] == "idempotency_conflict"
+    assert Job.objects.count() == 1
+
+
+def test_a_malformed_idempotency_key_is_400(producer):
+    assert_problem(
+        post(producer, {"task": ADD, "args": [1]}, **{"Idempotency-Key": "x" * 256}), 400, "Idempotency-Key"
+    )
+
+
+def test_without_add_job_enqueue_is_403_and_writes_nothing():
+    reader, _ = as_user("reader", "view_job")
+    response = post(reader, {"task": ADD, "args": [1]})
+    assert response.status_code == 403
+    assert response["Content-Type"] == "application/problem+json"
+    assert client_for(None).post(JOBS, {"task": ADD, "args": [1]}, format="json").status_code in (401, 403)
+    assert Job.objects.count() == 0
+
+
+@override_settings(JOBGUARD={"API": {"ENQUEUE_THROTTLE_RATE": "2/minute"}})
+def test_enqueue_is_throttled_at_the_configured_rate(producer):
+    codes = [post(producer, {"task": ADD, "args": [n]}).status_code for n in range(3)]
+    assert codes == [201, 201, 429]
+    assert Job.objects.count() == 2
+
+
+def _enqueue_from_threads(user, count: int) -> list[tuple[int, int]]:
+    barrier = threading.Barrier(count)
+    answers: list[tuple[int, int]] = []
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            client = client_for(user)
+            barrier.wait(timeout=60)
+            response = post(client, {"task": ADD, "args": [5]}, **{"Idempotency-Key": "pay:5"})
+            answers.append((response.status_code, response.json().get("id")))
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=produce) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    return answers
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(ON_POSTGRES, reason="the SQLite run of the test below")
+def test_eight_clients_with_one_key_create_one_job_on_sqlite():
+    _, user = as_user("producer", "add_job")
+    _check_one_job(_enqueue_from_threads(user, 8))
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_eight_clients_with_one_key_create_one_job_on_postgres():
+    _, user = as_user("producer", "add_job")
+    _check_one_job(_enqueue_from_threads(user, 8))
+
+
+def _check_one_job(answers: list[tuple[int, int]]) -> None:
+    assert len(answers) == 8
+    assert sorted(code for code, _ in answers) == [200] * 7 + [201], answers
+    assert len({job_id for _, job_id in answers}) == 1
+    job = Job.objects.get()
+    assert job.idempotency_key == "pay:5"
+    assert IdempotencyKey.objects.get(key="pay:5").duplicates == 7
