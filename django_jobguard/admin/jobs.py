@@ -8,6 +8,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.template.loader import render_to_string
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
@@ -44,6 +45,7 @@ class JobAdmin(ReadOnlyAdmin):
         "checkpoints_json",
         "dead_letter_link",
         "replayed_from_link",
+        "attempt_timeline",
     ]
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -84,6 +86,7 @@ class JobAdmin(ReadOnlyAdmin):
                 _("Failures"),
                 {"fields": ["first_failed_at", "last_error", "dead_letter_link", "replayed_from_link"]},
             ),
+            (_("Attempts"), {"fields": ["attempt_timeline"]}),
         ]
         if can_view_payload(request):
             fieldsets.insert(1, _PAYLOAD)
@@ -104,6 +107,14 @@ class JobAdmin(ReadOnlyAdmin):
     @admin.display(description=_("checkpoints"))
     def checkpoints_json(self, obj: Job) -> SafeString:
         return pretty_json(obj.checkpoints)
+
+    @admin.display(description=_("Attempt timeline"))
+    def attempt_timeline(self, obj: Job) -> SafeString:
+        """One row per attempt from the job's history: worker, start, end, error class and message."""
+        attempts = [
+            {**entry, "number": number} for number, entry in enumerate(obj.attempt_history or [], start=1)
+        ]
+        return render_to_string("django_jobguard/admin/job/attempt_timeline.html", {"attempts": attempts})
 
     @admin.display(description=_("dead letter"))
     def dead_letter_link(self, obj: Job) -> SafeString | str:
