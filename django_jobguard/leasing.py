@@ -254,7 +254,9 @@ def insert_jobs(
             )
             results = list(cursor.fetchall())
         else:
-            placeholder = f"(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {constants}, '{{}}', '[]'{run_after_sql})"
+            placeholder = (
+                f"(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {constants}, '{{}}', '[]'{run_after_sql})"
+            )
             for start in range(0, len(rows), SQLITE_INSERT_CHUNK):
                 chunk = rows[start : start + SQLITE_INSERT_CHUNK]
                 params: list[Any] = []

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from django import VERSION as _django_version
+from django import VERSION as _DJANGO_VERSION
 
 BASE_DIR = Path(__file__).resolve().parent
 SECRET_KEY = "tests-only-not-secret"  # noqa: S105
@@ -104,7 +104,7 @@ INSTALLED_APPS = [
 ]
 # Django's Tasks framework on jobguard: django.tasks on Django 6.x, the django-tasks backport
 # on 5.2 when it is installed. Without either, TASKS stays unset and the backend's tests skip.
-if _django_version >= (6,):
+if _DJANGO_VERSION >= (6,):
     TASKS_ROOT: str | None = "django.tasks"
 elif _importlib_util.find_spec("django_tasks") is not None:
     TASKS_ROOT = "django_tasks"

@@ -37,7 +37,7 @@ STATUS_MAP = {
 }
 
 
-class JobGuardBackend(_compat.BaseTaskBackend):  # type: ignore[misc]
+class JobGuardBackend(_compat.BaseTaskBackend):
     """``TASKS = {"default": {"BACKEND": "django_jobguard.backends.JobGuardBackend"}}``.
 
     ``OPTIONS`` may hold defaults for every task of the backend: ``max_attempts``,
@@ -126,7 +126,8 @@ class JobGuardBackend(_compat.BaseTaskBackend):  # type: ignore[misc]
         if not apps.is_installed("django_jobguard"):
             messages.append(
                 checks.Error(
-                    f"TASKS[{self.alias!r}] uses JobGuardBackend, but django_jobguard is not in INSTALLED_APPS.",
+                    f"TASKS[{self.alias!r}] uses JobGuardBackend, but django_jobguard is not in "
+                    "INSTALLED_APPS.",
                     hint="Add 'django_jobguard' to INSTALLED_APPS and run migrate.",
                     id="jobguard.E013",
                 )

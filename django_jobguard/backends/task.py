@@ -63,7 +63,7 @@ BACKEND_OPTIONS = (
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class JobGuardTask(_compat.Task):  # type: ignore[misc]
+class JobGuardTask(_compat.Task):
     """A Django task with jobguard's options (see :func:`django_jobguard.task` for each)."""
 
     max_attempts: int | None = None
@@ -109,7 +109,7 @@ def jobguard_task_for(django_task: Any, defaults: Mapping[str, Any]) -> Jobguard
     cached = _twins.get(name)
     if cached is not None and cached[0] == key:
         return cached[1]
-    twin = JobguardTask(
+    twin: JobguardTask[Any, Any] = JobguardTask(
         func=_handler(django_task),
         name=name,
         max_attempts=options.get("max_attempts"),
