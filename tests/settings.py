@@ -113,6 +113,12 @@ else:
 if TASKS_ROOT:
     TASKS = {
         "default": {"BACKEND": "django_jobguard.backends.JobGuardBackend", "QUEUES": ["default", "slow"]},
+        # Short leases for the crash tests (OPTIONS: defaults for every task of the backend).
+        "short": {
+            "BACKEND": "django_jobguard.backends.JobGuardBackend",
+            "QUEUES": ["default"],
+            "OPTIONS": {"visibility_timeout": 2},
+        },
     }
     if TASKS_ROOT == "django_tasks":
         INSTALLED_APPS.append("django_tasks")  # the backport's checks and log receivers

@@ -141,3 +141,12 @@ def describe_context(context) -> dict:
         "worker_id": context.worker_id,
         "using": context.using,
     }
+
+
+@task()
+async def add_async(a: int, b: int = 0) -> int:
+    """jobguard's own @task on a coroutine function: the worker runs it to completion."""
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    return a + b

@@ -63,7 +63,7 @@ async def add_async(a: int, b: int) -> int:
     return a + b
 
 
-@task(takes_context=True)
+@task(takes_context=True, backend="short")
 def sleep_once(context: Any, marker_dir: str, seconds: float) -> int:
     """Writes ``<attempt>.started``; sleeps on the first attempt only (the one a test kills)."""
     Path(marker_dir, f"{context.attempt}.{os.getpid()}.started").write_text("")
