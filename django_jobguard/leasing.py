@@ -363,10 +363,25 @@ def _tune_for_claims(alias: str) -> None:
     _tuned_connections.add(raw)
 
 
-def claim(alias: str, queues: Sequence[str] | None, limit: int, worker_id: str) -> list[ClaimedJob]:
-    """Lease up to ``limit`` due jobs of ``queues`` (all queues if None) in one statement."""
+def claim(
+    alias: str,
+    queues: Sequence[str] | None,
+    limit: int,
+    worker_id: str,
+    exclude: Sequence[str] = (),
+) -> list[ClaimedJob]:
+    """Lease up to ``limit`` due jobs of ``queues`` (all queues if None) in one statement.
+
+    ``exclude`` names queues to leave alone when ``queues`` is None (every other queue);
+    with a list of queues, leave them out of the list instead.
+    """
     if limit <= 0:
         return []
+    if queues:
+        queues = [name for name in queues if name not in exclude]
+        if not queues:
+            return []
+        exclude = ()
     vendor = _vendor(alias)
     params: list[Any] = []
     if vendor == "postgresql":
@@ -378,7 +393,14 @@ def claim(alias: str, queues: Sequence[str] | None, limit: int, worker_id: str) 
         # due row instead, hence one LATERAL index walk per queue for several queues.)
         due = f"status = 'queued' AND run_after <= {_PG_NOW} AND attempts < max_attempts"
         order = "ORDER BY priority DESC, run_after, id"
-        if not queues:
+        if not queues and exclude:
+            # A filter on the same index walk: the excluded queues' rows are skipped over.
+            picked = (
+                f"SELECT id FROM {_TABLE} WHERE {due} AND queue_name <> ALL(%s) {order} "
+                "LIMIT %s FOR UPDATE SKIP LOCKED"
+            )
+            params = [list(exclude), limit]
+        elif not queues:
             picked = f"SELECT id FROM {_TABLE} WHERE {due} {order} LIMIT %s FOR UPDATE SKIP LOCKED"
             params = [limit]
         elif len(queues) == 1:
@@ -410,6 +432,9 @@ def claim(alias: str, queues: Sequence[str] | None, limit: int, worker_id: str) 
         if queues:
             queue_filter = f"AND queue_name IN ({_in(queues)}) "
             params += list(queues)
+        elif exclude:
+            queue_filter = f"AND queue_name NOT IN ({_in(exclude)}) "
+            params += list(exclude)
         params = [worker_id, worker_id, *params, limit]
         sql = (
             f"UPDATE {_TABLE} SET status = 'running', attempts = attempts + 1, "

@@ -132,6 +132,7 @@ class Worker:
         self,
         *,
         queues: Sequence[str] | None = None,
+        exclude_queues: Sequence[str] = (),
         concurrency: int = 1,
         batch_size: int | None = None,
         burst: bool = False,
@@ -147,6 +148,8 @@ class Worker:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.queues = list(queues) if queues else None
+        #: Queues never claimed from (django-tasks-db's --exclude-queues).
+        self.exclude_queues = list(exclude_queues)
         self.concurrency = concurrency
         self.capacity = batch_size or conf.batch_size or concurrency * 2
         self._explicit_batch = bool(batch_size or conf.batch_size)
@@ -300,7 +303,7 @@ class Worker:
         return self.capacity
 
     def _claim(self, limit: int) -> int:
-        jobs = leasing.claim(self.alias, self.queues, limit, self.worker_id)
+        jobs = leasing.claim(self.alias, self.queues, limit, self.worker_id, self.exclude_queues)
         if not jobs:
             return 0
         if _faults.ENABLED:
