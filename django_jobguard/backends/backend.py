@@ -119,35 +119,10 @@ class JobGuardBackend(_compat.BaseTaskBackend):
         return await sync_to_async(self.get_result, thread_sensitive=True)(result_id)
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
-        """jobguard.E013: the app is not installed; W017: a queue jobguard does not configure."""
-        from django.apps import apps
+        """Django's checks of the backend, then jobguard.E013 and W017 (see checks.py)."""
+        from ..checks import check_tasks_backend
 
-        messages: list[checks.CheckMessage] = list(super().check(**kwargs))
-        if not apps.is_installed("django_jobguard"):
-            messages.append(
-                checks.Error(
-                    f"TASKS[{self.alias!r}] uses JobGuardBackend, but django_jobguard is not in "
-                    "INSTALLED_APPS.",
-                    hint="Add 'django_jobguard' to INSTALLED_APPS and run migrate.",
-                    id="jobguard.E013",
-                )
-            )
-            return messages
-        try:
-            configured = set(get_settings().queues)
-        except ImproperlyConfigured:
-            return messages  # jobguard.E001 reports it
-        if configured:
-            for name in sorted(self.queues - configured):
-                messages.append(
-                    checks.Warning(
-                        f"TASKS[{self.alias!r}]['QUEUES'] lists {name!r}, which JOBGUARD['QUEUES'] does "
-                        "not configure: its jobs get the global visibility timeout and retry schedule.",
-                        hint=f"Add {name!r} to JOBGUARD['QUEUES'], or remove it from TASKS.",
-                        id="jobguard.W017",
-                    )
-                )
-        return messages
+        return [*super().check(**kwargs), *check_tasks_backend(self.alias, self.queues)]
 
     # -- rows to results -------------------------------------------------------------------
 
