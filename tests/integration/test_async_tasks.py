@@ -2,6 +2,7 @@
 
 import pytest
 
+from django_jobguard.models import DeadLetter
 from django_jobguard.worker import Worker
 from tests.testapp import tasks
 
@@ -17,3 +18,17 @@ def test_an_async_task_runs_in_the_worker_and_stores_its_result():
 
 def test_call_runs_an_async_task_here_and_now():
     assert tasks.add_async.call(1, b=2) == 3
+
+
+@pytest.mark.processes
+def test_an_async_task_past_its_hard_timeout_is_dead_lettered_by_the_watchdog(workers):
+    job = tasks.hangs_async.enqueue()
+    done = workers.burst()
+    assert done.returncode == 0, done.stderr.decode()
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == ("dead", 1)
+    letter = DeadLetter.objects.get(job=job)
+    assert letter.reason == "hard_timeout"
+    assert "hard timeout of 1.0s" in letter.error_message
+    (entry,) = job.attempt_history
+    assert entry["error_class"] == "builtins.TimeoutError"

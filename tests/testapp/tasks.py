@@ -150,3 +150,11 @@ async def add_async(a: int, b: int = 0) -> int:
 
     await asyncio.sleep(0.01)
     return a + b
+
+
+@task(timeout=1.0, max_attempts=1)
+async def hangs_async(seconds: float = 3600) -> None:
+    """A coroutine past its hard timeout: the watchdog fails it like a blocking handler."""
+    import asyncio
+
+    await asyncio.sleep(seconds)
