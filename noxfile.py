@@ -1,7 +1,7 @@
 """The full test matrix. CI (.ci/run) runs the subset that fits its time budget.
 
 nox -s tests            every Python x Django x database combination
-nox -s "tests-3.12(django='6', db='postgres')"
+nox -s "tests-3.12(django='6.0', db='postgres')"
 nox -s lint typecheck docs
 """
 
@@ -14,7 +14,12 @@ nox.options.reuse_existing_virtualenvs = True
 
 PG_URL = os.environ.get("JOBGUARD_TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/jobguard_nox")
 REDIS_URL = os.environ.get("JOBGUARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
-DJANGO = {"5.2": "Django>=5.2,<5.3", "6": "Django>=6.0,<7"}
+DJANGO = {
+    "5.2": ["Django>=5.2,<5.3"],
+    "6.0": ["Django>=6.0,<6.1"],
+    # django-prometheus 2.5.0 declares Django<6.1; 2.4.0 declares no upper bound.
+    "6.1": ["Django>=6.1,<6.2", "django-prometheus==2.4.0"],
+}
 
 
 def _install(session: nox.Session, *groups: str) -> None:
@@ -23,12 +28,12 @@ def _install(session: nox.Session, *groups: str) -> None:
 
 @nox.session(python=["3.11", "3.12", "3.13"])
 @nox.parametrize("db", ["sqlite", "postgres"])
-@nox.parametrize("django", ["5.2", "6"])
+@nox.parametrize("django", ["5.2", "6.0", "6.1"])
 def tests(session: nox.Session, django: str, db: str) -> None:
-    if django == "6" and session.python == "3.11":
+    if django != "5.2" and session.python == "3.11":
         session.skip("Django 6 needs Python 3.12 or newer")
     _install(session, "test")
-    session.install(DJANGO[django])
+    session.install(*DJANGO[django])
     env = {}
     if db == "postgres":
         env = {"JOBGUARD_TEST_DATABASE_URL": PG_URL, "JOBGUARD_TEST_REDIS_URL": REDIS_URL}

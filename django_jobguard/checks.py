@@ -147,6 +147,41 @@ def check_cache_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
     ]
 
 
+def check_tasks_backend(alias: str, queues: set[str]) -> list[checks.CheckMessage]:
+    """jobguard.E013: JobGuardBackend without the app; W017: a TASKS queue JOBGUARD does not configure.
+
+    Not registered here: ``JobGuardBackend.check()`` calls it for each of its ``TASKS`` aliases,
+    and Django runs the backends' checks.
+    """
+    from django.apps import apps
+
+    from .conf import get_settings
+
+    if not apps.is_installed("django_jobguard"):
+        return [
+            checks.Error(
+                f"TASKS[{alias!r}] uses JobGuardBackend, but django_jobguard is not in INSTALLED_APPS.",
+                hint="Add 'django_jobguard' to INSTALLED_APPS and run migrate.",
+                id="jobguard.E013",
+            )
+        ]
+    try:
+        configured = set(get_settings().queues)
+    except ImproperlyConfigured:
+        return []  # jobguard.E001 reports it
+    if not configured:
+        return []
+    return [
+        checks.Warning(
+            f"TASKS[{alias!r}]['QUEUES'] lists {name!r}, which JOBGUARD['QUEUES'] does not configure: "
+            "its jobs get the global visibility timeout and retry schedule.",
+            hint=f"Add {name!r} to JOBGUARD['QUEUES'], or remove it from TASKS[{alias!r}]['QUEUES'].",
+            id="jobguard.W017",
+        )
+        for name in sorted(queues - configured)
+    ]
+
+
 @checks.register()
 def check_api(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """jobguard.W040: tasks are declared ``@task(api=True)`` but Django REST framework is not installed."""

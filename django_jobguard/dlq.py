@@ -144,7 +144,8 @@ def dead_letter(
 
     summary = f"{error_class}: {error_message}" if error_class else error_message
     with transaction.atomic(using=alias):
-        if not leasing.mark_dead(alias, job_id, lease_token, summary):
+        attempt_error = (_class_path(error_class), error_message, traceback)
+        if not leasing.mark_dead(alias, job_id, lease_token, summary, attempt_error):
             raise LeaseLost(f"job {job_id}: lease lost before dead-lettering")
         job = Job.objects.using(alias).get(pk=job_id)
         failed_at = job.finished_at or timezone.now()
@@ -175,6 +176,23 @@ def dead_letter(
             idempotency.record_failure(alias, scope, job.idempotency_key, job.pk)
         transaction.on_commit(functools.partial(_announce_dead_letter, letter), using=alias)
     return letter
+
+
+def _class_path(error_class: str) -> str:
+    """The importable path of a recorded error class (Django's ``TaskError`` resolves it)."""
+    import builtins
+
+    from . import exceptions
+
+    if "." in error_class or not error_class:
+        return error_class
+    if error_class == "LeaseExpired":  # the reaper's name for a lost lease
+        return f"{exceptions.__name__}.LeaseLost"
+    if isinstance(getattr(builtins, error_class, None), type):
+        return f"builtins.{error_class}"
+    if isinstance(getattr(exceptions, error_class, None), type):
+        return f"{exceptions.__name__}.{error_class}"
+    return error_class
 
 
 def _announce_dead_letter(letter: DeadLetter) -> None:

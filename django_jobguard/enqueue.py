@@ -76,6 +76,7 @@ def build_job(
     pk, run_after, enqueued_at = inserted
     values = {**defaults, **fields, "id": pk, "run_after": run_after, "enqueued_at": enqueued_at}
     values["checkpoints"] = {}
+    values["attempt_history"] = []
     # from_db builds the instance positionally, as a query would: about a third of the
     # cost of keyword construction, on the enqueue hot path.
     return Job.from_db(alias, names, [values[name] for name in names])

@@ -101,6 +101,51 @@ class ClaimedJob:
         )
 
 
+#: How a failed attempt is recorded in the job's history: (error class path, message, traceback).
+AttemptError = tuple[str, str, str]
+#: The history entry of an attempt whose worker stopped heartbeating (no traceback to keep).
+LEASE_EXPIRED_ERROR: AttemptError = (
+    "django_jobguard.exceptions.LeaseLost",
+    "the lease expired: the worker stopped heartbeating (crashed, frozen or cut off)",
+    "",
+)
+
+
+def _history_started(vendor: str) -> str:
+    """SQL for the attempt history with a new entry (parameter: the worker id), in the claim."""
+    if vendor == "postgresql":
+        return (
+            "j.attempt_history || jsonb_build_array(jsonb_build_object("
+            f"'worker_id', %s::text, 'started_at', {_PG_NOW}))"
+        )
+    return f"json_insert(attempt_history, '$[#]', json_object('worker_id', %s, 'started_at', {_SQLITE_NOW}))"
+
+
+def _history_failed(vendor: str, column: str = "attempt_history") -> str:
+    """SQL for the history with its last entry marked failed (parameters: an :data:`AttemptError`)."""
+    if vendor == "postgresql":
+        # COALESCE: a job claimed before the history existed has no entry to complete.
+        return (
+            f"jsonb_set({column}, '{{-1}}', COALESCE({column} -> -1, '{{}}'::jsonb) || jsonb_build_object("
+            f"'finished_at', {_PG_NOW}, 'error_class', %s::text, 'error', %s::text, 'traceback', %s::text))"
+        )
+    return (
+        f"CASE WHEN json_array_length({column}) > 0 THEN json_set({column}, "
+        f"'$[#-1].finished_at', {_SQLITE_NOW}, '$[#-1].error_class', %s, '$[#-1].error', %s, "
+        f"'$[#-1].traceback', %s) ELSE {column} END"
+    )
+
+
+def _history_dropped(vendor: str) -> str:
+    """SQL for the history without its last entry: the attempt was refunded, it did not count."""
+    if vendor == "postgresql":
+        return "attempt_history - (-1)"
+    return (
+        "CASE WHEN json_array_length(attempt_history) > 0 "
+        "THEN json_remove(attempt_history, '$[#-1]') ELSE attempt_history END"
+    )
+
+
 def _vendor(alias: str) -> str:
     vendor = connections[alias].vendor
     if vendor not in ("postgresql", "sqlite"):
@@ -127,7 +172,7 @@ SQLITE_INSERT_CHUNK = 500
 _INSERT_COLUMNS = (
     "task_name, queue_name, args, kwargs, priority, max_attempts, visibility_timeout, "
     "idempotency_key, lock_key, handler_version, status, attempts, worker_id, last_error, "
-    "reappearances, lock_contentions, checkpoints"
+    "reappearances, lock_contentions, checkpoints, attempt_history"
 )
 _INSERT_FIELDS = (
     "task_name",
@@ -188,7 +233,8 @@ def insert_jobs(
             values[3] = json.dumps(values[3])
             cursor.execute(
                 f"INSERT INTO {_TABLE} ({columns}) VALUES (%s, %s, %s::jsonb, %s::jsonb, %s, %s, %s, %s, %s, "
-                f"%s, {constants}, '{{}}'::jsonb{run_after_sql}) RETURNING id, run_after, enqueued_at",
+                f"%s, {constants}, '{{}}'::jsonb, '[]'::jsonb{run_after_sql}) "
+                "RETURNING id, run_after, enqueued_at",
                 [*values, *extra_params],
             )
             results = list(cursor.fetchall())
@@ -200,7 +246,7 @@ def insert_jobs(
             cursor.execute(
                 f"INSERT INTO {_TABLE} ({columns}) "
                 f"SELECT t, q, a::jsonb, k::jsonb, p, m, v, i, l, h, {constants}, "
-                f"'{{}}'::jsonb{run_after_sql} "
+                f"'{{}}'::jsonb, '[]'::jsonb{run_after_sql} "
                 "FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::smallint[], %s::int[], "
                 "%s::float8[], %s::text[], %s::text[], %s::text[]) AS u(t, q, a, k, p, m, v, i, l, h) "
                 "RETURNING id, run_after, enqueued_at",
@@ -208,7 +254,9 @@ def insert_jobs(
             )
             results = list(cursor.fetchall())
         else:
-            placeholder = f"(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {constants}, '{{}}'{run_after_sql})"
+            placeholder = (
+                f"(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {constants}, '{{}}', '[]'{run_after_sql})"
+            )
             for start in range(0, len(rows), SQLITE_INSERT_CHUNK):
                 chunk = rows[start : start + SQLITE_INSERT_CHUNK]
                 params: list[Any] = []
@@ -272,8 +320,8 @@ def insert_keyed_job(
         "ON CONFLICT (scope, key) DO NOTHING RETURNING job_id) "
         f"INSERT INTO {_TABLE} (id, {_INSERT_COLUMNS}{', run_after' if run_after_sql else ''}) "
         "SELECT k.job_id, %s::varchar, %s::varchar, %s::jsonb, %s::jsonb, %s::smallint, %s::int, "
-        "%s::float8, %s::varchar, %s::varchar, %s::varchar, 'queued', 0, '', '', 0, 0, '{}'::jsonb"
-        f"{run_after_sql} FROM k RETURNING id, run_after, enqueued_at"
+        "%s::float8, %s::varchar, %s::varchar, %s::varchar, 'queued', 0, '', '', 0, 0, '{}'::jsonb, "
+        f"'[]'::jsonb{run_after_sql} FROM k RETURNING id, run_after, enqueued_at"
     )
     expiry = connection.ops.adapt_datetimefield_value(expires_at)
     params = [row["idempotency_key"], scope, fingerprint, expiry]
@@ -315,10 +363,25 @@ def _tune_for_claims(alias: str) -> None:
     _tuned_connections.add(raw)
 
 
-def claim(alias: str, queues: Sequence[str] | None, limit: int, worker_id: str) -> list[ClaimedJob]:
-    """Lease up to ``limit`` due jobs of ``queues`` (all queues if None) in one statement."""
+def claim(
+    alias: str,
+    queues: Sequence[str] | None,
+    limit: int,
+    worker_id: str,
+    exclude: Sequence[str] = (),
+) -> list[ClaimedJob]:
+    """Lease up to ``limit`` due jobs of ``queues`` (all queues if None) in one statement.
+
+    ``exclude`` names queues to leave alone when ``queues`` is None (every other queue);
+    with a list of queues, leave them out of the list instead.
+    """
     if limit <= 0:
         return []
+    if queues:
+        queues = [name for name in queues if name not in exclude]
+        if not queues:
+            return []
+        exclude = ()
     vendor = _vendor(alias)
     params: list[Any] = []
     if vendor == "postgresql":
@@ -330,7 +393,14 @@ def claim(alias: str, queues: Sequence[str] | None, limit: int, worker_id: str) 
         # due row instead, hence one LATERAL index walk per queue for several queues.)
         due = f"status = 'queued' AND run_after <= {_PG_NOW} AND attempts < max_attempts"
         order = "ORDER BY priority DESC, run_after, id"
-        if not queues:
+        if not queues and exclude:
+            # A filter on the same index walk: the excluded queues' rows are skipped over.
+            picked = (
+                f"SELECT id FROM {_TABLE} WHERE {due} AND queue_name <> ALL(%s) {order} "
+                "LIMIT %s FOR UPDATE SKIP LOCKED"
+            )
+            params = [list(exclude), limit]
+        elif not queues:
             picked = f"SELECT id FROM {_TABLE} WHERE {due} {order} LIMIT %s FOR UPDATE SKIP LOCKED"
             params = [limit]
         elif len(queues) == 1:
@@ -346,13 +416,13 @@ def claim(alias: str, queues: Sequence[str] | None, limit: int, worker_id: str) 
                 "LIMIT %s FOR UPDATE SKIP LOCKED) AS c ORDER BY c.priority DESC, c.run_after, c.id LIMIT %s"
             )
             params = [list(queues), limit, limit]
-        params.append(worker_id)
+        params += [worker_id, worker_id]
         sql = (
             f"WITH picked AS ({picked}) "
             f"UPDATE {_TABLE} AS j SET status = 'running', attempts = j.attempts + 1, "
             "lease_token = replace(gen_random_uuid()::text, '-', ''), "
             f"lease_expires_at = {_PG_NOW} + j.visibility_timeout * interval '1 second', "
-            f"started_at = {_PG_NOW}, worker_id = %s "
+            f"started_at = {_PG_NOW}, worker_id = %s, attempt_history = {_history_started('postgresql')} "
             f"FROM picked WHERE j.id = picked.id RETURNING {_RETURNING_J}"
         )
     else:
@@ -362,13 +432,16 @@ def claim(alias: str, queues: Sequence[str] | None, limit: int, worker_id: str) 
         if queues:
             queue_filter = f"AND queue_name IN ({_in(queues)}) "
             params += list(queues)
-        params = [worker_id, *params, limit]
+        elif exclude:
+            queue_filter = f"AND queue_name NOT IN ({_in(exclude)}) "
+            params += list(exclude)
+        params = [worker_id, worker_id, *params, limit]
         sql = (
             f"UPDATE {_TABLE} SET status = 'running', attempts = attempts + 1, "
             "lease_token = lower(hex(randomblob(16))), "
             "lease_expires_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', "
             "'+' || visibility_timeout || ' seconds'), "
-            f"started_at = {_SQLITE_NOW}, worker_id = %s "
+            f"started_at = {_SQLITE_NOW}, worker_id = %s, attempt_history = {_history_started('sqlite')} "
             f"WHERE id IN (SELECT id FROM {_TABLE} WHERE status = 'queued' {queue_filter}"
             f"AND run_after <= {_SQLITE_NOW} AND attempts < max_attempts "
             "ORDER BY priority DESC, run_after, id LIMIT %s) AND status = 'queued' "
@@ -430,14 +503,18 @@ def requeue(
     error: str | None,
     refund_attempt: bool = False,
     contention: bool = False,
+    attempt_error: AttemptError | None = None,
 ) -> bool:
     """Give the job back to the queue, due after ``delay`` seconds, if the lease is ours.
 
-    A failed attempt keeps its count; a lock contention or a shutdown hand-back before
-    the handler started refunds it (``refund_attempt``).
+    A failed attempt keeps its count and, with ``attempt_error``, its entry in the
+    attempt history says how it failed; a lock contention or a shutdown hand-back before
+    the handler started refunds it (``refund_attempt``), and drops its history entry, so
+    the history holds one entry per counted attempt.
     """
     failed = error is not None
-    if _vendor(alias) == "postgresql":
+    vendor = _vendor(alias)
+    if vendor == "postgresql":
         run_after = f"{_PG_NOW} + %s * interval '1 second'"
         delay_param: Any = delay
         now = _PG_NOW
@@ -458,22 +535,38 @@ def requeue(
     if failed:
         sets += ["last_error = %s", f"first_failed_at = COALESCE(first_failed_at, {now})"]
         params.append(error)
+    if refund_attempt:
+        sets.append(f"attempt_history = {_history_dropped(vendor)}")
+    elif attempt_error is not None:
+        sets.append(f"attempt_history = {_history_failed(vendor)}")
+        params += list(attempt_error)
     sql = f"UPDATE {_TABLE} SET {', '.join(sets)} WHERE id = %s AND lease_token = %s"
     with connections[alias].cursor() as cursor:
         cursor.execute(sql, [*params, job_id, lease_token])
         return bool(cursor.rowcount == 1)
 
 
-def mark_dead(alias: str, job_id: int, lease_token: str, error: str) -> bool:
-    """Mark the job dead, if the lease is ours. Call inside the dead letter's transaction."""
-    now = _PG_NOW if _vendor(alias) == "postgresql" else _SQLITE_NOW
+def mark_dead(
+    alias: str, job_id: int, lease_token: str, error: str, attempt_error: AttemptError | None = None
+) -> bool:
+    """Mark the job dead, if the lease is ours. Call inside the dead letter's transaction.
+
+    ``attempt_error`` completes the last attempt's history entry (in the same statement).
+    """
+    vendor = _vendor(alias)
+    now = _PG_NOW if vendor == "postgresql" else _SQLITE_NOW
+    history = ""
+    params: list[Any] = [error]
+    if attempt_error is not None:
+        history = f", attempt_history = {_history_failed(vendor)}"
+        params += list(attempt_error)
     sql = (
         f"UPDATE {_TABLE} SET status = 'dead', finished_at = {now}, lease_token = NULL, "
-        f"lease_expires_at = NULL, last_error = %s, first_failed_at = COALESCE(first_failed_at, {now}) "
-        "WHERE id = %s AND lease_token = %s"
+        f"lease_expires_at = NULL, last_error = %s, first_failed_at = COALESCE(first_failed_at, {now})"
+        f"{history} WHERE id = %s AND lease_token = %s"
     )
     with connections[alias].cursor() as cursor:
-        cursor.execute(sql, [error, job_id, lease_token])
+        cursor.execute(sql, [*params, job_id, lease_token])
         return bool(cursor.rowcount == 1)
 
 
@@ -494,10 +587,11 @@ def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], li
             "ORDER BY lease_expires_at LIMIT %s FOR UPDATE SKIP LOCKED) "
             f"UPDATE {_TABLE} AS j SET status = 'queued', lease_token = NULL, lease_expires_at = NULL, "
             f"run_after = {_PG_NOW}, reappearances = j.reappearances + 1, worker_id = '', "
-            f"first_failed_at = COALESCE(j.first_failed_at, {_PG_NOW}), last_error = %s "
+            f"first_failed_at = COALESCE(j.first_failed_at, {_PG_NOW}), last_error = %s, "
+            f"attempt_history = {_history_failed(vendor, 'j.attempt_history')} "
             "FROM expired WHERE j.id = expired.id RETURNING j.id, j.queue_name"
         )
-        requeue_params: list[Any] = [limit, message]
+        requeue_params: list[Any] = [limit, message, *LEASE_EXPIRED_ERROR]
         exhausted_sql = (
             f"SELECT id, lease_token FROM {_TABLE} WHERE status = 'running' "
             f"AND lease_expires_at < {_PG_NOW} AND attempts >= max_attempts "
@@ -507,12 +601,13 @@ def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], li
         requeue_sql = (
             f"UPDATE {_TABLE} SET status = 'queued', lease_token = NULL, lease_expires_at = NULL, "
             f"run_after = {_SQLITE_NOW}, reappearances = reappearances + 1, worker_id = '', "
-            f"first_failed_at = COALESCE(first_failed_at, {_SQLITE_NOW}), last_error = %s "
+            f"first_failed_at = COALESCE(first_failed_at, {_SQLITE_NOW}), last_error = %s, "
+            f"attempt_history = {_history_failed(vendor)} "
             f"WHERE id IN (SELECT id FROM {_TABLE} WHERE status = 'running' "
             f"AND lease_expires_at < {_SQLITE_NOW} AND attempts < max_attempts "
             "ORDER BY lease_expires_at LIMIT %s) AND status = 'running' RETURNING id, queue_name"
         )
-        requeue_params = [message, limit]
+        requeue_params = [message, *LEASE_EXPIRED_ERROR, limit]
         exhausted_sql = (
             f"SELECT id, lease_token FROM {_TABLE} WHERE status = 'running' "
             f"AND lease_expires_at < {_SQLITE_NOW} AND attempts >= max_attempts "

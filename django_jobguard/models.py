@@ -85,6 +85,17 @@ class Job(models.Model):
     handler_version = models.CharField(max_length=64, blank=True, default="")
     result = models.JSONField(null=True, blank=True)
     checkpoints = models.JSONField(default=dict, blank=True)
+    # Appended to by the claim and the failure statements that run anyway, so keeping it
+    # costs a successful job no extra statement (see leasing.py).
+    attempt_history = models.JSONField(
+        default=list,
+        blank=True,
+        editable=False,
+        help_text=_(
+            "One entry per attempt: worker_id, started_at, and for a failed one finished_at, "
+            "error_class, error and traceback."
+        ),
+    )
 
     objects = JobQuerySet.as_manager()
 

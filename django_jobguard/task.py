@@ -268,11 +268,16 @@ class Task(Generic[P, R]):
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run the handler here and now, without a job (``takes_context`` tasks get a dry context)."""
+        call_args: tuple[Any, ...] = args
         if self.takes_context:
             from .context import JobContext
 
-            return self.func(JobContext.detached(self), *args, **kwargs)
-        return self.func(*args, **kwargs)
+            call_args = (JobContext.detached(self), *args)
+        if inspect.iscoroutinefunction(self.func):
+            from asgiref.sync import async_to_sync
+
+            return async_to_sync(self.func)(*call_args, **kwargs)  # type: ignore[no-any-return]
+        return self.func(*call_args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<Task {self.name}>"
@@ -421,6 +426,9 @@ def task(
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a function as a task. Options left unset fall back to the queue, then globals.
 
+    ``async def`` functions are tasks too: the worker runs each job's coroutine to the end
+    in its executor thread, with the same heartbeat, hard timeout and fenced ack.
+
     - ``queue_name``, ``priority`` (-100..100, higher first), ``max_attempts``,
       ``visibility_timeout`` (seconds a claim lasts without heartbeat).
     - ``takes_context``: the handler's first argument is a :class:`~django_jobguard.context.JobContext`.
@@ -444,8 +452,6 @@ def task(
     def decorate(func: Callable[P, R]) -> Task[P, R]:
         if not callable(func):
             raise InvalidTaskError(f"@task decorates functions, not {func!r}.")
-        if inspect.iscoroutinefunction(func):
-            raise InvalidTaskError(f"{func.__qualname__}: coroutine tasks are not supported yet.")
         if "<locals>" in func.__qualname__ and name is None:
             raise InvalidTaskError(
                 f"{func.__qualname__} is defined inside a function, so a worker could not import "

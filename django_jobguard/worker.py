@@ -20,6 +20,7 @@ second signal skips the grace period.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from . import _dispatch, _faults, dlq, idempotency, leasing, metrics, retry, signals
@@ -75,6 +77,36 @@ OUTCOMES = ("succeeded", "retried", "dead_lettered", "put_back")
 CONNECTION_CHECK_AFTER_IDLE_SECONDS = 1.0
 
 
+def _invoke(task: Any, context: JobContext | None, job: leasing.ClaimedJob) -> Any:
+    """Call the handler in this executor thread; a coroutine handler runs to completion here.
+
+    ``async_to_sync`` keeps the executor thread blocked for the whole coroutine, so the
+    heartbeat, the hard-timeout watchdog and the fenced ack treat it like any other job.
+    """
+    args = (context, *job.args) if context is not None else job.args
+    if inspect.iscoroutinefunction(task.func):
+        return async_to_sync(task.func)(*args, **job.kwargs)
+    return task.func(*args, **job.kwargs)
+
+
+def _django_task(name: str) -> Any:
+    """The jobguard twin of a Django task on a ``JobGuardBackend``, imported by module path.
+
+    Only when ``TASKS`` configures such a backend; a path that imports but is not a Django
+    task resolves to None, so the job is dead-lettered as an unknown task and never run.
+    """
+    from django.conf import settings
+
+    backends = getattr(settings, "TASKS", None) or {}
+    if not any(
+        str(config.get("BACKEND", "")).startswith("django_jobguard.backends") for config in backends.values()
+    ):
+        return None
+    from .backends.task import resolve_task
+
+    return resolve_task(name)
+
+
 class _InvalidResultError(Exception):
     """The handler returned something that cannot be stored as JSON."""
 
@@ -108,6 +140,7 @@ class Worker:
         self,
         *,
         queues: Sequence[str] | None = None,
+        exclude_queues: Sequence[str] = (),
         concurrency: int = 1,
         batch_size: int | None = None,
         burst: bool = False,
@@ -123,6 +156,8 @@ class Worker:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.queues = list(queues) if queues else None
+        #: Queues never claimed from (django-tasks-db's --exclude-queues).
+        self.exclude_queues = list(exclude_queues)
         self.concurrency = concurrency
         self.capacity = batch_size or conf.batch_size or concurrency * 2
         self._explicit_batch = bool(batch_size or conf.batch_size)
@@ -294,7 +329,7 @@ class Worker:
         return self.capacity
 
     def _claim(self, limit: int) -> int:
-        jobs = leasing.claim(self.alias, self.queues, limit, self.worker_id)
+        jobs = leasing.claim(self.alias, self.queues, limit, self.worker_id, self.exclude_queues)
         if not jobs:
             return 0
         if _faults.ENABLED:
@@ -432,7 +467,7 @@ class Worker:
 
     def _execute(self, held: _Held) -> None:
         job = held.job
-        task = registry.find(job.task_name)
+        task = registry.find(job.task_name) or _django_task(job.task_name)
         if task is None:
             self._dead(
                 held,
@@ -506,20 +541,12 @@ class Worker:
             try:
                 if task.atomic:
                     with transaction.atomic(using=self.alias):
-                        result = (
-                            task.func(context, *job.args, **job.kwargs)
-                            if context
-                            else task.func(*job.args, **job.kwargs)
-                        )
+                        result = _invoke(task, context, job)
                         if _faults.ENABLED:
                             _faults.maybe_crash("after_effect")
                         self._ack(held, scope, result)
                 else:
-                    result = (
-                        task.func(context, *job.args, **job.kwargs)
-                        if context
-                        else task.func(*job.args, **job.kwargs)
-                    )
+                    result = _invoke(task, context, job)
                     if _faults.ENABLED:
                         _faults.maybe_crash("after_effect")
                     if scope:
@@ -795,7 +822,12 @@ class Worker:
         if _faults.ENABLED:
             _faults.maybe_crash("in_retry")
         if not leasing.requeue(
-            self.alias, job.id, job.lease_token, delay=delay, error=f"{error_class}: {message}"
+            self.alias,
+            job.id,
+            job.lease_token,
+            delay=delay,
+            error=f"{error_class}: {message}",
+            attempt_error=(f"{type(exc).__module__}.{type(exc).__qualname__}", message, tb),
         ):
             metrics.lease_lost(job.queue_name, job.task_name, "retry")
             logger.warning(

@@ -7,10 +7,13 @@ SQLite (a file, so worker subprocesses share it) and local-memory cache by defau
 use the test database pytest-django created.
 """
 
+import importlib.util as _importlib_util
 import os
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
+
+from django import VERSION as _DJANGO_VERSION
 
 BASE_DIR = Path(__file__).resolve().parent
 SECRET_KEY = "tests-only-not-secret"  # noqa: S105
@@ -100,6 +103,27 @@ INSTALLED_APPS = [
     "django_jobguard",
     "tests.testapp",
 ]
+# Django's Tasks framework on jobguard: django.tasks on Django 6.x, the django-tasks backport
+# on 5.2 when it is installed. Without either, TASKS stays unset and the backend's tests skip.
+if _DJANGO_VERSION >= (6,):
+    TASKS_ROOT: str | None = "django.tasks"
+elif _importlib_util.find_spec("django_tasks") is not None:
+    TASKS_ROOT = "django_tasks"
+else:
+    TASKS_ROOT = None
+if TASKS_ROOT:
+    TASKS = {
+        "default": {"BACKEND": "django_jobguard.backends.JobGuardBackend", "QUEUES": ["default", "slow"]},
+        # Short leases for the crash tests (OPTIONS: defaults for every task of the backend).
+        "short": {
+            "BACKEND": "django_jobguard.backends.JobGuardBackend",
+            "QUEUES": ["default"],
+            "OPTIONS": {"visibility_timeout": 2},
+        },
+    }
+    if TASKS_ROOT == "django_tasks":
+        INSTALLED_APPS.append("django_tasks")  # the backport's checks and log receivers
+
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

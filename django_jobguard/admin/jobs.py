@@ -11,6 +11,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.template.loader import render_to_string
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
@@ -52,6 +53,7 @@ class JobAdmin(ReadOnlyAdmin):
         "dead_letter_link",
         "replayed_from_link",
         "run_time",
+        "attempt_timeline",
     ]
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -93,6 +95,7 @@ class JobAdmin(ReadOnlyAdmin):
                 _("Failures"),
                 {"fields": ["first_failed_at", "last_error", "dead_letter_link", "replayed_from_link"]},
             ),
+            (_("Attempts"), {"fields": ["attempt_timeline"]}),
         ]
         if can_view_payload(request):
             fieldsets.insert(1, _PAYLOAD)
@@ -130,6 +133,14 @@ class JobAdmin(ReadOnlyAdmin):
         if expected is not None:
             parts.append(str(_("expected %(expected)g s") % {"expected": expected}))
         return "; ".join(parts) or "-"
+
+    @admin.display(description=_("Attempt timeline"))
+    def attempt_timeline(self, obj: Job) -> SafeString:
+        """One row per attempt from the job's history: worker, start, end, error class and message."""
+        attempts = [
+            {**entry, "number": number} for number, entry in enumerate(obj.attempt_history or [], start=1)
+        ]
+        return render_to_string("django_jobguard/admin/job/attempt_timeline.html", {"attempts": attempts})
 
     @admin.display(description=_("dead letter"))
     def dead_letter_link(self, obj: Job) -> SafeString | str:

@@ -193,4 +193,21 @@ def api_anything(*args: object, **kwargs: object) -> None:
     """Takes any arguments, so the API fuzzing reaches the insert with whatever JSON it makes up."""
 
 
+@task()
+async def add_async(a: int, b: int = 0) -> int:
+    """jobguard's own @task on a coroutine function: the worker runs it to completion."""
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    return a + b
+
+
+@task(timeout=1.0, max_attempts=1)
+async def hangs_async(seconds: float = 3600) -> None:
+    """A coroutine past its hard timeout: the watchdog fails it like a blocking handler."""
+    import asyncio
+
+    await asyncio.sleep(seconds)
+
+
 from . import tasks_checklist  # noqa: E402, F401

@@ -96,9 +96,11 @@ class Command(BaseCommand):
             help="Address the metrics server listens on (default 0.0.0.0).",
         )
         add_database_argument(parser)
+        _add_db_worker_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         queues = options["queues"]
+        queues, exclude_queues = _db_worker_queues(queues, options)
         check_queues(queues or (), database_alias(options))
         port = options["metrics_port"]
         if port is not None and not 0 <= port <= 65535:
@@ -107,6 +109,7 @@ class Command(BaseCommand):
             logging.getLogger("django_jobguard").setLevel(logging.DEBUG)
         worker = Worker(
             queues=queues,
+            exclude_queues=exclude_queues,
             concurrency=options["concurrency"],
             batch_size=options["batch_size"],
             burst=options["burst"],
@@ -140,3 +143,65 @@ class Command(BaseCommand):
             self.stdout.write(f"jobguard_worker --burst: {worker.summary()}")
         if code:
             raise SystemExit(code)
+
+
+# -- django-tasks-db's db_worker flags, so moving over is a command rename ---------------------
+
+
+def _add_db_worker_arguments(parser: CommandParser) -> None:
+    """The ``db_worker`` flags that make sense here, as aliases of jobguard's own."""
+    group = parser.add_argument_group("django-tasks-db db_worker flags")
+    group.add_argument(
+        "--queue-name",
+        default=None,
+        metavar="NAMES",
+        help="Queues to take jobs from, separated by commas; '*' for every queue (db_worker's flag).",
+    )
+    group.add_argument(
+        "--exclude-queues",
+        default=None,
+        metavar="NAMES",
+        help="Queues never to take jobs from, separated by commas (db_worker's flag).",
+    )
+    group.add_argument(
+        "--interval",
+        dest="poll_interval",
+        type=positive_float,
+        metavar="SECONDS",
+        help="Same as --poll-interval (db_worker's flag).",
+    )
+    group.add_argument(
+        "--batch", dest="burst", action="store_true", help="Same as --burst (db_worker's flag)."
+    )
+    group.add_argument(
+        "--max-tasks",
+        dest="max_jobs",
+        type=positive_int,
+        metavar="N",
+        help="Same as --max-jobs (db_worker's flag).",
+    )
+
+
+def _names(flag: str, value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",")]
+    for name in names:
+        if not name or len(name) > 100:
+            raise CommandError(f"{flag} {value!r}: each queue name is 1 to 100 characters.")
+    return names
+
+
+def _db_worker_queues(
+    queues: list[str] | None, options: dict[str, Any]
+) -> tuple[list[str] | None, list[str]]:
+    """``--queue`` plus ``--queue-name`` (None: every queue), and the ``--exclude-queues``."""
+    exclude = _names("--exclude-queues", options["exclude_queues"]) if options["exclude_queues"] else []
+    value = options["queue_name"]
+    if value is None:
+        selected = queues
+    elif value.strip() == "*":
+        selected = None
+    else:
+        selected = [*(queues or []), *_names("--queue-name", value)]
+    if selected is not None and not [name for name in selected if name not in exclude]:
+        raise CommandError("--exclude-queues leaves no queue to take jobs from.")
+    return selected, exclude

@@ -1,0 +1,206 @@
+"""``JobGuardBackend``: Django's Tasks API on jobguard's job table, worker and console.
+
+A thin adapter: ``enqueue`` goes through :func:`django_jobguard.enqueue.enqueue` (the same
+validation, idempotency and transactional insert as jobguard's own tasks), results are
+read from the ``Job`` row, and ``manage.py jobguard_worker`` runs the jobs with the same
+leases, fencing, retries, dead letters and metrics.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.dateparse import parse_datetime
+
+from .. import enqueue as enqueue_service
+from .. import signals
+from ..conf import get_settings
+from ..exceptions import InvalidTaskError
+from ..models import Job, JobStatus
+from . import _compat
+from .task import BACKEND_OPTIONS, JobGuardTask, django_task_named, jobguard_task_for
+
+__all__ = ["JobGuardBackend"]
+
+#: Job status -> Django's TaskResultStatus (waiting for a retry is "queued" too: READY).
+STATUS_MAP = {
+    JobStatus.QUEUED: "READY",
+    JobStatus.RUNNING: "RUNNING",
+    JobStatus.SUCCEEDED: "SUCCESSFUL",
+    JobStatus.DEAD: "FAILED",
+    JobStatus.CANCELLED: "FAILED",
+}
+
+
+class JobGuardBackend(_compat.BaseTaskBackend):
+    """``TASKS = {"default": {"BACKEND": "django_jobguard.backends.JobGuardBackend"}}``.
+
+    ``OPTIONS`` may hold defaults for every task of the backend: ``max_attempts``,
+    ``visibility_timeout``, ``timeout``, ``atomic``, ``lock_ttl``, ``retry``,
+    ``recoverable_retry``, ``handler_version`` (a task's own options win; the queue's
+    ``JOBGUARD["QUEUES"]`` settings come after both).
+    """
+
+    task_class = JobGuardTask
+    #: ``run_after`` is stored on the job; the claim skips it until then (database clock).
+    supports_defer = True
+    #: ``async def`` tasks run in the worker, one coroutine per executor thread.
+    supports_async_task = True
+    #: Results are the job rows, readable from any process.
+    supports_get_result = True
+    #: Jobs are claimed highest priority first.
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.jobguard_defaults = self._parse_options(alias, self.options)
+        signals.job_succeeded.connect(_job_succeeded, dispatch_uid="jobguard_tasks_backend_succeeded")
+        signals.job_dead_lettered.connect(_job_dead_lettered, dispatch_uid="jobguard_tasks_backend_dead")
+
+    @staticmethod
+    def _parse_options(alias: str, options: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(options, Mapping):
+            raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS'] must be a dict, not {options!r}.")
+        unknown = sorted(set(options) - set(BACKEND_OPTIONS))
+        if unknown:
+            raise ImproperlyConfigured(
+                f"TASKS[{alias!r}]['OPTIONS'][{unknown[0]!r}] is not an option of JobGuardBackend; "
+                f"options: {', '.join(BACKEND_OPTIONS)}."
+            )
+        return dict(options)
+
+    # -- Django's API ----------------------------------------------------------------------
+
+    def validate_task(self, task: Any) -> None:
+        """Django's checks (its messages and exception), then jobguard's options of the task."""
+        super().validate_task(task)
+        try:
+            jobguard_task_for(task, self.jobguard_defaults)
+        except InvalidTaskError as exc:
+            raise _compat.InvalidTask(str(exc)) from exc
+
+    def enqueue(self, task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        """Store a job for ``task(*args, **kwargs)`` in the caller's transaction; its ``TaskResult``."""
+        self.validate_task(task)
+        twin = jobguard_task_for(task, self.jobguard_defaults).using(
+            priority=task.priority, queue_name=task.queue_name, run_after=task.run_after
+        )
+        job = enqueue_service.enqueue(twin, args, kwargs)
+        result = self._result(job, task)
+        _compat.task_enqueued.send(type(self), task_result=result)
+        return result
+
+    async def aenqueue(self, task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        """:meth:`enqueue` from inside an event loop."""
+        return await sync_to_async(self.enqueue, thread_sensitive=True)(task, args, kwargs)
+
+    def get_result(self, result_id: str) -> Any:
+        """The ``TaskResult`` of job ``result_id``; ``TaskResultDoesNotExist`` if there is none."""
+        if not isinstance(result_id, str) or not result_id.isascii() or not result_id.isdigit():
+            raise _compat.TaskResultDoesNotExist(f"{result_id!r} is not a result id of this backend.")
+        alias = get_settings().database_alias
+        job = Job.objects.using(alias).filter(pk=int(result_id)).first()
+        if job is None:
+            raise _compat.TaskResultDoesNotExist(f"No result with id {result_id!r}.")
+        task = self._task_of(job)
+        if task is None:
+            raise _compat.TaskResultDoesNotExist(
+                f"Job {result_id} runs {job.task_name!r}, which is not a task of backend {self.alias!r}."
+            )
+        return self._result(job, task)
+
+    async def aget_result(self, result_id: str) -> Any:
+        """:meth:`get_result` from inside an event loop."""
+        return await sync_to_async(self.get_result, thread_sensitive=True)(result_id)
+
+    def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
+        """Django's checks of the backend, then jobguard.E013 and W017 (see checks.py)."""
+        from ..checks import check_tasks_backend
+
+        return [*super().check(**kwargs), *check_tasks_backend(self.alias, self.queues)]
+
+    # -- rows to results -------------------------------------------------------------------
+
+    def _task_of(self, job: Job) -> Any | None:
+        """The Django task of ``job`` (with the job's queue, priority and run_after), or None."""
+        from .task import resolve_task
+
+        task = django_task_named(job.task_name)
+        if task is None and resolve_task(job.task_name) is not None:
+            task = django_task_named(job.task_name)
+        if task is None or task.backend != self.alias:
+            return None
+        # run_after was left unset if the insert gave it the enqueue time (one clock reading).
+        run_after = None if job.run_after == job.enqueued_at else job.run_after
+        return task.using(priority=job.priority, queue_name=job.queue_name, run_after=run_after)
+
+    def _result(self, job: Job, task: Any) -> Any:
+        history = job.attempt_history or []
+        starts = [_history_time(entry.get("started_at")) for entry in history]
+        errors = [
+            _compat.TaskError(
+                exception_class_path=entry["error_class"],
+                traceback=entry.get("traceback") or f"{entry['error_class']}: {entry.get('error', '')}",
+            )
+            for entry in history
+            if entry.get("error_class")
+        ]
+        status = _compat.TaskResultStatus(STATUS_MAP[JobStatus(job.status)])
+        finished = status in (_compat.TaskResultStatus.SUCCESSFUL, _compat.TaskResultStatus.FAILED)
+        result = _compat.TaskResult(
+            task=task,
+            id=str(job.pk),
+            status=status,
+            enqueued_at=job.enqueued_at,
+            started_at=starts[0] if starts else None,
+            finished_at=job.finished_at if finished else None,
+            last_attempted_at=starts[-1] if starts else None,
+            args=list(job.args),
+            kwargs=dict(job.kwargs),
+            backend=self.alias,
+            errors=errors,
+            worker_ids=[str(entry.get("worker_id", "")) for entry in history],
+        )
+        if status == _compat.TaskResultStatus.SUCCESSFUL:
+            object.__setattr__(result, "_return_value", job.result)
+        return result
+
+
+def _history_time(value: Any) -> datetime.datetime | None:
+    """A timestamp of the attempt history (ISO text from PostgreSQL or SQLite), aware UTC."""
+    if not value:
+        return None
+    parsed = parse_datetime(str(value))
+    if parsed is None:
+        return None
+    return parsed.replace(tzinfo=datetime.UTC) if parsed.tzinfo is None else parsed.astimezone(datetime.UTC)
+
+
+def _backend_of(task_name: str) -> tuple[JobGuardBackend, Any] | None:
+    task = django_task_named(task_name)
+    if task is None:
+        return None
+    backend = task.get_backend()
+    return (backend, task) if isinstance(backend, JobGuardBackend) else None
+
+
+def _finished(job_id: int, task_name: str) -> None:
+    found = _backend_of(task_name)
+    if found is None or not _compat.task_finished.has_listeners(type(found[0])):
+        return
+    backend = found[0]
+    _compat.task_finished.send(type(backend), task_result=backend.get_result(str(job_id)))
+
+
+def _job_succeeded(sender: Any, *, job_id: int, task_name: str, **kwargs: Any) -> None:
+    _finished(job_id, task_name)
+
+
+def _job_dead_lettered(sender: Any, *, dead_letter: Any, **kwargs: Any) -> None:
+    if dead_letter.job_id is not None:
+        _finished(dead_letter.job_id, dead_letter.task_name)
