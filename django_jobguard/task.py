@@ -73,6 +73,8 @@ class Task(Generic[P, R]):
     timeout: float | None = None
     handler_version: str = ""
     idempotency_scope: str | None = None
+    #: A cron expression: the scheduler enqueues this task at each of its ticks (UTC).
+    schedule: str | None = None
     # Per-call overrides set by using():
     run_after: datetime.datetime | datetime.timedelta | None = None
     idempotency_key: str | None = None
@@ -96,6 +98,19 @@ class Task(Generic[P, R]):
                 raise InvalidTaskError(
                     f"lock template {self.lock!r} names {unknown[0]!r}, which is not a parameter "
                     f"of {self.name}; parameters: {', '.join(self.parameters) or '(none)'}."
+                )
+        if self.schedule is not None:
+            from .conf import MAX_SCHEDULE_NAME_LENGTH
+
+            if not isinstance(self.schedule, str) or not self.schedule.strip():
+                raise InvalidTaskError(
+                    f"schedule must be a cron expression such as '*/5 * * * *', not {self.schedule!r}."
+                )
+            if len(self.name) > MAX_SCHEDULE_NAME_LENGTH:
+                raise InvalidTaskError(
+                    f"schedule= names the schedule after the task, and {self.name!r} is longer than "
+                    f"{MAX_SCHEDULE_NAME_LENGTH} characters; pass a shorter name=... or declare it in "
+                    'JOBGUARD["SCHEDULES"].'
                 )
         if self.idempotency_key is not None and not self.idempotency_key:
             raise InvalidArgumentsError("idempotency_key must be a non-empty string.")
@@ -243,6 +258,7 @@ def task(
     timeout: float | None = None,
     handler_version: str = "",
     idempotency_scope: str | None = None,
+    schedule: str | None = None,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -267,6 +283,7 @@ def task(
     timeout: float | None = None,
     handler_version: str = "",
     idempotency_scope: str | None = None,
+    schedule: str | None = None,
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a function as a task. Options left unset fall back to the queue, then globals.
 
@@ -281,6 +298,8 @@ def task(
     - ``timeout``: hard limit in seconds; a job past it is failed and its thread abandoned.
     - ``handler_version``: recorded on jobs and dead letters.
     - ``idempotency_scope``: where idempotency keys are unique (the task name by default).
+    - ``schedule``: a cron expression (UTC; six fields for seconds); every worker's scheduler
+      enqueues the task once per tick, with no arguments. See docs/how-to/recurring-jobs.md.
     """
 
     def decorate(func: Callable[P, R]) -> Task[P, R]:
@@ -312,6 +331,7 @@ def task(
             timeout=timeout,
             handler_version=handler_version,
             idempotency_scope=idempotency_scope,
+            schedule=schedule,
         )
         created.signature  # noqa: B018 - validates takes_context against the signature now
         registry.register(created)

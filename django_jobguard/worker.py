@@ -33,7 +33,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
-from . import _dispatch, _faults, dlq, idempotency, leasing, metrics, retry, signals
+from . import _dispatch, _faults, dlq, idempotency, leasing, metrics, retry, schedules, signals
 from .conf import RetryPolicy, get_settings
 from .context import JobContext
 from .enqueue import normalize_json
@@ -110,6 +110,7 @@ class Worker:
         reaper_interval: float | None = None,
         shutdown_grace: float | None = None,
         install_signal_handlers: bool = True,
+        run_scheduler: bool = True,
     ) -> None:
         conf = get_settings()
         if concurrency < 1:
@@ -128,6 +129,10 @@ class Worker:
         self.reaper_interval = reaper_interval if reaper_interval is not None else conf.reaper_interval
         self.shutdown_grace = shutdown_grace if shutdown_grace is not None else conf.shutdown_grace
         self.install_signal_handlers = install_signal_handlers
+        # A burst worker drains and exits: it leaves schedules to the long-running workers.
+        self.run_scheduler = run_scheduler and not burst
+        self._next_schedule = 0.0 if self.run_scheduler else float("inf")
+        self._schedules_synced = False
 
         self._lock = threading.Lock()
         self._held: dict[int, _Held] = {}
@@ -229,6 +234,8 @@ class Worker:
                     dlq.redrive(worker_id=self.worker_id, using=self.alias)
                     next_reap = now + self.reaper_interval
                     self._prune_keys(now)
+                if now >= self._next_schedule:
+                    self._schedule(now)
                 capacity = self._capacity()
                 free = capacity - len(self._held)
                 if self.max_jobs is not None:
@@ -255,7 +262,8 @@ class Worker:
                 self._slot_freed.wait(wait)
             else:
                 # Nothing more is due: sleep until a NOTIFY, the next reaper pass or a poll.
-                listener.wait(max(0.0, min(wait, next_reap - time.monotonic())))
+                until = min(next_reap, self._next_schedule) - time.monotonic()
+                listener.wait(max(0.0, min(wait, until)))
 
     def _capacity(self) -> int:
         """Jobs to hold: a batch for short jobs; for long ones only what executors can start now.
@@ -322,6 +330,20 @@ class Worker:
                 # The dead letter carries the job's fields; its own id is not the job's.
                 extra={**job_fields(letter, self.worker_id, outcome="dead"), "job_id": job_id},
             )
+
+    def _schedule(self, now: float) -> None:
+        """Enqueue the schedules' due ticks (see :mod:`django_jobguard.schedules`); sync them first once."""
+        self._next_schedule = now + get_settings().scheduler.interval
+        try:
+            if not self._schedules_synced:
+                schedules.sync(using=self.alias)
+                self._schedules_synced = True
+            schedules.run_once(using=self.alias)
+        except (DatabaseError, InterfaceError):
+            logger.warning("scheduler_failed worker_id=%s", self.worker_id, exc_info=True)
+        except Exception:
+            # A scheduler bug must not stop this worker from running jobs.
+            logger.exception("scheduler_crashed worker_id=%s", self.worker_id)
 
     def _prune_keys(self, now: float) -> None:
         """Delete a batch of expired idempotency keys, at most once every WORKER_PRUNE_INTERVAL_SECONDS."""

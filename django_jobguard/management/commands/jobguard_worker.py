@@ -37,7 +37,15 @@ class Command(BaseCommand):
             default=None,
             help="Most jobs held (claimed) at once, taken in one round trip (default: twice --concurrency).",
         )
-        parser.add_argument("--burst", action="store_true", help="Run the jobs that are due, then exit.")
+        parser.add_argument(
+            "--burst", action="store_true", help="Run the jobs that are due, then exit (no scheduler)."
+        )
+        parser.add_argument(
+            "--no-schedule",
+            action="store_false",
+            dest="schedule",
+            help="Do not run the scheduler here (recurring jobs are enqueued by the other workers).",
+        )
         parser.add_argument(
             "--max-jobs",
             type=positive_int,
@@ -107,6 +115,7 @@ class Command(BaseCommand):
             poll_interval=options["poll_interval"],
             reaper_interval=options["reaper_interval"],
             shutdown_grace=options["shutdown_grace"],
+            run_scheduler=options["schedule"],
         )
         server = None
         if port is not None:
