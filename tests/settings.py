@@ -133,6 +133,11 @@ JOBGUARD: dict[str, Any] = {
     "REAPER_INTERVAL": 0.5,
     "LOCKS": {"CONTENTION_DELAY": 0.1},
 }
+if os.environ.get("JOBGUARD_TEST_SCHEDULES"):
+    # Process tests: the schedules a worker subprocess declares, as JSON.
+    import json as _json
+
+    JOBGUARD["SCHEDULES"] = _json.loads(os.environ["JOBGUARD_TEST_SCHEDULES"])
 if os.environ.get("JOBGUARD_TEST_LOCK_BACKEND") == "redis":
     JOBGUARD["LOCKS"] = {**JOBGUARD["LOCKS"], "BACKEND": "redis", "CACHE_ALIAS": "redis"}
 
