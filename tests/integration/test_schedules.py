@@ -147,7 +147,7 @@ def test_a_scheduler_that_read_the_row_before_another_advanced_it_enqueues_nothi
     ).get(name="report")
     assert len(schedules.run_once().enqueued) == 1  # the other scheduler wins the tick
     late = schedules.SchedulerPass()
-    schedules._tick(stale, "default", late)  # noqa: SLF001 - the compare-and-set itself
+    schedules._tick(stale, "default", late)  # the compare-and-set itself
     assert (late.enqueued, late.contended) == ([], 1)
     assert Job.objects.count() == 1
     assert IdempotencyKey.objects.get().duplicates == 0  # it did not even try to enqueue
@@ -231,7 +231,7 @@ def user_with(*codenames: str) -> User:
 def test_pause_stops_ticks_and_resume_starts_from_the_next_tick(every_minute, caplog):
     row = Schedule.objects.get(name="report")
     with pytest.raises(
-        PermissionDenied, match="Only users with the jobguard.pause_schedule permission can pause"
+        PermissionDenied, match=r"Only users with the jobguard\.pause_schedule permission can pause"
     ):
         schedules.pause(row, user=user_with())
     ops = user_with("pause_schedule")
@@ -251,7 +251,7 @@ def test_pause_stops_ticks_and_resume_starts_from_the_next_tick(every_minute, ca
 
 def test_run_now_enqueues_an_extra_job_with_its_own_key_and_logs_who(every_minute, caplog):
     row = Schedule.objects.get(name="report")
-    with pytest.raises(PermissionDenied, match="jobguard.run_schedule permission can run"):
+    with pytest.raises(PermissionDenied, match=r"jobguard\.run_schedule permission can run"):
         schedules.run_now(row, user=user_with("pause_schedule"))
     with caplog.at_level(logging.INFO, logger="django_jobguard"):
         first = schedules.run_now(row, user=user_with("run_schedule"))

@@ -202,7 +202,8 @@ def test_checks_warn_when_ticks_come_faster_than_the_task_runs_and_on_double_dec
             (
                 "jobguard.W013",
                 "@task(schedule='*/5 * * * *') of tests.integration.slow_report ticks every 300s, but "
-                "tests.integration.slow_report is expected to run for 900s: runs will pile up behind each other.",
+                "tests.integration.slow_report is expected to run for 900s: runs will pile up behind "
+                "each other.",
             )
         ]
         with declaring(**{"tests.integration.slow_report": {"task": ADD, "cron": "0 * * * *", "args": [1]}}):
