@@ -335,6 +335,10 @@ class SchedulerPass:
     contended: int = 0
     #: Set when the pass synced first (a declared schedule had no row).
     synced: SyncResult | None = None
+    #: Seconds (database clock) until the earliest next tick of the schedules this process
+    #: ticks; None when it has none. Workers sleep until then, so all of them arrive at a
+    #: tick together and its lag stays small.
+    next_due_in: float | None = None
 
 
 def run_once(*, using: str | None = None) -> SchedulerPass:
@@ -361,21 +365,29 @@ def run_once(*, using: str | None = None) -> SchedulerPass:
     )
     if set(declared) - {row.name for row in rows}:
         result.synced = sync(using=alias)
+    upcoming: list[datetime.datetime] = []
     for row in rows:
-        if not row.is_due or row.name not in declared:
+        if row.name not in declared or row.paused or row.removed_at is not None or row.next_tick_at is None:
             continue
-        _tick(row, alias, result)
+        if row.is_due:
+            row.next_tick_at = _tick(row, alias, result) or row.next_tick_at
+        upcoming.append(row.next_tick_at)
+    if upcoming:
+        result.next_due_in = max(0.0, (min(upcoming) - rows[0].db_now).total_seconds())
     return result
 
 
-def _tick(row: Schedule, alias: str, result: SchedulerPass) -> None:
-    """One due schedule, in one transaction: lock, plan, compare-and-set, enqueue."""
+def _tick(row: Schedule, alias: str, result: SchedulerPass) -> datetime.datetime | None:
+    """One due schedule, in one transaction: lock, plan, compare-and-set, enqueue.
+
+    Returns the schedule's new next tick when this pass advanced it.
+    """
     from .models import Schedule
 
     task = registry.find(row.task_name)
     if task is None:
         logger.debug("schedule_task_unknown name=%s task=%s", row.name, row.task_name)
-        return
+        return None
     conf = get_settings().scheduler
     candidates = Schedule.objects.using(alias).filter(
         pk=row.pk, next_tick_at=row.next_tick_at, paused=False, removed_at__isnull=True
@@ -391,7 +403,7 @@ def _tick(row: Schedule, alias: str, result: SchedulerPass) -> None:
                 fresh = locked.values_list("db_now", flat=True).first()
                 if fresh is None:
                     result.contended += 1
-                    return
+                    return None
                 now = fresh
             plan = plan_ticks(
                 row.cron,
@@ -408,7 +420,7 @@ def _tick(row: Schedule, alias: str, result: SchedulerPass) -> None:
             # The real guard: only one scheduler moves next_tick_at on from the value it read.
             if not candidates.update(**changes):
                 result.contended += 1
-                return
+                return None
             jobs = [
                 task.using(
                     idempotency_key=tick_key(row.name, tick), queue_name=row.queue_name or None
@@ -431,11 +443,13 @@ def _tick(row: Schedule, alias: str, result: SchedulerPass) -> None:
         )
         if plan is not None and candidates.update(next_tick_at=plan.next_tick_at, updated_at=Now()):
             metrics.schedule_ticks_missed(row.name, len(plan.ticks) + plan.missed)
-        return
+            return plan.next_tick_at
+        return None
     for job, tick in zip(jobs, plan.ticks, strict=True):
         result.enqueued.append(EnqueuedTick(row.name, tick, job.pk))
     if plan.missed:
         result.missed[row.name] = plan.missed
+    return plan.next_tick_at
 
 
 def _committed(name: str, plan: TickPlan, now: datetime.datetime, jobs: list[Job]) -> None:

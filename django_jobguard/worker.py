@@ -59,6 +59,8 @@ PREFETCH_MAX_RUN_SECONDS = 1.0
 RUN_TIME_SMOOTHING = 0.1
 #: Argument shapes remembered as valid per worker (binding is checked once per shape).
 MAX_REMEMBERED_SHAPES = 10_000
+#: Shortest wait between two scheduler passes, however close the next tick is.
+SCHEDULER_MIN_SLEEP_SECONDS = 0.01
 #: Executor threads abandoned past their hard timeout before the worker exits to be restarted.
 MAX_ABANDONED_THREADS = 16
 #: A job put back on lock contention waits CONTENTION_DELAY plus up to this fraction of it,
@@ -333,12 +335,16 @@ class Worker:
 
     def _schedule(self, now: float) -> None:
         """Enqueue the schedules' due ticks (see :mod:`django_jobguard.schedules`); sync them first once."""
-        self._next_schedule = now + get_settings().scheduler.interval
+        interval = get_settings().scheduler.interval
+        self._next_schedule = now + interval
         try:
             if not self._schedules_synced:
                 schedules.sync(using=self.alias)
                 self._schedules_synced = True
-            schedules.run_once(using=self.alias)
+            done = schedules.run_once(using=self.alias)
+            if done.next_due_in is not None:
+                # Wake for the next tick rather than up to a whole interval after it.
+                self._next_schedule = now + min(interval, max(SCHEDULER_MIN_SLEEP_SECONDS, done.next_due_in))
         except (DatabaseError, InterfaceError):
             logger.warning("scheduler_failed worker_id=%s", self.worker_id, exc_info=True)
         except Exception:

@@ -126,6 +126,7 @@ def test_a_due_tick_gets_one_job_with_the_tick_key_and_the_row_moves_on(every_mi
     enqueued_before = sample("jobguard_schedule_ticks_enqueued_total", "report")
     done = schedules.run_once()
     assert [(t.schedule, t.tick_at) for t in done.enqueued] == [("report", due)]
+    assert 0 < done.next_due_in <= 60  # when workers should come back: the next tick
     job = Job.objects.get()
     assert job.idempotency_key == f"schedule:report:{due.isoformat()}"
     assert (job.task_name, job.args, job.kwargs, job.queue_name) == (ADD, [1], {"b": 2}, "default")
