@@ -61,6 +61,9 @@ RUN_TIME_SMOOTHING = 0.1
 MAX_REMEMBERED_SHAPES = 10_000
 #: Shortest wait between two scheduler passes, however close the next tick is.
 SCHEDULER_MIN_SLEEP_SECONDS = 0.01
+#: Wait before the scheduler tries again after a failed pass (a missing migration, an outage),
+#: well within SCHEDULER.MISSED_AFTER so a brief outage loses no tick.
+SCHEDULER_RETRY_SECONDS = 10.0
 #: Executor threads abandoned past their hard timeout before the worker exits to be restarted.
 MAX_ABANDONED_THREADS = 16
 #: A job put back on lock contention waits CONTENTION_DELAY plus up to this fraction of it,
@@ -346,9 +349,16 @@ class Worker:
                 # Wake for the next tick rather than up to a whole interval after it.
                 self._next_schedule = now + min(interval, max(SCHEDULER_MIN_SLEEP_SECONDS, done.next_due_in))
         except (DatabaseError, InterfaceError):
-            logger.warning("scheduler_failed worker_id=%s", self.worker_id, exc_info=True)
+            self._next_schedule = now + max(interval, SCHEDULER_RETRY_SECONDS)
+            logger.warning(
+                "scheduler_failed worker_id=%s; retrying in %.0fs",
+                self.worker_id,
+                max(interval, SCHEDULER_RETRY_SECONDS),
+                exc_info=True,
+            )
         except Exception:
             # A scheduler bug must not stop this worker from running jobs.
+            self._next_schedule = now + max(interval, SCHEDULER_RETRY_SECONDS)
             logger.exception("scheduler_crashed worker_id=%s", self.worker_id)
 
     def _prune_keys(self, now: float) -> None:
