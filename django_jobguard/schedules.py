@@ -369,11 +369,16 @@ def run_once(*, using: str | None = None) -> SchedulerPass:
     for row in rows:
         if row.name not in declared or row.paused or row.removed_at is not None or row.next_tick_at is None:
             continue
+        if row.task_name not in registry:
+            continue  # a worker that has the task ticks it; do not wake for it
         if row.is_due:
             row.next_tick_at = _tick(row, alias, result) or row.next_tick_at
-        upcoming.append(row.next_tick_at)
+        # A row still due was taken by another scheduler (which commits it), so it needs no
+        # early pass: a winner killed mid-tick leaves it to the next regular one.
+        if row.next_tick_at > row.db_now:
+            upcoming.append(row.next_tick_at)
     if upcoming:
-        result.next_due_in = max(0.0, (min(upcoming) - rows[0].db_now).total_seconds())
+        result.next_due_in = (min(upcoming) - rows[0].db_now).total_seconds()
     return result
 
 
