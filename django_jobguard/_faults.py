@@ -20,6 +20,7 @@ POINTS = (
     "in_heartbeat",  # while renewing leases
     "in_retry",  # while scheduling a retry
     "in_dead_letter",  # inside the dead-lettering transaction
+    "in_schedule_tick",  # the tick's job inserted and its schedule advanced, before commit
 )
 
 

@@ -147,6 +147,86 @@ def check_cache_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
     ]
 
 
+@checks.register()
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.E010: bad cron or time zone; E011: unknown task or arguments that do not fit;
+    W013: ticks closer than the task's expected duration; W014: a name declared twice."""
+    import datetime
+
+    from . import schedules
+    from .exceptions import InvalidArgumentsError
+    from .registry import registry
+
+    try:
+        declared = schedules.declared_schedules()
+    except ImproperlyConfigured:
+        return []
+    messages: list[checks.CheckMessage] = []
+
+    def where(name: str, spec: Any) -> str:
+        if spec.source == "code":
+            return f"@task(schedule={spec.cron!r}) of {name}"
+        return f"JOBGUARD['SCHEDULES'][{name!r}]"
+
+    for name, spec in sorted(declared.items()):
+        task = registry.find(spec.task)
+        in_code = registry.find(name)
+        if spec.source == "settings" and in_code is not None and in_code.schedule:
+            messages.append(
+                checks.Warning(
+                    f"Schedule {name!r} is declared by @task(schedule=...) and in JOBGUARD['SCHEDULES']; "
+                    "the settings entry is the one that runs.",
+                    hint="Keep one of the two declarations.",
+                    id="jobguard.W014",
+                )
+            )
+        try:
+            schedules.validate(spec.cron, spec.timezone)
+        except schedules.InvalidScheduleError as exc:
+            messages.append(
+                checks.Error(
+                    f"{where(name, spec)}: {exc}",
+                    hint="Use five cron fields (minute hour day month weekday), or six with seconds "
+                    "first, and an IANA time zone; see docs/how-to/recurring-jobs.md.",
+                    id="jobguard.E010",
+                )
+            )
+            continue
+        problem = None
+        if task is None:
+            problem = f"names task {spec.task!r}, which is not registered"
+        else:
+            try:
+                task.bind(spec.args, spec.kwargs)
+            except InvalidArgumentsError as exc:
+                problem = f"has args/kwargs that do not fit the task: {str(exc).rstrip('.')}"
+        if task is None or problem is not None:
+            messages.append(
+                checks.Error(
+                    f"{where(name, spec)} {problem}.",
+                    hint="Name a function decorated with @task (in an app's tasks.py) by its dotted "
+                    "path; each tick enqueues it with the schedule's args and kwargs.",
+                    id="jobguard.E011",
+                )
+            )
+            continue
+        # Until (and unless) @task takes expected_duration=, tasks simply have none.
+        expected = getattr(task, "expected_duration", None)
+        if expected:
+            start = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
+            interval = schedules.shortest_interval(spec.cron, spec.timezone, start)
+            if interval < expected:
+                messages.append(
+                    checks.Warning(
+                        f"{where(name, spec)} ticks every {interval:g}s, but {task.name} is expected "
+                        f"to run for {expected:g}s: runs will pile up behind each other.",
+                        hint="Tick less often, or give the task a lock= so runs cannot overlap.",
+                        id="jobguard.W013",
+                    )
+                )
+    return messages
+
+
 def check_tasks_backend(alias: str, queues: set[str]) -> list[checks.CheckMessage]:
     """jobguard.E013: JobGuardBackend without the app; W017: a TASKS queue JOBGUARD does not configure.
 

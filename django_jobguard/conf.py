@@ -23,6 +23,8 @@ __all__ = [
     "QueueConfig",
     "RetryOverrides",
     "RetryPolicy",
+    "ScheduleConfig",
+    "SchedulerSettings",
     "Settings",
     "TuningSettings",
     "get_settings",
@@ -136,12 +138,30 @@ DEFAULTS: dict[str, Any] = {
         # DRF throttle rate of the other REST API writes (cancel, retry, replay steps) per user.
         "OPERATE_THROTTLE_RATE": "120/minute",
     },
+    # Recurring jobs declared in settings: {"name": {"task": "app.tasks.f", "cron": "0 2 * * *",
+    # "timezone": "UTC", "args": [], "kwargs": {}, "queue_name": None, "missed": "run_once"}}.
+    # Tasks can declare their own with @task(schedule="*/5 * * * *").
+    "SCHEDULES": {},
+    "SCHEDULER": {
+        # Seconds between two passes of a worker's scheduler over the schedules that are due.
+        "INTERVAL": 1.0,
+        # Seconds after its time past which a tick not yet enqueued counts as missed (then the
+        # schedule's "missed" policy decides); ticks younger than this are all enqueued.
+        "MISSED_AFTER": 60.0,
+        # Missed ticks a "catch_up" schedule enqueues at most after an outage (the latest ones).
+        "CATCH_UP_MAX": 100,
+    },
 }
 
 _QUEUE_OPTIONS = {"visibility_timeout", "max_attempts", "retry", "recoverable_retry"}
 _RETRY_KEYS = {"base", "max", "jitter"}
 _CLASSIFICATIONS = {"transient", "permanent"}
 _LOCK_BACKENDS = {"database", "redis"}
+_SCHEDULE_KEYS = {"task", "cron", "timezone", "args", "kwargs", "queue_name", "missed"}
+#: What a schedule does with ticks missed while no scheduler ran (see docs/how-to/recurring-jobs.md).
+MISSED_POLICIES = ("skip", "run_once", "catch_up")
+#: Schedule names are part of each tick's idempotency key, which holds 255 characters.
+MAX_SCHEDULE_NAME_LENGTH = 200
 
 
 def _key(*parts: str) -> str:
@@ -314,6 +334,35 @@ class ApiSettings:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ScheduleConfig:
+    """One recurring job: ``JOBGUARD["SCHEDULES"][name]`` or a task's ``schedule=`` option.
+
+    The cron expression and the time zone are checked by the system checks (``jobguard.E010``)
+    and by the scheduler, which never ticks a schedule it cannot parse.
+    """
+
+    name: str
+    task: str
+    cron: str
+    timezone: str = "UTC"
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    queue_name: str | None = None
+    missed: str = "run_once"
+    #: "settings" or "code" (a task's schedule= option).
+    source: str = "settings"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    """``JOBGUARD["SCHEDULER"]``."""
+
+    interval: float
+    missed_after: float
+    catch_up_max: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Settings:
     """The parsed, validated ``JOBGUARD`` setting."""
 
@@ -364,6 +413,8 @@ class Settings:
         )
 
     tuning: TuningSettings
+    schedules: Mapping[str, ScheduleConfig] = dataclasses.field(default_factory=dict)
+    scheduler: SchedulerSettings = SchedulerSettings(interval=1.0, missed_after=60.0, catch_up_max=100)
 
     def queue(self, name: str) -> QueueConfig:
         """The configuration of queue ``name`` (global defaults for queues not listed)."""
@@ -411,6 +462,53 @@ def _group(raw: Mapping[str, Any], name: str) -> dict[str, Any]:
     given = _mapping(raw.get(name, {}), (name,))
     _unknown(given, set(DEFAULTS[name]), (name,))
     return {**DEFAULTS[name], **given}
+
+
+def _json_value(value: Any, path: tuple[str, ...]) -> None:
+    import json
+
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise _fail(path, f"must be JSON-serialisable: {exc}.") from None
+
+
+def _schedules(value: Any) -> dict[str, ScheduleConfig]:
+    """Validate ``JOBGUARD["SCHEDULES"]``: the shape of each entry (cron syntax: the checks)."""
+    schedules: dict[str, ScheduleConfig] = {}
+    for name, entry in _mapping(value, ("SCHEDULES",)).items():
+        path = ("SCHEDULES", str(name))
+        _string(name, path)
+        if len(name) > MAX_SCHEDULE_NAME_LENGTH:
+            raise _fail(path, f"is a schedule name of more than {MAX_SCHEDULE_NAME_LENGTH} characters.")
+        entry = _mapping(entry, path)
+        _unknown(entry, _SCHEDULE_KEYS, path)
+        for required in ("task", "cron"):
+            if required not in entry:
+                raise _fail((*path, required), "is required.")
+        args = entry.get("args", [])
+        if not isinstance(args, list | tuple):
+            raise _fail((*path, "args"), f"must be a list, not {type(args).__name__}.")
+        kwargs = _mapping(entry.get("kwargs", {}), (*path, "kwargs"))
+        _json_value(list(args), (*path, "args"))
+        _json_value(dict(kwargs), (*path, "kwargs"))
+        queue_name = entry.get("queue_name")
+        if queue_name is not None:
+            _string(queue_name, (*path, "queue_name"))
+        missed = entry.get("missed", "run_once")
+        if missed not in MISSED_POLICIES:
+            raise _fail((*path, "missed"), f"must be one of {list(MISSED_POLICIES)}, not {missed!r}.")
+        schedules[name] = ScheduleConfig(
+            name=name,
+            task=_string(entry["task"], (*path, "task")),
+            cron=_string(entry["cron"], (*path, "cron")),
+            timezone=_string(entry.get("timezone", "UTC"), (*path, "timezone")),
+            args=tuple(args),
+            kwargs=dict(kwargs),
+            queue_name=queue_name,
+            missed=missed,
+        )
+    return schedules
 
 
 def parse(raw: Any) -> Settings:
@@ -468,6 +566,7 @@ def parse(raw: Any) -> Settings:
     max_page_size = _integer(api["MAX_PAGE_SIZE"], ("API", "MAX_PAGE_SIZE"), minimum=1)
     if max_page_size < page_size:
         raise _fail(("API", "MAX_PAGE_SIZE"), f"({max_page_size}) must not be below PAGE_SIZE ({page_size}).")
+    scheduler = _group(raw, "SCHEDULER")
 
     return Settings(
         database_alias=_string(merged["DATABASE_ALIAS"], ("DATABASE_ALIAS",)),
@@ -521,6 +620,12 @@ def parse(raw: Any) -> Settings:
             ),
             window=_number(tuning["WINDOW"], ("TUNING", "WINDOW"), allow_zero=False),
             min_runs=_integer(tuning["MIN_RUNS"], ("TUNING", "MIN_RUNS"), minimum=1),
+        ),
+        schedules=_schedules(merged["SCHEDULES"]),
+        scheduler=SchedulerSettings(
+            interval=_number(scheduler["INTERVAL"], ("SCHEDULER", "INTERVAL"), allow_zero=False),
+            missed_after=_number(scheduler["MISSED_AFTER"], ("SCHEDULER", "MISSED_AFTER")),
+            catch_up_max=_integer(scheduler["CATCH_UP_MAX"], ("SCHEDULER", "CATCH_UP_MAX"), minimum=1),
         ),
     )
 

@@ -38,6 +38,7 @@ __all__ = [
     "Listener",
     "claim",
     "complete",
+    "database_now",
     "heartbeat",
     "mark_dead",
     "reap",
@@ -329,6 +330,18 @@ def insert_keyed_job(
         cursor.execute(sql, [*params, *values, *extra_params])
         result = cursor.fetchone()
     return None if result is None else (result[0], result[1], result[2])
+
+
+def database_now(alias: str) -> datetime.datetime:
+    """The database clock, now (aware): what due times are compared against, never the host's."""
+    with connections[alias].cursor() as cursor:
+        if _vendor(alias) == "postgresql":
+            cursor.execute(f"SELECT {_PG_NOW}", [])
+            value = cursor.fetchone()[0]
+            return value if isinstance(value, datetime.datetime) else _sqlite_datetime(value)
+        # Parameters given (none), so the driver turns %% back into %.
+        cursor.execute(f"SELECT {_SQLITE_NOW}", [])
+        return _sqlite_datetime(cursor.fetchone()[0])
 
 
 def _sqlite_datetime(value: Any) -> datetime.datetime:

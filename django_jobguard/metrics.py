@@ -14,7 +14,8 @@ Two kinds of metrics, served by different processes:
 
 Everything is a no-op when ``prometheus_client`` is not installed (the ``metrics`` extra),
 so the hot path never has to ask. Labels stay bounded: queue, task, status, category,
-reason, where, operation, action, cache (a cache alias). Never a job id or a key.
+reason, where, operation, action, cache (a cache alias), schedule (a declared schedule's
+name: bounded by configuration). Never a job id or a key.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ DURATION_BUCKETS_SECONDS = (
 
 #: The only label names a jobguard metric may carry (each with a small, bounded set of values).
 ALLOWED_LABELS = frozenset(
-    {"queue", "task", "status", "category", "reason", "where", "operation", "action", "cache"}
+    {"queue", "task", "status", "category", "reason", "where", "operation", "action", "cache", "schedule"}
 )
 
 
@@ -202,6 +203,22 @@ CACHE_STALE_WRITES = _counter(
     "Versioned cache writes refused because the cache held that version or a newer one.",
     ("cache",),
     source="web or worker (the process that fills the cache)",
+)
+SCHEDULE_TICKS = _counter(
+    "jobguard_schedule_ticks_enqueued_total",
+    "Schedule ticks whose job was enqueued (each tick once, whichever worker's scheduler won it).",
+    ("schedule",),
+)
+SCHEDULE_MISSED = _counter(
+    "jobguard_schedule_ticks_missed_total",
+    "Schedule ticks that got no job: missed by more than JOBGUARD['SCHEDULER']['MISSED_AFTER'] "
+    "and dropped by the schedule's missed policy, or refused by the task.",
+    ("schedule",),
+)
+SCHEDULE_LAG = _histogram(
+    "jobguard_schedule_lag_seconds",
+    "Seconds from a tick's time to the enqueue of its job (database clock).",
+    ("schedule",),
 )
 
 # Queue gauges: computed from the database at scrape time by QueueCollector.
@@ -511,6 +528,16 @@ def reference_table() -> str:
         labels = ", ".join(f"`{label}`" for label in info.labels) or "none"
         lines.append(f"| `{info.name}` | {info.type} | {labels} | {info.source} | {info.documentation} |")
     return "\n".join(lines) + "\n"
+
+
+def schedule_tick_enqueued(schedule: str, lag: float) -> None:
+    """Count one tick's job of ``schedule``, enqueued ``lag`` seconds after the tick's time."""
+    _child(SCHEDULE_TICKS, schedule).inc()
+    _child(SCHEDULE_LAG, schedule).observe(max(0.0, lag))
+
+
+def schedule_ticks_missed(schedule: str, count: int = 1) -> None:
+    _child(SCHEDULE_MISSED, schedule).inc(count)
 
 
 def key_conflict(task: str, where: str) -> None:

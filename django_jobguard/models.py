@@ -360,3 +360,99 @@ class Lock(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class MissedPolicy(models.TextChoices):
+    """What a schedule does with ticks no scheduler enqueued in time (after an outage)."""
+
+    SKIP = "skip", _("skip: enqueue none of them")
+    RUN_ONCE = "run_once", _("run once: one job for the latest")
+    CATCH_UP = "catch_up", _("catch up: one job for each (bounded)")
+
+
+class ScheduleSource(models.TextChoices):
+    CODE = "code", _("code (@task schedule=)")
+    SETTINGS = "settings", _("settings (JOBGUARD['SCHEDULES'])")
+
+
+class ScheduleQuerySet(models.QuerySet["Schedule"]):
+    """Named states of schedules."""
+
+    def active(self) -> ScheduleQuerySet:
+        """Declared and not paused: the scheduler ticks these."""
+        return self.filter(paused=False, removed_at__isnull=True)
+
+    def due(self) -> ScheduleQuerySet:
+        """Active schedules whose next tick has come (database clock)."""
+        return self.active().filter(next_tick_at__lte=Now())
+
+    def removed(self) -> ScheduleQuerySet:
+        """Rows whose schedule is no longer declared anywhere: never ticked, kept to be seen."""
+        return self.filter(removed_at__isnull=False)
+
+
+class Schedule(models.Model):
+    """A recurring job: its definition (synced from code and settings) and where its ticks stand.
+
+    Every worker's scheduler may tick it; the one that advances ``next_tick_at`` (a
+    compare-and-set in the transaction that inserts the tick's job) is the only one whose
+    job commits.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=200, unique=True)
+    task_name = models.CharField(_("task"), max_length=255)
+    cron = models.CharField(
+        max_length=255, help_text=_("Cron expression (five fields, or six with seconds).")
+    )
+    timezone = models.CharField(
+        max_length=64, default="UTC", help_text=_("IANA time zone of the cron fields.")
+    )
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    queue_name = models.CharField(
+        _("queue"), max_length=100, blank=True, default="", help_text=_("Empty: the task's queue.")
+    )
+    missed = models.CharField(max_length=16, choices=MissedPolicy.choices, default=MissedPolicy.RUN_ONCE)
+    source = models.CharField(max_length=16, choices=ScheduleSource.choices, default=ScheduleSource.SETTINGS)
+    paused = models.BooleanField(default=False)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    paused_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    next_tick_at = models.DateTimeField(null=True, blank=True, help_text=_("The next tick to enqueue (UTC)."))
+    last_tick_at = models.DateTimeField(null=True, blank=True, help_text=_("The last tick enqueued (UTC)."))
+    last_job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    removed_at = models.DateTimeField(
+        null=True, blank=True, help_text=_("When a worker found the schedule no longer declared.")
+    )
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    objects = ScheduleQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("schedule")
+        verbose_name_plural = _("schedules")
+        ordering = ["name"]
+        permissions = [
+            ("pause_schedule", _("Can pause and resume schedules")),
+            ("run_schedule", _("Can run a schedule now (an extra job)")),
+        ]
+        indexes = [
+            models.Index(
+                fields=["next_tick_at"],
+                name="jobguard_schedule_due_idx",
+                condition=Q(paused=False, removed_at__isnull=True),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def state(self) -> str:
+        """``removed``, ``paused`` or ``active``."""
+        if self.removed_at is not None:
+            return "removed"
+        return "paused" if self.paused else "active"

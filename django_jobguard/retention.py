@@ -170,3 +170,26 @@ def prune(
             alias, older_than=jobs_older_than, batch_size=batch_size or JOB_BATCH_SIZE, dry_run=dry_run
         )
     return PruneReport(keys=keys, jobs=jobs, dry_run=dry_run)
+
+
+SCHEDULE_DELETION_RULE = (
+    "Only a schedule marked removed (no longer declared in code or settings) may be deleted: a "
+    "declared one would be recreated at the next worker start, with its tick history lost."
+)
+
+
+def deletable_schedules(alias: str) -> Any:
+    """Schedules that may be deleted by hand: those no longer declared (marked removed)."""
+    from .models import Schedule
+
+    return Schedule.objects.using(alias).filter(removed_at__isnull=False)
+
+
+def delete_schedules(ids: Any, alias: str | None = None) -> int:
+    """Delete those of ``ids`` that :func:`deletable_schedules` allows; the number deleted."""
+    from .models import Schedule
+
+    alias = alias or get_settings().database_alias
+    with transaction.atomic(using=alias):
+        _, per_model = deletable_schedules(alias).filter(pk__in=list(ids)).delete()
+    return int(per_model.get(Schedule._meta.label, 0))

@@ -30,7 +30,15 @@ from django.db.models.functions import Now
 
 from .conf import get_settings
 
-__all__ = ["QUERIES", "QUERIES_WITH_RECENT", "RECENT_WINDOW_SECONDS", "QueueStats", "queue_stats"]
+__all__ = [
+    "QUERIES",
+    "QUERIES_WITH_RECENT",
+    "RECENT_WINDOW_SECONDS",
+    "QueueStats",
+    "ScheduleStats",
+    "queue_stats",
+    "schedule_stats",
+]
 
 #: Window of the "succeeded / failed in the last hour" counts, in seconds.
 RECENT_WINDOW_SECONDS = 3600
@@ -162,3 +170,50 @@ def queue_stats(
             stats.succeeded_last_hour = stats.succeeded_last_hour or 0
             stats.failed_last_hour = stats.failed_last_hour or 0
     return [rows[name] for name in sorted(rows)]
+
+
+@dataclasses.dataclass(slots=True)
+class ScheduleStats:
+    """Where one schedule stands (``jobguard_status``, the admin's list shows the same)."""
+
+    name: str
+    task: str
+    cron: str
+    timezone: str
+    #: ``active``, ``paused``, or ``removed`` (no longer declared: not ticked).
+    state: str
+    next_tick_at: datetime.datetime | None
+    last_tick_at: datetime.datetime | None
+    last_job_id: int | None
+    #: Status of the last tick's job (None when it has none, or it was deleted).
+    last_job_status: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (times in ISO 8601)."""
+        data = dataclasses.asdict(self)
+        for field in ("next_tick_at", "last_tick_at"):
+            value = data[field]
+            data[field] = value.isoformat() if value is not None else None
+        return data
+
+
+def schedule_stats(alias: str | None = None) -> list[ScheduleStats]:
+    """Every schedule row, removed ones included, sorted by name: one query."""
+    from .models import Schedule
+
+    alias = alias or get_settings().database_alias
+    rows = Schedule.objects.using(alias).select_related("last_job").order_by("name")
+    return [
+        ScheduleStats(
+            name=row.name,
+            task=row.task_name,
+            cron=row.cron,
+            timezone=row.timezone,
+            state=row.state,
+            next_tick_at=row.next_tick_at,
+            last_tick_at=row.last_tick_at,
+            last_job_id=row.last_job_id,
+            last_job_status=row.last_job.status if row.last_job is not None else None,
+        )
+        for row in rows
+    ]

@@ -84,6 +84,8 @@ class Task(Generic[P, R]):
     expected_duration: float | None = None
     #: May be enqueued over HTTP through the REST API (``django_jobguard.api``).
     api: bool = False
+    #: A cron expression: the scheduler enqueues this task at each of its ticks (UTC).
+    schedule: str | None = None
     # Per-call overrides set by using():
     run_after: datetime.datetime | datetime.timedelta | None = None
     idempotency_key: str | None = None
@@ -111,6 +113,19 @@ class Task(Generic[P, R]):
                     f"of {self.name}; parameters: {', '.join(self.parameters) or '(none)'}."
                 )
         self._check_classification()
+        if self.schedule is not None:
+            from .conf import MAX_SCHEDULE_NAME_LENGTH
+
+            if not isinstance(self.schedule, str) or not self.schedule.strip():
+                raise InvalidTaskError(
+                    f"schedule must be a cron expression such as '*/5 * * * *', not {self.schedule!r}."
+                )
+            if len(self.name) > MAX_SCHEDULE_NAME_LENGTH:
+                raise InvalidTaskError(
+                    f"schedule= names the schedule after the task, and {self.name!r} is longer than "
+                    f"{MAX_SCHEDULE_NAME_LENGTH} characters; pass a shorter name=... or declare it in "
+                    'JOBGUARD["SCHEDULES"].'
+                )
         if self.idempotency_key is not None and not self.idempotency_key:
             raise InvalidArgumentsError("idempotency_key must be a non-empty string.")
         if self.idempotency_key is not None and len(self.idempotency_key) > MAX_IDEMPOTENCY_KEY_LENGTH:
@@ -394,6 +409,7 @@ def task(
     parallel: bool = True,
     expected_duration: float | None = None,
     api: bool = False,
+    schedule: str | None = None,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -423,6 +439,7 @@ def task(
     parallel: bool = True,
     expected_duration: float | None = None,
     api: bool = False,
+    schedule: str | None = None,
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a function as a task. Options left unset fall back to the queue, then globals.
 
@@ -447,6 +464,8 @@ def task(
       (seconds the author expects a run to take, its p99).
     - ``api``: other systems may enqueue it through the REST API (``POST jobs/``); off by
       default, so a task is exposed over HTTP only when its author says so.
+    - ``schedule``: a cron expression (UTC; six fields for seconds); every worker's scheduler
+      enqueues the task once per tick, with no arguments. See docs/how-to/recurring-jobs.md.
     """
 
     def decorate(func: Callable[P, R]) -> Task[P, R]:
@@ -481,6 +500,7 @@ def task(
             parallel=parallel,
             expected_duration=expected_duration,
             api=bool(api),
+            schedule=schedule,
         )
         created.signature  # noqa: B018 - validates takes_context against the signature now
         registry.register(created)

@@ -37,7 +37,7 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
-from . import _dispatch, _faults, dlq, idempotency, leasing, metrics, retry, signals
+from . import _dispatch, _faults, dlq, idempotency, leasing, metrics, retry, schedules, signals
 from .conf import RetryPolicy, get_settings
 from .context import JobContext
 from .enqueue import normalize_json
@@ -63,6 +63,11 @@ PREFETCH_MAX_RUN_SECONDS = 1.0
 RUN_TIME_SMOOTHING = 0.1
 #: Argument shapes remembered as valid per worker (binding is checked once per shape).
 MAX_REMEMBERED_SHAPES = 10_000
+#: Shortest wait between two scheduler passes, however close the next tick is.
+SCHEDULER_MIN_SLEEP_SECONDS = 0.01
+#: Wait before the scheduler tries again after a failed pass (a missing migration, an outage),
+#: well within SCHEDULER.MISSED_AFTER so a brief outage loses no tick.
+SCHEDULER_RETRY_SECONDS = 10.0
 #: Executor threads abandoned past their hard timeout before the worker exits to be restarted.
 MAX_ABANDONED_THREADS = 16
 #: A job put back on lock contention waits CONTENTION_DELAY plus up to this fraction of it,
@@ -151,6 +156,7 @@ class Worker:
         reaper_interval: float | None = None,
         shutdown_grace: float | None = None,
         install_signal_handlers: bool = True,
+        run_scheduler: bool = True,
     ) -> None:
         conf = get_settings()
         if concurrency < 1:
@@ -171,6 +177,10 @@ class Worker:
         self.reaper_interval = reaper_interval if reaper_interval is not None else conf.reaper_interval
         self.shutdown_grace = shutdown_grace if shutdown_grace is not None else conf.shutdown_grace
         self.install_signal_handlers = install_signal_handlers
+        # A burst worker drains and exits: it leaves schedules to the long-running workers.
+        self.run_scheduler = run_scheduler and not burst
+        self._next_schedule = 0.0 if self.run_scheduler else float("inf")
+        self._schedules_synced = False
 
         self._lock = threading.Lock()
         self._held: dict[int, _Held] = {}
@@ -290,6 +300,8 @@ class Worker:
                     dlq.redrive(worker_id=self.worker_id, using=self.alias)
                     next_reap = now + self.reaper_interval
                     self._prune_keys(now)
+                if now >= self._next_schedule:
+                    self._schedule(now)
                 capacity = self._capacity()
                 free = capacity - len(self._held)
                 if self.max_jobs is not None:
@@ -316,7 +328,8 @@ class Worker:
                 self._slot_freed.wait(wait)
             else:
                 # Nothing more is due: sleep until a NOTIFY, the next reaper pass or a poll.
-                listener.wait(max(0.0, min(wait, next_reap - time.monotonic())))
+                until = min(next_reap, self._next_schedule) - time.monotonic()
+                listener.wait(max(0.0, min(wait, until)))
 
     def _capacity(self) -> int:
         """Jobs to hold: a batch for short jobs; for long ones only what executors can start now.
@@ -383,6 +396,31 @@ class Worker:
                 # The dead letter carries the job's fields; its own id is not the job's.
                 extra={**job_fields(letter, self.worker_id, outcome="dead"), "job_id": job_id},
             )
+
+    def _schedule(self, now: float) -> None:
+        """Enqueue the schedules' due ticks (see :mod:`django_jobguard.schedules`); sync them first once."""
+        interval = get_settings().scheduler.interval
+        self._next_schedule = now + interval
+        try:
+            if not self._schedules_synced:
+                schedules.sync(using=self.alias)
+                self._schedules_synced = True
+            done = schedules.run_once(using=self.alias)
+            if done.next_due_in is not None:
+                # Wake for the next tick rather than up to a whole interval after it.
+                self._next_schedule = now + min(interval, max(SCHEDULER_MIN_SLEEP_SECONDS, done.next_due_in))
+        except (DatabaseError, InterfaceError):
+            self._next_schedule = now + max(interval, SCHEDULER_RETRY_SECONDS)
+            logger.warning(
+                "scheduler_failed worker_id=%s; retrying in %.0fs",
+                self.worker_id,
+                max(interval, SCHEDULER_RETRY_SECONDS),
+                exc_info=True,
+            )
+        except Exception:
+            # A scheduler bug must not stop this worker from running jobs.
+            self._next_schedule = now + max(interval, SCHEDULER_RETRY_SECONDS)
+            logger.exception("scheduler_crashed worker_id=%s", self.worker_id)
 
     def _prune_keys(self, now: float) -> None:
         """Delete a batch of expired idempotency keys, at most once every WORKER_PRUNE_INTERVAL_SECONDS."""

@@ -170,6 +170,11 @@ if os.environ.get("JOBGUARD_TEST_STRICT_QUEUES"):
     JOBGUARD["ALLOW_UNDECLARED_QUEUES"] = False
     # The test app's tasks name undeclared queues; that check (E030) is tested in-process.
     SILENCED_SYSTEM_CHECKS += ["jobguard.E030"]
+if os.environ.get("JOBGUARD_TEST_SCHEDULES"):
+    # Process tests: the schedules a worker subprocess declares, as JSON.
+    import json as _json
+
+    JOBGUARD["SCHEDULES"] = _json.loads(os.environ["JOBGUARD_TEST_SCHEDULES"])
 if os.environ.get("JOBGUARD_TEST_LOCK_BACKEND") == "redis":
     JOBGUARD["LOCKS"] = {**JOBGUARD["LOCKS"], "BACKEND": "redis", "CACHE_ALIAS": "redis"}
 

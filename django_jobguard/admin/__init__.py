@@ -1,13 +1,15 @@
-"""Django admin for jobs, dead letters, idempotency keys and database locks.
+"""Django admin for jobs, dead letters, idempotency keys, database locks and schedules.
 
 Rows are read-only here: they change through the worker and the service layer. The one
 thing operators do in the admin is the dead-letter replay workflow (request, approve,
-reject), and those views call :mod:`django_jobguard.dlq`, which holds the rules.
+reject), and those views call :mod:`django_jobguard.dlq`, which holds the rules; and the
+schedules' pause / resume / run now, which call :mod:`django_jobguard.schedules`.
 Payloads, stored results and tracebacks show only to users with ``jobguard.view_payload``.
 """
 
 from .dead_letters import DeadLetterAdmin
 from .jobs import IdempotencyKeyAdmin, JobAdmin
 from .locks import LockAdmin
+from .schedules import ScheduleAdmin
 
-__all__ = ["DeadLetterAdmin", "IdempotencyKeyAdmin", "JobAdmin", "LockAdmin"]
+__all__ = ["DeadLetterAdmin", "IdempotencyKeyAdmin", "JobAdmin", "LockAdmin", "ScheduleAdmin"]

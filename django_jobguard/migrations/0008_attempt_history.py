@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("jobguard", "0005_partial_idem_finished_indexes"),
+        ("jobguard", "0007_schedules"),
     ]
 
     operations = [

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from ...stats import QueueStats, queue_stats
+from ...stats import QueueStats, ScheduleStats, queue_stats, schedule_stats
 from ._options import add_database_argument, check_queues, database_alias, positive_float, positive_int
 
 #: Seconds between refreshes of ``--watch`` when none is given.
@@ -66,10 +66,37 @@ def render_table(rows: list[QueueStats]) -> str:
     return "\n".join([fmt(headers), *(fmt(line) for line in cells)]) + "\n"
 
 
+def render_schedules(rows: list[ScheduleStats]) -> str:
+    """The schedules as a fixed-width text table (removed ones marked, so they are noticed)."""
+    headers = ["SCHEDULE", "STATE", "CRON", "NEXT TICK", "LAST TICK", "LAST JOB"]
+
+    def when(value: Any) -> str:
+        return f"{value:%Y-%m-%d %H:%M:%S}" if value is not None else "-"
+
+    cells = [
+        [
+            row.name,
+            row.state.upper() if row.state == "removed" else row.state,
+            f"{row.cron} ({row.timezone})",
+            when(row.next_tick_at),
+            when(row.last_tick_at),
+            f"#{row.last_job_id} {row.last_job_status}" if row.last_job_id is not None else "-",
+        ]
+        for row in rows
+    ]
+    widths = [max(len(headers[i]), *(len(line[i]) for line in cells)) for i in range(len(headers))]
+    lines = [
+        "  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip()
+        for line in [headers, *cells]
+    ]
+    return "\n".join(lines) + "\n"
+
+
 class Command(BaseCommand):
     help = (
         "Show each queue: jobs due (depth), scheduled and in flight, the oldest due job's age, "
-        "dead letters, replays awaiting approval, and successes/failures in the last hour."
+        "dead letters, replays awaiting approval, and successes/failures in the last hour; then "
+        "each schedule: its state, next and last tick, and the last tick's job."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -113,7 +140,10 @@ class Command(BaseCommand):
         try:
             while True:
                 rows = queue_stats(alias, recent=True, queues=options["queues"])
-                self._show(rows, as_json=options["json"], clear=watch is not None and not options["json"])
+                timetable = schedule_stats(alias)
+                self._show(
+                    rows, timetable, as_json=options["json"], clear=watch is not None and not options["json"]
+                )
                 shown += 1
                 if watch is None or (options["count"] is not None and shown >= options["count"]):
                     return
@@ -121,13 +151,27 @@ class Command(BaseCommand):
         except KeyboardInterrupt:
             return
 
-    def _show(self, rows: list[QueueStats], *, as_json: bool, clear: bool) -> None:
+    def _show(
+        self, rows: list[QueueStats], timetable: list[ScheduleStats], *, as_json: bool, clear: bool
+    ) -> None:
         now = timezone.now()
         if as_json:
-            document = {"generated_at": now.isoformat(), "queues": [stats.as_dict() for stats in rows]}
+            document = {
+                "generated_at": now.isoformat(),
+                "queues": [stats.as_dict() for stats in rows],
+                "schedules": [schedule.as_dict() for schedule in timetable],
+            }
             self.stdout.write(json.dumps(document, sort_keys=True))
             return
         if clear and self.stdout.isatty():
             self.stdout.write("\x1b[H\x1b[2J", ending="")
         self.stdout.write(f"jobguard queues at {now:%Y-%m-%d %H:%M:%S %Z}")
         self.stdout.write(render_table(rows), ending="")
+        if timetable:
+            self.stdout.write("")
+            self.stdout.write(render_schedules(timetable), ending="")
+            removed = [row.name for row in timetable if row.state == "removed"]
+            if removed:
+                self.stdout.write(
+                    f"{len(removed)} schedule(s) no longer declared and not running: {', '.join(removed)}"
+                )

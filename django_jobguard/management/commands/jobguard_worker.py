@@ -47,7 +47,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--burst",
             action="store_true",
-            help="Run the jobs that are due, then exit, printing a one-line summary on stdout.",
+            help="Run the jobs that are due, then exit with a one-line summary on stdout (no scheduler).",
+        )
+        parser.add_argument(
+            "--no-schedule",
+            action="store_false",
+            dest="schedule",
+            help="Do not run the scheduler here (recurring jobs are enqueued by the other workers).",
         )
         parser.add_argument(
             "--max-jobs",
@@ -119,6 +125,7 @@ class Command(BaseCommand):
             poll_interval=options["poll_interval"],
             reaper_interval=options["reaper_interval"],
             shutdown_grace=options["shutdown_grace"],
+            run_scheduler=options["schedule"],
         )
         server = None
         if port is not None:
