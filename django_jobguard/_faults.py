@@ -20,6 +20,7 @@ POINTS = (
     "in_heartbeat",  # while renewing leases
     "in_retry",  # while scheduling a retry
     "in_dead_letter",  # inside the dead-lettering transaction
+    "cache_after_commit",  # a durable invalidation's write committed, its on_commit delete not yet run
 )
 
 
