@@ -293,8 +293,12 @@ class _Durable:
         held = self.entries.setdefault(alias, {})
         changed = False
         for key in keys:
-            before = held.get(key, "absent")
-            if before == "absent" or (version is not None and (before is None or version > before)):
+            if key not in held:
+                held[key] = version
+                changed = True
+                continue
+            before = held[key]
+            if version is not None and (before is None or version > before):
                 held[key] = version
                 changed = True
         return changed
@@ -333,12 +337,7 @@ def _invalidate_durably(keys: list[str], version: int | None, alias: str, using:
     connection = connections[db_alias]
     states = _states()
     state = states.get(db_alias)
-    if (
-        connection.in_atomic_block
-        and state is not None
-        and state.connection is connection
-        and state.alive()
-    ):
+    if connection.in_atomic_block and state is not None and state.connection is connection and state.alive():
         if state.add(keys, version, alias):
             # One UPDATE per call that adds keys: the job must hold every key when the
             # transaction commits, and there is no hook that runs just before the commit.
@@ -413,7 +412,7 @@ def _remove_job(using: str, job_id: int) -> None:
 
     with connections[using].cursor() as cursor:
         cursor.execute(
-            f"DELETE FROM {Job._meta.db_table} WHERE id = %s AND status = %s",  # noqa: S608 - our table name
+            f"DELETE FROM {Job._meta.db_table} WHERE id = %s AND status = %s",
             [job_id, "queued"],
         )
 
@@ -444,11 +443,11 @@ def delete_keys(context: Any, keys: dict[str, dict[str, int | None]]) -> int:
         status = "retried" if context.attempt < context.max_attempts else "failed"
         for alias, _exc in failed:
             metrics.durable_invalidation(alias, status)
-        alias, exc = failed[0]
+        first_alias, first_error = failed[0]
         raise TransientError(
-            f"cache {alias!r} did not take the invalidation of job {context.job_id} "
-            f"({type(exc).__name__}: {exc})"
-        ) from exc
+            f"cache {first_alias!r} did not take the invalidation of job {context.job_id} "
+            f"({type(first_error).__name__}: {first_error})"
+        ) from first_error
     return sum(len(entries) for entries in keys.values())
 
 
@@ -627,7 +626,9 @@ def _store(cache: BaseCache, client: Any, alias: str, key: str, value: Any, time
     return True
 
 
-def _load(cache: BaseCache, client: Any, alias: str, key: str, loader: Callable[[], Any], timeout: Any) -> Any:
+def _load(
+    cache: BaseCache, client: Any, alias: str, key: str, loader: Callable[[], Any], timeout: Any
+) -> Any:
     try:
         loaded = loader()
     except BaseException:
@@ -641,7 +642,7 @@ def _load(cache: BaseCache, client: Any, alias: str, key: str, loader: Callable[
 def get_or_set(
     key: str,
     loader: Callable[[], Any],
-    timeout: float | None = DEFAULT_TIMEOUT,  # type: ignore[assignment]
+    timeout: float | None = DEFAULT_TIMEOUT,
     cache_alias: str | None = None,
 ) -> Any:
     """The cached value of ``key``; on a miss, ``loader()``'s, stored, with one loader call per miss.

@@ -414,7 +414,9 @@ def parse(raw: Any) -> Settings:
             queue=_queue_name(cache["QUEUE"], ("CACHE", "QUEUE")),
             max_attempts=_integer(cache["MAX_ATTEMPTS"], ("CACHE", "MAX_ATTEMPTS"), minimum=1),
             durable_delay=_number(cache["DURABLE_DELAY"], ("CACHE", "DURABLE_DELAY")),
-            refill_lease_ttl=_number(cache["REFILL_LEASE_TTL"], ("CACHE", "REFILL_LEASE_TTL"), allow_zero=False),
+            refill_lease_ttl=_number(
+                cache["REFILL_LEASE_TTL"], ("CACHE", "REFILL_LEASE_TTL"), allow_zero=False
+            ),
             refill_wait=_number(cache["REFILL_WAIT"], ("CACHE", "REFILL_WAIT")),
         ),
         queues=queues,

@@ -187,7 +187,9 @@ def test_the_setting_makes_invalidations_and_declarations_durable(key):
                 invalidate(key + ":not-durable", durable=False)
                 (job,) = durable_jobs()
                 assert job.queue_name == "inval"
-                assert sorted(job.kwargs["keys"]["default"]) == sorted([f"{key}:{account.pk}", key + ":explicit"])
+                assert sorted(job.kwargs["keys"]["default"]) == sorted(
+                    [f"{key}:{account.pk}", key + ":explicit"]
+                )
     finally:
         declaration.disconnect()
     assert durable_jobs() == []
@@ -210,7 +212,10 @@ def test_a_durable_invalidation_of_a_write_on_another_database_is_refused(key):
         ({"CACHE": {"DURABLE": 1}}, "JOBGUARD['CACHE']['DURABLE'] must be True or False, not 1"),
         ({"CACHE": {"QUEUE": ""}}, "JOBGUARD['CACHE']['QUEUE'] must be a non-empty string"),
         ({"CACHE": {"QUEUE": "q" * 101}}, "JOBGUARD['CACHE']['QUEUE'] must be at most 100 characters"),
-        ({"CACHE": {"MAX_ATTEMPTS": 0}}, "JOBGUARD['CACHE']['MAX_ATTEMPTS'] must be an integer of at least 1"),
+        (
+            {"CACHE": {"MAX_ATTEMPTS": 0}},
+            "JOBGUARD['CACHE']['MAX_ATTEMPTS'] must be an integer of at least 1",
+        ),
         ({"CACHE": {"DURABLE_DELAY": -1}}, "JOBGUARD['CACHE']['DURABLE_DELAY'] must be at least 0"),
         ({"CACHE": {"REFILL_LEASE_TTL": 0}}, "JOBGUARD['CACHE']['REFILL_LEASE_TTL'] must be more than 0"),
         ({"CACHE": {"REFILL_WAIT": "1"}}, "JOBGUARD['CACHE']['REFILL_WAIT'] must be a number of seconds"),

@@ -44,7 +44,9 @@ def test_a_hit_does_not_call_the_loader_and_a_miss_stores_the_loaded_value(alias
     assert get_or_set(key, lambda: pytest.fail("loader called on a hit"), 60, cache_alias=alias) == "cached"
     assert get_or_set(key + ":none", lambda: None, 60, cache_alias=alias) is None
     # None is a value like any other: the second call is a hit.
-    assert get_or_set(key + ":none", lambda: pytest.fail("None was not cached"), 60, cache_alias=alias) is None
+    assert (
+        get_or_set(key + ":none", lambda: pytest.fail("None was not cached"), 60, cache_alias=alias) is None
+    )
 
 
 def test_concurrent_misses_of_one_key_call_the_loader_once(alias, key):

@@ -212,7 +212,9 @@ def test_a_durable_invalidation_is_done_by_a_worker_once_redis_is_back_and_a_pla
         # Both deletes failed after the commit; the durable one left its job.
         job = durable_job()
         assert job.status == "queued" and job.queue_name == "jobguard.cache"
-        worker = workers.start("--queue", "jobguard.cache", env={"JOBGUARD_TEST_REDIS_URL": private_redis.url})
+        worker = workers.start(
+            "--queue", "jobguard.cache", env={"JOBGUARD_TEST_REDIS_URL": private_redis.url}
+        )
         wait_for(
             lambda: Job.objects.get(pk=job.pk).attempts >= 2,
             timeout=120,
@@ -261,7 +263,16 @@ def test_processes_and_threads_missing_one_key_call_the_loader_once(mode):
     key, counter = f"test:stampede:{uuid.uuid4().hex}", f"test:stampede-calls:{uuid.uuid4().hex}"
     readers = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.processes.refill_reader", "redis", key, counter, str(THREADS), mode],
+            [
+                sys.executable,
+                "-m",
+                "tests.processes.refill_reader",
+                "redis",
+                key,
+                counter,
+                str(THREADS),
+                mode,
+            ],
             cwd=ROOT,
             env=worker_env(),
             stdin=subprocess.PIPE,
@@ -287,4 +298,6 @@ def test_processes_and_threads_missing_one_key_call_the_loader_once(mode):
     else:
         # The first loader raised and released the lease; the next caller loaded for everyone.
         assert calls == 2
-        assert sorted(results) == ["error: the first load failed"] + ["loaded by call 2"] * (READERS * THREADS - 1)
+        assert sorted(results) == ["error: the first load failed"] + ["loaded by call 2"] * (
+            READERS * THREADS - 1
+        )
