@@ -408,13 +408,9 @@ def _remove_job(using: str, job_id: int) -> None:
     # The fast path's only database write: the job never ran and has nothing to record, so
     # deleting it is cheaper than an ack now and a prune later. A worker that claimed it
     # already (status running) keeps it and deletes the keys once more, harmlessly.
-    from .models import Job
+    from .leasing import discard_queued
 
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            f"DELETE FROM {Job._meta.db_table} WHERE id = %s AND status = %s",
-            [job_id, "queued"],
-        )
+    discard_queued(using, job_id)
 
 
 @task(name="django_jobguard.cache.delete_keys", takes_context=True)

@@ -224,3 +224,31 @@ def test_a_durable_invalidation_of_a_write_on_another_database_is_refused(key):
 def test_invalid_durable_and_refill_settings_name_the_key(raw, named):
     with pytest.raises(ImproperlyConfigured, match=named.replace("[", r"\[").replace("]", r"\]")):
         conf.parse(raw)
+
+
+def test_the_fast_path_leaves_a_job_a_worker_already_claimed(key):
+    from django.db.models.functions import Now
+
+    from django_jobguard import leasing
+
+    with transaction.atomic():
+        invalidate(key, durable=True, cache_alias="files")
+        (job,) = durable_jobs()
+        # A worker claimed it between the commit and the on_commit callback.
+        Job.objects.filter(pk=job.pk).update(status="running", lease_token="a" * 32, lease_expires_at=Now())
+    assert [j.status for j in durable_jobs()] == ["running"]  # the worker's ack settles it
+    leasing.discard_queued("default", job.pk)
+    assert [j.pk for j in durable_jobs()] == [job.pk]
+
+
+@pytest.mark.postgres
+def test_the_fast_paths_unsynchronised_commit_does_not_leak_into_the_session(key):
+    from django.db import connection
+
+    invalidate(key, durable=True)
+    with transaction.atomic():
+        invalidate(key + ":tx", durable=True)
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone() == ("on",)
+    assert durable_jobs() == []
