@@ -252,3 +252,21 @@ def test_the_fast_paths_unsynchronised_commit_does_not_leak_into_the_session(key
         cursor.execute("SHOW synchronous_commit")
         assert cursor.fetchone() == ("on",)
     assert durable_jobs() == []
+
+
+def test_the_check_warns_when_durable_is_the_default_but_jobs_live_on_another_database():
+    from django.core.checks import run_checks
+
+    def w020() -> list[str]:
+        return [m.msg for m in run_checks() if m.id == "jobguard.W020"]
+
+    assert w020() == []
+    with override_settings(JOBGUARD={**settings.JOBGUARD, "CACHE": {"DURABLE": True}}):
+        assert w020() == []
+    jobs_db = {**settings.JOBGUARD, "DATABASE_ALIAS": "jobs", "CACHE": {"DURABLE": True}}
+    with override_settings(JOBGUARD=jobs_db):  # E002 reports the missing alias; W020 the rest
+        assert w020() == [
+            "JOBGUARD['CACHE']['DURABLE'] is True, but JOBGUARD['DATABASE_ALIAS'] is 'jobs': an "
+            "invalidate() of a write on 'default' cannot put its job in that write's transaction, and "
+            "raises ValueError."
+        ]
