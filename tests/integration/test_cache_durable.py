@@ -270,3 +270,24 @@ def test_the_check_warns_when_durable_is_the_default_but_jobs_live_on_another_da
             "invalidate() of a write on 'default' cannot put its job in that write's transaction, and "
             "raises ValueError."
         ]
+
+
+@pytest.mark.postgres
+def test_a_delayed_durable_job_wakes_no_worker_and_a_due_one_does(key):
+    # Every durable write inserts a job that waits CACHE.DURABLE_DELAY: a NOTIFY for it would
+    # wake every idle worker for a claim that finds nothing (migration 0013).
+    from django_jobguard.leasing import Listener
+
+    listener = Listener("default", ["jobguard.cache"])
+    try:
+        assert listener.start()
+        with transaction.atomic():
+            invalidate(key, durable=True)
+        # Delivered at the commit if it was sent at all: it would be waiting on the socket now.
+        assert listener.wait(1.0) is False
+        with override_settings(JOBGUARD={**settings.JOBGUARD, "CACHE": {"DURABLE_DELAY": 0}}):
+            with transaction.atomic():
+                invalidate(key, durable=True)
+        assert listener.wait(30.0) is True
+    finally:
+        listener.close()
