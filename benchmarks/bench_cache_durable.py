@@ -5,9 +5,9 @@ itself costs next to nothing and the difference is the job: its INSERT in the tr
 and its DELETE after the commit). Each run times ``--writes`` transactions per variant
 (alternating, so drift hits both); the table shows the median of ``--runs`` runs.
 
-    DJANGO_SETTINGS_MODULE=tests.settings python benchmarks/bench_cache_durable.py --runs 5
+    DJANGO_SETTINGS_MODULE=tests.settings python benchmarks/bench_cache_durable.py --runs 7
     JOBGUARD_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/jg_bench \\
-        DJANGO_SETTINGS_MODULE=tests.settings python benchmarks/bench_cache_durable.py --runs 5
+        DJANGO_SETTINGS_MODULE=tests.settings python benchmarks/bench_cache_durable.py --runs 7
 
 A throw-away test database is created and destroyed (SQLite file, or ``test_<name>`` on PostgreSQL).
 """
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5, help="runs per variant; the median is shown")
+    parser.add_argument("--runs", type=int, default=7, help="runs per variant; the median is shown")
     parser.add_argument("--writes", type=int, default=300, help="write transactions per run and variant")
     options = parser.parse_args()
 
