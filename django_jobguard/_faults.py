@@ -21,6 +21,7 @@ POINTS = (
     "in_retry",  # while scheduling a retry
     "in_dead_letter",  # inside the dead-lettering transaction
     "in_schedule_tick",  # the tick's job inserted and its schedule advanced, before commit
+    "cache_after_commit",  # a durable invalidation's write committed, its on_commit delete not yet run
 )
 
 

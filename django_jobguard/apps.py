@@ -12,7 +12,8 @@ class JobguardConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, conf, metrics, registry  # noqa: F401 - checks register on import
+        # checks register on import; cache registers the durable invalidation task.
+        from . import cache, checks, conf, metrics, registry  # noqa: F401
 
         setting_changed.connect(conf.reload, dispatch_uid="jobguard_settings_reload")
         registry.autodiscover()

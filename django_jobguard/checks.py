@@ -148,6 +148,36 @@ def check_cache_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
 
 
 @checks.register()
+def check_durable_invalidation(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.W020: durable invalidation is the default, but jobs live on another database.
+
+    A durable invalidation inserts its job in the write's transaction, so the write must run
+    on ``JOBGUARD["DATABASE_ALIAS"]``; ``invalidate()`` takes Django's default alias unless
+    given ``using=``, and then raises.
+    """
+    from django.db import DEFAULT_DB_ALIAS
+
+    from .conf import get_settings
+
+    try:
+        conf = get_settings()
+    except ImproperlyConfigured:
+        return []
+    if not conf.cache.durable or conf.database_alias == DEFAULT_DB_ALIAS:
+        return []
+    return [
+        checks.Warning(
+            f"JOBGUARD['CACHE']['DURABLE'] is True, but JOBGUARD['DATABASE_ALIAS'] is "
+            f"{conf.database_alias!r}: an invalidate() of a write on {DEFAULT_DB_ALIAS!r} cannot put "
+            "its job in that write's transaction, and raises ValueError.",
+            hint=f"Pass using={conf.database_alias!r} for writes on that database and durable=False "
+            "for others, or leave JOBGUARD['CACHE']['DURABLE'] off and pass durable=True where it applies.",
+            id="jobguard.W020",
+        )
+    ]
+
+
+@checks.register()
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """jobguard.E010: bad cron or time zone; E011: unknown task or arguments that do not fit;
     W013: ticks closer than the task's expected duration; W014: a name declared twice."""

@@ -107,6 +107,22 @@ DEFAULTS: dict[str, Any] = {
         # Seconds the tombstone of a versioned invalidation lives: it must outlast the longest
         # time between a reader loading a row and writing it to the cache.
         "TOMBSTONE_TTL": 60.0,
+        # Whether invalidate() and invalidates() are durable when the call does not say: the
+        # keys are also written to a job in the writer's transaction, which a worker runs if
+        # the delete after the commit did not happen (process killed, cache unreachable).
+        "DURABLE": False,
+        # Queue of the durable invalidation jobs; workers serve every queue unless --queue is given.
+        "QUEUE": "jobguard.cache",
+        # Attempts of a durable invalidation job while the cache is unreachable (the queue's
+        # retry schedule spaces them) before it is dead-lettered.
+        "MAX_ATTEMPTS": 20,
+        # Seconds a durable invalidation job waits before a worker may run it: the committing
+        # process deletes the keys itself and removes the job well within it.
+        "DURABLE_DELAY": 5.0,
+        # Seconds a get_or_set() refill lease lives: a loader that hangs blocks the others no longer.
+        "REFILL_LEASE_TTL": 10.0,
+        # Seconds a get_or_set() miss waits for another caller's refill before loading itself.
+        "REFILL_WAIT": 3.0,
     },
     "TUNING": {
         # Seconds a heartbeat may come late in a slow moment (a busy machine, a database that
@@ -308,6 +324,12 @@ class CacheSettings:
 
     alias: str
     tombstone_ttl: float
+    durable: bool = False
+    queue: str = "jobguard.cache"
+    max_attempts: int = 20
+    durable_delay: float = 5.0
+    refill_lease_ttl: float = 10.0
+    refill_wait: float = 3.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -390,21 +412,17 @@ class Settings:
 
     @property
     def known_queues(self) -> list[str]:
-        """The queues jobs may be enqueued to: the declared ones and ``DEFAULT_QUEUE``, sorted."""
-        return sorted({*self.queues, self.default_queue})
+        """The queues jobs may be enqueued to, sorted: the declared ones, ``DEFAULT_QUEUE`` and the
+        package's own (``CACHE["QUEUE"]``, where durable invalidations wait)."""
+        return sorted({*self.queues, self.default_queue, self.cache.queue})
 
     def undeclared_queue(self, name: str) -> str | None:
         """Why ``name`` is refused as a queue, or None when it is accepted.
 
         Every name is accepted when ``QUEUES`` declares none or ``ALLOW_UNDECLARED_QUEUES``
-        is set; otherwise only the declared queues and ``DEFAULT_QUEUE`` are.
+        is set; otherwise only :attr:`known_queues` are.
         """
-        if (
-            not self.queues
-            or self.allow_undeclared_queues
-            or name in self.queues
-            or name == self.default_queue
-        ):
+        if not self.queues or self.allow_undeclared_queues or name in self.known_queues:
             return None
         return (
             f"queue {name!r} is not declared in JOBGUARD['QUEUES']; known queues: "
@@ -434,6 +452,13 @@ def _string(value: Any, path: tuple[str, ...]) -> str:
     if not isinstance(value, str) or not value:
         raise _fail(path, f"must be a non-empty string, not {value!r}.")
     return value
+
+
+def _queue_name(value: Any, path: tuple[str, ...]) -> str:
+    name = _string(value, path)
+    if len(name) > 100:  # the width of Job.queue_name
+        raise _fail(path, f"must be at most 100 characters, not {len(name)}.")
+    return name
 
 
 def _boolean(value: Any, path: tuple[str, ...]) -> bool:
@@ -599,6 +624,14 @@ def parse(raw: Any) -> Settings:
         cache=CacheSettings(
             alias=_string(cache["ALIAS"], ("CACHE", "ALIAS")),
             tombstone_ttl=_number(cache["TOMBSTONE_TTL"], ("CACHE", "TOMBSTONE_TTL"), allow_zero=False),
+            durable=_boolean(cache["DURABLE"], ("CACHE", "DURABLE")),
+            queue=_queue_name(cache["QUEUE"], ("CACHE", "QUEUE")),
+            max_attempts=_integer(cache["MAX_ATTEMPTS"], ("CACHE", "MAX_ATTEMPTS"), minimum=1),
+            durable_delay=_number(cache["DURABLE_DELAY"], ("CACHE", "DURABLE_DELAY")),
+            refill_lease_ttl=_number(
+                cache["REFILL_LEASE_TTL"], ("CACHE", "REFILL_LEASE_TTL"), allow_zero=False
+            ),
+            refill_wait=_number(cache["REFILL_WAIT"], ("CACHE", "REFILL_WAIT")),
         ),
         api=ApiSettings(
             max_payload_bytes=_integer(api["MAX_PAYLOAD_BYTES"], ("API", "MAX_PAYLOAD_BYTES"), minimum=2),

@@ -220,6 +220,34 @@ SCHEDULE_LAG = _histogram(
     "Seconds from a tick's time to the enqueue of its job (database clock).",
     ("schedule",),
 )
+CACHE_DURABLE = _counter(
+    "jobguard_cache_durable_invalidations_total",
+    "Durable invalidations (the keys of one transaction for one cache alias, in one job): enqueued "
+    "(counted at commit), completed_at_commit (the committing process deleted the keys and removed the "
+    "job), completed_by_worker, retried (the cache failed in the worker), failed (attempts exhausted, "
+    "dead-lettered).",
+    ("cache", "status"),
+    source="web or worker (the committing process; the worker for completed_by_worker, retried, failed)",
+)
+CACHE_REFILL_LEASES = _counter(
+    "jobguard_cache_refill_leases_total",
+    "get_or_set() misses that took the refill lease and so called the loader for everyone.",
+    ("cache",),
+    source="web or worker (the process that reads the cache)",
+)
+CACHE_REFILL_WAITS = _counter(
+    "jobguard_cache_refill_waits_total",
+    "get_or_set() misses that waited for another caller's refill; status filled (the value came) or "
+    "timeout (waited past JOBGUARD['CACHE']['REFILL_WAIT'] and loaded itself).",
+    ("cache", "status"),
+    source="web or worker (the process that reads the cache)",
+)
+CACHE_REFILL_LOADS = _counter(
+    "jobguard_cache_refill_loads_total",
+    "Loader calls made by get_or_set(); status ok or error (the lease was released for the next caller).",
+    ("cache", "status"),
+    source="web or worker (the process that reads the cache)",
+)
 
 # Queue gauges: computed from the database at scrape time by QueueCollector.
 QUEUE_DEPTH = _gauge(
@@ -552,3 +580,23 @@ def cache_invalidated(cache: str, status: str, count: int = 1) -> None:
 def stale_write_rejected(cache: str) -> None:
     """Count a versioned write that lost to the version the cache held."""
     _child(CACHE_STALE_WRITES, cache).inc()
+
+
+def durable_invalidation(cache: str, status: str) -> None:
+    """Count a durable invalidation event (``enqueued``, ``completed_at_commit``, ...) on ``cache``."""
+    _child(CACHE_DURABLE, cache, status).inc()
+
+
+def refill_lease_taken(cache: str) -> None:
+    """Count a get_or_set() miss that took the refill lease."""
+    _child(CACHE_REFILL_LEASES, cache).inc()
+
+
+def refill_waited(cache: str, status: str) -> None:
+    """Count a get_or_set() miss that waited for another refill (``filled`` or ``timeout``)."""
+    _child(CACHE_REFILL_WAITS, cache, status).inc()
+
+
+def refill_loaded(cache: str, status: str) -> None:
+    """Count a loader call of get_or_set() (``ok`` or ``error``)."""
+    _child(CACHE_REFILL_LOADS, cache, status).inc()

@@ -261,7 +261,7 @@ def test_an_undeclared_queue_is_refused_naming_the_known_ones():
         tasks.add.using(queue_name="typo").enqueue(1)
     assert str(refused.value) == (
         "tests.testapp.tasks.add: queue 'typo' is not declared in JOBGUARD['QUEUES']; known queues: "
-        "default, slow. Check the spelling, declare it there, or set "
+        "default, jobguard.cache, slow. Check the spelling, declare it there, or set "
         "JOBGUARD['ALLOW_UNDECLARED_QUEUES'] = True to allow free-form queue names."
     )
     assert isinstance(refused.value, InvalidArgumentsError)
@@ -278,7 +278,7 @@ def test_declared_queues_and_the_default_queue_are_accepted():
         assert tasks.slow_record.enqueue("m", 0).queue_name == "slow"
     with strict(QUEUES={"slow": {}}, DEFAULT_QUEUE="main"):
         assert tasks.add.enqueue(1).queue_name == "main"
-        with pytest.raises(UnknownQueueError, match="known queues: main, slow"):
+        with pytest.raises(UnknownQueueError, match="known queues: jobguard.cache, main, slow"):
             tasks.add.using(queue_name="default").enqueue(1)
 
 

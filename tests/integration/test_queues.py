@@ -18,7 +18,7 @@ from tests.testapp import tasks
 pytestmark = pytest.mark.django_db(transaction=True)  # the worker runs in threads
 
 REFUSED = (
-    "--queue 'typo': queue 'typo' is not declared in JOBGUARD['QUEUES']; known queues: default, slow. "
+    "--queue 'typo': queue 'typo' is not declared in JOBGUARD['QUEUES']; known queues: default, jobguard.cache, slow. "
     "Check the spelling, declare it there, or set JOBGUARD['ALLOW_UNDECLARED_QUEUES'] = True to allow "
     "free-form queue names. No job is in that queue either."
 )
@@ -83,7 +83,7 @@ def test_the_system_check_reports_a_task_whose_queue_is_not_declared():
         "does not declare; its enqueues are refused."
     )
     assert context in messages
-    assert "known queues: default, slow" in messages[context].hint
+    assert "known queues: default, jobguard.cache, slow" in messages[context].hint
     assert not any("tests.testapp.tasks.slow_record " in msg for msg in messages)  # "slow" is declared
     with strict(ALLOW_UNDECLARED_QUEUES=True):
         assert checks.check_task_queues() == []

@@ -6,11 +6,15 @@
   balance: the key goes only once the job's ack committed, and not at all when the ack is
   refused. The cache is the file-based alias "files", which the worker process shares with
   the test (local memory is per process).
+- Durable invalidation: a writer whose Redis is down at commit, and a writer killed between
+  its commit and its on_commit delete; in both a real worker deletes the key afterwards.
+- get_or_set(): 4 processes x 5 threads missing one key call the loader once.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,12 +23,17 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.core.cache import caches
+from django.db import transaction
+from django.test import override_settings
+from django_redis import get_redis_connection
 from prometheus_client import REGISTRY
 
-from django_jobguard.cache import get_versioned
+from django_jobguard.cache import get_versioned, invalidate
 from django_jobguard.models import Job
 from tests.conftest import ROOT, wait_for, worker_env
+from tests.redis_server import RedisServer
 from tests.testapp import tasks_cache
 from tests.testapp.models import Account, Execution
 
@@ -155,3 +164,140 @@ def test_a_frozen_workers_late_ack_does_not_invalidate(workers, cached_balance):
     assert caches["files"].get(key) == "refilled after the healthy commit"
     assert Account.objects.get(pk=account.pk).balance == 105
     assert list(Execution.objects.filter(marker=key).values_list("attempt", flat=True)) == [2]
+
+
+# -- durable invalidation ----------------------------------------------------------------
+
+DURABLE_TASK = "django_jobguard.cache.delete_keys"
+
+
+def durable_job() -> Job:
+    (job,) = Job.objects.filter(task_name=DURABLE_TASK)
+    return job
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path):
+    if shutil.which("redis-server") is None:
+        pytest.skip("needs the redis-server binary to run a Redis of the test's own")
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_a_durable_invalidation_is_done_by_a_worker_once_redis_is_back_and_a_plain_one_is_lost(
+    private_redis, workers
+):
+    durable_key, plain_key = f"test:durable:{uuid.uuid4().hex}", f"test:plain:{uuid.uuid4().hex}"
+    redis_alias = {
+        **settings.CACHES["redis"],
+        "LOCATION": private_redis.url,
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5},
+    }
+    # Many attempts: the worker keeps retrying (with the test settings' fast backoff) while
+    # Redis is down, however long the machine takes.
+    patient = {**settings.JOBGUARD, "CACHE": {"MAX_ATTEMPTS": 10_000, "DURABLE_DELAY": 0.5}}
+    with override_settings(CACHES={**settings.CACHES, "redis": redis_alias}, JOBGUARD=patient):
+        cache = caches["redis"]
+        cache.set_many({durable_key: "old", plain_key: "old"})
+        get_redis_connection("redis").save()  # the restart below brings these values back
+        private_redis.stop()
+        with transaction.atomic():
+            Account.objects.create(owner="durable-writer")
+            invalidate(durable_key, cache_alias="redis", durable=True)
+            invalidate(plain_key, cache_alias="redis")
+        # Both deletes failed after the commit; the durable one left its job.
+        job = durable_job()
+        assert job.status == "queued" and job.queue_name == "jobguard.cache"
+        worker = workers.start(
+            "--queue", "jobguard.cache", env={"JOBGUARD_TEST_REDIS_URL": private_redis.url}
+        )
+        wait_for(
+            lambda: Job.objects.get(pk=job.pk).attempts >= 2,
+            timeout=120,
+            message="the worker to retry the invalidation while Redis is down",
+        )
+        assert "job_retry" in workers.log(worker) and "TransientError" in workers.log(worker)
+        private_redis.start()
+        assert cache.get(plain_key) == "old"  # the data came back with the restart
+        wait_for(lambda: cache.get(durable_key) is None, timeout=120, message="the worker to delete the key")
+        wait_for(lambda: status_of(job) == "succeeded", timeout=60, message="the job to be acked")
+        # Without durable=True the delete was logged and lost: the old value stays until it expires.
+        assert cache.get(plain_key) == "old"
+
+
+def test_a_writer_killed_between_commit_and_on_commit_leaves_the_key_to_a_worker(workers):
+    key = f"test:killed:{uuid.uuid4().hex}"
+    caches["files"].set(key, "old")
+    writer = subprocess.run(
+        [sys.executable, "-m", "tests.processes.durable_writer", "files", key, "killed-writer"],
+        cwd=ROOT,
+        env=worker_env(JOBGUARD_TEST_FAULTS="cache_after_commit=1"),
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert writer.returncode == -signal.SIGKILL, writer.stderr.decode()
+    assert b"on_commit ran" not in writer.stdout
+    # The write committed, the delete never ran: the key is stale and only the job knows.
+    assert Account.objects.filter(owner="killed-writer").exists()
+    assert caches["files"].get(key) == "old"
+    job = durable_job()
+    assert job.kwargs == {"keys": {"files": {key: None}}}
+    workers.start("--queue", "jobguard.cache")
+    wait_for(lambda: caches["files"].get(key) is None, timeout=120, message="the worker to delete the key")
+    wait_for(lambda: status_of(job) == "succeeded", timeout=60, message="the job to be acked")
+
+
+# -- get_or_set(): one loader call across processes ---------------------------------------
+
+READERS, THREADS = 4, 5
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("mode", ["ok", "fail"])
+def test_processes_and_threads_missing_one_key_call_the_loader_once(mode):
+    key, counter = f"test:stampede:{uuid.uuid4().hex}", f"test:stampede-calls:{uuid.uuid4().hex}"
+    readers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.processes.refill_reader",
+                "redis",
+                key,
+                counter,
+                str(THREADS),
+                mode,
+            ],
+            cwd=ROOT,
+            env=worker_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(READERS)
+    ]
+    for reader in readers:
+        assert reader.stdout.readline().strip() == b"ready", reader.stderr.read().decode()
+    for reader in readers:  # all connected: start them together
+        reader.stdin.write(b"go\n")
+        reader.stdin.flush()
+    results: list[str] = []
+    for reader in readers:
+        out, err = reader.communicate(timeout=300)
+        assert reader.returncode == 0, err.decode()
+        results += json.loads(out)
+    calls = int(get_redis_connection("redis").get(counter))
+    if mode == "ok":
+        assert calls == 1
+        assert results == ["loaded by call 1"] * READERS * THREADS
+    else:
+        # The first loader raised and released the lease; the next caller loaded for everyone.
+        assert calls == 2
+        assert sorted(results) == ["error: the first load failed"] + ["loaded by call 2"] * (
+            READERS * THREADS - 1
+        )

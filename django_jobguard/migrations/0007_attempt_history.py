@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("jobguard", "0007_schedules"),
+        ("jobguard", "0006_schedules"),
     ]
 
     operations = [
