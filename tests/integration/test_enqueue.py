@@ -278,7 +278,7 @@ def test_declared_queues_and_the_default_queue_are_accepted():
         assert tasks.slow_record.enqueue("m", 0).queue_name == "slow"
     with strict(QUEUES={"slow": {}}, DEFAULT_QUEUE="main"):
         assert tasks.add.enqueue(1).queue_name == "main"
-        with pytest.raises(UnknownQueueError, match="known queues: jobguard.cache, main, slow"):
+        with pytest.raises(UnknownQueueError, match=r"known queues: jobguard\.cache, main, slow"):
             tasks.add.using(queue_name="default").enqueue(1)
 
 

@@ -18,7 +18,8 @@ from tests.testapp import tasks
 pytestmark = pytest.mark.django_db(transaction=True)  # the worker runs in threads
 
 REFUSED = (
-    "--queue 'typo': queue 'typo' is not declared in JOBGUARD['QUEUES']; known queues: default, jobguard.cache, slow. "
+    "--queue 'typo': queue 'typo' is not declared in JOBGUARD['QUEUES']; known queues: default, "
+    "jobguard.cache, slow. "
     "Check the spelling, declare it there, or set JOBGUARD['ALLOW_UNDECLARED_QUEUES'] = True to allow "
     "free-form queue names. No job is in that queue either."
 )
