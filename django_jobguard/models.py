@@ -89,6 +89,8 @@ class Job(models.Model):
     # costs a successful job no extra statement (see leasing.py).
     attempt_history = models.JSONField(
         default=list,
+        # A database default too, so rows inserted by hand (bulk loads, benchmarks) get [].
+        db_default=[],
         blank=True,
         editable=False,
         help_text=_(

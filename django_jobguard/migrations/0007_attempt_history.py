@@ -15,6 +15,7 @@ class Migration(migrations.Migration):
             name="attempt_history",
             field=models.JSONField(
                 blank=True,
+                db_default=[],
                 default=list,
                 editable=False,
                 help_text=(
