@@ -205,6 +205,40 @@ def check_against_database(out: str, summary: dict[str, Any], query: Query) -> N
     assert query("SELECT COUNT(*) FROM jobguard_job WHERE status IN ('queued', 'running')") == [(0,)]
 
 
+#: The console step, as the newcomer does it: the requester may not approve replays, the
+#: approver approves the one waiting in the admin (the demo's users and passwords).
+CONSOLE_STEP = """
+from django.test import Client
+from django_jobguard.models import DeadLetter
+letter = DeadLetter.objects.get(replay_state="requested")
+url = f"/admin/jobguard/deadletter/{letter.pk}/replay/approve/"
+requester = Client(HTTP_HOST="127.0.0.1")
+assert requester.login(username="requester", password="requester-demo")
+print("requester:", requester.post(url, {"reason": "mine"}).content.decode())
+approver = Client(HTTP_HOST="127.0.0.1")
+assert approver.login(username="approver", password="approver-demo")
+print("approver:", approver.post(url, {"reason": "checked with the partner"}).status_code)
+"""
+
+
+def approve_in_the_console(project: Path, query: Query, **env: str) -> None:
+    out = manage(project, "shell", "-c", CONSOLE_STEP, **env)
+    assert "requester may not approve replays: that needs the jobguard.approve_replay permission." in out, (
+        out[-3000:]
+    )
+    assert "approver: 302" in out, out
+    assert query("SELECT replay_state FROM jobguard_deadletter WHERE replay_state != 'none'") == [
+        ("approved",)
+    ]
+    # A worker redrives the approved replay; the corrected payload imports the partner's order.
+    assert "succeeded=1" in manage(project, "jobguard_worker", "--burst", **env)
+    assert query("SELECT replay_state FROM jobguard_deadletter WHERE replay_state != 'none'") == [
+        ("replayed",)
+    ]
+    [(amount,)] = query("SELECT amount FROM shop_partnerorder WHERE reference = 'partner-7002'")
+    assert Decimal(str(amount)) == Decimal("19.90")
+
+
 @contextmanager
 def sqlite_query(path: Path) -> Iterator[Query]:
     with closing(sqlite3.connect(path)) as conn:
@@ -217,7 +251,8 @@ def test_the_demo_proves_every_guarantee_from_the_database_on_sqlite(tmp_path: P
     assert summary["database"] == "sqlite" and summary["lock_backend"] == "database"
     with sqlite_query(project / "db.sqlite3") as query:
         check_against_database(out, summary, query)
-    assert "jobguard audit: nothing found" in manage(project, "jobguard_audit")
+        assert "jobguard audit: nothing found" in manage(project, "jobguard_audit")
+        approve_in_the_console(project, query)
 
 
 def test_the_demo_refuses_too_few_orders_and_enqueues_nothing(tmp_path: Path) -> None:
@@ -246,5 +281,7 @@ def test_the_demo_proves_every_guarantee_on_postgresql_and_redis(tmp_path: Path)
     out, summary = run_demo(project, **env)
     assert summary["database"] == "postgresql" and summary["lock_backend"] == "redis"
     with closing(psycopg.connect(database_url, autocommit=True)) as conn:
-        check_against_database(out, summary, lambda sql: [tuple(r) for r in conn.execute(sql).fetchall()])
-    assert "jobguard audit: nothing found" in manage(project, "jobguard_audit", **env)
+        query: Query = lambda sql: [tuple(r) for r in conn.execute(sql).fetchall()]  # noqa: E731
+        check_against_database(out, summary, query)
+        assert "jobguard audit: nothing found" in manage(project, "jobguard_audit", **env)
+        approve_in_the_console(project, query, **env)

@@ -89,7 +89,7 @@ def _counters(shot: Snapshot, notes: list[str]) -> Group:
 class Display:
     """Call :meth:`update` with fresh snapshots; a context manager around the live area."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, queues: list[str]) -> None:
         self.console = console
         self.live_mode = console.is_terminal
         self.notes: list[str] = []
@@ -103,7 +103,10 @@ class Display:
             console=console,
             auto_refresh=False,
         )
-        self._tasks: dict[str, Any] = {}
+        # One bar per declared queue, in the settings' order, before their first job arrives.
+        self._tasks: dict[str, Any] = {
+            queue: self.progress.add_task(queue, total=0, detail="") for queue in queues
+        }
         self._live: Live | None = None
         self._shot = Snapshot(queues={})
 

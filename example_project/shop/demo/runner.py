@@ -83,7 +83,7 @@ class Demo:
             highlight=False,
         )
         try:
-            with Display(self.console) as display:
+            with Display(self.console, list(settings.JOBGUARD["QUEUES"])) as display:
                 self.display = display
                 for act in acts:
                     act.start(self)
@@ -202,7 +202,7 @@ class Demo:
             "python manage.py runserver)\n"
             "  open http://127.0.0.1:8000/admin/jobguard/deadletter/\n"
             f"  log in as {approver.username} / {approver_pw} to approve it "
-            f"({requester.username} / {requester_pw} requested it and may not approve its own)",
+            f"({requester.username} / {requester_pw} requested it: it may request replays, not approve)",
             highlight=False,
         )
         return summary
