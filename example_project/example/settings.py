@@ -16,6 +16,7 @@ SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-only-not-secret")
 DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
 ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
 USE_TZ = True
+TIME_ZONE = "UTC"
 
 INSTALLED_APPS = [
     "django.contrib.admin",

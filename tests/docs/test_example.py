@@ -116,6 +116,8 @@ def check_against_database(out: str, summary: dict[str, Any], query: Query) -> N
         == EXPECTED_DUPLICATES
     )
     assert resend["resend_new_jobs"] == 0
+    # The enqueuing process's Prometheus counter saw the same duplicates.
+    assert resend["duplicates_counted_by_metric"] == stopped
 
     # Receipts: one per paid order; the slow mail domain's took three calls each.
     [(n_receipts,)] = query("SELECT COUNT(*) FROM shop_sentreceipt")

@@ -48,6 +48,8 @@ from shop.tasks import (
     sync_order,
 )
 
+from .display import enqueue_duplicates_counted
+
 if TYPE_CHECKING:
     from .runner import Demo
 
@@ -192,6 +194,9 @@ class ProducerResend(Act):
         self.new_jobs = 0
         self.done = False
 
+    def start(self, demo: Demo) -> None:
+        self.counted_before = enqueue_duplicates_counted()
+
     def tick(self, demo: Demo) -> None:
         if self.done or not self.orders.done:
             return
@@ -208,14 +213,22 @@ class ProducerResend(Act):
     def proofs(self, demo: Demo) -> list[Proof]:
         planned = self.orders.double_submissions + len(self.resent) + demo.extra_duplicates
         stopped = IdempotencyKey.objects.aggregate(s=Sum("duplicates"))["s"] or 0
+        after = enqueue_duplicates_counted()
+        counted = None if after is None or self.counted_before is None else int(after - self.counted_before)
+        metric = "" if counted is None else f"; jobguard_idempotency_duplicates_total counted {counted}"
         return [
             Proof(
                 "duplicate submissions and resends stopped by idempotency keys",
                 f"{stopped} duplicates stopped ({self.orders.double_submissions} double submissions, "
                 f"{len(self.resent)} resent charges, {demo.extra_duplicates} redelivered account updates); "
-                f"the resend created {self.new_jobs} jobs",
-                stopped == planned and self.new_jobs == 0,
-                {"duplicates_stopped": stopped, "resent": len(self.resent), "resend_new_jobs": self.new_jobs},
+                f"the resend created {self.new_jobs} jobs{metric}",
+                stopped == planned and self.new_jobs == 0 and counted in (None, stopped),
+                {
+                    "duplicates_stopped": stopped,
+                    "duplicates_counted_by_metric": counted,
+                    "resent": len(self.resent),
+                    "resend_new_jobs": self.new_jobs,
+                },
             )
         ]
 

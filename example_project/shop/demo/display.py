@@ -58,6 +58,27 @@ def snapshot() -> Snapshot:
     return shot
 
 
+def enqueue_duplicates_counted() -> float | None:
+    """This process's ``jobguard_idempotency_duplicates_total{where="enqueue"}``, summed over tasks.
+
+    None without prometheus-client. The demo process does all the enqueueing, so this counter
+    and the keys' ``duplicates`` column must agree.
+    """
+    try:
+        from prometheus_client import REGISTRY
+    except ImportError:
+        return None
+    total = 0.0
+    for family in REGISTRY.collect():
+        if family.name == "jobguard_idempotency_duplicates":
+            total += sum(
+                s.value
+                for s in family.samples
+                if s.name.endswith("_total") and s.labels.get("where") == "enqueue"
+            )
+    return total
+
+
 def _counters(shot: Snapshot, notes: list[str]) -> Group:
     table = Table.grid(padding=(0, 3))
     for _ in range(6):
