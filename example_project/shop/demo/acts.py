@@ -480,6 +480,13 @@ class KilledWorker(Act):
         self.victim = demo.start_worker("worker-killed", queues=["fulfilment"])
 
     def tick(self, demo: Demo) -> None:
+        if self.done:
+            return
+        if self.victim.poll() is not None:
+            raise RuntimeError(
+                f"worker-killed exited by itself (code {self.victim.returncode}) before the kill; "
+                f"see {demo.log_dir / 'worker-killed.log'}"
+            )
         if self.state == "waiting for orders" and len(self.orders.created) >= self.SHIPMENTS:
             self.jobs = [pack_shipment.enqueue(order_id=pk) for pk in self.orders.created[: self.SHIPMENTS]]
             self.state = "waiting for the victim to start packing"
@@ -497,10 +504,6 @@ class KilledWorker(Act):
                 demo.start_worker("worker-b")
                 self.state = "killed"
                 self.done = True
-        elif self.victim.poll() is not None and self.state != "killed":
-            raise RuntimeError(
-                f"worker-killed exited by itself (code {self.victim.returncode}) before the kill"
-            )
 
     def proofs(self, demo: Demo) -> list[Proof]:
         jobs = Job.objects.filter(pk__in=[j.pk for j in self.jobs])

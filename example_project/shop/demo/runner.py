@@ -201,8 +201,8 @@ class Demo:
             "  make console   (runserver and a worker; from example_project/: "
             "python manage.py runserver)\n"
             "  open http://127.0.0.1:8000/admin/jobguard/deadletter/\n"
-            f"  log in as {approver.username} / {approver_pw} to approve it "
-            f"({requester.username} / {requester_pw} requested it: it may request replays, not approve)",
+            f"  log in as {approver.username} / {approver_pw} and approve it; {requester.username} / "
+            f"{requester_pw}\n  requested it, and may request replays but not approve them",
             highlight=False,
         )
         return summary
