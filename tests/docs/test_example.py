@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import sqlite3
 import subprocess
@@ -287,3 +288,47 @@ def test_the_demo_proves_every_guarantee_on_postgresql_and_redis(tmp_path: Path)
         check_against_database(out, summary, query)
         assert "jobguard audit: nothing found" in manage(project, "jobguard_audit", **env)
         approve_in_the_console(project, query, **env)
+
+
+def test_on_a_terminal_the_demo_draws_live_progress_bars(tmp_path: Path) -> None:
+    import pty
+
+    project = copy_project(tmp_path)
+    manage(project, "migrate", "--verbosity", "0")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DJANGO_", "JOBGUARD_")) and k not in ("DATABASE_URL", "REDIS_URL")
+    }
+    env.update(PYTHONPATH=str(ROOT), COLUMNS="120", LINES="40", TERM="xterm-256color")
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "shop_demo", "--orders", "40"],
+        cwd=project,
+        env=env,
+        stdout=follower,
+        stderr=subprocess.STDOUT,
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        # Not a timing assertion: a guard so a wedged demo fails instead of hanging the suite.
+        if not select.select([leader], [], [], 300)[0]:
+            proc.kill()
+            pytest.fail(
+                "the demo printed nothing for 300 s: " + b"".join(chunks).decode("utf-8", "replace")[-3000:]
+            )
+        try:
+            data = os.read(leader, 65536)
+        except OSError:  # the terminal closed: the demo has exited
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    assert proc.wait(timeout=300) == 0
+    screen = b"".join(chunks).decode("utf-8", "replace")
+    # rich's live area: bars per queue (drawn with box characters) redrawn in place.
+    assert "\x1b[" in screen and "━" in screen, screen[-3000:]
+    assert "fulfilment" in screen and "lock contentions" in screen and "duplicates stopped" in screen
+    assert "What the database says" in screen and "approver / approver-demo" in screen
