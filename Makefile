@@ -1,5 +1,7 @@
 # The two commands of the README, plus the checks CI runs.
-#   make example   install into .venv and run the example project on SQLite (no servers)
+#   make example   install into .venv and run the example shop's demo on SQLite (no servers;
+#                  DATABASE_URL=postgres://... and REDIS_URL=redis://... switch to servers)
+#   make console   then: the admin console with the demo's users, and a worker beside it
 #   make test      install into .venv and run the test suite (SQLite unless
 #                  JOBGUARD_TEST_DATABASE_URL / JOBGUARD_TEST_REDIS_URL point at servers)
 PYTHON ?= python3
@@ -8,16 +10,24 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 PYTEST_ARGS ?=
 
-.PHONY: example test lint docs bench clean
+.PHONY: example console test lint docs bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade "pip>=25.1"
 
 example: $(PY)
-	$(PIP) install -e ".[all]" python-json-logger
+	$(PIP) install -e ".[all]" python-json-logger rich
 	cd example_project && ../$(PY) manage.py migrate --verbosity 0
 	cd example_project && ../$(PY) manage.py shop_demo
+
+# runserver in the foreground; a worker beside it redrives the replay you approve. Ctrl-C
+# stops both (the worker finishes its jobs first).
+console: $(PY)
+	cd example_project && ../$(PY) manage.py migrate --verbosity 0
+	cd example_project && { ../$(PY) manage.py jobguard_worker --worker-id console-worker & \
+		trap 'kill -TERM $$! 2>/dev/null; wait' EXIT INT TERM; \
+		../$(PY) manage.py runserver 127.0.0.1:8000; }
 
 test: $(PY)
 	$(PIP) install -e ".[all]" --group test
@@ -38,4 +48,4 @@ bench: $(PY)
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-* .pytest_cache .mypy_cache .ruff_cache docs/_build tests/.db example_project/db.sqlite3*
+	rm -rf $(VENV) .venv-* .pytest_cache .mypy_cache .ruff_cache docs/_build tests/.db example_project/db.sqlite3* example_project/.cache

@@ -413,7 +413,10 @@ def _remove_job(using: str, job_id: int) -> None:
     discard_queued(using, job_id)
 
 
-@task(name="django_jobguard.cache.delete_keys", takes_context=True)
+# Deleting is idempotent, and a cache that fails raises TransientError: classified for the checklist.
+@task(
+    name="django_jobguard.cache.delete_keys", takes_context=True, idempotent=True, retry_on=(TransientError,)
+)
 def delete_keys(context: Any, keys: dict[str, dict[str, int | None]]) -> int:
     """The worker's side of a durable invalidation: delete (or tombstone) ``keys``, per cache alias.
 

@@ -1,0 +1,1 @@
+"""The example shop's demo: acts (acts.py), the live display (display.py), the runner (runner.py)."""
