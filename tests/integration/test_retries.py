@@ -14,15 +14,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_a_thousand_jobs_failing_together_do_not_all_come_back_in_the_same_second():
     tasks_dlq.fails_once_slowly.bulk_enqueue([((f"herd-{i}",), {}) for i in range(1000)])
-    assert run_burst() == 0  # every job fails once; none is due again for 5 s, so the burst ends
+    assert run_burst() == 0  # every job fails once; none is due again for 60 s, so the burst ends
     rows = Job.objects.values_list("status", "attempts", "run_after", "started_at")
     assert {(status, attempts) for status, attempts, _, _ in rows} == {("queued", 1)}
-    # Delay each job got: base 5 s for attempt 1 plus 0-3 s of jitter (database clock both ends).
+    # Delay each job got: base 60 s for attempt 1 plus 0-3 s of jitter (database clock both ends).
     delays = [(run_after - started).total_seconds() for _, _, run_after, started in rows]
-    assert min(delays) >= 5
-    assert max(delays) < 9.5  # 3 s of jitter, plus the moment between claim and retry
+    assert min(delays) >= 60
+    # 3 s of jitter, plus the moment between a batch's claim and each job's retry (a loaded
+    # machine stretches that moment; the spread below is what shows the jitter).
+    assert max(delays) < 75
     per_second = Counter(int(delay) for delay in delays)
-    assert set(per_second) >= {5, 6, 7}
+    assert set(per_second) >= {60, 61, 62}
     # Uniform jitter puts about a third in each second; without it all 1,000 would share one.
     assert max(per_second.values()) < 450, per_second
     come_back = Counter(run_after.replace(microsecond=0) for _, _, run_after, _ in rows)
