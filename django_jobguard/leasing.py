@@ -315,12 +315,19 @@ def _tune_for_claims(alias: str) -> None:
     _tuned_connections.add(raw)
 
 
-def claim(alias: str, queues: Sequence[str] | None, limit: int, worker_id: str) -> list[ClaimedJob]:
-    """Lease up to ``limit`` due jobs of ``queues`` (all queues if None) in one statement."""
+def claim(
+    alias: str, queues: Sequence[str] | None, limit: int, worker_id: str, *, skip: Sequence[str] = ()
+) -> list[ClaimedJob]:
+    """Lease up to ``limit`` due jobs of ``queues`` (all queues if None) in one statement.
+
+    ``skip`` names queues not to claim from when ``queues`` is None (the paused ones); a
+    caller with a list of queues leaves the paused ones out of it instead.
+    """
     if limit <= 0:
         return []
     vendor = _vendor(alias)
     params: list[Any] = []
+    skip = list(skip) if not queues else []
     if vendor == "postgresql":
         _tune_for_claims(alias)
         # SKIP LOCKED lets concurrent workers pass over rows another claim is taking,
@@ -331,8 +338,9 @@ def claim(alias: str, queues: Sequence[str] | None, limit: int, worker_id: str) 
         due = f"status = 'queued' AND run_after <= {_PG_NOW} AND attempts < max_attempts"
         order = "ORDER BY priority DESC, run_after, id"
         if not queues:
-            picked = f"SELECT id FROM {_TABLE} WHERE {due} {order} LIMIT %s FOR UPDATE SKIP LOCKED"
-            params = [limit]
+            skipped = "AND queue_name <> ALL(%s) " if skip else ""
+            picked = f"SELECT id FROM {_TABLE} WHERE {due} {skipped}{order} LIMIT %s FOR UPDATE SKIP LOCKED"
+            params = [skip, limit] if skip else [limit]
         elif len(queues) == 1:
             picked = (
                 f"SELECT id FROM {_TABLE} WHERE queue_name = %s AND {due} {order} "
@@ -362,6 +370,9 @@ def claim(alias: str, queues: Sequence[str] | None, limit: int, worker_id: str) 
         if queues:
             queue_filter = f"AND queue_name IN ({_in(queues)}) "
             params += list(queues)
+        elif skip:
+            queue_filter = f"AND queue_name NOT IN ({_in(skip)}) "
+            params += skip
         params = [worker_id, *params, limit]
         sql = (
             f"UPDATE {_TABLE} SET status = 'running', attempts = attempts + 1, "

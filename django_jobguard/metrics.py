@@ -231,6 +231,11 @@ QUEUE_PENDING_APPROVALS = _gauge(
     "Dead letters whose replay was requested and awaits approval.",
     ("queue",),
 )
+QUEUE_PAUSED = _gauge(
+    "jobguard_queue_paused",
+    "1 while the queue is paused (workers do not claim from it; enqueues still work), else 0.",
+    ("queue",),
+)
 QUEUE_STATS_UP = _gauge(
     "jobguard_queue_stats_up",
     "1 if the last scrape read the queue statistics from the database, 0 if that failed.",
@@ -332,6 +337,7 @@ _QUEUE_FIELDS = (
     (QUEUE_OLDEST_AGE, "oldest_age_seconds"),
     (QUEUE_DEAD_LETTERS, "dead_letters"),
     (QUEUE_PENDING_APPROVALS, "pending_approvals"),
+    (QUEUE_PAUSED, "paused"),
 )
 
 

@@ -349,3 +349,64 @@ class Lock(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class QueueState(models.Model):
+    """Whether a queue is paused, and who paused it when and why: one row per queue ever paused.
+
+    Workers read the paused rows before each claim, so a pause reaches every host within
+    one poll. A queue without a row is running.
+    """
+
+    queue_name = models.CharField(_("queue"), max_length=100, primary_key=True)
+    paused = models.BooleanField(default=False)
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    changed_by_name = models.CharField(
+        max_length=150, blank=True, default="", help_text=_("Kept if the user goes.")
+    )
+    changed_at = models.DateTimeField(db_default=Now())
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        verbose_name = _("queue state")
+        verbose_name_plural = _("queue states")
+        permissions = [("pause_queue", _("Can pause and resume queues"))]
+        indexes = [
+            # The workers' per-poll read: only the few paused rows.
+            models.Index(fields=["queue_name"], name="jobguard_queue_paused_idx", condition=Q(paused=True)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue_name} ({'paused' if self.paused else 'running'})"
+
+
+class QueueAction(models.TextChoices):
+    PAUSED = "paused", _("paused")
+    RESUMED = "resumed", _("resumed")
+
+
+class QueueEvent(models.Model):
+    """One pause or resume of a queue: who, when, why. Append-only."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue_name = models.CharField(_("queue"), max_length=100)
+    action = models.CharField(max_length=16, choices=QueueAction.choices)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_name = models.CharField(
+        max_length=150, blank=True, default="", help_text=_("Kept if the user goes.")
+    )
+    reason = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        verbose_name = _("queue event")
+        verbose_name_plural = _("queue events")
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["queue_name", "created_at"], name="jobguard_queue_event_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.queue_name} {self.action} by {self.actor_name or 'system'}"

@@ -12,6 +12,7 @@ number of queues or rows (:data:`QUERIES` without the last-hour counts,
   index or the status index);
 - unresolved dead letters (not replayed, not rejected), grouped by queue: the replay-state
   index;
+- paused queues: the few rows of the partial index on paused queue states;
 - with ``recent=True``: jobs finished in the last hour, a range of the
   ``(status, finished_at)`` index.
 
@@ -35,8 +36,8 @@ __all__ = ["QUERIES", "QUERIES_WITH_RECENT", "RECENT_WINDOW_SECONDS", "QueueStat
 #: Window of the "succeeded / failed in the last hour" counts, in seconds.
 RECENT_WINDOW_SECONDS = 3600
 #: Queries :func:`queue_stats` runs without, and with, the last-hour counts.
-QUERIES = 3
-QUERIES_WITH_RECENT = 4
+QUERIES = 4
+QUERIES_WITH_RECENT = 5
 
 #: Dead-letter replay states that still sit in the dead-letter queue: nobody rejected them
 #: and no replay has taken them out yet.
@@ -60,6 +61,8 @@ class QueueStats:
     dead_letters: int = 0
     #: Dead letters whose replay was requested and awaits approval.
     pending_approvals: int = 0
+    #: Whether the queue is paused (workers do not claim from it; enqueues still work).
+    paused: bool = False
     #: Jobs that succeeded in the last hour (None when not computed).
     succeeded_last_hour: int | None = None
     #: Jobs that ended dead (dead-lettered) in the last hour (None when not computed).
@@ -85,12 +88,12 @@ def queue_stats(
     """Statistics of every queue, sorted by name.
 
     Every queue named in ``JOBGUARD["QUEUES"]``, the default queue, and every queue that
-    has queued or running jobs or unresolved dead letters get a row (zeros included, so a
+    has queued or running jobs or unresolved dead letters or is paused get a row (zeros included, so a
     queue that empties does not vanish from dashboards). ``queues`` restricts the rows
     (and the queries) to those names. ``recent`` adds the last-hour success and failure
     counts, at the cost of one more query.
     """
-    from .models import DeadLetter, Job, JobStatus, ReplayState
+    from .models import DeadLetter, Job, JobStatus, QueueState, ReplayState
 
     conf = get_settings()
     alias = alias or conf.database_alias
@@ -138,6 +141,12 @@ def queue_stats(
         stats = row(letter["queue_name"])
         stats.dead_letters = letter["n"]
         stats.pending_approvals = letter["pending"]
+
+    states = QueueState.objects.using(alias).filter(paused=True)
+    if wanted is not None:
+        states = states.filter(queue_name__in=wanted)
+    for name in states.values_list("queue_name", flat=True):
+        row(name).paused = True
 
     if recent:
         finished = (

@@ -34,6 +34,7 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from . import _dispatch, _faults, dlq, idempotency, leasing, metrics, retry, signals
+from . import queues as queue_states  # `queue` is the stdlib module here
 from .conf import RetryPolicy, get_settings
 from .context import JobContext
 from .enqueue import normalize_json
@@ -268,7 +269,14 @@ class Worker:
         return self.capacity
 
     def _claim(self, limit: int) -> int:
-        jobs = leasing.claim(self.alias, self.queues, limit, self.worker_id)
+        # Paused queues are read before every claim, so a pause reaches us within one poll.
+        paused = queue_states.paused_queues(self.alias)
+        wanted = self.queues
+        if paused and wanted:
+            wanted = [name for name in wanted if name not in paused]
+            if not wanted:
+                return 0
+        jobs = leasing.claim(self.alias, wanted, limit, self.worker_id, skip=sorted(paused))
         if not jobs:
             return 0
         if _faults.ENABLED:
