@@ -33,6 +33,8 @@ try:
 except ImportError:  # pragma: no cover - exercised only without the metrics extra
     prometheus_client = None  # type: ignore[assignment]
 
+from . import beats  # the per-minute counts of the admin's health charts ride on these calls
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -271,19 +273,23 @@ def job_enqueued(queue: str, task: str, count: int = 1) -> None:
 
 
 def job_succeeded(queue: str, task: str, duration: float) -> None:
+    beats.count(queue, "succeeded")
     _child(SUCCEEDED, queue, task).inc()
     _child(DURATION, queue, task, "succeeded").observe(duration)
 
 
 def job_failed(queue: str, task: str, category: str, duration: float | None, *, retried: bool) -> None:
+    beats.count(queue, "failed")
     FAILED.labels(queue, task, category).inc()
     if duration is not None:
         DURATION.labels(queue, task, "failed").observe(duration)
     if retried:
+        beats.count(queue, "retried")
         RETRIED.labels(queue, task, category).inc()
 
 
 def job_dead_lettered(queue: str, task: str, reason: str) -> None:
+    beats.count(queue, "dead_lettered")
     DEAD_LETTERED.labels(queue, task, reason).inc()
 
 

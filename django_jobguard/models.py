@@ -370,8 +370,9 @@ class QueueState(models.Model):
     reason = models.TextField(blank=True, default="")
 
     class Meta:
-        verbose_name = _("queue state")
-        verbose_name_plural = _("queue states")
+        # The admin lists this model as "Queues": its page is the queue health page.
+        verbose_name = _("queue")
+        verbose_name_plural = _("queues")
         permissions = [("pause_queue", _("Can pause and resume queues"))]
         indexes = [
             # The workers' per-poll read: only the few paused rows.
@@ -410,3 +411,56 @@ class QueueEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue_name} {self.action} by {self.actor_name or 'system'}"
+
+
+class QueueMinute(models.Model):
+    """Outcomes of one queue in one minute, and the oldest due job's age then: the health charts.
+
+    Workers count outcomes in memory and add them here once per heartbeat interval (one
+    statement for all queues, never one per job); a worker also samples the oldest due
+    age once a minute. Rows older than a day are pruned by the same writer.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    queue_name = models.CharField(_("queue"), max_length=100)
+    minute = models.DateTimeField(help_text=_("Start of the minute (UTC)."))
+    succeeded = models.PositiveIntegerField(db_default=0)
+    failed = models.PositiveIntegerField(db_default=0, help_text=_("Failed attempts."))
+    retried = models.PositiveIntegerField(db_default=0, help_text=_("Failed attempts scheduled for a retry."))
+    dead_lettered = models.PositiveIntegerField(db_default=0)
+    oldest_age_seconds = models.FloatField(
+        null=True, blank=True, help_text=_("Largest sample in the minute.")
+    )
+
+    class Meta:
+        verbose_name = _("queue minute")
+        verbose_name_plural = _("queue minutes")
+        constraints = [
+            models.UniqueConstraint(fields=["queue_name", "minute"], name="jobguard_queue_minute_uniq"),
+        ]
+        indexes = [models.Index(fields=["minute"], name="jobguard_queue_minute_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.queue_name} {self.minute:%H:%M}"
+
+
+class WorkerBeat(models.Model):
+    """One worker process as its heartbeat last reported it (one upsert per beat interval)."""
+
+    worker_id = models.CharField(max_length=128, primary_key=True)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    queues = models.CharField(max_length=1000, help_text=_("Comma-separated; * for every queue."))
+    concurrency = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    last_beat_at = models.DateTimeField(help_text=_("Database clock."))
+    jobs_in_hand = models.PositiveIntegerField(default=0, help_text=_("Jobs claimed and not yet settled."))
+
+    class Meta:
+        verbose_name = _("worker")
+        verbose_name_plural = _("workers")
+        ordering = ["-last_beat_at"]
+        indexes = [models.Index(fields=["last_beat_at"], name="jobguard_worker_beat_idx")]
+
+    def __str__(self) -> str:
+        return self.worker_id

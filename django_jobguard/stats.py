@@ -31,7 +31,14 @@ from django.db.models.functions import Now
 
 from .conf import get_settings
 
-__all__ = ["QUERIES", "QUERIES_WITH_RECENT", "RECENT_WINDOW_SECONDS", "QueueStats", "queue_stats"]
+__all__ = [
+    "QUERIES",
+    "QUERIES_WITH_RECENT",
+    "RECENT_WINDOW_SECONDS",
+    "QueueStats",
+    "oldest_due_ages",
+    "queue_stats",
+]
 
 #: Window of the "succeeded / failed in the last hour" counts, in seconds.
 RECENT_WINDOW_SECONDS = 3600
@@ -53,6 +60,8 @@ class QueueStats:
     depth: int = 0
     #: Queued jobs that may not start yet (a future ``run_after``: retries, delayed jobs).
     scheduled: int = 0
+    #: Of the scheduled jobs, those that failed before: waiting out a retry backoff.
+    waiting_for_retry: int = 0
     #: Running jobs: claimed by a worker and holding a lease.
     in_flight: int = 0
     #: Seconds the oldest due job has waited since its ``run_after`` (0 when none is due).
@@ -119,6 +128,7 @@ def queue_stats(
         .annotate(
             depth=Count("pk", filter=due),
             scheduled=Count("pk", filter=~due),
+            waiting_for_retry=Count("pk", filter=~due & Q(first_failed_at__isnull=False)),
             oldest_age=ExpressionWrapper(Now() - Min("run_after", filter=due), output_field=DurationField()),
         )
     )
@@ -126,6 +136,7 @@ def queue_stats(
         stats = row(item["queue_name"])
         stats.depth = item["depth"]
         stats.scheduled = item["scheduled"]
+        stats.waiting_for_retry = item["waiting_for_retry"]
         stats.oldest_age_seconds = _seconds(item["oldest_age"]) if item["depth"] else 0.0
 
     running = jobs.filter(status=JobStatus.RUNNING).values("queue_name").annotate(n=Count("pk"))
@@ -171,3 +182,18 @@ def queue_stats(
             stats.succeeded_last_hour = stats.succeeded_last_hour or 0
             stats.failed_last_hour = stats.failed_last_hour or 0
     return [rows[name] for name in sorted(rows)]
+
+
+def oldest_due_ages(alias: str | None = None) -> dict[str, float]:
+    """Seconds the oldest due job of each queue with due jobs has waited (one grouped query)."""
+    from .models import Job, JobStatus
+
+    alias = alias or get_settings().database_alias
+    rows = (
+        Job.objects.using(alias)
+        .order_by()
+        .filter(status=JobStatus.QUEUED, run_after__lte=Now())
+        .values("queue_name")
+        .annotate(age=ExpressionWrapper(Now() - Min("run_after"), output_field=DurationField()))
+    )
+    return {row["queue_name"]: _seconds(row["age"]) for row in rows}

@@ -33,7 +33,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
-from . import _dispatch, _faults, dlq, idempotency, leasing, metrics, retry, signals
+from . import _dispatch, _faults, beats, dlq, idempotency, leasing, metrics, retry, signals
 from . import queues as queue_states  # `queue` is the stdlib module here
 from .conf import RetryPolicy, get_settings
 from .context import JobContext
@@ -144,6 +144,13 @@ class Worker:
         self._listener: leasing.Listener | None = None
         self.claimed = 0
         self.processed = 0
+        self._beat = beats.Beat(
+            worker_id=self.worker_id,
+            alias=self.alias,
+            queues=self.queues,
+            concurrency=concurrency,
+            pid=os.getpid(),
+        )
 
     # -- public ------------------------------------------------------------------------
 
@@ -895,6 +902,8 @@ class Worker:
         for h in held:
             if h.deadline is not None and now >= h.deadline and h.state == "running":
                 self._abandon(h)
+        # The worker's own row and the outcome counts: one upsert each per beat interval.
+        self._beat.maybe_beat(now, len(active))
 
     def _renew_lock(self, held: _Held, now: float) -> None:
         """Extend the job's lock; if it is gone, say so to the handler and refuse the ack."""

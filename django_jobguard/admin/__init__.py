@@ -9,5 +9,13 @@ Payloads, stored results and tracebacks show only to users with ``jobguard.view_
 from .dead_letters import DeadLetterAdmin
 from .jobs import IdempotencyKeyAdmin, JobAdmin
 from .locks import LockAdmin
+from .queues import QueueEventAdmin, QueueHealthAdmin
 
-__all__ = ["DeadLetterAdmin", "IdempotencyKeyAdmin", "JobAdmin", "LockAdmin"]
+__all__ = [
+    "DeadLetterAdmin",
+    "IdempotencyKeyAdmin",
+    "JobAdmin",
+    "LockAdmin",
+    "QueueEventAdmin",
+    "QueueHealthAdmin",
+]

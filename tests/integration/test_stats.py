@@ -249,6 +249,7 @@ def test_status_json_has_the_same_numbers_for_scripts():
         "queue": "default",
         "depth": 3,
         "scheduled": 2,
+        "waiting_for_retry": 0,
         "in_flight": 1,
         "dead_letters": 3,
         "pending_approvals": 1,
