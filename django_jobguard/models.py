@@ -38,8 +38,16 @@ class JobQuerySet(models.QuerySet["Job"]):
         """Queued jobs that may not start yet."""
         return self.filter(status=JobStatus.QUEUED, run_after__gt=Now())
 
+    def waiting_for_retry(self) -> JobQuerySet:
+        """Scheduled jobs that failed before: waiting out a retry backoff."""
+        return self.scheduled().filter(first_failed_at__isnull=False)
+
     def running(self) -> JobQuerySet:
         return self.filter(status=JobStatus.RUNNING)
+
+    def leased(self) -> JobQuerySet:
+        """Running jobs whose lease is still live (database clock)."""
+        return self.filter(status=JobStatus.RUNNING, lease_expires_at__gte=Now())
 
     def expired_leases(self) -> JobQuerySet:
         """Running jobs whose lease ran out (database clock): their worker is gone or stuck."""
