@@ -10,6 +10,7 @@ from .dead_letters import DeadLetterAdmin
 from .jobs import IdempotencyKeyAdmin, JobAdmin
 from .locks import LockAdmin
 from .queues import QueueEventAdmin, QueueHealthAdmin
+from .workers import WorkerAdmin
 
 __all__ = [
     "DeadLetterAdmin",
@@ -18,4 +19,5 @@ __all__ = [
     "LockAdmin",
     "QueueEventAdmin",
     "QueueHealthAdmin",
+    "WorkerAdmin",
 ]
