@@ -93,13 +93,20 @@ class Job(models.Model):
     handler_version = models.CharField(max_length=64, blank=True, default="")
     result = models.JSONField(null=True, blank=True)
     checkpoints = models.JSONField(default=dict, blank=True)
+    cancel_requested = models.BooleanField(
+        db_default=False,
+        help_text=_("An operator asked to cancel this running job; its heartbeat tells the handler."),
+    )
 
     objects = JobQuerySet.as_manager()
 
     class Meta:
         verbose_name = _("job")
         verbose_name_plural = _("jobs")
-        permissions = [("cancel_job", _("Can cancel queued jobs"))]
+        permissions = [
+            ("cancel_job", _("Can cancel queued jobs")),
+            ("retry_job", _("Can make queued jobs due now")),
+        ]
         indexes = [
             # The claim scans only queued rows, so it stays flat however many finished
             # rows pile up.

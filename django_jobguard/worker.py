@@ -885,10 +885,15 @@ class Worker:
         if due:
             if _faults.ENABLED:
                 _faults.maybe_crash("in_heartbeat")
-            renewed = leasing.heartbeat(self.alias, [(h.job.id, h.job.lease_token) for h in due])
+            cancels: set[int] = set()
+            renewed = leasing.heartbeat(
+                self.alias, [(h.job.id, h.job.lease_token) for h in due], cancel_requested=cancels
+            )
             for h in due:
                 if h.job.id in renewed:
                     h.renewed_at = now
+                    if h.job.id in cancels and h.context is not None:
+                        h.context._cancel_requested.set()
                 else:
                     h.lease_lost = True
                     if h.context is not None:

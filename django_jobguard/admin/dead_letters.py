@@ -328,13 +328,27 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             if len(failed) > 20:
                 self.message_user(request, f"... and {len(failed) - 20} more not changed.", messages.WARNING)
             return None
+        count = queryset.count()
+        estimate = dlq.redrive_estimate(count) if action in (dlq.REQUEST, dlq.APPROVE) else None
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": _LABELS[action],
             "queryset": queryset,
+            "count": count,
+            "estimate": estimate,
+            "estimate_text": _duration(estimate.seconds) if estimate else "",
             "form": form,
             "action_name": name,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "django_jobguard/admin/deadletter/replay_bulk.html", context)
+
+
+def _duration(seconds: float) -> str:
+    """``45 seconds``, ``12 minutes``, ``2.5 hours``: how long a redrive takes, roughly."""
+    if seconds < 90:
+        return f"{seconds:.0f} seconds"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} minutes"
+    return f"{seconds / 3600:.1f} hours"

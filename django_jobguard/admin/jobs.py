@@ -158,7 +158,7 @@ class JobAdmin(ReadOnlyAdmin):
     deletion = Deletion(retention.deletable_jobs, retention.delete_jobs, retention.JOB_DELETION_RULE)
     ordering = ["-id"]
     show_full_result_count = False  # a count(*) over millions of finished rows is slow
-    actions = ["cancel_jobs"]
+    actions = ["retry_jobs_now", "cancel_jobs"]
     readonly_fields = [
         "state_badge",
         "args_json",
@@ -204,6 +204,7 @@ class JobAdmin(ReadOnlyAdmin):
                     "fields": [
                         "worker_id",
                         "lease_expires_at",
+                        "cancel_requested",
                         "visibility_timeout",
                         "reappearances",
                         "lock_key",
@@ -287,30 +288,75 @@ class JobAdmin(ReadOnlyAdmin):
         except ObjectDoesNotExist:
             return "-"
 
-    @admin.action(description=_("Cancel selected queued jobs"), permissions=["cancel"])
+    @admin.action(
+        description=_("Cancel selected jobs (queued: at once; running: ask the handler)"),
+        permissions=["cancel"],
+    )
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         if not self.has_cancel_permission(request):
             raise PermissionDenied
         ids = list(queryset.values_list("pk", flat=True))
-        cancelled = jobs.cancel(ids, reason=f"by {request.user.get_username()} in the admin")
-        skipped = len(ids) - len(cancelled)
+        reason = f"by {request.user.get_username()} in the admin"
+        cancelled = jobs.cancel(ids, reason=reason)
+        asked = jobs.request_cancel(sorted(set(ids) - set(cancelled)), reason=reason)
+        skipped = len(ids) - len(cancelled) - len(asked)
         self.message_user(
             request,
             ngettext("%(count)d job cancelled.", "%(count)d jobs cancelled.", len(cancelled))
             % {"count": len(cancelled)},
             messages.SUCCESS,
         )
+        if asked:
+            self.message_user(
+                request,
+                ngettext(
+                    "%(count)d running job was asked to stop: its handler sees context.cancel_requested "
+                    "at the next heartbeat; nothing is killed.",
+                    "%(count)d running jobs were asked to stop: their handlers see "
+                    "context.cancel_requested at the next heartbeat; nothing is killed.",
+                    len(asked),
+                )
+                % {"count": len(asked)},
+                messages.INFO,
+            )
         if skipped:
             self.message_user(
                 request,
                 ngettext(
-                    "%(count)d job was not queued any more and was left alone.",
-                    "%(count)d jobs were not queued any more and were left alone.",
+                    "%(count)d job was finished or already asked to stop and was left alone.",
+                    "%(count)d jobs were finished or already asked to stop and were left alone.",
                     skipped,
                 )
                 % {"count": skipped},
                 messages.WARNING,
             )
+
+    @admin.action(description=_("Retry selected waiting jobs now"), permissions=["retry"])
+    def retry_jobs_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        if not self.has_retry_permission(request):
+            raise PermissionDenied
+        ids = list(queryset.values_list("pk", flat=True))
+        made_due = jobs.retry_now(ids, reason=f"by {request.user.get_username()} in the admin")
+        self.message_user(
+            request,
+            ngettext("%(count)d job is due now.", "%(count)d jobs are due now.", len(made_due))
+            % {"count": len(made_due)},
+            messages.SUCCESS,
+        )
+        if len(ids) > len(made_due):
+            self.message_user(
+                request,
+                ngettext(
+                    "%(count)d job was not waiting (already due, running or finished) and was left alone.",
+                    "%(count)d jobs were not waiting (already due, running or finished) and were left alone.",
+                    len(ids) - len(made_due),
+                )
+                % {"count": len(ids) - len(made_due)},
+                messages.WARNING,
+            )
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("jobguard.retry_job")
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("jobguard.cancel_job")
