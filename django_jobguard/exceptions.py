@@ -98,3 +98,11 @@ class QueueError(JobguardError):
 
 class QueuePermissionDenied(QueueError, PermissionDenied):  # noqa: N818 - after Django's PermissionDenied
     """The user may not pause or resume queues; the admin and the API answer 403."""
+
+
+class LockReleaseError(JobguardError):
+    """A lock cannot be force-released as asked (free already, no reason given)."""
+
+
+class LockReleasePermissionDenied(LockReleaseError, PermissionDenied):  # noqa: N818 - after PermissionDenied
+    """The user may not force-release locks; the admin answers 403."""

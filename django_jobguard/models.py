@@ -361,6 +361,7 @@ class Lock(models.Model):
     class Meta:
         verbose_name = _("lock")
         verbose_name_plural = _("locks")
+        permissions = [("force_release_lock", _("Can force the release of a stuck lock"))]
 
     def __str__(self) -> str:
         return self.key
@@ -479,3 +480,30 @@ class WorkerBeat(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+class LockRelease(models.Model):
+    """One forced release of a database lock by an operator: who, when, why. Append-only."""
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(max_length=255)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_name = models.CharField(
+        max_length=150, blank=True, default="", help_text=_("Kept if the user goes.")
+    )
+    reason = models.TextField()
+    fencing_token = models.BigIntegerField(help_text=_("The key's fencing counter after the release."))
+    holder_job_id = models.BigIntegerField(
+        null=True, blank=True, help_text=_("The job that held it, if known.")
+    )
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        verbose_name = _("forced lock release")
+        verbose_name_plural = _("forced lock releases")
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.key} released by {self.actor_name or 'system'}"

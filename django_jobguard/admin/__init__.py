@@ -8,7 +8,7 @@ Payloads, stored results and tracebacks show only to users with ``jobguard.view_
 
 from .dead_letters import DeadLetterAdmin
 from .jobs import IdempotencyKeyAdmin, JobAdmin
-from .locks import LockAdmin
+from .locks import LockAdmin, LockReleaseAdmin
 from .queues import QueueEventAdmin, QueueHealthAdmin
 from .workers import WorkerAdmin
 
@@ -17,6 +17,7 @@ __all__ = [
     "IdempotencyKeyAdmin",
     "JobAdmin",
     "LockAdmin",
+    "LockReleaseAdmin",
     "QueueEventAdmin",
     "QueueHealthAdmin",
     "WorkerAdmin",
