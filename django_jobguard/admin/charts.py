@@ -61,11 +61,13 @@ def bar_chart(
             f'<rect x="{x:.1f}" y="{TOP + plot_h - height:.1f}" width="{max(step - 1, 1):.1f}" '
             f'height="{height:.1f}" class="bar"><title>{escape(tip)}</title></rect>'
         )
-    for i in (0, len(minutes) // 2, len(minutes) - 1) if minutes else ():
-        x = LEFT + i * step + step / 2
+    ticks = ((0, "start"), (len(minutes) // 2, "middle"), (len(minutes) - 1, "end")) if minutes else ()
+    for i, anchor in ticks:
+        # The outer labels lean inwards, so neither is cut off at the edge of the chart.
+        x = LEFT + i * step + (0 if anchor == "start" else step if anchor == "end" else step / 2)
         label = f"{timezone.localtime(minutes[i]):%H:%M}"
         parts.append(
-            f'<text x="{x:.1f}" y="{HEIGHT - 3}" text-anchor="middle" class="tick">{escape(label)}</text>'
+            f'<text x="{x:.1f}" y="{HEIGHT - 3}" text-anchor="{anchor}" class="tick">{escape(label)}</text>'
         )
     parts.append("</svg>")
     return mark_safe("".join(parts))  # noqa: S308 - built from escaped text and numbers only

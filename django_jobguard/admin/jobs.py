@@ -148,6 +148,7 @@ class JobAdmin(ReadOnlyAdmin):
         "error_preview",
     ]
     list_display_links = ["id", "task_short"]
+    change_list_template = "django_jobguard/admin/job/change_list.html"
     list_filter = [StateFilter, QueueFilter, TaskFilter]
     search_fields = ["=id", "task_name", "idempotency_key", "lock_key"]
     payload_search_fields = ["args", "kwargs"]
