@@ -2,7 +2,8 @@
 
 A paused queue keeps accepting jobs; workers stop claiming from it at their next poll
 (they read :func:`paused_queues` before every claim: one indexed query over the few
-paused rows), and jobs already running finish. The state is a row per queue in the
+paused rows), and jobs already running finish. A claim that had read the paused set just
+before the pause committed may still take that queue's jobs, once. The state is a row per queue in the
 database, so every worker on every host sees the same thing, and each change appends a
 :class:`~django_jobguard.models.QueueEvent` (who, when, why).
 """

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.db import connections
 
 from django_jobguard.models import Job
 from tests.conftest import wait_for
@@ -62,6 +63,9 @@ def browser_page(monkeypatch):
         finally:
             context.close()
             browser.close()
+            # Inside Playwright's event loop the ORM gets connections of their own (Django's
+            # connections are context-local): close them, or the test database cannot be dropped.
+            connections.close_all()
 
 
 def shot(page, name, *, full_page=True):

@@ -19,6 +19,10 @@ def test_a_paused_queue_gets_no_claims_while_a_sibling_queue_runs_then_runs_afte
     worker = workers.start("--worker-id", "w1", "--poll-interval", "0.2", *queue_args)
     workers.wait_started(worker)
     queues.pause("held", actor="test", reason="dependency degraded")
+    # A claim already under way when the pause commits may have read the paused set just
+    # before it; once a job enqueued after the pause is done, every later claim sees it.
+    first = tasks.add.using(queue_name="free").enqueue(100)
+    wait_for(lambda: status_of(first) == "succeeded", timeout=60, message="a claim after the pause")
     held = tasks.add.using(queue_name="held").enqueue(1, 1)
     # Jobs of the unpaused queue enqueued after the paused one: each one done proves the
     # worker polled (and claimed) after the paused job was waiting.
