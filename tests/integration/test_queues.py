@@ -129,3 +129,17 @@ def test_the_command_says_what_is_missing():
         command("pause", "--reason", "x")
     with pytest.raises(CommandError, match="list takes no queue name"):
         command("list", "payments")
+
+
+def test_the_paused_gauge_is_one_for_a_paused_queue_and_zero_otherwise(client):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    queues.pause("payments", actor="x", reason="why")
+    body = client.get("/metrics").content.decode()
+    samples = {
+        sample.labels["queue"]: sample.value
+        for family in text_string_to_metric_families(body)
+        for sample in family.samples
+        if sample.name == "jobguard_queue_paused"
+    }
+    assert samples["payments"] == 1.0 and samples["default"] == 0.0
