@@ -40,6 +40,7 @@ class JobContext:
     _checkpoints: dict[str, Any] | None = dataclasses.field(default=None, repr=False)
     _lease_lost: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
     _lock_lost: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
+    _cancel_requested: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
 
     @classmethod
     def detached(cls, task: Task[Any, Any]) -> JobContext:
@@ -60,6 +61,15 @@ class JobContext:
     def lease_lost(self) -> bool:
         """True once the worker learnt that this job's lease expired and moved on."""
         return self._lease_lost.is_set()
+
+    @property
+    def cancel_requested(self) -> bool:
+        """An operator asked to cancel this running job (delivered by the heartbeat).
+
+        Nothing stops the handler: a long one checks this between steps and returns (or
+        raises :class:`~django_jobguard.PermanentError`) where stopping is safe.
+        """
+        return self._cancel_requested.is_set()
 
     @property
     def lock_lost(self) -> bool:

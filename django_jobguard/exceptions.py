@@ -122,3 +122,19 @@ class ReplayError(JobguardError):
 
 class ReplayPermissionDenied(ReplayError, PermissionDenied):  # noqa: N818 - after Django's PermissionDenied
     """The user may not make this replay transition; the admin and the API answer 403."""
+
+
+class QueueError(JobguardError):
+    """A queue cannot be paused or resumed as asked (bad name, no reason given)."""
+
+
+class QueuePermissionDenied(QueueError, PermissionDenied):  # noqa: N818 - after Django's PermissionDenied
+    """The user may not pause or resume queues; the admin and the API answer 403."""
+
+
+class LockReleaseError(JobguardError):
+    """A lock cannot be force-released as asked (free already, no reason given)."""
+
+
+class LockReleasePermissionDenied(LockReleaseError, PermissionDenied):  # noqa: N818 - after PermissionDenied
+    """The user may not force-release locks; the admin answers 403."""

@@ -1,4 +1,7 @@
-"""Operator actions on jobs: cancel, run now. The admin and the REST API call these, never the ORM."""
+"""Operator actions on jobs: cancel, ask a running job to stop, make waiting jobs due now.
+
+The admin and the REST API call these, never the ORM.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from .conf import get_settings
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cancel", "run_now"]
+__all__ = ["cancel", "request_cancel", "retry_now", "run_now"]
 
 
 def cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None) -> list[int]:
@@ -51,13 +54,12 @@ def cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None
     return ids
 
 
-def run_now(job_ids: Iterable[int], *, using: str | None = None) -> list[int]:
-    """Make the given queued jobs due now (``run_after`` = the database's now); the ids still queued.
+def request_cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None) -> list[int]:
+    """Ask the given running jobs to stop; the ids flagged.
 
-    A job waiting for its ``run_after`` (a delayed job, or a retry in its backoff) becomes
-    claimable at once; attempts are not touched, so a retried job keeps its remaining
-    attempts. Jobs that are due already stay as they are (and are returned: they run as soon
-    as a worker is free); running and finished jobs are left alone and not returned.
+    Never a kill: the worker's heartbeat delivers the request to the handler as
+    ``context.cancel_requested``, and the handler decides where stopping is safe. A
+    handler that ignores it runs to its end and is acked as usual.
     """
     from .models import Job, JobStatus
 
@@ -66,8 +68,55 @@ def run_now(job_ids: Iterable[int], *, using: str | None = None) -> list[int]:
     if not wanted:
         return []
     with transaction.atomic(using=alias):
-        jobs = Job.objects.using(alias).filter(pk__in=wanted, status=JobStatus.QUEUED)
-        moved = jobs.filter(run_after__gt=Now()).update(run_after=Now())
-        ids = list(jobs.values_list("pk", flat=True))
-    logger.info("jobs_run_now count=%d moved=%d ids=%s", len(ids), moved, ids[:20])
+        ids = list(
+            Job.objects.using(alias)
+            .select_for_update()
+            .filter(pk__in=wanted, status=JobStatus.RUNNING, cancel_requested=False)
+            .values_list("pk", flat=True)
+        )
+        Job.objects.using(alias).filter(pk__in=ids, status=JobStatus.RUNNING).update(cancel_requested=True)
+    if ids:
+        logger.info("cancel_requested count=%d ids=%s reason=%s", len(ids), ids[:20], reason or "-")
     return ids
+
+
+def retry_now(job_ids: Iterable[int], *, reason: str = "", using: str | None = None) -> list[int]:
+    """Make the given queued jobs that wait (a retry backoff or a later ``run_after``) due now.
+
+    Jobs already due, running or finished are left alone: the ids changed. The attempt
+    count is kept, so a job near its ``max_attempts`` is not given more tries.
+    """
+    from .models import Job, JobStatus
+
+    alias = using or get_settings().database_alias
+    wanted = list(job_ids)
+    if not wanted:
+        return []
+    with transaction.atomic(using=alias):
+        # Workers skip locked rows, so none is claimed between the select and the update.
+        ids = list(
+            Job.objects.using(alias)
+            .select_for_update(skip_locked=True)
+            .filter(pk__in=wanted, status=JobStatus.QUEUED, run_after__gt=Now())
+            .values_list("pk", flat=True)
+        )
+        Job.objects.using(alias).filter(pk__in=ids, status=JobStatus.QUEUED).update(run_after=Now())
+    if ids:
+        logger.info("jobs_made_due count=%d ids=%s reason=%s", len(ids), ids[:20], reason or "-")
+    return ids
+
+
+def run_now(job_ids: Iterable[int], *, using: str | None = None) -> list[int]:
+    """:func:`retry_now`, answering with the ids still queued (those already due included).
+
+    The REST API's ``retry`` verb: a job that is queued runs as soon as a worker is free,
+    whether it waited or was due already; running and finished jobs are not returned.
+    """
+    from .models import Job, JobStatus
+
+    alias = using or get_settings().database_alias
+    wanted = list(job_ids)
+    retry_now(wanted, using=alias)
+    return list(
+        Job.objects.using(alias).filter(pk__in=wanted, status=JobStatus.QUEUED).values_list("pk", flat=True)
+    )

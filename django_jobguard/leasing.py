@@ -385,8 +385,9 @@ def claim(
 ) -> list[ClaimedJob]:
     """Lease up to ``limit`` due jobs of ``queues`` (all queues if None) in one statement.
 
-    ``exclude`` names queues to leave alone when ``queues`` is None (every other queue);
-    with a list of queues, leave them out of the list instead.
+    ``exclude`` names queues to leave alone when ``queues`` is None (every other queue: the
+    worker's ``--exclude-queues`` and the paused ones); with a list of queues, leave them out
+    of the list instead.
     """
     if limit <= 0:
         return []
@@ -468,8 +469,13 @@ def claim(
     return jobs
 
 
-def heartbeat(alias: str, leases: Iterable[tuple[int, str]]) -> set[int]:
-    """Extend the leases still held; the ids renewed (the others were lost)."""
+def heartbeat(
+    alias: str, leases: Iterable[tuple[int, str]], *, cancel_requested: set[int] | None = None
+) -> set[int]:
+    """Extend the leases still held; the ids renewed (the others were lost).
+
+    ``cancel_requested``, when given, receives the renewed ids an operator asked to cancel.
+    """
     leases = list(leases)
     if not leases:
         return set()
@@ -479,19 +485,22 @@ def heartbeat(alias: str, leases: Iterable[tuple[int, str]]) -> set[int]:
         # Tokens are random per claim, so matching id and token sets is exact enough.
         sql = (
             f"UPDATE {_TABLE} SET lease_expires_at = {_PG_NOW} + visibility_timeout * interval '1 second' "
-            "WHERE id = ANY(%s) AND lease_token = ANY(%s) RETURNING id"
+            "WHERE id = ANY(%s) AND lease_token = ANY(%s) RETURNING id, cancel_requested"
         )
         params: list[Any] = [ids, tokens]
     else:
         sql = (
             f"UPDATE {_TABLE} SET lease_expires_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', "
             "'+' || visibility_timeout || ' seconds') "
-            f"WHERE id IN ({_in(ids)}) AND lease_token IN ({_in(tokens)}) RETURNING id"
+            f"WHERE id IN ({_in(ids)}) AND lease_token IN ({_in(tokens)}) RETURNING id, cancel_requested"
         )
         params = [*ids, *tokens]
     with connections[alias].cursor() as cursor:
         cursor.execute(sql, params)
-        return {row[0] for row in cursor.fetchall()}
+        rows = cursor.fetchall()
+    if cancel_requested is not None:
+        cancel_requested.update(row[0] for row in rows if row[1])
+    return {row[0] for row in rows}
 
 
 def complete(alias: str, job_id: int, lease_token: str, result_json: str) -> bool:

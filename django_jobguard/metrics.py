@@ -34,6 +34,8 @@ try:
 except ImportError:  # pragma: no cover - exercised only without the metrics extra
     prometheus_client = None  # type: ignore[assignment]
 
+from . import beats  # the per-minute counts of the admin's health charts ride on these calls
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -276,6 +278,11 @@ QUEUE_PENDING_APPROVALS = _gauge(
     "Dead letters whose replay was requested and awaits approval.",
     ("queue",),
 )
+QUEUE_PAUSED = _gauge(
+    "jobguard_queue_paused",
+    "1 while the queue is paused (workers do not claim from it; enqueues still work), else 0.",
+    ("queue",),
+)
 QUEUE_STATS_UP = _gauge(
     "jobguard_queue_stats_up",
     "1 if the last scrape read the queue statistics from the database, 0 if that failed.",
@@ -311,19 +318,23 @@ def job_enqueued(queue: str, task: str, count: int = 1) -> None:
 
 
 def job_succeeded(queue: str, task: str, duration: float) -> None:
+    beats.count(queue, "succeeded")
     _child(SUCCEEDED, queue, task).inc()
     _child(DURATION, queue, task, "succeeded").observe(duration)
 
 
 def job_failed(queue: str, task: str, category: str, duration: float | None, *, retried: bool) -> None:
+    beats.count(queue, "failed")
     FAILED.labels(queue, task, category).inc()
     if duration is not None:
         DURATION.labels(queue, task, "failed").observe(duration)
     if retried:
+        beats.count(queue, "retried")
         RETRIED.labels(queue, task, category).inc()
 
 
 def job_dead_lettered(queue: str, task: str, reason: str) -> None:
+    beats.count(queue, "dead_lettered")
     DEAD_LETTERED.labels(queue, task, reason).inc()
 
 
@@ -377,6 +388,7 @@ _QUEUE_FIELDS = (
     (QUEUE_OLDEST_AGE, "oldest_age_seconds"),
     (QUEUE_DEAD_LETTERS, "dead_letters"),
     (QUEUE_PENDING_APPROVALS, "pending_approvals"),
+    (QUEUE_PAUSED, "paused"),
 )
 
 

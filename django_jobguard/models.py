@@ -38,8 +38,16 @@ class JobQuerySet(models.QuerySet["Job"]):
         """Queued jobs that may not start yet."""
         return self.filter(status=JobStatus.QUEUED, run_after__gt=Now())
 
+    def waiting_for_retry(self) -> JobQuerySet:
+        """Scheduled jobs that failed before: waiting out a retry backoff."""
+        return self.scheduled().filter(first_failed_at__isnull=False)
+
     def running(self) -> JobQuerySet:
         return self.filter(status=JobStatus.RUNNING)
+
+    def leased(self) -> JobQuerySet:
+        """Running jobs whose lease is still live (database clock)."""
+        return self.filter(status=JobStatus.RUNNING, lease_expires_at__gte=Now())
 
     def expired_leases(self) -> JobQuerySet:
         """Running jobs whose lease ran out (database clock): their worker is gone or stuck."""
@@ -98,13 +106,20 @@ class Job(models.Model):
             "error_class, error and traceback."
         ),
     )
+    cancel_requested = models.BooleanField(
+        db_default=False,
+        help_text=_("An operator asked to cancel this running job; its heartbeat tells the handler."),
+    )
 
     objects = JobQuerySet.as_manager()
 
     class Meta:
         verbose_name = _("job")
         verbose_name_plural = _("jobs")
-        permissions = [("cancel_job", _("Can cancel queued jobs"))]
+        permissions = [
+            ("cancel_job", _("Can cancel queued jobs")),
+            ("retry_job", _("Can make queued jobs due now")),
+        ]
         indexes = [
             # The claim scans only queued rows, so it stays flat however many finished
             # rows pile up.
@@ -359,6 +374,7 @@ class Lock(models.Model):
     class Meta:
         verbose_name = _("lock")
         verbose_name_plural = _("locks")
+        permissions = [("force_release_lock", _("Can force the release of a stuck lock"))]
 
     def __str__(self) -> str:
         return self.key
@@ -458,3 +474,145 @@ class Schedule(models.Model):
         if self.removed_at is not None:
             return "removed"
         return "paused" if self.paused else "active"
+
+
+class QueueState(models.Model):
+    """Whether a queue is paused, and who paused it when and why: one row per queue ever paused.
+
+    Workers read the paused rows before each claim, so a pause reaches every host within
+    one poll. A queue without a row is running.
+    """
+
+    queue_name = models.CharField(_("queue"), max_length=100, primary_key=True)
+    paused = models.BooleanField(default=False)
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    changed_by_name = models.CharField(
+        max_length=150, blank=True, default="", help_text=_("Kept if the user goes.")
+    )
+    changed_at = models.DateTimeField(db_default=Now())
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        # The admin lists this model as "Queues": its page is the queue health page.
+        verbose_name = _("queue")
+        verbose_name_plural = _("queues")
+        permissions = [("pause_queue", _("Can pause and resume queues"))]
+        indexes = [
+            # The workers' per-poll read: only the few paused rows.
+            models.Index(fields=["queue_name"], name="jobguard_queue_paused_idx", condition=Q(paused=True)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue_name} ({'paused' if self.paused else 'running'})"
+
+
+class QueueAction(models.TextChoices):
+    PAUSED = "paused", _("paused")
+    RESUMED = "resumed", _("resumed")
+
+
+class QueueEvent(models.Model):
+    """One pause or resume of a queue: who, when, why. Append-only."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue_name = models.CharField(_("queue"), max_length=100)
+    action = models.CharField(max_length=16, choices=QueueAction.choices)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_name = models.CharField(
+        max_length=150, blank=True, default="", help_text=_("Kept if the user goes.")
+    )
+    reason = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        verbose_name = _("queue event")
+        verbose_name_plural = _("queue events")
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["queue_name", "created_at"], name="jobguard_queue_event_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.queue_name} {self.action} by {self.actor_name or 'system'}"
+
+
+class QueueMinute(models.Model):
+    """Outcomes of one queue in one minute, and the oldest due job's age then: the health charts.
+
+    Workers count outcomes in memory and add them here once per heartbeat interval (one
+    statement for all queues, never one per job); a worker also samples the oldest due
+    age once a minute. Rows older than a day are pruned by the same writer.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    queue_name = models.CharField(_("queue"), max_length=100)
+    minute = models.DateTimeField(help_text=_("Start of the minute (UTC)."))
+    succeeded = models.PositiveIntegerField(db_default=0)
+    failed = models.PositiveIntegerField(db_default=0, help_text=_("Failed attempts."))
+    retried = models.PositiveIntegerField(db_default=0, help_text=_("Failed attempts scheduled for a retry."))
+    dead_lettered = models.PositiveIntegerField(db_default=0)
+    oldest_age_seconds = models.FloatField(
+        null=True, blank=True, help_text=_("Largest sample in the minute.")
+    )
+
+    class Meta:
+        verbose_name = _("queue minute")
+        verbose_name_plural = _("queue minutes")
+        constraints = [
+            models.UniqueConstraint(fields=["queue_name", "minute"], name="jobguard_queue_minute_uniq"),
+        ]
+        indexes = [models.Index(fields=["minute"], name="jobguard_queue_minute_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.queue_name} {self.minute:%H:%M}"
+
+
+class WorkerBeat(models.Model):
+    """One worker process as its heartbeat last reported it (one upsert per beat interval)."""
+
+    worker_id = models.CharField(max_length=128, primary_key=True)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    queues = models.CharField(max_length=1000, help_text=_("Comma-separated; * for every queue."))
+    concurrency = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    last_beat_at = models.DateTimeField(help_text=_("Database clock."))
+    jobs_in_hand = models.PositiveIntegerField(default=0, help_text=_("Jobs claimed and not yet settled."))
+
+    class Meta:
+        verbose_name = _("worker")
+        verbose_name_plural = _("workers")
+        ordering = ["-last_beat_at"]
+        indexes = [models.Index(fields=["last_beat_at"], name="jobguard_worker_beat_idx")]
+
+    def __str__(self) -> str:
+        return self.worker_id
+
+
+class LockRelease(models.Model):
+    """One forced release of a database lock by an operator: who, when, why. Append-only."""
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(max_length=255)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_name = models.CharField(
+        max_length=150, blank=True, default="", help_text=_("Kept if the user goes.")
+    )
+    reason = models.TextField()
+    fencing_token = models.BigIntegerField(help_text=_("The key's fencing counter after the release."))
+    holder_job_id = models.BigIntegerField(
+        null=True, blank=True, help_text=_("The job that held it, if known.")
+    )
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        verbose_name = _("forced lock release")
+        verbose_name_plural = _("forced lock releases")
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.key} released by {self.actor_name or 'system'}"

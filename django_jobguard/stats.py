@@ -12,6 +12,7 @@ number of queues or rows (:data:`QUERIES` without the last-hour counts,
   index or the status index);
 - unresolved dead letters (not replayed, not rejected), grouped by queue: the replay-state
   index;
+- paused queues: the few rows of the partial index on paused queue states;
 - with ``recent=True``: jobs finished in the last hour, a range of the
   ``(status, finished_at)`` index.
 
@@ -36,6 +37,7 @@ __all__ = [
     "RECENT_WINDOW_SECONDS",
     "QueueStats",
     "ScheduleStats",
+    "oldest_due_ages",
     "queue_stats",
     "schedule_stats",
 ]
@@ -43,8 +45,8 @@ __all__ = [
 #: Window of the "succeeded / failed in the last hour" counts, in seconds.
 RECENT_WINDOW_SECONDS = 3600
 #: Queries :func:`queue_stats` runs without, and with, the last-hour counts.
-QUERIES = 3
-QUERIES_WITH_RECENT = 4
+QUERIES = 4
+QUERIES_WITH_RECENT = 5
 
 #: Dead-letter replay states that still sit in the dead-letter queue: nobody rejected them
 #: and no replay has taken them out yet.
@@ -60,6 +62,8 @@ class QueueStats:
     depth: int = 0
     #: Queued jobs that may not start yet (a future ``run_after``: retries, delayed jobs).
     scheduled: int = 0
+    #: Of the scheduled jobs, those that failed before: waiting out a retry backoff.
+    waiting_for_retry: int = 0
     #: Running jobs: claimed by a worker and holding a lease.
     in_flight: int = 0
     #: Seconds the oldest due job has waited since its ``run_after`` (0 when none is due).
@@ -68,6 +72,8 @@ class QueueStats:
     dead_letters: int = 0
     #: Dead letters whose replay was requested and awaits approval.
     pending_approvals: int = 0
+    #: Whether the queue is paused (workers do not claim from it; enqueues still work).
+    paused: bool = False
     #: Jobs that succeeded in the last hour (None when not computed).
     succeeded_last_hour: int | None = None
     #: Jobs that ended dead (dead-lettered) in the last hour (None when not computed).
@@ -93,12 +99,12 @@ def queue_stats(
     """Statistics of every queue, sorted by name.
 
     Every queue named in ``JOBGUARD["QUEUES"]``, the default queue, and every queue that
-    has queued or running jobs or unresolved dead letters get a row (zeros included, so a
+    has queued or running jobs or unresolved dead letters or is paused get a row (zeros included, so a
     queue that empties does not vanish from dashboards). ``queues`` restricts the rows
     (and the queries) to those names. ``recent`` adds the last-hour success and failure
     counts, at the cost of one more query.
     """
-    from .models import DeadLetter, Job, JobStatus, ReplayState
+    from .models import DeadLetter, Job, JobStatus, QueueState, ReplayState
 
     conf = get_settings()
     alias = alias or conf.database_alias
@@ -124,6 +130,7 @@ def queue_stats(
         .annotate(
             depth=Count("pk", filter=due),
             scheduled=Count("pk", filter=~due),
+            waiting_for_retry=Count("pk", filter=~due & Q(first_failed_at__isnull=False)),
             oldest_age=ExpressionWrapper(Now() - Min("run_after", filter=due), output_field=DurationField()),
         )
     )
@@ -131,6 +138,7 @@ def queue_stats(
         stats = row(item["queue_name"])
         stats.depth = item["depth"]
         stats.scheduled = item["scheduled"]
+        stats.waiting_for_retry = item["waiting_for_retry"]
         stats.oldest_age_seconds = _seconds(item["oldest_age"]) if item["depth"] else 0.0
 
     running = jobs.filter(status=JobStatus.RUNNING).values("queue_name").annotate(n=Count("pk"))
@@ -146,6 +154,12 @@ def queue_stats(
         stats = row(letter["queue_name"])
         stats.dead_letters = letter["n"]
         stats.pending_approvals = letter["pending"]
+
+    states = QueueState.objects.using(alias).filter(paused=True)
+    if wanted is not None:
+        states = states.filter(queue_name__in=wanted)
+    for name in states.values_list("queue_name", flat=True):
+        row(name).paused = True
 
     if recent:
         finished = (
@@ -217,3 +231,18 @@ def schedule_stats(alias: str | None = None) -> list[ScheduleStats]:
         )
         for row in rows
     ]
+
+
+def oldest_due_ages(alias: str | None = None) -> dict[str, float]:
+    """Seconds the oldest due job of each queue with due jobs has waited (one grouped query)."""
+    from .models import Job, JobStatus
+
+    alias = alias or get_settings().database_alias
+    rows = (
+        Job.objects.using(alias)
+        .order_by()
+        .filter(status=JobStatus.QUEUED, run_after__lte=Now())
+        .values("queue_name")
+        .annotate(age=ExpressionWrapper(Now() - Min("run_after"), output_field=DurationField()))
+    )
+    return {row["queue_name"]: _seconds(row["age"]) for row in rows}

@@ -37,7 +37,8 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
-from . import _dispatch, _faults, dlq, idempotency, leasing, metrics, retry, schedules, signals
+from . import _dispatch, _faults, beats, dlq, idempotency, leasing, metrics, retry, schedules, signals
+from . import queues as queue_states  # `queue` is the stdlib module here
 from .conf import RetryPolicy, get_settings
 from .context import JobContext
 from .enqueue import normalize_json
@@ -199,6 +200,13 @@ class Worker:
         #: Outcomes of the jobs this worker finished, for the summary on exit (see summary()).
         self.outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
         self._started_at: float | None = None
+        self._beat = beats.Beat(
+            worker_id=self.worker_id,
+            alias=self.alias,
+            queues=self.queues,
+            concurrency=concurrency,
+            pid=os.getpid(),
+        )
 
     # -- public ------------------------------------------------------------------------
 
@@ -342,7 +350,15 @@ class Worker:
         return self.capacity
 
     def _claim(self, limit: int) -> int:
-        jobs = leasing.claim(self.alias, self.queues, limit, self.worker_id, self.exclude_queues)
+        # Paused queues are read before every claim, so a pause reaches us within one poll.
+        paused = queue_states.paused_queues(self.alias)
+        wanted = self.queues
+        if paused and wanted:
+            wanted = [name for name in wanted if name not in paused]
+            if not wanted:
+                return 0
+        exclude = sorted({*self.exclude_queues, *paused})
+        jobs = leasing.claim(self.alias, wanted, limit, self.worker_id, exclude)
         if not jobs:
             return 0
         if _faults.ENABLED:
@@ -976,10 +992,15 @@ class Worker:
         if due:
             if _faults.ENABLED:
                 _faults.maybe_crash("in_heartbeat")
-            renewed = leasing.heartbeat(self.alias, [(h.job.id, h.job.lease_token) for h in due])
+            cancels: set[int] = set()
+            renewed = leasing.heartbeat(
+                self.alias, [(h.job.id, h.job.lease_token) for h in due], cancel_requested=cancels
+            )
             for h in due:
                 if h.job.id in renewed:
                     h.renewed_at = now
+                    if h.job.id in cancels and h.context is not None:
+                        h.context._cancel_requested.set()
                 else:
                     h.lease_lost = True
                     if h.context is not None:
@@ -993,6 +1014,8 @@ class Worker:
         for h in held:
             if h.deadline is not None and now >= h.deadline and h.state == "running":
                 self._abandon(h)
+        # The worker's own row and the outcome counts: one upsert each per beat interval.
+        self._beat.maybe_beat(now, len(active))
 
     def _renew_lock(self, held: _Held, now: float) -> None:
         """Extend the job's lock; if it is gone, say so to the handler and refuse the ack."""

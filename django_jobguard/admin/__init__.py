@@ -9,7 +9,19 @@ Payloads, stored results and tracebacks show only to users with ``jobguard.view_
 
 from .dead_letters import DeadLetterAdmin
 from .jobs import IdempotencyKeyAdmin, JobAdmin
-from .locks import LockAdmin
+from .locks import LockAdmin, LockReleaseAdmin
+from .queues import QueueEventAdmin, QueueHealthAdmin
 from .schedules import ScheduleAdmin
+from .workers import WorkerAdmin
 
-__all__ = ["DeadLetterAdmin", "IdempotencyKeyAdmin", "JobAdmin", "LockAdmin", "ScheduleAdmin"]
+__all__ = [
+    "DeadLetterAdmin",
+    "IdempotencyKeyAdmin",
+    "JobAdmin",
+    "LockAdmin",
+    "LockReleaseAdmin",
+    "QueueEventAdmin",
+    "QueueHealthAdmin",
+    "ScheduleAdmin",
+    "WorkerAdmin",
+]

@@ -347,11 +347,16 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             if len(failed) > 20:
                 self.message_user(request, f"... and {len(failed) - 20} more not changed.", messages.WARNING)
             return None
+        count = queryset.count()
+        estimate = dlq.redrive_estimate(count) if action in (dlq.REQUEST, dlq.APPROVE) else None
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": _LABELS[action],
             "queryset": queryset,
+            "count": count,
+            "estimate": estimate,
+            "estimate_text": _duration(estimate.seconds) if estimate else "",
             "form": form,
             "action_name": name,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
@@ -398,3 +403,12 @@ def _correction_context(request: HttpRequest, review: dlq.CorrectionReview | Non
             for change in review.changes
         ]
     return {"correction": review, "correction_rows": rows, "show_payload": show_payload}
+
+
+def _duration(seconds: float) -> str:
+    """``45 seconds``, ``12 minutes``, ``2.5 hours``: how long a redrive takes, roughly."""
+    if seconds < 90:
+        return f"{seconds:.0f} seconds"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} minutes"
+    return f"{seconds / 3600:.1f} hours"

@@ -75,3 +75,10 @@ _KINDS: dict[type, str] = {list: "array", dict: "object"}
 def dumps(value: Any) -> str:
     """JSON for a form field: indented, keys sorted, non-ASCII kept."""
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+class ForceReleaseForm(forms.Form):
+    reason = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="Why the lock must go now (kept in the audit trail): e.g. its job died, the TTL is long.",
+    )

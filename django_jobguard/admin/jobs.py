@@ -12,40 +12,157 @@ from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.loader import render_to_string
+from django.utils import timezone
+from django.utils.html import format_html
 from django.utils.safestring import SafeString
+from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from .. import jobs, retention
-from ..models import IdempotencyKey, Job
+from ..conf import get_settings
+from ..models import IdempotencyKey, Job, JobQuerySet, JobStatus
+from ..registry import registry
 from .base import Deletion, ReadOnlyAdmin, admin_link, can_view_payload, pretty_json
+
+#: Characters of the last error shown in the job list (the whole message is on the job's page).
+ERROR_PREVIEW_CHARS = 70
+
+#: What an operator asks of a job, in the order of the filter; the badge shows the same words.
+STATES: tuple[tuple[str, Any], ...] = (
+    ("due", _("due")),
+    ("scheduled", _("scheduled")),
+    ("retrying", _("waiting for retry")),
+    ("running", _("running")),
+    ("stuck", _("lease expired (stuck)")),
+    ("succeeded", _("succeeded")),
+    ("dead", _("dead")),
+    ("cancelled", _("cancelled")),
+)
+_STATE_LABELS = dict(STATES)
+#: Badge colours: a state that needs a look is red or amber.
+_BADGE_COLOURS = {
+    "due": "#417690",
+    "scheduled": "#6b6b6b",
+    "retrying": "#b36b00",
+    "running": "#2e7d32",
+    "stuck": "#ba2121",
+    "succeeded": "#2e7d32",
+    "dead": "#ba2121",
+    "cancelled": "#6b6b6b",
+}
+
+
+def job_state(job: Job, now: Any = None) -> str:
+    """The operator's state of ``job`` (a key of :data:`STATES`), on this process's clock."""
+    now = now or timezone.now()
+    if job.status == JobStatus.QUEUED:
+        if job.run_after is None or job.run_after <= now:
+            return "due"
+        return "retrying" if job.first_failed_at is not None else "scheduled"
+    if job.status == JobStatus.RUNNING:
+        return "stuck" if job.lease_expires_at is not None and job.lease_expires_at < now else "running"
+    return str(job.status)
+
+
+class _NamedFilter(admin.SimpleListFilter):
+    """An exact filter on a name field whose choices come from the configuration, not a
+    ``SELECT DISTINCT`` over every row (a full scan at a million jobs)."""
+
+    def names(self) -> list[str]:
+        raise NotImplementedError
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [(name, name) for name in self.names()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        value = self.value()
+        return queryset.filter(**{str(self.parameter_name): value}) if value else queryset
+
+
+class QueueFilter(_NamedFilter):
+    title = _("queue")
+    parameter_name = "queue_name"
+
+    def names(self) -> list[str]:
+        conf = get_settings()
+        tasks = (registry.find(name) for name in registry.names())
+        return sorted(
+            {
+                *conf.queues,
+                conf.default_queue,
+                *(task.queue_name or conf.default_queue for task in tasks if task),
+            }
+        )
+
+
+class TaskFilter(_NamedFilter):
+    title = _("task")
+    parameter_name = "task_name"
+
+    def names(self) -> list[str]:
+        return sorted(registry.names())
+
+
+class StateFilter(admin.SimpleListFilter):
+    """The states of :data:`STATES`, decided by the database clock (as the worker decides them)."""
+
+    title = _("state")
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return list(STATES)
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        jobs: JobQuerySet = queryset  # type: ignore[assignment]
+        value = self.value()
+        if value == "due":
+            return jobs.due()
+        if value == "scheduled":
+            return jobs.scheduled()  # retries included: they are scheduled too
+        if value == "retrying":
+            return jobs.waiting_for_retry()
+        if value == "running":
+            return jobs.leased()
+        if value == "stuck":
+            return jobs.expired_leases()
+        if value in ("succeeded", "dead", "cancelled"):
+            return jobs.filter(status=value)
+        return queryset
+
 
 _PAYLOAD = (_("Payload"), {"fields": ["args_json", "kwargs_json", "result_json", "checkpoints_json"]})
 
 
 @admin.register(Job)
 class JobAdmin(ReadOnlyAdmin):
+    # Fits a 1,366 px laptop screen with the admin's side bar closed; the job's page has the rest.
     list_display = [
         "id",
-        "task_name",
+        "state_badge",
+        "task_short",
         "queue_name",
-        "status",
-        "priority",
-        "attempts",
-        "run_after",
-        "finished_at",
+        "attempts_of",
+        "worker_short",
+        "started_at",
+        "lease_expires_at",
+        "error_preview",
     ]
-    list_filter = ["status", "queue_name", "task_name"]
+    list_display_links = ["id", "task_short"]
+    change_list_template = "django_jobguard/admin/job/change_list.html"
+    list_filter = [StateFilter, QueueFilter, TaskFilter]
     search_fields = ["=id", "task_name", "idempotency_key", "lock_key"]
     payload_search_fields = ["args", "kwargs"]
     # The lock admin links to the running jobs holding a lock key.
-    extra_lookups = ["lock_key", "idempotency_key"]
+    # The workers page links to a worker's jobs.
+    extra_lookups = ["lock_key", "idempotency_key", "status__exact", "worker_id"]
     date_hierarchy = "enqueued_at"
     deletion = Deletion(retention.deletable_jobs, retention.delete_jobs, retention.JOB_DELETION_RULE)
     ordering = ["-id"]
     show_full_result_count = False  # a count(*) over millions of finished rows is slow
-    actions = ["cancel_jobs"]
+    actions = ["retry_jobs_now", "cancel_jobs"]
     readonly_fields = [
+        "state_badge",
         "args_json",
         "kwargs_json",
         "result_json",
@@ -56,6 +173,14 @@ class JobAdmin(ReadOnlyAdmin):
         "attempt_timeline",
     ]
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        queryset = super().get_queryset(request)
+        match = request.resolver_match
+        if match is not None and str(match.url_name).endswith("_changelist"):
+            # The list shows no payload: do not read args, kwargs, results off a million rows.
+            queryset = queryset.defer("args", "kwargs", "result", "checkpoints")
+        return queryset
+
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         fieldsets: list[Any] = [
             (
@@ -64,6 +189,7 @@ class JobAdmin(ReadOnlyAdmin):
                     "fields": [
                         "task_name",
                         "queue_name",
+                        "state_badge",
                         "status",
                         "priority",
                         "attempts",
@@ -83,6 +209,7 @@ class JobAdmin(ReadOnlyAdmin):
                     "fields": [
                         "worker_id",
                         "lease_expires_at",
+                        "cancel_requested",
                         "visibility_timeout",
                         "reappearances",
                         "lock_key",
@@ -100,6 +227,42 @@ class JobAdmin(ReadOnlyAdmin):
         if can_view_payload(request):
             fieldsets.insert(1, _PAYLOAD)
         return self.with_times_in_fieldsets(fieldsets)
+
+    @admin.display(description=_("state"), ordering="status")
+    def state_badge(self, obj: Job) -> SafeString:
+        state = job_state(obj)
+        return format_html(
+            '<span class="jobguard-badge state-{}" style="background:{};color:#fff;padding:1px 6px;'
+            'border-radius:8px;white-space:nowrap">{}</span>',
+            state,
+            _BADGE_COLOURS[state],
+            _STATE_LABELS[state],
+        )
+
+    @admin.display(description=_("task"), ordering="task_name")
+    def task_short(self, obj: Job) -> SafeString:
+        return format_html('<span title="{}">{}</span>', obj.task_name, obj.task_name.rsplit(".", 1)[-1])
+
+    @admin.display(description=_("attempts"), ordering="attempts")
+    def attempts_of(self, obj: Job) -> str:
+        return f"{obj.attempts}/{obj.max_attempts}"
+
+    @admin.display(description=_("worker"), ordering="worker_id")
+    def worker_short(self, obj: Job) -> SafeString | str:
+        if not obj.worker_id:
+            return "-"
+        return format_html('<span title="{}">{}</span>', obj.worker_id, Truncator(obj.worker_id).chars(24))
+
+    @admin.display(description=_("last error"))
+    def error_preview(self, obj: Job) -> SafeString | str:
+        if not obj.last_error:
+            return "-"
+        first_line = obj.last_error.strip().splitlines()[0] if obj.last_error.strip() else obj.last_error
+        return format_html(
+            '<span title="{}">{}</span>',
+            Truncator(obj.last_error).chars(500),
+            Truncator(first_line).chars(ERROR_PREVIEW_CHARS),
+        )
 
     @admin.display(description=_("args"))
     def args_json(self, obj: Job) -> SafeString:
@@ -156,30 +319,75 @@ class JobAdmin(ReadOnlyAdmin):
         except ObjectDoesNotExist:
             return "-"
 
-    @admin.action(description=_("Cancel selected queued jobs"), permissions=["cancel"])
+    @admin.action(
+        description=_("Cancel selected jobs (queued: at once; running: ask the handler)"),
+        permissions=["cancel"],
+    )
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         if not self.has_cancel_permission(request):
             raise PermissionDenied
         ids = list(queryset.values_list("pk", flat=True))
-        cancelled = jobs.cancel(ids, reason=f"by {request.user.get_username()} in the admin")
-        skipped = len(ids) - len(cancelled)
+        reason = f"by {request.user.get_username()} in the admin"
+        cancelled = jobs.cancel(ids, reason=reason)
+        asked = jobs.request_cancel(sorted(set(ids) - set(cancelled)), reason=reason)
+        skipped = len(ids) - len(cancelled) - len(asked)
         self.message_user(
             request,
             ngettext("%(count)d job cancelled.", "%(count)d jobs cancelled.", len(cancelled))
             % {"count": len(cancelled)},
             messages.SUCCESS,
         )
+        if asked:
+            self.message_user(
+                request,
+                ngettext(
+                    "%(count)d running job was asked to stop: its handler sees context.cancel_requested "
+                    "at the next heartbeat; nothing is killed.",
+                    "%(count)d running jobs were asked to stop: their handlers see "
+                    "context.cancel_requested at the next heartbeat; nothing is killed.",
+                    len(asked),
+                )
+                % {"count": len(asked)},
+                messages.INFO,
+            )
         if skipped:
             self.message_user(
                 request,
                 ngettext(
-                    "%(count)d job was not queued any more and was left alone.",
-                    "%(count)d jobs were not queued any more and were left alone.",
+                    "%(count)d job was finished or already asked to stop and was left alone.",
+                    "%(count)d jobs were finished or already asked to stop and were left alone.",
                     skipped,
                 )
                 % {"count": skipped},
                 messages.WARNING,
             )
+
+    @admin.action(description=_("Retry selected waiting jobs now"), permissions=["retry"])
+    def retry_jobs_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        if not self.has_retry_permission(request):
+            raise PermissionDenied
+        ids = list(queryset.values_list("pk", flat=True))
+        made_due = jobs.retry_now(ids, reason=f"by {request.user.get_username()} in the admin")
+        self.message_user(
+            request,
+            ngettext("%(count)d job is due now.", "%(count)d jobs are due now.", len(made_due))
+            % {"count": len(made_due)},
+            messages.SUCCESS,
+        )
+        if len(ids) > len(made_due):
+            self.message_user(
+                request,
+                ngettext(
+                    "%(count)d job was not waiting (already due, running or finished) and was left alone.",
+                    "%(count)d jobs were not waiting (already due, running or finished) and were left alone.",
+                    len(ids) - len(made_due),
+                )
+                % {"count": len(ids) - len(made_due)},
+                messages.WARNING,
+            )
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("jobguard.retry_job")
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("jobguard.cancel_job")

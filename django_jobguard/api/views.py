@@ -335,7 +335,7 @@ class JobRetryView(_JobObjectView):
     """``POST jobs/{id}/retry/``: make a queued job (delayed, or waiting for a retry) due now."""
 
     required_permissions: ClassVar[dict[str, tuple[str, ...]]] = {
-        "POST": ("jobguard.view_job", "jobguard.change_job")
+        "POST": ("jobguard.view_job", "jobguard.retry_job")
     }
 
     @documented(

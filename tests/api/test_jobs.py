@@ -128,7 +128,7 @@ def test_cancel_of_a_finished_job_is_409_and_changes_nothing():
     assert snapshot() == before
 
 
-@pytest.mark.parametrize("codenames", [(), ("view_job",), ("cancel_job",), ("view_job", "change_job")])
+@pytest.mark.parametrize("codenames", [(), ("view_job",), ("cancel_job",), ("view_job", "retry_job")])
 def test_cancel_without_cancel_job_is_403_and_changes_nothing(codenames):
     job = tasks.api_add.enqueue(1)
     client, _ = as_user("someone", *codenames)
@@ -141,7 +141,7 @@ def test_cancel_without_cancel_job_is_403_and_changes_nothing(codenames):
 def test_retry_makes_a_waiting_job_due_now():
     later = timezone.now() + datetime.timedelta(hours=1)
     job = tasks.api_add.using(run_after=later).enqueue(1)
-    client, _ = as_user("operator", "view_job", "change_job")
+    client, _ = as_user("operator", "view_job", "retry_job")
     response = client.post(f"{BASE}jobs/{job.pk}/retry/", format="json")
     assert response.status_code == 200, response.content
     job.refresh_from_db()
@@ -152,7 +152,7 @@ def test_retry_makes_a_waiting_job_due_now():
 def test_retry_of_a_dead_job_is_409_pointing_at_the_replay():
     job = tasks.api_add.enqueue(1)
     Job.objects.filter(pk=job.pk).update(status="dead", finished_at=timezone.now())
-    client, _ = as_user("operator", "view_job", "change_job")
+    client, _ = as_user("operator", "view_job", "retry_job")
     before = snapshot()
     response = client.post(f"{BASE}jobs/{job.pk}/retry/", format="json")
     assert response.status_code == 409
@@ -161,7 +161,7 @@ def test_retry_of_a_dead_job_is_409_pointing_at_the_replay():
 
 
 @pytest.mark.parametrize("codenames", [(), ("view_job",), ("view_job", "cancel_job")])
-def test_retry_without_change_job_is_403_and_changes_nothing(codenames):
+def test_retry_without_retry_job_is_403_and_changes_nothing(codenames):
     later = timezone.now() + datetime.timedelta(hours=1)
     job = tasks.api_add.using(run_after=later).enqueue(1)
     client, _ = as_user("someone", *codenames)

@@ -330,7 +330,7 @@ CHICAGO_SUMMER = datetime.datetime(2026, 7, 1, 6, 52, 3, tzinfo=datetime.UTC)
 def test_times_show_seconds_and_their_zone_in_lists_detail_pages_and_the_audit_trail(client, people):
     letter = dead_charge(order_id=33, amount=0, key="charge:33")
     dlq.request_replay(letter, people.requester, "after the fix")
-    Job.objects.filter(pk=letter.job_id).update(finished_at=CHICAGO_WINTER)
+    Job.objects.filter(pk=letter.job_id).update(finished_at=CHICAGO_WINTER, started_at=CHICAGO_WINTER)
     DeadLetter.objects.filter(pk=letter.pk).update(last_failed_at=CHICAGO_SUMMER)
     ReplayEvent.objects.filter(dead_letter=letter).update(created_at=CHICAGO_WINTER)
     IdempotencyKey.objects.filter(key="charge:33").update(expires_at=CHICAGO_WINTER)

@@ -161,11 +161,11 @@ def scrape(client) -> dict[tuple[str, tuple], float]:
     return samples
 
 
-def test_metrics_view_serves_the_queue_gauges_with_three_reads(client):
+def test_metrics_view_serves_the_queue_gauges_with_four_reads(client):
     scenario()
     with CaptureQueriesContext(connection) as ctx:
         samples = scrape(client)
-    assert len(selects(ctx)) == stats.QUERIES == 3
+    assert len(selects(ctx)) == stats.QUERIES == 4
     default = (("queue", "default"),)
     assert samples[("jobguard_queue_depth", default)] == 3
     assert samples[("jobguard_queue_scheduled", default)] == 2
@@ -225,6 +225,7 @@ def test_status_table_shows_every_column_per_queue_and_a_total():
         "DLQ",
         "PENDING",
         "APPROVAL",
+        "PAUSED",
         "OK",
         "1H",
         "FAILED",
@@ -234,9 +235,9 @@ def test_status_table_shows_every_column_per_queue_and_a_total():
     assert set(rows) == {"default", "emails", "reports", "slow", "(all)"}
     assert rows["default"][:3] == ["3", "2", "1"]
     assert rows["default"][3].startswith("5m")  # 300 s and a little
-    assert rows["default"][4:] == ["3", "1", "2", "0"]
-    assert rows["emails"] == ["0", "1", "1", "0s", "0", "0", "0", "1"]
-    assert rows["(all)"][:3] == ["3", "3", "2"] and rows["(all)"][4:] == ["4", "2", "2", "1"]
+    assert rows["default"][4:] == ["3", "1", "-", "2", "0"]
+    assert rows["emails"] == ["0", "1", "1", "0s", "0", "0", "-", "0", "1"]
+    assert rows["(all)"][:3] == ["3", "3", "2"] and rows["(all)"][4:] == ["4", "2", "0", "2", "1"]
 
 
 def test_status_json_has_the_same_numbers_for_scripts():
@@ -248,9 +249,11 @@ def test_status_json_has_the_same_numbers_for_scripts():
         "queue": "default",
         "depth": 3,
         "scheduled": 2,
+        "waiting_for_retry": 0,
         "in_flight": 1,
         "dead_letters": 3,
         "pending_approvals": 1,
+        "paused": False,
         "succeeded_last_hour": 2,
         "failed_last_hour": 0,
     }

@@ -176,6 +176,17 @@ def describe_context(context) -> dict:
     }
 
 
+@task(takes_context=True, visibility_timeout=2)
+def until_cancelled(context, seconds_max: float = 120) -> str:
+    """Works in small steps until an operator asks it to stop (or the time runs out)."""
+    deadline = time.monotonic() + seconds_max
+    while time.monotonic() < deadline:
+        if context.cancel_requested:
+            return "stopped on request"
+        time.sleep(0.05)
+    return "ran out of time"
+
+
 @task(api=True)
 def api_add(a: int, b: int = 0) -> int:
     """Exposed to the REST API (tests/integration/test_api*.py)."""

@@ -23,6 +23,7 @@ _COLUMNS = (
     ("OLDEST AGE", "oldest_age_seconds"),
     ("DLQ", "dead_letters"),
     ("PENDING APPROVAL", "pending_approvals"),
+    ("PAUSED", "paused"),
     ("OK 1H", "succeeded_last_hour"),
     ("FAILED 1H", "failed_last_hour"),
 )
@@ -40,6 +41,14 @@ def format_age(seconds: float) -> str:
     return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
 
 
+def _cell(field: str, value: Any) -> str:
+    if field == "oldest_age_seconds":
+        return format_age(float(value))
+    if field == "paused":
+        return "paused" if value else "-"
+    return str(value)
+
+
 def render_table(rows: list[QueueStats]) -> str:
     """The queues as a fixed-width text table, with a total line when there are several."""
     cells = []
@@ -47,13 +56,16 @@ def render_table(rows: list[QueueStats]) -> str:
         line = []
         for _, field in _COLUMNS:
             value = getattr(stats, field)
-            line.append(format_age(value) if field == "oldest_age_seconds" else str(value))
+            line.append(_cell(field, value))
         cells.append(line)
     if len(rows) > 1:
         total = ["(all)"]
         for _, field in _COLUMNS[1:]:
             values = [getattr(stats, field) or 0 for stats in rows]
-            total.append(format_age(max(values)) if field == "oldest_age_seconds" else str(sum(values)))
+            if field == "paused":
+                total.append(str(sum(values)))  # how many queues are paused
+            else:
+                total.append(format_age(max(values)) if field == "oldest_age_seconds" else str(sum(values)))
         cells.append(total)
     headers = [header for header, _ in _COLUMNS]
     widths = [max(len(headers[i]), *(len(line[i]) for line in cells)) for i in range(len(headers))]
@@ -95,8 +107,8 @@ def render_schedules(rows: list[ScheduleStats]) -> str:
 class Command(BaseCommand):
     help = (
         "Show each queue: jobs due (depth), scheduled and in flight, the oldest due job's age, "
-        "dead letters, replays awaiting approval, and successes/failures in the last hour; then "
-        "each schedule: its state, next and last tick, and the last tick's job."
+        "dead letters, replays awaiting approval, whether it is paused, and successes/failures in "
+        "the last hour; then each schedule: its state, next and last tick, and the last tick's job."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -1,0 +1,138 @@
+"""The queue health page (the "Queues" entry of the admin) with pause and resume, and the audit trail.
+
+The page is the change list of :class:`~django_jobguard.models.QueueState`, so it is
+linked from the admin index and the app index of whichever admin site registers it. Its
+figures come from :func:`django_jobguard.health.queue_health` (a fixed number of indexed
+queries); pause and resume call :mod:`django_jobguard.queues`, which checks
+``jobguard.pause_queue`` again whatever the page showed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.translation import gettext_lazy as _
+
+from .. import health, queues
+from ..conf import get_settings
+from ..exceptions import QueueError, QueuePermissionDenied
+from ..models import QueueEvent, QueueState
+from .base import ReadOnlyAdmin, format_time, refusal
+from .charts import bar_chart
+
+#: Seconds between two reloads of the health page while it is open.
+REFRESH_SECONDS = 15
+#: Pauses and resumes listed under the table.
+RECENT_EVENTS = 10
+
+
+@admin.register(QueueState)
+class QueueHealthAdmin(admin.ModelAdmin):
+    """Every queue's depth, age, dead letters and pause state, with last-hour charts."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Whoever may read jobs may read the queues they make up.
+        user = request.user
+        return bool(
+            user.has_perm("jobguard.view_queuestate")
+            or user.has_perm("jobguard.view_job")
+            or queues.can_pause(user)
+        )
+
+    def get_urls(self) -> list[URLPattern]:
+        info = self.opts.app_label, self.opts.model_name
+        wrap = self.admin_site.admin_view
+        return [
+            path("pause/", wrap(self.pause_view), name="{}_{}_pause".format(*info)),
+            path("resume/", wrap(self.resume_view), name="{}_{}_resume".format(*info)),
+            *super().get_urls()[:1],  # the change list only: a queue has no change form
+        ]
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            return refusal(
+                request,
+                self,
+                str(_("Queues")),
+                "Viewing queue health needs the jobguard.view_job permission.",
+            )
+        alias = get_settings().database_alias
+        wanted = request.GET.get("queue") or None
+        report = health.queue_health(alias, queue=wanted)
+        states = {state.queue: state for state in queues.states(using=alias)}
+        events = list(QueueEvent.objects.using(alias).order_by("-created_at", "-id")[:RECENT_EVENTS])
+        rows = []
+        for stats in report.queues:
+            state = states.get(stats.queue)
+            rows.append(
+                {
+                    "stats": stats,
+                    "since": format_time(state.changed_at) if state and stats.paused else "",
+                    "by": state.changed_by if state and stats.paused else "",
+                    "reason": state.reason if state and stats.paused else "",
+                }
+            )
+        charts = [
+            (title, bar_chart(title, report.minutes, report.series[key], unit=unit, css_class=key))
+            for key, title, unit in health.SERIES
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Queue health"),
+            "rows": rows,
+            "charts": charts,
+            "chart_queue": wanted,
+            "events": [(event, format_time(event.created_at)) for event in events],
+            "generated_at": format_time(report.generated_at),
+            "refresh_seconds": REFRESH_SECONDS,
+            "can_pause": queues.can_pause(request.user),
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "django_jobguard/admin/queue_health.html", context)
+
+    def pause_view(self, request: HttpRequest) -> HttpResponse:
+        return self._change(request, queues.pause, "Pause", "paused")
+
+    def resume_view(self, request: HttpRequest) -> HttpResponse:
+        return self._change(request, queues.resume, "Resume", "resumed")
+
+    def _change(self, request: HttpRequest, change: Any, title: str, verb: str) -> HttpResponse:
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        name = request.POST.get("queue", "")
+        try:
+            result = change(name, user=request.user, reason=request.POST.get("reason", ""))
+        except QueuePermissionDenied as exc:
+            return refusal(request, self, f"{title} queue {name}", str(exc))
+        except QueueError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+        else:
+            if result.changed:
+                self.message_user(request, f"Queue {result.queue!r} {verb}.", messages.SUCCESS)
+            else:
+                self.message_user(request, f"Queue {result.queue!r} was already {verb}.", messages.WARNING)
+        return HttpResponseRedirect(reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist"))
+
+
+@admin.register(QueueEvent)
+class QueueEventAdmin(ReadOnlyAdmin):
+    """The audit trail of pauses and resumes."""
+
+    list_display = ["created_at", "queue_name", "action", "actor_name", "reason"]
+    list_filter = ["action", "queue_name"]
+    search_fields = ["queue_name", "actor_name", "reason"]
+    show_full_result_count = False

@@ -1,0 +1,94 @@
+"""The workers page: one row per worker process, from the heartbeat row it upserts (beats.py)."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import admin
+from django.db.models import BooleanField, Case, QuerySet, Value, When
+from django.db.models.functions import Now
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
+
+from .. import beats
+from ..models import JobStatus, WorkerBeat
+from .base import ReadOnlyAdmin
+
+
+def _stale_cutoff() -> Any:
+    return Now() - datetime.timedelta(seconds=beats.STALE_AFTER_SECONDS)
+
+
+class StaleFilter(admin.SimpleListFilter):
+    """Live or stale, by the database clock (the clock the beats are written with)."""
+
+    title = _("heartbeat")
+    parameter_name = "stale"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("no", _("live")), ("yes", _("stale (missed three beats)"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[WorkerBeat]) -> QuerySet[WorkerBeat]:
+        if self.value() == "yes":
+            return queryset.filter(last_beat_at__lt=_stale_cutoff())
+        if self.value() == "no":
+            return queryset.filter(last_beat_at__gte=_stale_cutoff())
+        return queryset
+
+
+@admin.register(WorkerBeat)
+class WorkerAdmin(ReadOnlyAdmin):
+    list_display = [
+        "worker_id",
+        "liveness",
+        "host",
+        "pid",
+        "queues",
+        "concurrency",
+        "jobs_in_hand_link",
+        "started_at",
+        "last_beat_at",
+    ]
+    list_filter = [StaleFilter, "host"]
+    search_fields = ["worker_id", "host"]
+    show_full_result_count = False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WorkerBeat]:
+        # The stale flag is computed by the database, whose clock wrote last_beat_at.
+        queryset: QuerySet[WorkerBeat] = super().get_queryset(request)
+        return queryset.annotate(
+            is_stale=Case(
+                When(last_beat_at__lt=_stale_cutoff(), then=Value(True)),
+                default=Value(False),
+                output_field=BooleanField(),
+            )
+        )
+
+    @admin.display(description=_("heartbeat"), ordering="last_beat_at")
+    def liveness(self, obj: WorkerBeat) -> SafeString:
+        stale = getattr(obj, "is_stale", None)
+        if stale is None:
+            stale = beats.is_stale(obj.last_beat_at)
+        if stale:
+            return format_html(
+                '<span class="jobguard-badge state-stale" style="background:#ba2121;color:#fff;'
+                'padding:1px 6px;border-radius:8px">{}</span>',
+                _("stale"),
+            )
+        return format_html(
+            '<span class="jobguard-badge state-live" style="background:#2e7d32;color:#fff;'
+            'padding:1px 6px;border-radius:8px">{}</span>',
+            _("live"),
+        )
+
+    @admin.display(description=_("jobs in hand"), ordering="jobs_in_hand")
+    def jobs_in_hand_link(self, obj: WorkerBeat) -> SafeString:
+        query = urlencode({"worker_id": obj.worker_id, "status__exact": JobStatus.RUNNING})
+        return format_html(
+            '<a href="{}?{}">{}</a>', reverse("admin:jobguard_job_changelist"), query, obj.jobs_in_hand
+        )

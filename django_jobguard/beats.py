@@ -1,0 +1,200 @@
+"""Worker heartbeat rows and per-minute outcome counts: what the admin's workers and health pages read.
+
+A worker's heartbeat thread calls :meth:`Beat.maybe_beat` on every tick; once per
+:data:`WORKER_BEAT_INTERVAL_SECONDS` it writes one upsert of its
+:class:`~django_jobguard.models.WorkerBeat` row and one upsert of the outcome counts
+gathered since (:func:`count`, called where the worker records its metrics), so a job
+costs no statement of its own. Once a minute it also samples each queue's oldest due age
+and prunes rows older than :data:`KEEP_SECONDS`.
+
+Minutes are the worker's wall clock (UTC), truncated; last-beat times are the database's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import connections
+from django.utils import timezone
+
+__all__ = [
+    "OUTCOMES",
+    "STALE_AFTER_SECONDS",
+    "WORKER_BEAT_INTERVAL_SECONDS",
+    "Beat",
+    "count",
+    "is_stale",
+]
+
+#: Seconds between two heartbeat rows (and outcome flushes) of one worker.
+WORKER_BEAT_INTERVAL_SECONDS = 5.0
+#: A worker whose last beat is older than this is marked stale (three missed beats).
+STALE_AFTER_SECONDS = 3 * WORKER_BEAT_INTERVAL_SECONDS
+#: Seconds between two samples of the oldest due ages (one grouped query over due rows).
+OLDEST_AGE_SAMPLE_SECONDS = 60.0
+#: Per-minute rows and worker rows older than this are deleted by the writers.
+KEEP_SECONDS = 24 * 3600
+#: What :func:`count` counts, in the order of the per-minute columns.
+OUTCOMES = ("succeeded", "failed", "retried", "dead_lettered")
+#: Minutes held in memory at most, so a process that never flushes (a web process
+#: that dead-letters) cannot grow without bound.
+_MAX_PENDING_BUCKETS = 10_000
+
+_pending: dict[tuple[str, int], list[int]] = {}
+_pending_lock = threading.Lock()
+
+
+def count(queue: str, outcome: str) -> None:
+    """Count one outcome of ``queue`` in the current minute (in memory, flushed by a beat)."""
+    minute = int(time.time() // 60)
+    with _pending_lock:
+        bucket = _pending.get((queue, minute))
+        if bucket is None:
+            if len(_pending) >= _MAX_PENDING_BUCKETS:
+                _pending.pop(next(iter(_pending)))
+            bucket = _pending[(queue, minute)] = [0, 0, 0, 0]
+        bucket[OUTCOMES.index(outcome)] += 1
+
+
+def _take_pending() -> dict[tuple[str, int], list[int]]:
+    global _pending
+    with _pending_lock:
+        taken, _pending = _pending, {}
+    return taken
+
+
+def _give_back(taken: dict[tuple[str, int], list[int]]) -> None:
+    with _pending_lock:
+        for key, values in taken.items():
+            bucket = _pending.setdefault(key, [0, 0, 0, 0])
+            for index, value in enumerate(values):
+                bucket[index] += value
+
+
+def is_stale(last_beat_at: datetime.datetime, now: datetime.datetime | None = None) -> bool:
+    """Whether a worker whose last beat was at ``last_beat_at`` missed three beats."""
+    now = now or timezone.now()
+    return (now - last_beat_at).total_seconds() > STALE_AFTER_SECONDS
+
+
+class Beat:
+    """Writes one worker's heartbeat row and the outcome counts, once per interval."""
+
+    def __init__(
+        self, *, worker_id: str, alias: str, queues: Sequence[str] | None, concurrency: int, pid: int
+    ) -> None:
+        self.worker_id = worker_id
+        self.alias = alias
+        self.queues = ",".join(queues) if queues else "*"
+        self.concurrency = concurrency
+        self.pid = pid
+        self.host = socket.gethostname()[:255]
+        self.started_at = timezone.now()
+        self._next_beat = 0.0
+        self._next_sample = 0.0
+
+    def maybe_beat(self, now: float, jobs_in_hand: int) -> bool:
+        """Beat if the interval has passed since the last one; whether it did."""
+        if now < self._next_beat:
+            return False
+        self._next_beat = now + WORKER_BEAT_INTERVAL_SECONDS
+        self.beat(jobs_in_hand)
+        if now >= self._next_sample:
+            self._next_sample = now + OLDEST_AGE_SAMPLE_SECONDS
+            self.sample_oldest_ages()
+            self.prune()
+        return True
+
+    def beat(self, jobs_in_hand: int) -> None:
+        """Upsert this worker's row and add the pending outcome counts (two statements)."""
+        from .models import WorkerBeat
+
+        connection = connections[self.alias]
+        ops = connection.ops
+        table = WorkerBeat._meta.db_table
+        # The same SQL on both back ends: INSERT ... ON CONFLICT is PostgreSQL's and SQLite's.
+        sql = (
+            f"INSERT INTO {table} (worker_id, host, pid, queues, concurrency, started_at, last_beat_at, "
+            "jobs_in_hand) VALUES (%s, %s, %s, %s, %s, %s, CURRENT_TIMESTAMP, %s) "
+            "ON CONFLICT (worker_id) DO UPDATE SET last_beat_at = CURRENT_TIMESTAMP, "
+            "jobs_in_hand = excluded.jobs_in_hand"
+        )
+        params: list[Any] = [
+            self.worker_id,
+            self.host,
+            self.pid,
+            self.queues[:1000],
+            self.concurrency,
+            ops.adapt_datetimefield_value(self.started_at),
+            jobs_in_hand,
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+        self.flush()
+
+    def flush(self) -> None:
+        """Add the outcome counts gathered since the last flush to their minutes (one statement)."""
+        from .models import QueueMinute
+
+        taken = _take_pending()
+        if not taken:
+            return
+        connection = connections[self.alias]
+        table = QueueMinute._meta.db_table
+        rows = []
+        params: list[Any] = []
+        for (queue, minute), values in sorted(taken.items()):
+            rows.append("(%s, %s, %s, %s, %s, %s)")
+            at = datetime.datetime.fromtimestamp(minute * 60, tz=datetime.UTC)
+            params += [queue, connection.ops.adapt_datetimefield_value(at), *values]
+        added = ", ".join(f"{column} = {table}.{column} + excluded.{column}" for column in OUTCOMES)
+        sql = (
+            f"INSERT INTO {table} (queue_name, minute, {', '.join(OUTCOMES)}) VALUES {', '.join(rows)} "
+            f"ON CONFLICT (queue_name, minute) DO UPDATE SET {added}"
+        )
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+        except Exception:
+            _give_back(taken)  # counted again at the next beat
+            raise
+
+    def sample_oldest_ages(self) -> None:
+        """Record each queue's oldest due age in this minute (the largest sample wins)."""
+        from .stats import oldest_due_ages
+
+        ages = oldest_due_ages(self.alias)
+        if not ages:
+            return
+        from .models import QueueMinute
+
+        connection = connections[self.alias]
+        table = QueueMinute._meta.db_table
+        at = datetime.datetime.fromtimestamp(int(time.time() // 60) * 60, tz=datetime.UTC)
+        minute = connection.ops.adapt_datetimefield_value(at)
+        rows = ", ".join(["(%s, %s, %s)"] * len(ages))
+        params: list[Any] = []
+        for queue, age in sorted(ages.items()):
+            params += [queue, minute, age]
+        sql = (
+            f"INSERT INTO {table} (queue_name, minute, oldest_age_seconds) VALUES {rows} "
+            "ON CONFLICT (queue_name, minute) DO UPDATE SET oldest_age_seconds = "
+            f"CASE WHEN {table}.oldest_age_seconds IS NULL "
+            f"OR {table}.oldest_age_seconds < excluded.oldest_age_seconds "
+            f"THEN excluded.oldest_age_seconds ELSE {table}.oldest_age_seconds END"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+
+    def prune(self) -> None:
+        """Delete per-minute rows and worker rows older than a day (indexed range deletes)."""
+        from .models import QueueMinute, WorkerBeat
+
+        cutoff = timezone.now() - datetime.timedelta(seconds=KEEP_SECONDS)
+        QueueMinute.objects.using(self.alias).filter(minute__lt=cutoff).delete()
+        WorkerBeat.objects.using(self.alias).filter(last_beat_at__lt=cutoff).delete()

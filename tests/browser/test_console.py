@@ -1,0 +1,99 @@
+"""End to end in a real browser: an operator watches the queue health page, pauses a queue,
+sees its depth grow while a real worker claims nothing from it, and resumes it.
+
+Playwright drives the system's Chromium (``/usr/bin/chromium``; Playwright's own browser
+download is not used). Screenshots of the pages land in ``artifacts/browser/``; the ones the
+docs show are copied to ``docs/images/`` when ``JOBGUARD_UPDATE_DOC_IMAGES=1``. Run with
+``pip install --group browser`` and ``pytest -m browser``.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+from django.contrib.auth.models import Permission, User
+
+from django_jobguard.models import Job
+from tests.browser.conftest import CHROMIUM, shot
+from tests.conftest import wait_for
+from tests.testapp import tasks
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright: pip install --group browser")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.processes,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"),
+]
+
+
+def row_text(page, queue):
+    return page.locator(f"#queue-{queue}").inner_text()
+
+
+def test_an_operator_pauses_a_queue_sees_it_fill_without_claims_and_resumes_it(
+    live_server, workers, browser_page
+):
+    operator = User.objects.create_user("operator", password="console-test", is_staff=True)  # noqa: S106
+    for codename in ("view_job", "pause_queue", "view_workerbeat"):
+        operator.user_permissions.add(Permission.objects.get(codename=codename))
+    worker = workers.start(
+        "--worker-id", "w-browser", "--poll-interval", "0.2", "--queue", "held", "--queue", "free"
+    )
+    workers.wait_started(worker)
+    page = browser_page
+
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/")
+    page.fill("#id_username", "operator")
+    page.fill("#id_password", "console-test")
+    page.click("input[type=submit]")
+    page.click("text=Queues")  # linked from the admin index
+    assert page.url.endswith("/admin/jobguard/queuestate/")
+
+    # The page lists every queue with jobs: "held" has one scheduled for later.
+    tasks.add.using(queue_name="held", run_after=datetime.timedelta(hours=1)).enqueue(0)
+    page.reload()
+    page.fill("#queue-held input[name=reason]", "provider returns 503")
+    page.click("#queue-held button[name=pause]")
+    assert "Queue 'held' paused." in page.inner_text(".messagelist")
+    assert "paused" in row_text(page, "held") and "provider returns 503" in row_text(page, "held")
+
+    waiting = [tasks.add.using(queue_name="held").enqueue(n, 1) for n in range(3)]
+    sibling = tasks.add.using(queue_name="free").enqueue(7)
+    wait_for(
+        lambda: Job.objects.get(pk=sibling.pk).status == "succeeded", timeout=60, message="the free queue"
+    )
+    page.reload()
+    assert page.locator("#queue-held .depth").inner_text() == "3"  # the depth grew
+    assert page.locator("#queue-held .in-flight").inner_text() == "0"  # and nothing is claimed
+    assert set(Job.objects.filter(pk__in=[j.pk for j in waiting]).values_list("status", "attempts")) == {
+        ("queued", 0)
+    }
+    shot(page, "queue-health-paused")
+
+    page.click("#queue-held button[name=resume]")
+    assert "Queue 'held' resumed." in page.inner_text(".messagelist")
+    wait_for(
+        lambda: Job.objects.filter(pk__in=[j.pk for j in waiting], status="succeeded").count() == 3,
+        timeout=60,
+        message="the resumed queue's jobs",
+    )
+    page.reload()
+    assert page.locator("#queue-held .depth").inner_text() == "0"
+    assert "running" in row_text(page, "held")
+    shot(page, "queue-health")
+
+    # The job list fits a 1,366 px laptop screen once the admin's side bar is closed.
+    page.evaluate("localStorage.setItem('django.admin.navSidebarIsOpen', 'false')")
+    page.goto(f"{live_server.url}/admin/jobguard/job/")
+    assert page.locator(".jobguard-badge.state-succeeded").count() >= 4
+    last_column = page.locator("#result_list th.column-error_preview").bounding_box()
+    assert last_column["x"] + last_column["width"] <= 1366, last_column
+    shot(page, "job-list", full_page=False)  # the filter column runs far below the list
+    page.goto(f"{live_server.url}/admin/jobguard/workerbeat/")
+    wait_for(
+        lambda: (page.reload(), "w-browser" in page.content())[1], timeout=30, message="the workers page"
+    )
+    assert page.locator(".state-live").count() == 1
+    shot(page, "workers")

@@ -1,0 +1,110 @@
+"""Safe bulk actions: retry now, cancel (queued at once, running by request), replay with an estimate."""
+
+import datetime
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import override_settings
+from django.urls import reverse
+from django.utils import timezone
+
+from django_jobguard import dlq, jobs
+from django_jobguard.models import DeadLetter, Job
+from tests.dlq_support import dead_charge
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db
+
+JOBS = reverse("admin:jobguard_job_changelist")
+
+
+def staff(client, *perms):
+    person = User.objects.create_user("ops", is_staff=True)
+    for perm in perms:
+        person.user_permissions.add(Permission.objects.get(codename=perm))
+    client.force_login(person)
+    return person
+
+
+def make_running(job):
+    Job.objects.filter(pk=job.pk).update(
+        status="running",
+        lease_token="t" * 32,
+        lease_expires_at=timezone.now() + datetime.timedelta(minutes=1),
+    )
+
+
+def test_retry_now_makes_only_waiting_jobs_due():
+    waiting = tasks.add.using(run_after=datetime.timedelta(hours=1)).enqueue(1)
+    due = tasks.add.enqueue(2)
+    running = tasks.add.using(run_after=datetime.timedelta(hours=1)).enqueue(3)
+    make_running(running)
+    assert jobs.retry_now([waiting.pk, due.pk, running.pk]) == [waiting.pk]
+    assert set(Job.objects.due().values_list("pk", flat=True)) == {waiting.pk, due.pk}
+    waiting.refresh_from_db()
+    assert waiting.attempts == 0
+
+
+def test_request_cancel_flags_running_jobs_only():
+    queued = tasks.add.enqueue(1)
+    running = tasks.add.enqueue(2)
+    make_running(running)
+    assert jobs.request_cancel([queued.pk, running.pk]) == [running.pk]
+    assert list(Job.objects.filter(cancel_requested=True).values_list("pk", flat=True)) == [running.pk]
+
+
+def test_the_cancel_action_cancels_queued_jobs_and_asks_running_ones(client):
+    staff(client, "view_job", "cancel_job")
+    queued = tasks.add.enqueue(1)
+    running = tasks.add.enqueue(2)
+    make_running(running)
+    response = client.post(
+        JOBS, {"action": "cancel_jobs", "_selected_action": [queued.pk, running.pk]}, follow=True
+    )
+    html = response.content.decode()
+    assert "1 job cancelled." in html
+    assert "1 running job was asked to stop" in html and "nothing is killed" in html
+    assert Job.objects.get(pk=queued.pk).status == "cancelled"
+    running.refresh_from_db()
+    assert (running.status, running.cancel_requested) == ("running", True)
+
+
+def test_the_retry_action_needs_its_permission(client):
+    staff(client, "view_job")
+    waiting = tasks.add.using(run_after=datetime.timedelta(hours=1)).enqueue(1)
+    assert "retry_jobs_now" not in client.get(JOBS).content.decode()
+    client.post(JOBS, {"action": "retry_jobs_now", "_selected_action": [waiting.pk]})
+    assert not Job.objects.due().exists()
+
+
+def test_the_retry_action_makes_the_selection_due(client):
+    staff(client, "view_job", "retry_job")
+    waiting = tasks.add.using(run_after=datetime.timedelta(hours=1)).enqueue(1)
+    due = tasks.add.enqueue(2)
+    response = client.post(
+        JOBS, {"action": "retry_jobs_now", "_selected_action": [waiting.pk, due.pk]}, follow=True
+    )
+    html = response.content.decode()
+    assert "1 job is due now." in html and "1 job was not waiting" in html
+    assert Job.objects.due().count() == 2
+
+
+@pytest.mark.django_db(transaction=True)  # dead_charge runs a worker in this process
+@override_settings(JOBGUARD={"REPLAY": {"RATE_PER_MINUTE": 2}})
+def test_the_bulk_replay_confirmation_says_how_many_and_how_long_the_throttle_takes(client):
+    staff(client, "view_deadletter", "request_replay")
+    letters = [dead_charge(order_id=20 + i, amount=0) for i in range(3)]
+    ahead = dead_charge(order_id=99, amount=0)
+    DeadLetter.objects.filter(pk=ahead.pk).update(replay_state="approved")
+    assert dlq.redrive_estimate(3).seconds == 120.0  # (1 ahead + 3) at 2 a minute
+    url = reverse("admin:jobguard_deadletter_changelist")
+    confirm = client.post(url, {"action": "request_replays", "_selected_action": [x.pk for x in letters]})
+    html = confirm.content.decode()
+    assert "3 dead letters selected" in html
+    assert "these 3 replays are redriven at most 2 a minute" in html
+    assert "after the 1 approved replays already waiting: about 2 minutes" in html
+    # "Select all" of a filter sends select_across: every matching letter, not just the page.
+    everything = client.post(
+        url, {"action": "request_replays", "select_across": "1", "_selected_action": [letters[0].pk]}
+    )
+    assert "these 4 replays" in everything.content.decode()

@@ -1,0 +1,68 @@
+"""A real worker upserts its heartbeat row and its outcome counts; the workers page shows it."""
+
+import datetime
+import socket
+
+import pytest
+from django.contrib.auth.models import Permission, User
+
+from django_jobguard.models import QueueMinute, WorkerBeat
+from tests.conftest import wait_for
+from tests.testapp import tasks
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
+
+
+def beat_of(worker_id):
+    return WorkerBeat.objects.filter(worker_id=worker_id).first()
+
+
+def test_a_worker_reports_itself_its_jobs_in_hand_and_its_outcomes(workers, client):
+    worker = workers.start(
+        "--worker-id", "beating", "--queue", "default", "--queue", "slow", "--concurrency", "2"
+    )
+    wait_for(lambda: beat_of("beating") is not None, timeout=60, message="the worker's first beat")
+    row = beat_of("beating")
+    assert (row.host, row.pid, row.queues, row.concurrency) == (
+        socket.gethostname(),
+        worker.pid,
+        "default,slow",
+        2,
+    )
+    first_beat = row.last_beat_at
+    tasks.short_lease_plain.enqueue("beat", seconds=8)  # not atomic: SQLite can write meanwhile
+    wait_for(lambda: beat_of("beating").jobs_in_hand == 1, timeout=60, message="a beat with the job in hand")
+    assert beat_of("beating").last_beat_at > first_beat
+    for n in range(3):
+        tasks.add.enqueue(n)
+    wait_for(
+        lambda: (
+            sum(QueueMinute.objects.filter(queue_name="default").values_list("succeeded", flat=True)) == 4
+        ),
+        timeout=60,
+        message="the four successes (three adds, the slow job) counted by a beat",
+    )
+
+    person = User.objects.create_user("ops", is_staff=True)
+    person.user_permissions.add(Permission.objects.get(codename="view_workerbeat"))
+    client.force_login(person)
+    html = client.get("/admin/jobguard/workerbeat/").content.decode()
+    assert "beating" in html and "state-live" in html and "state-stale" not in html
+    assert "worker_id=beating&amp;status__exact=running" in html
+    # A worker that stopped beating (killed: no chance to say goodbye) is marked stale.
+    worker.kill()
+    worker.wait(timeout=10)
+    WorkerBeat.objects.filter(pk="beating").update(
+        last_beat_at=beat_of("beating").last_beat_at - datetime.timedelta(minutes=5)
+    )
+    html = client.get("/admin/jobguard/workerbeat/").content.decode()
+    assert "state-stale" in html
+    assert (
+        client.get("/admin/jobguard/workerbeat/", {"stale": "yes"}).content.decode().count("state-stale") == 1
+    )
+    assert (
+        "beating"
+        not in client.get("/admin/jobguard/workerbeat/", {"stale": "no"})
+        .content.decode()
+        .split("<tbody>")[-1]
+    )
