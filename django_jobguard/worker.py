@@ -34,7 +34,7 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from . import _dispatch, _faults, dlq, idempotency, leasing, metrics, retry, signals
-from .conf import RetryPolicy, get_settings
+from .conf import WORKER_ID_MAX_LENGTH, RetryPolicy, get_settings
 from .context import JobContext
 from .enqueue import normalize_json
 from .exceptions import InvalidArgumentsError, LeaseLost, LockNotAcquired, LockUnavailable
@@ -93,6 +93,11 @@ class _Held:
     lease_lost: bool = False
 
 
+def default_worker_id() -> str:
+    """``host:pid:random``: unique across hosts, and across restarts that reuse a pid (containers)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"[:WORKER_ID_MAX_LENGTH]
+
+
 class Worker:
     """Runs jobs of some queues until stopped. ``manage.py jobguard_worker`` builds one."""
 
@@ -122,7 +127,7 @@ class Worker:
         self._valid_shapes: set[tuple[str, int, tuple[str, ...]]] = set()
         self.burst = burst
         self.max_jobs = max_jobs
-        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.worker_id = worker_id or conf.worker_id or default_worker_id()
         self.alias = database_alias or conf.database_alias
         self.poll_interval = poll_interval if poll_interval is not None else conf.poll_interval
         self.reaper_interval = reaper_interval if reaper_interval is not None else conf.reaper_interval
@@ -150,7 +155,7 @@ class Worker:
         """Run until stopped (or, with ``burst``, until nothing is due). Returns the exit code."""
         if self.install_signal_handlers:
             self._install_signal_handlers()
-        listener = self._listener = leasing.Listener(self.alias, self.queues)
+        listener = self._listener = leasing.Listener(get_settings().listen_alias(self.alias), self.queues)
         if not self.burst:
             # LISTEN before announcing readiness, so no enqueue after "worker_started" is missed.
             listener.start()
