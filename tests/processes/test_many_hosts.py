@@ -1,0 +1,94 @@
+"""Many workers (as on many hosts) run maintenance at once: one transition per expired lease."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+from django.db import connection
+
+from django_jobguard import dlq, leasing
+from django_jobguard.models import DeadLetter, Job
+from tests.conftest import wait_for
+from tests.dlq_support import make_user
+from tests.testapp import tasks
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
+
+#: Worker processes racing over the same expired leases, each named as if on its own host.
+REAPERS = 6
+EXPIRED = 240
+#: Within the default replay throttle's 10-second burst (60 a minute), so redrive is not paced.
+EXHAUSTED = 10
+
+
+def expire_all_leases() -> None:
+    """Move every running lease into the past, in one statement, on the database clock."""
+    past = (
+        "statement_timestamp() - interval '1 second'"
+        if connection.vendor == "postgresql"
+        else "strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 seconds')"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE jobguard_job SET lease_expires_at = {past} WHERE status = 'running'")
+
+
+def test_workers_running_maintenance_at_once_reap_dead_letter_and_redrive_each_job_once(
+    workers,
+):
+    tasks.add.bulk_enqueue([((index,), {}) for index in range(EXPIRED + EXHAUSTED)])
+    # A "ghost" worker on a vanished host holds them all; some are on their last attempt.
+    held = leasing.claim("default", None, EXPIRED + EXHAUSTED, "gone-host:1:abcdef")
+    assert len(held) == EXPIRED + EXHAUSTED
+    last_attempt = sorted(job.id for job in held)[:EXHAUSTED]
+    Job.objects.filter(pk__in=last_attempt).update(max_attempts=1)
+    # The reapers take no jobs (their queue is empty), so each row moves only by reaping.
+    procs = [
+        workers.start(
+            "--queue", "nothing-here", "--reaper-interval", "0.05", "--worker-id", f"host-{index}:{index}:r"
+        )
+        for index in range(REAPERS)
+    ]
+    for proc in procs:
+        workers.wait_started(proc)
+    expire_all_leases()  # every reaper's next pass sees all of them at once
+    wait_for(
+        lambda: not Job.objects.filter(status="running").exists(),
+        timeout=120,
+        message="the reapers to settle every expired lease",
+    )
+    wait_for(
+        lambda: DeadLetter.objects.count() >= EXHAUSTED,
+        timeout=60,
+        message="the exhausted jobs' dead letters",
+    )
+    returned = Job.objects.exclude(pk__in=last_attempt)
+    assert set(returned.values_list("status", "reappearances", "attempts").distinct()) == {("queued", 1, 1)}
+    assert set(Job.objects.filter(pk__in=last_attempt).values_list("status", flat=True)) == {"dead"}
+    letters = Counter(DeadLetter.objects.values_list("job_id", flat=True))
+    assert sorted(letters) == last_attempt
+    assert set(letters.values()) == {1}
+    # Every worker's log together names each returned job exactly once.
+    logged = Counter(
+        int(job_id)
+        for proc in procs
+        for job_id in re.findall(r"lease_expired job_id=(\d+)", workers.log(proc))
+    )
+    assert sorted(logged) == sorted(returned.values_list("pk", flat=True))
+    assert set(logged.values()) == {1}
+
+    # Approved replays: every worker's redrive pass races for them; each letter makes one job.
+    requester = make_user("rita", "request_replay", "view_deadletter")
+    approver = make_user("amir", "approve_replay", "view_deadletter")
+    for letter in DeadLetter.objects.all():
+        dlq.request_replay(letter, requester, "host came back")
+        dlq.approve_replay(letter, approver, "ok")
+    wait_for(
+        lambda: DeadLetter.objects.filter(replay_state="replayed").count() == EXHAUSTED,
+        timeout=120,
+        message="the workers to redrive every approved replay",
+    )
+    replays = Job.objects.filter(replayed_from__isnull=False)
+    assert Counter(replays.values_list("replayed_from__job_id", flat=True)) == Counter(last_attempt)
+    assert Job.objects.count() == EXPIRED + 2 * EXHAUSTED
