@@ -62,6 +62,9 @@ DEFAULTS: dict[str, Any] = {
     "BATCH_SIZE": 0,
     # Worker: seconds in-flight jobs get to finish after SIGTERM before they are handed back.
     "SHUTDOWN_GRACE": 30.0,
+    # Worker: a file the heartbeat thread touches (at most once a second) while it runs, for a
+    # liveness probe (e.g. Kubernetes exec: fail when older than a minute); "" for none.
+    "LIVENESS_FILE": "",
     # Worker: its name in job rows and logs; "" means host:pid:random (unique across hosts).
     # Set it per container (e.g. from the pod name); --worker-id overrides it.
     "WORKER_ID": "",
@@ -274,6 +277,7 @@ class Settings:
     batch_size: int
     shutdown_grace: float
     worker_id: str
+    liveness_file: str
     pooled_databases: frozenset[str]
     listen_database: str
     locks: LockSettings
@@ -387,6 +391,9 @@ def parse(raw: Any) -> Settings:
     worker_id = merged["WORKER_ID"]
     if not isinstance(worker_id, str) or len(worker_id) > WORKER_ID_MAX_LENGTH:
         raise _fail(("WORKER_ID",), f"must be a string of at most {WORKER_ID_MAX_LENGTH} characters.")
+    liveness_file = merged["LIVENESS_FILE"]
+    if not isinstance(liveness_file, str):
+        raise _fail(("LIVENESS_FILE",), f"must be a file path (a string), not {liveness_file!r}.")
     pooled = _aliases(merged["POOLED_DATABASES"], ("POOLED_DATABASES",))
     for alias in sorted(pooled):
         _database_alias(alias, ("POOLED_DATABASES",))
@@ -419,6 +426,7 @@ def parse(raw: Any) -> Settings:
         batch_size=_integer(merged["BATCH_SIZE"], ("BATCH_SIZE",), minimum=0),
         shutdown_grace=_number(merged["SHUTDOWN_GRACE"], ("SHUTDOWN_GRACE",)),
         worker_id=worker_id,
+        liveness_file=liveness_file,
         pooled_databases=pooled,
         listen_database=listen,
         locks=LockSettings(

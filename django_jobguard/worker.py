@@ -50,6 +50,8 @@ __all__ = ["Worker"]
 HEARTBEAT_TICK_SECONDS = 0.25
 #: Leases are renewed when this fraction of the visibility timeout has passed.
 HEARTBEAT_FRACTION = 1 / 3
+#: Seconds between two touches of JOBGUARD["LIVENESS_FILE"] by the heartbeat thread.
+LIVENESS_TOUCH_SECONDS = 1.0
 #: Back-off after a database error in the loop (the connection is reopened), doubling to the max.
 DB_ERROR_BACKOFF_SECONDS = 0.5
 DB_ERROR_BACKOFF_MAX_SECONDS = 5.0
@@ -145,6 +147,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._abandoned = 0
         self._next_prune = 0.0
+        self._liveness_touched_at = -LIVENESS_TOUCH_SECONDS
         self._listener: leasing.Listener | None = None
         self.claimed = 0
         self.processed = 0
@@ -848,6 +851,7 @@ class Worker:
             while not self._heartbeat_stop.wait(HEARTBEAT_TICK_SECONDS):
                 try:
                     self._heartbeat_once()
+                    self._touch_liveness_file()
                 except (DatabaseError, InterfaceError):
                     logger.warning("heartbeat_failed worker_id=%s", self.worker_id, exc_info=True)
                     connections[self.alias].close()
@@ -855,6 +859,19 @@ class Worker:
                     logger.exception("heartbeat_crashed worker_id=%s", self.worker_id)
         finally:
             connections.close_all()
+
+    def _touch_liveness_file(self) -> None:
+        """Show a liveness probe that heartbeats still run (skipped while they fail)."""
+        path = get_settings().liveness_file
+        now = time.monotonic()
+        if not path or now - self._liveness_touched_at < LIVENESS_TOUCH_SECONDS:
+            return
+        self._liveness_touched_at = now
+        try:
+            with open(path, "a"):
+                os.utime(path)
+        except OSError:
+            logger.warning("liveness_file_failed worker_id=%s path=%s", self.worker_id, path, exc_info=True)
 
     def _heartbeat_once(self) -> None:
         now = time.monotonic()

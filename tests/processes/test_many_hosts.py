@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import signal
+import time
 from collections import Counter
 
 import pytest
@@ -10,6 +12,7 @@ from django.db import connection
 
 from django_jobguard import dlq, leasing
 from django_jobguard.models import DeadLetter, Job
+from django_jobguard.worker import LIVENESS_TOUCH_SECONDS
 from tests.conftest import wait_for
 from tests.dlq_support import make_user
 from tests.testapp import tasks
@@ -92,3 +95,21 @@ def test_workers_running_maintenance_at_once_reap_dead_letter_and_redrive_each_j
     replays = Job.objects.filter(replayed_from__isnull=False)
     assert Counter(replays.values_list("replayed_from__job_id", flat=True)) == Counter(last_attempt)
     assert Job.objects.count() == EXPIRED + 2 * EXHAUSTED
+
+
+def test_the_heartbeat_thread_touches_the_liveness_file_and_stops_when_the_worker_freezes(workers, tmp_path):
+    alive = tmp_path / "alive"
+    proc = workers.start(env={"JOBGUARD_TEST_LIVENESS_FILE": str(alive)})
+    wait_for(alive.exists, timeout=60, message="the heartbeat thread to create the liveness file")
+    first = alive.stat().st_mtime_ns
+    wait_for(
+        lambda: alive.stat().st_mtime_ns > first, timeout=60, message="the liveness file to be touched again"
+    )
+    proc.send_signal(signal.SIGSTOP)  # frozen: what a probe must catch
+    try:
+        frozen_at = alive.stat().st_mtime_ns
+        time.sleep(3 * LIVENESS_TOUCH_SECONDS)
+        assert alive.stat().st_mtime_ns == frozen_at
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    wait_for(lambda: alive.stat().st_mtime_ns > frozen_at, timeout=60, message="touches to resume")
