@@ -62,6 +62,10 @@ DEFAULTS: dict[str, Any] = {
     "BATCH_SIZE": 0,
     # Worker: seconds in-flight jobs get to finish after SIGTERM before they are handed back.
     "SHUTDOWN_GRACE": 30.0,
+    # Worker: run the reaper, redrive and key pruning only in the one worker holding the
+    # leadership row (a database lease, PgBouncer-safe); others skip them. Saves queries with
+    # many workers; a dead leader delays reaping by up to three REAPER_INTERVALs.
+    "MAINTENANCE_LEADER": False,
     # Worker: a file the heartbeat thread touches (at most once a second) while it runs, for a
     # liveness probe (e.g. Kubernetes exec: fail when older than a minute); "" for none.
     "LIVENESS_FILE": "",
@@ -277,6 +281,7 @@ class Settings:
     batch_size: int
     shutdown_grace: float
     worker_id: str
+    maintenance_leader: bool
     liveness_file: str
     pooled_databases: frozenset[str]
     listen_database: str
@@ -426,6 +431,7 @@ def parse(raw: Any) -> Settings:
         batch_size=_integer(merged["BATCH_SIZE"], ("BATCH_SIZE",), minimum=0),
         shutdown_grace=_number(merged["SHUTDOWN_GRACE"], ("SHUTDOWN_GRACE",)),
         worker_id=worker_id,
+        maintenance_leader=_boolean(merged["MAINTENANCE_LEADER"], ("MAINTENANCE_LEADER",)),
         liveness_file=liveness_file,
         pooled_databases=pooled,
         listen_database=listen,

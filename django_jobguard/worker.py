@@ -38,6 +38,7 @@ from .conf import WORKER_ID_MAX_LENGTH, RetryPolicy, get_settings
 from .context import JobContext
 from .enqueue import normalize_json
 from .exceptions import InvalidArgumentsError, LeaseLost, LockNotAcquired, LockUnavailable
+from .leadership import MaintenanceLeadership
 from .log import job_fields
 from .models import DeadLetterReason
 from .registry import registry
@@ -149,6 +150,11 @@ class Worker:
         self._next_prune = 0.0
         self._liveness_touched_at = -LIVENESS_TOUCH_SECONDS
         self._listener: leasing.Listener | None = None
+        self._leadership = (
+            MaintenanceLeadership(self.alias, self.worker_id, self.reaper_interval)
+            if conf.maintenance_leader
+            else None
+        )
         self.claimed = 0
         self.processed = 0
 
@@ -178,6 +184,8 @@ class Worker:
             self._loop(listener)
         finally:
             listener.close()
+            if self._leadership is not None:
+                self._leadership.resign()
             abandoned = self._shutdown()
             self._heartbeat_stop.set()
             heartbeat.join(timeout=5)
@@ -233,10 +241,14 @@ class Worker:
             try:
                 now = time.monotonic()
                 if now >= next_reap:
-                    self._reap()
-                    dlq.redrive(worker_id=self.worker_id, using=self.alias)
+                    # With an elected leader, the other workers skip maintenance passes.
+                    leading = self._leadership is None or self._leadership.hold()
+                    if leading:
+                        self._reap()
+                        dlq.redrive(worker_id=self.worker_id, using=self.alias)
                     next_reap = now + self.reaper_interval
-                    self._prune_keys(now)
+                    if leading:
+                        self._prune_keys(now)
                 capacity = self._capacity()
                 free = capacity - len(self._held)
                 if self.max_jobs is not None:

@@ -149,6 +149,8 @@ if os.environ.get("JOBGUARD_TEST_PGBOUNCER_PORT"):
     JOBGUARD["POOLED_DATABASES"] = ["default"]
     if os.environ.get("JOBGUARD_TEST_LISTEN_DIRECT", "1") == "1":
         JOBGUARD["LISTEN_DATABASE"] = "direct"
+if os.environ.get("JOBGUARD_TEST_MAINTENANCE_LEADER"):
+    JOBGUARD["MAINTENANCE_LEADER"] = True
 if os.environ.get("JOBGUARD_TEST_LIVENESS_FILE"):
     JOBGUARD["LIVENESS_FILE"] = os.environ["JOBGUARD_TEST_LIVENESS_FILE"]
 if os.environ.get("JOBGUARD_TEST_LOCK_BACKEND") == "redis":

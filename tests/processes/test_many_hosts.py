@@ -113,3 +113,49 @@ def test_the_heartbeat_thread_touches_the_liveness_file_and_stops_when_the_worke
     finally:
         proc.send_signal(signal.SIGCONT)
     wait_for(lambda: alive.stat().st_mtime_ns > frozen_at, timeout=60, message="touches to resume")
+
+
+def ghost_leases(count: int, marker: str) -> list[int]:
+    """``count`` jobs held by a worker that vanished, their leases already expired."""
+    tasks.add.bulk_enqueue([((index,), {}) for index in range(count)])
+    held = leasing.claim("default", None, count, f"gone-{marker}:1:abcdef")
+    expire_all_leases()
+    return sorted(job.id for job in held)
+
+
+def leaders(workers, procs) -> list:
+    return [proc for proc in procs if "maintenance_leader_elected" in workers.log(proc)]
+
+
+def test_with_an_elected_leader_one_worker_reaps_and_another_takes_over_when_it_dies(workers):
+    env = {"JOBGUARD_TEST_MAINTENANCE_LEADER": "1"}
+    procs = [
+        workers.start("--queue", "nothing-here", "--worker-id", f"host-{index}:{index}:l", env=env)
+        for index in range(3)
+    ]
+    for proc in procs:
+        workers.wait_started(proc)
+    wait_for(lambda: leaders(workers, procs), timeout=60, message="a maintenance leader to be elected")
+    (leader,) = leaders(workers, procs)
+    first = ghost_leases(30, "a")
+    wait_for(
+        lambda: not Job.objects.filter(pk__in=first, status="running").exists(),
+        timeout=60,
+        message="the leader to reap the expired leases",
+    )
+    # Only the leader ran the reaper.
+    for proc in procs:
+        reaped = re.findall(r"lease_expired job_id=(\d+)", workers.log(proc))
+        assert (len(reaped) == len(first)) if proc is leader else not reaped, workers.log(proc)[-2000:]
+    leader.kill()  # SIGKILL: its leadership row is left to expire
+    leader.wait(timeout=10)
+    Job.objects.filter(pk__in=first).delete()  # so the next ghost holds only new jobs
+    second = ghost_leases(30, "b")
+    survivors = [proc for proc in procs if proc is not leader]
+    wait_for(
+        lambda: not Job.objects.filter(pk__in=second, status="running").exists(),
+        timeout=120,
+        message="another worker to take over leadership and reap",
+    )
+    assert len(leaders(workers, survivors)) == 1
+    assert set(Job.objects.filter(pk__in=second).values_list("reappearances", flat=True)) == {1}

@@ -66,6 +66,8 @@ def test_pooled_and_listen_aliases_parse_and_resolve(add_databases):
             "LISTEN needs a connection that bypasses the pooler",
         ),
         ({"WORKER_ID": "x" * 129}, "JOBGUARD['WORKER_ID'] must be a string of at most 128 characters"),
+        ({"MAINTENANCE_LEADER": "yes"}, "JOBGUARD['MAINTENANCE_LEADER'] must be True or False, not 'yes'"),
+        ({"LIVENESS_FILE": 1}, "JOBGUARD['LIVENESS_FILE'] must be a file path (a string), not 1"),
     ],
 )
 def test_bad_scale_out_settings_name_the_key(add_databases, raw, message):
