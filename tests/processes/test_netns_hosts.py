@@ -28,6 +28,7 @@ from tests.testapp import tasks
 from tests.testapp.models import LedgerEntry
 
 pytestmark = [
+    pytest.mark.reliability,
     pytest.mark.django_db(transaction=True),
     pytest.mark.processes,
     pytest.mark.postgres,
@@ -100,7 +101,8 @@ def start_worker(host: netns.Host, *args: str, skew: int = 0):
     return proc
 
 
-def test_a_partitioned_hosts_jobs_are_finished_by_the_others_and_its_late_acks_are_refused(hosts):
+@pytest.mark.scenario("netns-partition")
+def test_a_partitioned_hosts_jobs_are_finished_by_the_others_and_its_late_acks_are_refused(scenario, hosts):
     os.chdir(ROOT)
     count = 40
     jobs = [tasks.short_lease.enqueue(f"part{n}", seconds=1.0, per_attempt=True) for n in range(count)]
@@ -142,14 +144,20 @@ def test_a_partitioned_hosts_jobs_are_finished_by_the_others_and_its_late_acks_a
     assert effects == Counter({job.pk: 1 for job in jobs})
     for job in jobs:
         assert LedgerEntry.objects.get(job_id=job.pk).effect_key == f"{job.args[0]}:{job.attempts}"
-    print(
-        f"\npartition: jobs {count}, stranded on host 0 {len(stranded)}, lost 0, duplicate effects 0, "
-        f"recovery {recovered_at - partitioned_at:.1f} s"
+    scenario.parameters = {"hosts": HOSTS, "lease_seconds": 2, "partitioned_host": 0}
+    violations = scenario.finish(
+        jobs=count,
+        stranded_on_partitioned_host=len(stranded),
+        lost=count - Job.objects.filter(status="succeeded").count(),
+        duplicate_effects=sum(n - 1 for n in effects.values()),
+        recovery_seconds=round(recovered_at - partitioned_at, 1),
     )
+    assert not any(violations.values()), violations
 
 
 @pytest.mark.skipif(not libfaketime(), reason="needs libfaketime (apt-get install faketime)")
-def test_hosts_with_clocks_five_minutes_off_neither_reap_live_leases_nor_start_jobs_early(hosts):
+@pytest.mark.scenario("netns-skew")
+def test_hosts_with_clocks_five_minutes_off_neither_reap_live_leases_nor_start_jobs_early(scenario, hosts):
     os.chdir(ROOT)
     # Handlers that do not call time.sleep (libfaketime breaks clock_nanosleep when only the
     # wall clock is faked); the default queue's 30 s lease.
@@ -181,6 +189,15 @@ def test_hosts_with_clocks_five_minutes_off_neither_reap_live_leases_nor_start_j
         3
     }
     assert not Job.objects.filter(pk__in=[job.pk for job in retried], started_at__lt=F("run_after")).exists()
+    scenario.parameters = {"hosts": HOSTS, "skews_seconds": [SKEW_SECONDS, -SKEW_SECONDS, 0]}
+    violations = scenario.finish(
+        jobs=total,
+        lost=0,
+        early_starts=0,
+        premature_reclaims=Job.objects.filter(reappearances__gt=0).count(),
+        duplicate_effects=LedgerEntry.objects.count() - len(records),
+    )
+    assert not any(violations.values()), violations
     # Stopped cleanly on their skewed clocks too.
     for host in hosts:
         for proc in host.procs:
