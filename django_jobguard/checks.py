@@ -147,6 +147,84 @@ def check_cache_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
     ]
 
 
+#: PgBouncer's default port: an undeclared alias on it is most likely pooled (jobguard.W061).
+PGBOUNCER_DEFAULT_PORT = "6432"
+
+
+# Not tagged "database" either: these read DATABASES and never connect. A pooler cannot
+# be detected over SQL (PgBouncer answers as the server), so aliases are declared in
+# JOBGUARD["POOLED_DATABASES"]; only PgBouncer's default port is taken as a hint.
+@checks.register()
+def check_pooled_databases(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.W060: a pooled alias with settings that break in transaction mode;
+    W061: an alias on PgBouncer's port not declared pooled; W062: workers will poll, not LISTEN."""
+    from django.db import connections
+
+    from .conf import get_settings
+
+    try:
+        conf = get_settings()
+    except ImproperlyConfigured:
+        return []
+    messages: list[checks.CheckMessage] = []
+    for alias in sorted(conf.pooled_databases):
+        db = connections.settings[alias]
+        if not db.get("ENGINE", "").endswith("postgresql"):
+            continue
+        problems = []
+        if not db.get("DISABLE_SERVER_SIDE_CURSORS"):
+            problems.append(
+                "DISABLE_SERVER_SIDE_CURSORS is not True (server-side cursors outlive a transaction)"
+            )
+        if db.get("OPTIONS", {}).get("prepare_threshold", 5) is not None:
+            problems.append(
+                "OPTIONS['prepare_threshold'] is not None (psycopg prepares statements per session)"
+            )
+        if problems:
+            messages.append(
+                checks.Warning(
+                    f"DATABASES[{alias!r}] is in JOBGUARD['POOLED_DATABASES'] but {'; '.join(problems)}.",
+                    hint="Behind PgBouncer in transaction mode set 'DISABLE_SERVER_SIDE_CURSORS': True "
+                    "and 'OPTIONS': {'prepare_threshold': None} (docs/how-to/scale-out.md).",
+                    id="jobguard.W060",
+                )
+            )
+    for alias, db in connections.settings.items():
+        if str(db.get("PORT", "")) == PGBOUNCER_DEFAULT_PORT and alias not in conf.pooled_databases:
+            if alias == conf.listen_database:
+                continue  # declared as the direct connection: the operator knows what is there
+            messages.append(
+                checks.Warning(
+                    f"DATABASES[{alias!r}] uses port {PGBOUNCER_DEFAULT_PORT}, PgBouncer's default, but "
+                    "is not in JOBGUARD['POOLED_DATABASES'].",
+                    hint="If it goes through a pooler in transaction mode, add it to "
+                    "JOBGUARD['POOLED_DATABASES'] so jobguard keeps no session state on it.",
+                    id="jobguard.W061",
+                )
+            )
+    alias = conf.database_alias
+    if alias in conf.pooled_databases and alias in connections.settings:
+        listen = conf.listen_database
+        reason = ""
+        if not listen:
+            reason = (
+                f"JOBGUARD['DATABASE_ALIAS'] {alias!r} is pooled and JOBGUARD['LISTEN_DATABASE'] is not set"
+            )
+        elif connections.settings[listen].get("NAME") != connections.settings[alias].get("NAME"):
+            # NOTIFY is delivered within one database only.
+            reason = f"JOBGUARD['LISTEN_DATABASE'] {listen!r} names another database than {alias!r}"
+        if reason:
+            messages.append(
+                checks.Warning(
+                    f"Workers poll every POLL_INTERVAL instead of waking on NOTIFY: {reason}.",
+                    hint="Add a DATABASES alias for the same database that bypasses the pooler and "
+                    "name it in JOBGUARD['LISTEN_DATABASE'].",
+                    id="jobguard.W062",
+                )
+            )
+    return messages
+
+
 @checks.register()
 def check_durable_invalidation(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """jobguard.W020: durable invalidation is the default, but jobs live on another database.

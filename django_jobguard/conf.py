@@ -37,6 +37,8 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 DEFAULT_MAX_PAYLOAD_DEPTH = 64
 # Deeper than this, PostgreSQL's JSON parser and json.loads come near their own stack limits.
 MAX_PAYLOAD_DEPTH_CEILING = 500
+#: Characters of a worker id (the ``worker_id`` column's length).
+WORKER_ID_MAX_LENGTH = 128
 
 #: Every setting with its default. The settings reference in docs/ is generated from this.
 DEFAULTS: dict[str, Any] = {
@@ -76,6 +78,22 @@ DEFAULTS: dict[str, Any] = {
     "BATCH_SIZE": 0,
     # Worker: seconds in-flight jobs get to finish after SIGTERM before they are handed back.
     "SHUTDOWN_GRACE": 30.0,
+    # Worker: run the reaper, redrive and key pruning only in the one worker holding the
+    # leadership row (a database lease, PgBouncer-safe); others skip them. Saves queries with
+    # many workers; a dead leader delays reaping by up to three REAPER_INTERVALs.
+    "MAINTENANCE_LEADER": False,
+    # Worker: a file the heartbeat thread touches (at most once a second) while it runs, for a
+    # liveness probe (e.g. Kubernetes exec: fail when older than a minute); "" for none.
+    "LIVENESS_FILE": "",
+    # Worker: its name in job rows and logs; "" means host:pid:random (unique across hosts).
+    # Set it per container (e.g. from the pod name); --worker-id overrides it.
+    "WORKER_ID": "",
+    # Database aliases that reach PostgreSQL through a pooler in transaction mode (PgBouncer):
+    # jobguard keeps no session state on them and checks their settings (jobguard.W060).
+    "POOLED_DATABASES": [],
+    # Alias the worker LISTENs on for enqueue wake-ups; "" means DATABASE_ALIAS unless that
+    # is pooled (then workers poll). Point it at a direct connection that bypasses the pooler.
+    "LISTEN_DATABASE": "",
     "LOCKS": {
         # "database" (embedded default, any database) or "redis" (django-redis).
         "BACKEND": "database",
@@ -400,6 +418,11 @@ class Settings:
     reaper_interval: float
     batch_size: int
     shutdown_grace: float
+    worker_id: str
+    maintenance_leader: bool
+    liveness_file: str
+    pooled_databases: frozenset[str]
+    listen_database: str
     locks: LockSettings
     idempotency: IdempotencySettings
     replay: ReplaySettings
@@ -446,6 +469,30 @@ class Settings:
                 recoverable_retry=self.recoverable_retry,
             )
         return config
+
+    def listen_alias(self, alias: str) -> str | None:
+        """The alias to LISTEN on for workers of ``alias``; None when only polling is safe.
+
+        ``LISTEN`` needs a session of its own, which a transaction-mode pooler does not
+        give: notifications would reach whichever client next borrows that server connection.
+        """
+        if self.listen_database:
+            return self.listen_database
+        return None if alias in self.pooled_databases else alias
+
+
+def _aliases(value: Any, path: tuple[str, ...]) -> frozenset[str]:
+    if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
+        raise _fail(path, f"must be a list of database aliases, not {value!r}.")
+    return frozenset(_string(alias, path) for alias in value)
+
+
+def _database_alias(value: Any, path: tuple[str, ...]) -> str:
+    from django.db import connections
+
+    if value not in connections.settings:
+        raise _fail(path, f"names {value!r}, which is not in DATABASES ({', '.join(connections.settings)}).")
+    return str(value)
 
 
 def _string(value: Any, path: tuple[str, ...]) -> str:
@@ -582,6 +629,26 @@ def parse(raw: Any) -> Settings:
         raise _fail(
             ("LOCKS", "BACKEND"), f"must be one of {sorted(_LOCK_BACKENDS)}, not {locks['BACKEND']!r}."
         )
+    worker_id = merged["WORKER_ID"]
+    if not isinstance(worker_id, str) or len(worker_id) > WORKER_ID_MAX_LENGTH:
+        raise _fail(("WORKER_ID",), f"must be a string of at most {WORKER_ID_MAX_LENGTH} characters.")
+    liveness_file = merged["LIVENESS_FILE"]
+    if not isinstance(liveness_file, str):
+        raise _fail(("LIVENESS_FILE",), f"must be a file path (a string), not {liveness_file!r}.")
+    pooled = _aliases(merged["POOLED_DATABASES"], ("POOLED_DATABASES",))
+    for alias in sorted(pooled):
+        _database_alias(alias, ("POOLED_DATABASES",))
+    listen = merged["LISTEN_DATABASE"]
+    if not isinstance(listen, str):
+        raise _fail(("LISTEN_DATABASE",), f"must be a database alias, not {listen!r}.")
+    if listen:
+        _database_alias(listen, ("LISTEN_DATABASE",))
+        if listen in pooled:
+            raise _fail(
+                ("LISTEN_DATABASE",),
+                f"names {listen!r}, which is in JOBGUARD['POOLED_DATABASES']: LISTEN needs a "
+                "connection that bypasses the pooler.",
+            )
     idem = _group(raw, "IDEMPOTENCY")
     replay = _group(raw, "REPLAY")
     cache = _group(raw, "CACHE")
@@ -606,6 +673,11 @@ def parse(raw: Any) -> Settings:
         reaper_interval=_number(merged["REAPER_INTERVAL"], ("REAPER_INTERVAL",), allow_zero=False),
         batch_size=_integer(merged["BATCH_SIZE"], ("BATCH_SIZE",), minimum=0),
         shutdown_grace=_number(merged["SHUTDOWN_GRACE"], ("SHUTDOWN_GRACE",)),
+        worker_id=worker_id,
+        maintenance_leader=_boolean(merged["MAINTENANCE_LEADER"], ("MAINTENANCE_LEADER",)),
+        liveness_file=liveness_file,
+        pooled_databases=pooled,
+        listen_database=listen,
         locks=LockSettings(
             backend=locks["BACKEND"],
             cache_alias=_string(locks["CACHE_ALIAS"], ("LOCKS", "CACHE_ALIAS")),

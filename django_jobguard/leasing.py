@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.conf import settings
-from django.db import connections
+from django.db import connections, transaction
 from django.utils.dateparse import parse_datetime
 
 logger = logging.getLogger(__name__)
@@ -376,6 +376,13 @@ def _tune_for_claims(alias: str) -> None:
     _tuned_connections.add(raw)
 
 
+def _pooled(alias: str) -> bool:
+    """Whether ``alias`` goes through a transaction-mode pooler (``JOBGUARD["POOLED_DATABASES"]``)."""
+    from .conf import get_settings
+
+    return alias in get_settings().pooled_databases
+
+
 def claim(
     alias: str,
     queues: Sequence[str] | None,
@@ -396,10 +403,30 @@ def claim(
         if not queues:
             return []
         exclude = ()
+    if _vendor(alias) == "postgresql" and _pooled(alias):
+        # Behind a transaction-mode pooler a session SET would land on whichever server
+        # connection served it, and stay there for other clients: scope it to a transaction.
+        with transaction.atomic(using=alias):
+            with connections[alias].cursor() as cursor:
+                cursor.execute("SET LOCAL enable_bitmapscan = off")
+            return _claim(alias, queues, limit, worker_id, exclude, tune=False)
+    return _claim(alias, queues, limit, worker_id, exclude, tune=True)
+
+
+def _claim(
+    alias: str,
+    queues: Sequence[str] | None,
+    limit: int,
+    worker_id: str,
+    exclude: Sequence[str],
+    *,
+    tune: bool,
+) -> list[ClaimedJob]:
     vendor = _vendor(alias)
     params: list[Any] = []
     if vendor == "postgresql":
-        _tune_for_claims(alias)
+        if tune:
+            _tune_for_claims(alias)
         # SKIP LOCKED lets concurrent workers pass over rows another claim is taking,
         # instead of queueing behind it. Each shape below walks a partial index on queued
         # rows in claim order and stops after `limit` rows, so its cost depends on neither
@@ -691,7 +718,8 @@ class Listener:
     #: Seconds before a failed LISTEN connection is tried again.
     RECONNECT_DELAY_SECONDS = 5.0
 
-    def __init__(self, alias: str, queues: Sequence[str] | None) -> None:
+    def __init__(self, alias: str | None, queues: Sequence[str] | None) -> None:
+        # None: no alias can LISTEN (the jobs' alias is pooled and no LISTEN_DATABASE is set).
         self.alias = alias
         self.queues = set(queues) if queues else None
         self._conn: Any = None
@@ -701,7 +729,7 @@ class Listener:
         os.set_blocking(self._wake_w, False)
 
     def _connect(self) -> Any:
-        if self._conn is not None or _vendor(self.alias) != "postgresql":
+        if self._conn is not None or self.alias is None or _vendor(self.alias) != "postgresql":
             return self._conn
         if time.monotonic() - self._failed_at < self.RECONNECT_DELAY_SECONDS:
             return None
@@ -722,7 +750,12 @@ class Listener:
 
     def start(self) -> bool:
         """LISTEN now (instead of at the first wait); True if notifications will arrive."""
-        return self._connect() is not None
+        listening = self._connect() is not None
+        if self.alias is None:
+            logger.info("listen_disabled reason=pooled_database; polling (set JOBGUARD['LISTEN_DATABASE'])")
+        elif listening:
+            logger.info("listening alias=%s channel=%s", self.alias, NOTIFY_CHANNEL)
+        return listening
 
     def wake(self) -> None:
         """Make a current or the next :meth:`wait` return at once."""

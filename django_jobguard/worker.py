@@ -39,10 +39,11 @@ from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from . import _dispatch, _faults, beats, dlq, idempotency, leasing, metrics, retry, schedules, signals
 from . import queues as queue_states  # `queue` is the stdlib module here
-from .conf import RetryPolicy, get_settings
+from .conf import WORKER_ID_MAX_LENGTH, RetryPolicy, get_settings
 from .context import JobContext
 from .enqueue import normalize_json
 from .exceptions import InvalidArgumentsError, LeaseLost, LockNotAcquired, LockUnavailable
+from .leadership import MaintenanceLeadership
 from .log import job_fields
 from .models import DeadLetterReason
 from .registry import registry
@@ -55,6 +56,8 @@ __all__ = ["Worker"]
 HEARTBEAT_TICK_SECONDS = 0.25
 #: Leases are renewed when this fraction of the visibility timeout has passed.
 HEARTBEAT_FRACTION = 1 / 3
+#: Seconds between two touches of JOBGUARD["LIVENESS_FILE"] by the heartbeat thread.
+LIVENESS_TOUCH_SECONDS = 1.0
 #: Back-off after a database error in the loop (the connection is reopened), doubling to the max.
 DB_ERROR_BACKOFF_SECONDS = 0.5
 DB_ERROR_BACKOFF_MAX_SECONDS = 5.0
@@ -139,6 +142,11 @@ class _Held:
     connection: Any = None
 
 
+def default_worker_id() -> str:
+    """``host:pid:random``: unique across hosts, and across restarts that reuse a pid (containers)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"[:WORKER_ID_MAX_LENGTH]
+
+
 class Worker:
     """Runs jobs of some queues until stopped. ``manage.py jobguard_worker`` builds one."""
 
@@ -172,7 +180,7 @@ class Worker:
         self._valid_shapes: set[tuple[str, int, tuple[str, ...]]] = set()
         self.burst = burst
         self.max_jobs = max_jobs
-        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.worker_id = worker_id or conf.worker_id or default_worker_id()
         self.alias = database_alias or conf.database_alias
         self.poll_interval = poll_interval if poll_interval is not None else conf.poll_interval
         self.reaper_interval = reaper_interval if reaper_interval is not None else conf.reaper_interval
@@ -194,7 +202,13 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._abandoned = 0
         self._next_prune = 0.0
+        self._liveness_touched_at = -LIVENESS_TOUCH_SECONDS
         self._listener: leasing.Listener | None = None
+        self._leadership = (
+            MaintenanceLeadership(self.alias, self.worker_id, self.reaper_interval)
+            if conf.maintenance_leader
+            else None
+        )
         self.claimed = 0
         self.processed = 0
         #: Outcomes of the jobs this worker finished, for the summary on exit (see summary()).
@@ -215,7 +229,7 @@ class Worker:
         self._started_at = time.monotonic()
         if self.install_signal_handlers:
             self._install_signal_handlers()
-        listener = self._listener = leasing.Listener(self.alias, self.queues)
+        listener = self._listener = leasing.Listener(get_settings().listen_alias(self.alias), self.queues)
         if not self.burst:
             # LISTEN before announcing readiness, so no enqueue after "worker_started" is missed.
             listener.start()
@@ -235,6 +249,8 @@ class Worker:
             self._loop(listener)
         finally:
             listener.close()
+            if self._leadership is not None:
+                self._leadership.resign()
             abandoned = self._shutdown()
             self._heartbeat_stop.set()
             heartbeat.join(timeout=5)
@@ -304,10 +320,14 @@ class Worker:
             try:
                 now = time.monotonic()
                 if now >= next_reap:
-                    self._reap()
-                    dlq.redrive(worker_id=self.worker_id, using=self.alias)
+                    # With an elected leader, the other workers skip maintenance passes.
+                    leading = self._leadership is None or self._leadership.hold()
+                    if leading:
+                        self._reap()
+                        dlq.redrive(worker_id=self.worker_id, using=self.alias)
                     next_reap = now + self.reaper_interval
-                    self._prune_keys(now)
+                    if leading:
+                        self._prune_keys(now)
                 if now >= self._next_schedule:
                     self._schedule(now)
                 capacity = self._capacity()
@@ -965,6 +985,7 @@ class Worker:
             while not self._heartbeat_stop.wait(HEARTBEAT_TICK_SECONDS):
                 try:
                     self._heartbeat_once()
+                    self._touch_liveness_file()
                 except (DatabaseError, InterfaceError):
                     logger.warning("heartbeat_failed worker_id=%s", self.worker_id, exc_info=True)
                     connections[self.alias].close()
@@ -972,6 +993,19 @@ class Worker:
                     logger.exception("heartbeat_crashed worker_id=%s", self.worker_id)
         finally:
             connections.close_all()
+
+    def _touch_liveness_file(self) -> None:
+        """Show a liveness probe that heartbeats still run (skipped while they fail)."""
+        path = get_settings().liveness_file
+        now = time.monotonic()
+        if not path or now - self._liveness_touched_at < LIVENESS_TOUCH_SECONDS:
+            return
+        self._liveness_touched_at = now
+        try:
+            with open(path, "a"):
+                os.utime(path)
+        except OSError:
+            logger.warning("liveness_file_failed worker_id=%s path=%s", self.worker_id, path, exc_info=True)
 
     def _heartbeat_once(self) -> None:
         now = time.monotonic()

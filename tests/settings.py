@@ -73,6 +73,18 @@ if os.environ.get("JOBGUARD_TEST_CLOCK_OFFSET"):
 if os.environ.get("JOBGUARD_TEST_DB_NAME"):
     DATABASES["default"]["NAME"] = os.environ["JOBGUARD_TEST_DB_NAME"]
 
+if os.environ.get("JOBGUARD_TEST_PGBOUNCER_PORT"):
+    # Processes of the PgBouncer tests (tests/pgbouncer.py): "default" goes through the
+    # pooler in transaction mode with Django's settings for it; "direct" bypasses it for LISTEN.
+    DATABASES["direct"] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
+    DATABASES["default"] = {
+        **DATABASES["default"],
+        "HOST": "127.0.0.1",
+        "PORT": os.environ["JOBGUARD_TEST_PGBOUNCER_PORT"],
+        "DISABLE_SERVER_SIDE_CURSORS": True,
+        "OPTIONS": {"prepare_threshold": None},
+    }
+
 CACHE_DIR = BASE_DIR / ".db" / f"cache_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
 CACHES: dict[str, dict[str, Any]] = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
@@ -175,6 +187,14 @@ if os.environ.get("JOBGUARD_TEST_SCHEDULES"):
     import json as _json
 
     JOBGUARD["SCHEDULES"] = _json.loads(os.environ["JOBGUARD_TEST_SCHEDULES"])
+if os.environ.get("JOBGUARD_TEST_PGBOUNCER_PORT"):
+    JOBGUARD["POOLED_DATABASES"] = ["default"]
+    if os.environ.get("JOBGUARD_TEST_LISTEN_DIRECT", "1") == "1":
+        JOBGUARD["LISTEN_DATABASE"] = "direct"
+if os.environ.get("JOBGUARD_TEST_MAINTENANCE_LEADER"):
+    JOBGUARD["MAINTENANCE_LEADER"] = True
+if os.environ.get("JOBGUARD_TEST_LIVENESS_FILE"):
+    JOBGUARD["LIVENESS_FILE"] = os.environ["JOBGUARD_TEST_LIVENESS_FILE"]
 if os.environ.get("JOBGUARD_TEST_LOCK_BACKEND") == "redis":
     JOBGUARD["LOCKS"] = {**JOBGUARD["LOCKS"], "BACKEND": "redis", "CACHE_ALIAS": "redis"}
 

@@ -7,7 +7,12 @@ one and the Redis clock in microseconds. The clock term keeps tokens increasing 
 Redis loses the counter (a restart without persistence, a failover to a lagging replica),
 and lets the counter key expire once a resource has been idle for a day.
 
-Both keys of one lock must live on one server, so Redis Cluster is not supported.
+Redis Cluster: a script may only touch keys of one hash slot, so both keys carry the lock
+key as a hash tag: ``jobguard:lock:{order:123}`` and ``jobguard:lock:{order:123}:fencing``.
+The tag is the text between the first ``{`` and the next ``}``; the lock key's name always
+ends with the ``}`` added here, so that tag lies inside it and both keys hash alike whatever
+braces a prefix or key holds, unless the tag would be empty (``{}``), which
+:class:`RedisLock` refuses.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from .._redis import milliseconds, run_script
 from ..exceptions import LockUnavailable
 from .base import RESERVED_SUFFIX, BaseLock
 
-__all__ = ["RedisLock"]
+__all__ = ["RedisLock", "hash_tag", "redis_key"]
 
 #: Seconds an idle key's fencing counter is kept; later tokens come from the clock term.
 FENCING_KEY_TTL_SECONDS = 24 * 3600
@@ -53,6 +58,21 @@ return 0
 """
 
 
+def redis_key(prefix: str, key: str) -> str:
+    """The Redis key of lock ``key``: ``<prefix>{<key>}``, the key being the hash tag."""
+    return f"{prefix}{{{key}}}"
+
+
+def hash_tag(name: str) -> str:
+    """The part of ``name`` Redis Cluster hashes: between the first ``{`` and the next ``}``.
+
+    "" when there is none or it is empty (then Redis hashes the whole name).
+    """
+    start = name.find("{")
+    end = name.find("}", start + 1) if start >= 0 else -1
+    return name[start + 1 : end] if end > start + 1 else ""
+
+
 class RedisLock(BaseLock):
     """A lock in Redis, reached through the django-redis cache alias ``cache_alias``."""
 
@@ -68,8 +88,16 @@ class RedisLock(BaseLock):
     ) -> None:
         super().__init__(key, ttl=ttl, prefix=prefix, blocking=blocking, timeout=timeout)
         self.cache_alias = cache_alias
-        # Keys cannot end with RESERVED_SUFFIX, so no lock name equals a fencing key.
-        self.fencing_key = f"{self.name}{RESERVED_SUFFIX}"
+        #: The Redis key: the lock key as a hash tag, so the fencing counter is on its slot.
+        self.redis_key = redis_key(prefix, key)
+        if not hash_tag(self.redis_key):
+            raise ValueError(
+                f"lock name {self.name!r}: its Redis hash tag would be empty ('{{}}'), so Redis "
+                "Cluster could put its fencing counter on another node; avoid '{}' in the prefix "
+                "and a key starting with '}'"
+            )
+        # Keys cannot end with RESERVED_SUFFIX, so no lock's Redis key equals a fencing key.
+        self.fencing_key = f"{self.redis_key}{RESERVED_SUFFIX}"
 
     def _client(self) -> Any:
         try:
@@ -98,21 +126,21 @@ class RedisLock(BaseLock):
     def _try_acquire(self, token: str) -> int | None:
         result = self._run(
             _ACQUIRE,
-            [self.name, self.fencing_key],
+            [self.redis_key, self.fencing_key],
             [token, milliseconds(self.ttl), milliseconds(max(self.ttl, FENCING_KEY_TTL_SECONDS))],
         )
         return int(result) if result else None
 
     def _release(self) -> bool:
-        return bool(self._run(_RELEASE, [self.name], [self.token]))
+        return bool(self._run(_RELEASE, [self.redis_key], [self.token]))
 
     def _extend(self, ttl: float) -> bool:
-        return bool(self._run(_EXTEND, [self.name], [self.token, milliseconds(ttl)]))
+        return bool(self._run(_EXTEND, [self.redis_key], [self.token, milliseconds(ttl)]))
 
     def locked(self) -> bool:
         from redis.exceptions import RedisError
 
         try:
-            return bool(self._client().exists(self.name))
+            return bool(self._client().exists(self.redis_key))
         except RedisError as exc:
             raise LockUnavailable(f"lock {self.name!r}: Redis did not answer ({exc})") from exc

@@ -14,6 +14,7 @@ from django.test import override_settings
 
 from django_jobguard import LockNotAcquired, LockUnavailable, lock
 from django_jobguard.checks import check_lock_backend
+from django_jobguard.locks import BaseLock
 from django_jobguard.models import Lock
 from tests import locking
 from tests.conftest import wait_for
@@ -32,12 +33,14 @@ make_lock = locking.make_lock
 STORE_CLOCK_TOLERANCE_SECONDS = 0.001
 
 
-def stored_ttl(backend: str, name: str) -> float:
+def stored_ttl(backend: str, held: BaseLock) -> float:
     """Seconds the stored lock has left, read from the store itself (see STORE_CLOCK_TOLERANCE_SECONDS)."""
+    name = held.name
     if backend == "redis":
         from django_redis import get_redis_connection
 
-        return get_redis_connection("redis").pttl(name) / 1000
+        # The Redis key carries the lock key as a hash tag (Redis Cluster).
+        return get_redis_connection("redis").pttl(held.redis_key) / 1000
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(
@@ -128,7 +131,7 @@ def test_keys_are_stored_under_the_prefix(backend):
         if backend == "redis":
             from django_redis import get_redis_connection
 
-            assert get_redis_connection("redis").get("jobguard:lock:order:123") == held.token.encode()
+            assert get_redis_connection("redis").get("jobguard:lock:{order:123}") == held.token.encode()
         else:
             assert Lock.objects.get(key="jobguard:lock:order:123").token == held.token
 
@@ -142,13 +145,13 @@ def test_the_prefix_is_configurable(backend):
             if backend == "redis":
                 from django_redis import get_redis_connection
 
-                assert get_redis_connection("redis").exists("shop:locks:order:123")
+                assert get_redis_connection("redis").exists("shop:locks:{order:123}")
             else:
                 assert Lock.objects.filter(key="shop:locks:order:123").exists()
         finally:
             held.release()
             if backend == "redis":
-                get_redis_connection("redis").delete("shop:locks:order:123:fencing")
+                get_redis_connection("redis").delete("shop:locks:{order:123}:fencing")
 
 
 @pytest.mark.parametrize("ttl", [0, -1, math.inf, math.nan, True, "30"])
@@ -161,15 +164,15 @@ def test_a_lock_created_without_ttl_gets_the_configured_one_and_the_store_expire
     with override_settings(JOBGUARD={"LOCKS": {"TTL": 12}}):
         with make_lock(backend, "order:1") as held:
             assert held.ttl == 12
-            assert 0 < stored_ttl(backend, held.name) <= 12 + STORE_CLOCK_TOLERANCE_SECONDS
+            assert 0 < stored_ttl(backend, held) <= 12 + STORE_CLOCK_TOLERANCE_SECONDS
 
 
 def test_extend_resets_the_ttl(backend):
     with make_lock(backend, "order:1", ttl=1) as held:
         assert held.extend(ttl=60)
-        assert stored_ttl(backend, held.name) > 30
+        assert stored_ttl(backend, held) > 30
         assert held.extend()  # back to the lock's own TTL
-        assert stored_ttl(backend, held.name) <= 1 + STORE_CLOCK_TOLERANCE_SECONDS
+        assert stored_ttl(backend, held) <= 1 + STORE_CLOCK_TOLERANCE_SECONDS
 
 
 def take_over_after_expiry(backend):
@@ -324,8 +327,8 @@ def test_redis_fencing_tokens_keep_increasing_when_redis_loses_the_counter():
     first.acquire()
     first.release()
     client = get_redis_connection("redis")
-    assert 0 < client.pttl("jobguard:lock:account:7:fencing")  # idle counters expire
-    client.delete("jobguard:lock:account:7:fencing")  # as after a restart without persistence
+    assert 0 < client.pttl("jobguard:lock:{account:7}:fencing")  # idle counters expire
+    client.delete("jobguard:lock:{account:7}:fencing")  # as after a restart without persistence
     second = make_lock("redis", "account:7", ttl=30)
     second.acquire()
     assert second.fencing_token > first.fencing_token

@@ -64,7 +64,11 @@ def free_the_key(backend: str, name: str) -> None:
     if backend == "redis":
         from django_redis import get_redis_connection
 
-        get_redis_connection("redis").delete(name)
+        from django_jobguard.conf import get_settings
+        from django_jobguard.locks.redis import redis_key
+
+        prefix = get_settings().locks.prefix
+        get_redis_connection("redis").delete(redis_key(prefix, name.removeprefix(prefix)))
     else:
         Lock.objects.filter(key=name).update(token=None, expires_at=None)
 

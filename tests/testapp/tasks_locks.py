@@ -91,7 +91,11 @@ def _steal(resource: str) -> None:
     if conf.backend == "redis":
         from django_redis import get_redis_connection
 
-        get_redis_connection(conf.cache_alias).set(name, "thief", px=60_000)
+        from django_jobguard.locks.redis import redis_key
+
+        get_redis_connection(conf.cache_alias).set(
+            redis_key(conf.prefix, f"res:{resource}"), "thief", px=60_000
+        )
     else:
         Lock.objects.filter(key=name).update(
             token="thief",  # noqa: S106 - an owner token, not a password
