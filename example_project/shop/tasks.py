@@ -50,6 +50,7 @@ def charge_order(context, order_id: int) -> dict:
     return {"order_id": order_id, "provider_ref": reference}
 
 
-@task(queue_name="emails", idempotent=True, max_attempts=1, expected_duration=1)
+# api=True: other services may enqueue it over the REST API (POST /jobguard/api/jobs/).
+@task(queue_name="emails", idempotent=True, max_attempts=1, expected_duration=1, api=True)
 def send_receipt(order_id: int) -> str:
     return f"receipt for order {order_id} sent"
