@@ -246,7 +246,6 @@ def test_the_durable_invalidation_task_of_the_cache_module_is_classified():
     # A project that uses durable invalidation registers this task; the checklist must have
     # nothing to say about a task the project did not write.
     from django_jobguard.cache import delete_keys
-
     from django_jobguard.exceptions import TransientError
     from django_jobguard.retry import classify
 
