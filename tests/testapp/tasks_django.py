@@ -87,7 +87,7 @@ if TASK_TAKES_OPTIONS:
     def with_options(thing_id: int) -> int:
         raise RetryMe(f"thing {thing_id} not ready")
 
-    @task(idempotency_key="thing:{thing_id}", expected_duration=1, max_attempts=1)
+    @task(idempotency_key="thing:{thing_id}", max_attempts=1)
     def keyed(thing_id: int) -> int:
         return thing_id
 
