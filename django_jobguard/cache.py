@@ -413,9 +413,14 @@ def _remove_job(using: str, job_id: int) -> None:
     discard_queued(using, job_id)
 
 
-# Deleting is idempotent, and a cache that fails raises TransientError: classified for the checklist.
+# Classified as the checklist asks of every task (jobguard.W002/W003): deleting keys twice is
+# harmless, a cache that fails raises TransientError (retried), and anything else is a bug or a
+# malformed payload that another attempt would not fix.
 @task(
-    name="django_jobguard.cache.delete_keys", takes_context=True, idempotent=True, retry_on=(TransientError,)
+    name="django_jobguard.cache.delete_keys",
+    takes_context=True,
+    idempotent=True,
+    fatal_on=(Exception,),
 )
 def delete_keys(context: Any, keys: dict[str, dict[str, int | None]]) -> int:
     """The worker's side of a durable invalidation: delete (or tombstone) ``keys``, per cache alias.

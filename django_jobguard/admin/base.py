@@ -138,11 +138,17 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         # Checked again by the DELETE: a row may have changed since the confirmation page.
         self._rule().delete(queryset.values_list("pk", flat=True))
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions: dict[str, Any] = super().get_actions(request)
-        if actions.get("delete_selected") is not None:
-            _, name, description = actions["delete_selected"]
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
+        # Django 6.1 passes action_location (actions on the change form too) and gives Action
+        # objects; 5.2 and 6.0 call get_actions(request) and give (func, name, description).
+        where = {} if action_location is None else {"action_location": action_location}
+        actions: dict[str, Any] = super().get_actions(request, **where)
+        delete = actions.get("delete_selected")
+        if isinstance(delete, tuple):
+            _, name, description = delete
             actions["delete_selected"] = (ReadOnlyAdmin._delete_selected, name, description)
+        elif delete is not None:
+            actions["delete_selected"] = dataclasses.replace(delete, func=ReadOnlyAdmin._delete_selected)
         return actions
 
     def _delete_selected(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:

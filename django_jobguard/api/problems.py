@@ -157,6 +157,15 @@ def _translate(exc: Exception) -> Exception:
     return exc
 
 
+def _detail(fields: Mapping[str, list[str]]) -> str:
+    """``"field: message; other: message"``; fields with the same messages are named together
+    (arguments that do not bind concern ``args`` and ``kwargs`` alike: one message, not two)."""
+    grouped: dict[str, list[str]] = {}
+    for name, messages in fields.items():
+        grouped.setdefault(" ".join(messages), []).append(name)
+    return "; ".join(f"{', '.join(names)}: {message}" for message, names in grouped.items())
+
+
 def exception_handler(exc: Exception, context: Mapping[str, Any]) -> Response | None:
     """The API views' DRF exception handler: every error a problem-details body."""
     exc = _translate(exc)
@@ -170,7 +179,7 @@ def exception_handler(exc: Exception, context: Mapping[str, Any]) -> Response | 
     }
     if isinstance(exc, exceptions.ValidationError):
         fields = _flatten(exc.detail)
-        body["detail"] = "; ".join(f"{name}: {' '.join(messages)}" for name, messages in fields.items())
+        body["detail"] = _detail(fields)
         body["code"] = _first_code(exc.get_codes())
         body["errors"] = fields
     else:

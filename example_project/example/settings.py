@@ -26,6 +26,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_prometheus",
+    "rest_framework",  # the REST API (example/urls.py)
     "django_jobguard",
     "shop",
 ]

@@ -86,12 +86,14 @@ def charge_order(context: Any, order_id: int) -> dict[str, Any]:
     return {"order_id": order_id, "provider_ref": reference}
 
 
+# api=True: other services may enqueue it over the REST API (POST /jobguard/api/jobs/).
 @task(
     queue_name="emails",
     takes_context=True,
     retry_on=(MailTimeoutError,),
     idempotent=True,  # the key passed on makes the provider deliver once; get_or_create records it once
     expected_duration=1,
+    api=True,
 )
 def send_receipt(context: Any, order_id: int) -> str:
     order = Order.objects.get(pk=order_id)

@@ -100,6 +100,16 @@ def test_bad_input_is_400_naming_the_field_and_writes_nothing(producer, body, fi
     assert_problem(post(producer, body), 400, field, *words)
 
 
+def test_arguments_that_do_not_fit_are_told_once_under_both_fields(producer):
+    response = post(producer, {"task": ADD, "kwargs": {"b": 1, "c": 2}})
+    assert_problem(response, 400, "kwargs", "unexpected keyword argument 'c'")
+    body = response.json()
+    assert body["errors"]["args"] == body["errors"]["kwargs"]
+    # The detail names both fields and gives the message once, not twice.
+    message = body["errors"]["args"][0]
+    assert body["detail"] == f"args, kwargs: {message}"
+
+
 def test_a_body_that_is_not_json_is_400(producer):
     response = producer.post(JOBS, b'{"task": ', content_type="application/json")
     assert response.status_code == 400

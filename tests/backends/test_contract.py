@@ -340,6 +340,22 @@ def test_an_invalid_jobguard_option_is_djangos_invalid_task():
         task(lock="x:{nope}")(tasks_django.add.func)
 
 
+@pytest.mark.skipif(
+    not tasks_django.TASK_TAKES_OPTIONS, reason="this Django's @task passes no extra keywords (Django 6.0)"
+)
+def test_the_checklists_classification_passes_through_djangos_decorator():
+    from django_jobguard import checks
+
+    first = tasks_django.keyed.enqueue(thing_id=5)
+    again = tasks_django.keyed.enqueue(thing_id=5)
+    assert again.id == first.id  # the key template dedupes, as on jobguard's own @task
+    assert Job.objects.get(pk=int(first.id)).idempotency_key == "thing:5"
+    tasks_django.natural.enqueue(thing_id=5)
+    names = {"tests.testapp.tasks_django.keyed", "tests.testapp.tasks_django.natural"}
+    said = [m for m in checks.check_task_classification() if getattr(m.obj, "name", None) in names]
+    assert said == []
+
+
 def test_the_backends_options_are_defaults_for_its_tasks():
     tasks_config = {
         "default": {

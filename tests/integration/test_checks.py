@@ -240,3 +240,16 @@ def test_check_database_runs_the_observed_check(define):
     err = StringIO()
     call_command("check", stdout=StringIO(), stderr=err)
     assert "jobguard.W005" not in err.getvalue()
+
+
+def test_the_durable_invalidation_task_of_the_cache_module_is_classified():
+    # A project that uses durable invalidation registers this task; the checklist must have
+    # nothing to say about a task the project did not write.
+    from django_jobguard.cache import delete_keys
+    from django_jobguard.exceptions import TransientError
+    from django_jobguard.retry import classify
+
+    assert ids_for(checks.check_task_classification(), delete_keys) == []
+    # A cache that fails is still retried; a bug in the payload is not.
+    assert classify(TransientError("cache down"), delete_keys) == "transient"
+    assert classify(KeyError("keys"), delete_keys) == "permanent"

@@ -86,3 +86,11 @@ if TASK_TAKES_OPTIONS:
     @task(max_attempts=2, retry_on=(RetryMe,), lock="thing:{thing_id}", atomic=True)
     def with_options(thing_id: int) -> int:
         raise RetryMe(f"thing {thing_id} not ready")
+
+    @task(idempotency_key="thing:{thing_id}", max_attempts=1)
+    def keyed(thing_id: int) -> int:
+        return thing_id
+
+    @task(idempotent=True, max_attempts=1)
+    def natural(thing_id: int) -> int:
+        return thing_id
