@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 from django.db import transaction
 from django.db.models.functions import Now
@@ -18,6 +19,29 @@ logger = logging.getLogger(__name__)
 __all__ = ["cancel", "request_cancel", "retry_now", "run_now"]
 
 
+def _lock_and_update(
+    alias: str, match: dict[str, Any], *, skip_locked: bool = True, **changes: Any
+) -> list[int]:
+    """Lock the jobs that ``match`` and update them to ``changes``; their ids.
+
+    Call it inside a transaction (the caller's, which may write more in the same one).
+
+    The update repeats the match's status (not its other conditions, which the lock made
+    true), so a row whose status moved on between the two statements is left alone.
+    """
+    from .models import Job
+
+    ids = list(
+        Job.objects.using(alias)
+        .select_for_update(skip_locked=skip_locked)
+        .filter(**match)
+        .values_list("pk", flat=True)
+    )
+    if ids:
+        Job.objects.using(alias).filter(pk__in=ids, status=match["status"]).update(**changes)
+    return ids
+
+
 def cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None) -> list[int]:
     """Cancel the given jobs that are still queued; the ids actually cancelled.
 
@@ -25,7 +49,7 @@ def cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None
     lease already decides who may finish it. A cancelled job's idempotency key expires at
     once, so the same business action can be enqueued again later.
     """
-    from .models import IdempotencyKey, Job, JobStatus
+    from .models import IdempotencyKey, JobStatus
 
     alias = using or get_settings().database_alias
     wanted = list(job_ids)
@@ -34,19 +58,15 @@ def cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None
     with transaction.atomic(using=alias):
         # Lock the queued rows first (workers skip them), so only these are updated and
         # their keys released; a row a worker claims meanwhile is no longer queued here.
-        ids = list(
-            Job.objects.using(alias)
-            .select_for_update(skip_locked=True)
-            .filter(pk__in=wanted, status=JobStatus.QUEUED)
-            .values_list("pk", flat=True)
-        )
-        if not ids:
-            return []
-        Job.objects.using(alias).filter(pk__in=ids, status=JobStatus.QUEUED).update(
+        ids = _lock_and_update(
+            alias,
+            {"pk__in": wanted, "status": JobStatus.QUEUED},
             status=JobStatus.CANCELLED,
             finished_at=Now(),
             last_error=f"cancelled: {reason}" if reason else "cancelled",
         )
+        if not ids:
+            return []
         IdempotencyKey.objects.using(alias).filter(job_id__in=ids).update(
             status="failed", expires_at=Now(), updated_at=Now()
         )
@@ -61,20 +81,20 @@ def request_cancel(job_ids: Iterable[int], *, reason: str = "", using: str | Non
     ``context.cancel_requested``, and the handler decides where stopping is safe. A
     handler that ignores it runs to its end and is acked as usual.
     """
-    from .models import Job, JobStatus
+    from .models import JobStatus
 
     alias = using or get_settings().database_alias
     wanted = list(job_ids)
     if not wanted:
         return []
     with transaction.atomic(using=alias):
-        ids = list(
-            Job.objects.using(alias)
-            .select_for_update()
-            .filter(pk__in=wanted, status=JobStatus.RUNNING, cancel_requested=False)
-            .values_list("pk", flat=True)
+        # No skip_locked: a running row its worker holds a moment (a heartbeat) is waited for.
+        ids = _lock_and_update(
+            alias,
+            {"pk__in": wanted, "status": JobStatus.RUNNING, "cancel_requested": False},
+            skip_locked=False,
+            cancel_requested=True,
         )
-        Job.objects.using(alias).filter(pk__in=ids, status=JobStatus.RUNNING).update(cancel_requested=True)
     if ids:
         logger.info("cancel_requested count=%d ids=%s reason=%s", len(ids), ids[:20], reason or "-")
     return ids
@@ -86,7 +106,7 @@ def retry_now(job_ids: Iterable[int], *, reason: str = "", using: str | None = N
     Jobs already due, running or finished are left alone: the ids changed. The attempt
     count is kept, so a job near its ``max_attempts`` is not given more tries.
     """
-    from .models import Job, JobStatus
+    from .models import JobStatus
 
     alias = using or get_settings().database_alias
     wanted = list(job_ids)
@@ -94,13 +114,9 @@ def retry_now(job_ids: Iterable[int], *, reason: str = "", using: str | None = N
         return []
     with transaction.atomic(using=alias):
         # Workers skip locked rows, so none is claimed between the select and the update.
-        ids = list(
-            Job.objects.using(alias)
-            .select_for_update(skip_locked=True)
-            .filter(pk__in=wanted, status=JobStatus.QUEUED, run_after__gt=Now())
-            .values_list("pk", flat=True)
+        ids = _lock_and_update(
+            alias, {"pk__in": wanted, "status": JobStatus.QUEUED, "run_after__gt": Now()}, run_after=Now()
         )
-        Job.objects.using(alias).filter(pk__in=ids, status=JobStatus.QUEUED).update(run_after=Now())
     if ids:
         logger.info("jobs_made_due count=%d ids=%s reason=%s", len(ids), ids[:20], reason or "-")
     return ids

@@ -214,6 +214,13 @@ class TaskReport:
     visibility_timeout: float
     recommended: float
     reason: str
+    #: JOBGUARD["TUNING"]["MIN_RUNS"] when the report was made.
+    min_runs: int
+
+    @property
+    def few_runs(self) -> bool:
+        """Fewer runs in the window than MIN_RUNS: the p99, and the recommendation, are a weak basis."""
+        return self.durations.count < self.min_runs
 
     @property
     def exceeds_timeout(self) -> bool:
@@ -254,6 +261,7 @@ def report(alias: str, *, since: float, queue: str | None = None) -> list[QueueR
                 visibility_timeout=task_timeout(durations.task, durations.queue, conf),
                 recommended=recommended,
                 reason=reason,
+                min_runs=conf.tuning.min_runs,
             )
         )
     reports = []

@@ -138,9 +138,25 @@ def test_json_report_has_the_documented_shape():
                 "recommended_visibility_timeout": 60.0,
                 "reason": "p99 30s x safety factor 2 = 60s, rounded up to 60s",
                 "exceeds_timeout": True,
+                "few_runs": False,
             }
         ],
     }
+
+
+@override_settings(JOBGUARD={**SETTINGS, "TUNING": {**SETTINGS["TUNING"], "MIN_RUNS": 10}})
+def test_a_task_with_fewer_runs_than_min_runs_is_marked_a_weak_basis():
+    finished("t.rare", "reports", [60.0] * 3)
+    finished("t.enough", "reports", [60.0] * 10)  # MIN_RUNS exactly: trusted
+    out = tune()
+    (rare,) = [line for line in out.splitlines() if line.startswith("  t.rare ")]
+    assert rare.endswith(
+        "600s -> 120s  (only 3 runs in the window; JOBGUARD['TUNING']['MIN_RUNS'] is 10: a weak basis)"
+    ), rare
+    (enough,) = [line for line in out.splitlines() if line.startswith("  t.enough ")]
+    assert "weak basis" not in enough and enough.endswith("600s -> 120s"), enough
+    (queue,) = json.loads(tune("--json"))["queues"]
+    assert {task["task"]: task["few_runs"] for task in queue["tasks"]} == {"t.enough": False, "t.rare": True}
 
 
 def test_nothing_finished_says_so():

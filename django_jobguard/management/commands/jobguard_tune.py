@@ -82,6 +82,7 @@ class Command(BaseCommand):
                             "recommended_visibility_timeout": item.recommended,
                             "reason": item.reason,
                             "exceeds_timeout": item.exceeds_timeout,
+                            "few_runs": item.few_runs,
                         }
                         for item in queue.tasks
                     ],
@@ -110,9 +111,15 @@ class Command(BaseCommand):
             )
             for row in item.tasks:
                 d = row.durations
+                weak = (
+                    f"  (only {d.count} runs in the window; JOBGUARD['TUNING']['MIN_RUNS'] is "
+                    f"{row.min_runs}: a weak basis)"
+                    if row.few_runs
+                    else ""
+                )
                 self.stdout.write(
                     f"  {d.task:<48} {d.count:>7} {d.p50:>8.3f} {d.p95:>8.3f} {d.p99:>8.3f} {d.max:>8.3f}  "
-                    f"{row.visibility_timeout:g}s -> {row.recommended:g}s"
+                    f"{row.visibility_timeout:g}s -> {row.recommended:g}s{weak}"
                 )
                 if row.exceeds_timeout:
                     self.stdout.write(
