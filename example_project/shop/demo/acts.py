@@ -645,6 +645,7 @@ def create_demo_users() -> dict[str, tuple[Any, str]]:
             "view_job",
             "view_lock",
             "pause_schedule",
+            "view_schedule",
         ],
     }
     model = get_user_model()
