@@ -17,6 +17,7 @@ from django_jobguard import task
 from .models import (
     Account,
     Export,
+    Heartbeat,
     MailCall,
     Order,
     OrderSync,
@@ -163,3 +164,22 @@ def import_partner_order(payload: dict[str, Any]) -> str:
         reference=payload["reference"], defaults={"amount": Decimal(str(payload["amount"]))}
     )
     return payload["reference"]
+
+
+# Every worker runs the scheduler; each tick is enqueued once, with the key
+# schedule:shop.tasks.heartbeat:<tick in UTC>, whichever scheduler gets there first.
+@task(
+    queue_name="heartbeats",
+    schedule="*/2 * * * * *",  # six fields, seconds first: every two seconds
+    takes_context=True,
+    idempotent=True,  # one row per tick key: a rerun of a tick finds its row
+    retry_on=(TimeoutError,),
+    expected_duration=0.5,
+)
+def heartbeat(context: Any) -> str:
+    key = context.idempotency_key or f"manual:{context.job_id}"
+    Heartbeat.objects.get_or_create(
+        tick_key=key,
+        defaults={"job_id": context.job_id, "worker_id": context.worker_id, "beat_at": timezone.now()},
+    )
+    return key

@@ -7,6 +7,8 @@ figures are true, so a demo that claimed more than it did would fail here.
 
 from __future__ import annotations
 
+import datetime
+import itertools
 import json
 import os
 import select
@@ -207,6 +209,41 @@ def check_against_database(out: str, summary: dict[str, Any], query: Query) -> N
         "JOIN auth_permission p ON p.id = up.permission_id WHERE p.codename = 'approve_replay'"
     ) == [("approver",)]
     assert summary["totals"]["dead"] == 2
+
+    # The recurring heartbeat: one job per tick key, two seconds apart, each run once.
+    ticked = figures(summary, "schedule")
+    per_key = query(
+        "SELECT idempotency_key, COUNT(*), SUM(CASE WHEN status = 'succeeded' THEN 1 ELSE 0 END) "
+        "FROM jobguard_job WHERE idempotency_key LIKE 'schedule:%' GROUP BY idempotency_key"
+    )
+    prefix = "schedule:shop.tasks.heartbeat:"
+    assert per_key and all(key.startswith(prefix) for key, _, _ in per_key), per_key
+    assert {(n, ok) for _, n, ok in per_key} == {(1, 1)}, per_key
+    assert len(per_key) == ticked["ticks"] == ticked["jobs"] == ticked["succeeded"] >= 3
+    assert ticked["max_jobs_per_tick"] == 1
+    times = sorted(datetime.datetime.fromisoformat(key.removeprefix(prefix)) for key, _, _ in per_key)
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
+    assert set(gaps) == {2.0} and ticked["gaps"] == 0, gaps
+    assert (
+        query(
+            "SELECT COUNT(*) FROM shop_heartbeat h JOIN jobguard_job j ON j.id = h.job_id "
+            "AND j.idempotency_key = h.tick_key AND j.worker_id = h.worker_id"
+        )
+        == [(len(per_key),)]
+        == [(ticked["heartbeats"],)]
+    )
+    ran_by = dict(
+        query(
+            "SELECT worker_id, COUNT(*) FROM jobguard_job WHERE idempotency_key LIKE 'schedule:%' "
+            "GROUP BY worker_id"
+        )
+    )
+    assert ran_by == ticked["ran_by"] and "" not in ran_by, ran_by
+    # The approver paused it once the other acts were done, so no tick was left queued.
+    [(paused, removed_at)] = query(
+        "SELECT paused, removed_at FROM jobguard_schedule WHERE name = 'shop.tasks.heartbeat'"
+    )
+    assert bool(paused) and removed_at is None
     # Nothing left behind: no job queued or running once the workers stopped.
     assert query("SELECT COUNT(*) FROM jobguard_job WHERE status IN ('queued', 'running')") == [(0,)]
 

@@ -10,6 +10,7 @@ A new discipline is one more class in :data:`ACTS`.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import itertools
 import os
 import signal
@@ -21,12 +22,13 @@ from django.core.cache import caches
 from django.db import transaction
 from django.db.models import Count, Max, Q, Sum
 
-from django_jobguard import dlq
+from django_jobguard import dlq, schedules
 from django_jobguard.conf import get_settings
-from django_jobguard.models import DeadLetter, IdempotencyKey, Job, JobStatus
+from django_jobguard.models import DeadLetter, IdempotencyKey, Job, JobStatus, Schedule
 from shop.models import (
     Account,
     Export,
+    Heartbeat,
     MailCall,
     Order,
     OrderSync,
@@ -43,6 +45,7 @@ from shop.tasks import (
     apply_account_update,
     charge_order,
     export_orders,
+    heartbeat,
     import_partner_order,
     pack_shipment,
     sync_order,
@@ -538,11 +541,84 @@ class KilledWorker(Act):
         ]
 
 
+class RecurringJob(Act):
+    """A heartbeat every two seconds, scheduled by every worker: each tick enqueued once.
+
+    The clock runs while the other acts work; once they have nothing left, the approver
+    pauses the schedule (``jobguard.pause_schedule``), so no tick is left queued when the
+    workers stop. The console can resume it.
+    """
+
+    name = "schedule"
+    EVERY = 2  # seconds between ticks: shop.tasks.heartbeat's "*/2 * * * * *"
+    MIN_TICKS = 3  # a run too short to show ticks waits for them (the heartbeat ticks every 2s)
+
+    def __init__(self, others: list[Act]) -> None:
+        self.others = others
+        self.done = False
+
+    def tick(self, demo: Demo) -> None:
+        if self.done or not all(act.done for act in self.others):
+            return
+        jobs = _task_jobs(heartbeat)
+        if Job.objects.exclude(task_name=heartbeat.name).filter(
+            status__in=[JobStatus.QUEUED, JobStatus.RUNNING]
+        ).exists() or (jobs.filter(status=JobStatus.SUCCEEDED).count() < self.MIN_TICKS):
+            return
+        approver = get_user_model().objects.get(username="approver")
+        schedules.pause(Schedule.objects.get(name=heartbeat.name), user=approver)
+        demo.note(f"paused the schedule {heartbeat.name} after {jobs.count()} ticks")
+        self.done = True
+
+    def proofs(self, demo: Demo) -> list[Proof]:
+        prefix = f"schedule:{heartbeat.name}:"
+        jobs = Job.objects.filter(idempotency_key__startswith=prefix)
+        ticks = jobs.values("idempotency_key").annotate(n=Count("id"))
+        most = ticks.aggregate(m=Max("n"))["m"] or 0
+        succeeded = jobs.filter(status=JobStatus.SUCCEEDED).count()
+        beats = Heartbeat.objects.filter(tick_key__startswith=prefix).count()
+        by_worker = dict(
+            jobs.values("worker_id")
+            .annotate(n=Count("id"))
+            .order_by("worker_id")
+            .values_list("worker_id", "n")
+        )
+        times = sorted(
+            datetime.datetime.fromisoformat(key.removeprefix(prefix))
+            for key in jobs.values_list("idempotency_key", flat=True)
+        )
+        # Two seconds apart, none skipped: the schedule ticked the whole time it ran.
+        gaps = sum(1 for a, b in itertools.pairwise(times) if (b - a).total_seconds() != self.EVERY)
+        first, last = (times[0].strftime("%H:%M:%S"), times[-1].strftime("%H:%M:%S")) if times else ("-", "-")
+        spread = ", ".join(f"{worker} {n}" for worker, n in by_worker.items())
+        return [
+            Proof(
+                "recurring job ticked on time, each tick enqueued once",
+                f"{ticks.count()} ticks every {self.EVERY}s ({first} .. {last} UTC, {gaps} gaps), "
+                f"{jobs.count()} jobs, at most {most} per tick key; {succeeded} succeeded, {beats} "
+                f"heartbeat rows; ran by {spread or 'nobody'}",
+                ticks.count() >= self.MIN_TICKS
+                and most == 1
+                and gaps == 0
+                and succeeded == jobs.count() == beats == ticks.count(),
+                {
+                    "ticks": ticks.count(),
+                    "jobs": jobs.count(),
+                    "max_jobs_per_tick": most,
+                    "gaps": gaps,
+                    "succeeded": succeeded,
+                    "heartbeats": beats,
+                    "ran_by": by_worker,
+                },
+            )
+        ]
+
+
 def build_acts(orders: int) -> list[Act]:
-    """The acts in the order they start. Future acts (recurring jobs, queue pause/resume from
+    """The acts in the order they start. Future acts (queue pause/resume from
     the console, the checklist checks, the REST API) are one more entry here."""
     order_act = Orders(orders)
-    return [
+    acts = [
         KilledWorker(order_act),
         order_act,
         ProducerResend(order_act),
@@ -552,6 +628,7 @@ def build_acts(orders: int) -> list[Act]:
         SlowExport(),
         DeadLetters(),
     ]
+    return [*acts, RecurringJob(acts)]
 
 
 def create_demo_users() -> dict[str, tuple[Any, str]]:
@@ -561,7 +638,15 @@ def create_demo_users() -> dict[str, tuple[Any, str]]:
     users = {}
     perms = {
         "requester": ["request_replay", "view_payload", "view_deadletter", "view_job"],
-        "approver": ["approve_replay", "view_payload", "view_deadletter", "view_job", "view_lock"],
+        "approver": [
+            "approve_replay",
+            "view_payload",
+            "view_deadletter",
+            "view_job",
+            "view_lock",
+            "pause_schedule",
+            "view_schedule",
+        ],
     }
     model = get_user_model()
     for name, codenames in perms.items():
@@ -585,9 +670,20 @@ def reset() -> None:
     stale = [f"shop:order:{pk}:summary" for pk in Order.objects.values_list("pk", flat=True)]
     stale += [f"shop:account:{pk}:summary" for pk in Account.objects.values_list("pk", flat=True)]
     cache.delete_many(stale)
-    for model in (ReplayEvent, DeadLetter, IdempotencyKey, Job, Lock):
+    # Schedule too: a row left by the last run would bring its old next tick (a missed tick);
+    # the first worker to start writes it afresh.
+    for model in (ReplayEvent, DeadLetter, Schedule, IdempotencyKey, Job, Lock):
         model.objects.all().delete()
-    for model in (MailCall, SentReceipt, OrderSync, PackingStart, Shipment, Payment, ProviderCharge):
+    for model in (
+        MailCall,
+        SentReceipt,
+        OrderSync,
+        PackingStart,
+        Shipment,
+        Payment,
+        ProviderCharge,
+        Heartbeat,
+    ):
         model.objects.all().delete()
     for model in (Order, Account, Export, PartnerOrder):
         model.objects.all().delete()
