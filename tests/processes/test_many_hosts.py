@@ -123,6 +123,10 @@ def ghost_leases(count: int, marker: str) -> list[int]:
     return sorted(job.id for job in held)
 
 
+def reaped_by(workers, proc) -> list[str]:
+    return re.findall(r"lease_expired job_id=(\d+)", workers.log(proc))
+
+
 def leaders(workers, procs) -> list:
     return [proc for proc in procs if "maintenance_leader_elected" in workers.log(proc)]
 
@@ -143,10 +147,16 @@ def test_with_an_elected_leader_one_worker_reaps_and_another_takes_over_when_it_
         timeout=60,
         message="the leader to reap the expired leases",
     )
-    # Only the leader ran the reaper.
+    # Only the leader ran the reaper. Its log lines follow the reaper's commit, so wait for them
+    # rather than read the log the moment the rows show the jobs reaped.
+    wait_for(
+        lambda: len(reaped_by(workers, leader)) == len(first),
+        timeout=30,
+        message="the leader's lease_expired log lines",
+    )
     for proc in procs:
-        reaped = re.findall(r"lease_expired job_id=(\d+)", workers.log(proc))
-        assert (len(reaped) == len(first)) if proc is leader else not reaped, workers.log(proc)[-2000:]
+        if proc is not leader:
+            assert not reaped_by(workers, proc), workers.log(proc)[-2000:]
     leader.kill()  # SIGKILL: its leadership row is left to expire
     leader.wait(timeout=10)
     Job.objects.filter(pk__in=first).delete()  # so the next ghost holds only new jobs
