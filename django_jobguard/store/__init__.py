@@ -27,16 +27,19 @@ from collections.abc import Iterable, Sequence
 from types import ModuleType
 from typing import Any
 
+from django.core.signals import setting_changed
 from django.db import connections
 
 from . import postgres, sqlite
 from ._common import (
     LEASE_EXPIRED_ERROR,
     NOTIFY_CHANNEL,
+    PERCENTILES,
     REAP_BATCH,
     SQLITE_INSERT_CHUNK,
     AttemptError,
     ClaimedJob,
+    DurationRow,
     Inserted,
     build_job,
     key_owner,
@@ -49,10 +52,12 @@ from .listener import Listener
 __all__ = [
     "LEASE_EXPIRED_ERROR",
     "NOTIFY_CHANNEL",
+    "PERCENTILES",
     "REAP_BATCH",
     "SQLITE_INSERT_CHUNK",
     "AttemptError",
     "ClaimedJob",
+    "DurationRow",
     "Listener",
     "build_job",
     "claim",
@@ -65,6 +70,7 @@ __all__ = [
     "insert_keyed_job",
     "key_owner",
     "mark_dead",
+    "observed_durations",
     "read_checkpoints",
     "reap",
     "record_key_success",
@@ -90,6 +96,14 @@ def _db(alias: str) -> ModuleType:
         raise NotImplementedError(f"django-jobguard supports PostgreSQL and SQLite, not {vendor}.")
     _by_alias[alias] = module
     return module
+
+
+def _forget_aliases(*, setting: str, **kwargs: Any) -> None:
+    if setting == "DATABASES":  # a test's override_settings(DATABASES=...)
+        _by_alias.clear()
+
+
+setting_changed.connect(_forget_aliases, dispatch_uid="jobguard_store_aliases")
 
 
 def writes_while_busy(alias: str) -> bool:
@@ -277,3 +291,17 @@ def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], li
     """
     result: tuple[list[tuple[int, str]], list[tuple[int, str]]] = _db(alias).reap(alias, limit)
     return result
+
+
+# -- reporting -------------------------------------------------------------------------------
+
+
+def observed_durations(alias: str, since: float, queue: str | None = None) -> list[DurationRow]:
+    """Claim-to-ack seconds of the jobs that succeeded in the last ``since`` seconds, per (queue, task).
+
+    Read through the partial index on finished jobs, so a window is a range of it however
+    many older rows the table keeps. Percentiles are ``percentile_cont``'s (linear
+    interpolation between the two nearest ranks) on both databases.
+    """
+    rows: list[DurationRow] = _db(alias).observed_durations(alias, since, queue)
+    return rows

@@ -50,6 +50,14 @@ INSERT_FIELDS = (
 #: The constant columns of a new job row, after the INSERT_FIELDS (status ... lock_contentions).
 INSERT_CONSTANTS = "'queued', 0, '', '', 0, 0"
 
+#: The percentiles of run durations the store reports (``jobguard_tune``), as fractions.
+PERCENTILES = (0.5, 0.95, 0.99)
+#: Durations of one (queue, task): ``(queue, task, count, [p50, p95, p99], max)`` in seconds.
+DurationRow = tuple[str, str, int, list[float], float]
+# The partial index's own condition, repeated so that SQLite (which does not deduce it from
+# status = 'succeeded') picks the index too.
+FINISHED = "status IN ('succeeded', 'dead', 'cancelled') AND status = 'succeeded' AND started_at IS NOT NULL"
+
 #: What an insert returns per job: ``(id, run_after, enqueued_at)``.
 Inserted = tuple[int, datetime.datetime, datetime.datetime]
 #: How a failed attempt is recorded in the job's history: (error class path, message, traceback).

@@ -17,6 +17,7 @@ from django.db import connections, transaction
 
 from ..conf import get_settings
 from ._common import (
+    FINISHED,
     INSERT_COLUMNS,
     INSERT_CONSTANTS,
     INSERT_FIELDS,
@@ -27,6 +28,7 @@ from ._common import (
     TABLE,
     AttemptError,
     ClaimedJob,
+    DurationRow,
     Inserted,
     row_values,
     sqlite_datetime,
@@ -361,3 +363,33 @@ def record_key_success(alias: str, scope: str, key: str, job_id: int, result_jso
     with connections[alias].cursor() as cursor:
         cursor.execute(_KEY_SUCCEEDED, [result_json, scope, key, job_id])
         return bool(cursor.rowcount > 0)
+
+
+# -- reporting (jobguard_tune) -----------------------------------------------------------------
+
+
+def durations_sql(since: float, queue: str | None) -> tuple[str, list[Any]]:
+    """The PostgreSQL statement of :func:`observed_durations` and its parameters."""
+    params: list[Any] = [since]
+    queue_filter = ""
+    if queue is not None:
+        queue_filter = "AND queue_name = %s "
+        params.append(queue)
+    sql = (
+        "SELECT queue_name, task_name, count(*), "
+        "percentile_cont(ARRAY[0.5, 0.95, 0.99]::float8[]) WITHIN GROUP (ORDER BY d), max(d) "
+        "FROM (SELECT queue_name, task_name, "
+        "EXTRACT(EPOCH FROM finished_at - started_at)::float8 AS d "
+        f"FROM {TABLE} WHERE {FINISHED} "
+        "AND finished_at >= statement_timestamp() - %s * interval '1 second' "
+        f"{queue_filter}) AS runs GROUP BY queue_name, task_name ORDER BY queue_name, task_name"
+    )
+    return sql, params
+
+
+def observed_durations(alias: str, since: float, queue: str | None) -> list[DurationRow]:
+    """Run durations per (queue, task) in the window, percentiles computed by the database."""
+    sql, params = durations_sql(since, queue)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, params)
+        return [(q, t, n, list(ps), top) for q, t, n, ps, top in cursor.fetchall()]

@@ -8,23 +8,27 @@ already exclusive (the status re-check guards the statement all the same). Times
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Sequence
 from typing import Any
 
 from django.db import connections, transaction
 
 from ._common import (
+    FINISHED,
     INSERT_COLUMNS,
     INSERT_CONSTANTS,
     KEY_TABLE,
     LEASE_EXPIRED_ERROR,
     LEASE_EXPIRED_MESSAGE,
+    PERCENTILES,
     REAP_BATCH,
     RETURNING,
     SQLITE_INSERT_CHUNK,
     TABLE,
     AttemptError,
     ClaimedJob,
+    DurationRow,
     Inserted,
     placeholders,
     row_values,
@@ -271,3 +275,68 @@ def record_key_success(alias: str, scope: str, key: str, job_id: int, result_jso
     with connections[alias].cursor() as cursor:
         cursor.execute(_KEY_SUCCEEDED, [result_json, scope, key, job_id])
         return bool(cursor.rowcount > 0)
+
+
+# -- reporting (jobguard_tune) -----------------------------------------------------------------
+# SQLite has no percentile function: one statement ranks each task's durations with window
+# functions and returns only the two rows per percentile that percentile_cont (linear
+# interpolation between the two nearest ranks, as on PostgreSQL) interpolates between.
+
+# julianday() keeps about 0.1 ms of precision at today's dates: rounded to the millisecond
+# (the resolution of the worker's SQLite timestamps), so 25 s reads as 25.0, not 25.00004.
+_SQLITE_DURATION = "round((julianday(finished_at) - julianday(started_at)) * 86400.0, 3)"
+
+
+def durations_sql(since: float, queue: str | None) -> tuple[str, list[Any]]:
+    """The SQLite statement of :func:`observed_durations` and its parameters."""
+    params: list[Any] = [f"-{since:.3f} seconds"]
+    queue_filter = ""
+    if queue is not None:
+        queue_filter = "AND queue_name = %s "
+        params.append(queue)
+    # Window functions rank each task's durations; only the rows at the ranks the
+    # percentiles interpolate between (two per percentile) leave the database. One
+    # statement, so the counts and the ranks come from one snapshot.
+    ranks = ", ".join(
+        f"CAST({fraction!r} * (n - 1) AS INTEGER), CAST({fraction!r} * (n - 1) AS INTEGER) + 1"
+        for fraction in PERCENTILES
+    )
+    sql = (
+        "SELECT queue_name, task_name, n, top, position, d FROM ("
+        "SELECT queue_name, task_name, d, "
+        "row_number() OVER (PARTITION BY queue_name, task_name ORDER BY d) - 1 AS position, "
+        "count(*) OVER (PARTITION BY queue_name, task_name) AS n, "
+        "max(d) OVER (PARTITION BY queue_name, task_name) AS top "
+        f"FROM (SELECT queue_name, task_name, {_SQLITE_DURATION} AS d FROM {TABLE} "
+        f"WHERE {FINISHED} AND finished_at >= strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) "
+        f"{queue_filter}) AS runs) AS ranked "
+        f"WHERE position IN ({ranks}) ORDER BY queue_name, task_name, position"
+    )
+    return sql, params
+
+
+def observed_durations(alias: str, since: float, queue: str | None) -> list[DurationRow]:
+    """Run durations per (queue, task) in the window, percentiles interpolated here."""
+    sql, params = durations_sql(since, queue)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    groups: dict[tuple[str, str], tuple[int, float, dict[int, float]]] = {}
+    for queue_name, task_name, count, top, position, value in rows:
+        groups.setdefault((queue_name, task_name), (count, top, {}))[2][position] = value
+    return [
+        (queue_name, task_name, count, [_interpolate(f, count, kept) for f in PERCENTILES], top)
+        for (queue_name, task_name), (count, top, kept) in groups.items()
+    ]
+
+
+def _ranks(fraction: float, count: int) -> tuple[int, int]:
+    """The two 0-based ranks ``percentile_cont(fraction)`` interpolates between."""
+    low = math.floor(fraction * (count - 1))
+    return low, min(low + 1, count - 1)
+
+
+def _interpolate(fraction: float, count: int, values: dict[int, float]) -> float:
+    position = fraction * (count - 1)
+    low, high = _ranks(fraction, count)
+    return values[low] + (position - low) * (values[high] - values[low])
