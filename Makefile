@@ -38,6 +38,7 @@ lint: $(PY)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 docs: $(PY)
 	$(PIP) install -e ".[all]" --group docs

@@ -45,6 +45,7 @@ def lint(session: nox.Session) -> None:
     _install(session, "lint")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("lint-imports")
 
 
 @nox.session(python="3.11")

@@ -17,6 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .conf import get_settings
 from .exceptions import InvalidArgumentsError, PayloadTooLargeError
 
 __all__ = ["MAX_INTEGER_DIGITS", "normalize_json", "payload_size", "validate_payload"]
@@ -34,8 +35,6 @@ _MAX_FLOAT_CHARS = 24
 
 
 def _settings_limits() -> tuple[int, int]:
-    from .conf import get_settings
-
     conf = get_settings()
     return conf.max_payload_depth, conf.max_payload_bytes
 

@@ -12,8 +12,10 @@ class JobguardConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # checks register on import; cache registers the durable invalidation task.
-        from . import cache, checks, conf, metrics, registry  # noqa: F401
+        # Imported here, not at the top: they import the models, which the app registry
+        # loads after this module. checks register on import; cache registers the durable
+        # invalidation task; enqueue plugs itself into Task.enqueue() (see task.py).
+        from . import cache, checks, conf, enqueue, metrics, registry  # noqa: F401
 
         setting_changed.connect(conf.reload, dispatch_uid="jobguard_settings_reload")
         registry.autodiscover()

@@ -22,6 +22,9 @@ from typing import Any
 from django.db import connections
 from django.utils import timezone
 
+from .models import QueueMinute, WorkerBeat
+from .stats import oldest_due_ages
+
 __all__ = [
     "OUTCOMES",
     "STALE_AFTER_SECONDS",
@@ -112,7 +115,6 @@ class Beat:
 
     def beat(self, jobs_in_hand: int) -> None:
         """Upsert this worker's row and add the pending outcome counts (two statements)."""
-        from .models import WorkerBeat
 
         connection = connections[self.alias]
         ops = connection.ops
@@ -139,7 +141,6 @@ class Beat:
 
     def flush(self) -> None:
         """Add the outcome counts gathered since the last flush to their minutes (one statement)."""
-        from .models import QueueMinute
 
         taken = _take_pending()
         if not taken:
@@ -166,12 +167,10 @@ class Beat:
 
     def sample_oldest_ages(self) -> None:
         """Record each queue's oldest due age in this minute (the largest sample wins)."""
-        from .stats import oldest_due_ages
 
         ages = oldest_due_ages(self.alias)
         if not ages:
             return
-        from .models import QueueMinute
 
         connection = connections[self.alias]
         table = QueueMinute._meta.db_table
@@ -193,7 +192,6 @@ class Beat:
 
     def prune(self) -> None:
         """Delete per-minute rows and worker rows older than a day (indexed range deletes)."""
-        from .models import QueueMinute, WorkerBeat
 
         cutoff = timezone.now() - datetime.timedelta(seconds=KEEP_SECONDS)
         QueueMinute.objects.using(self.alias).filter(minute__lt=cutoff).delete()

@@ -55,10 +55,12 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
-from . import _faults, metrics
+from . import _faults, metrics, store
 from ._redis import is_django_redis, milliseconds, run_script
 from .conf import get_settings
+from .enqueue import enqueue
 from .exceptions import PermanentError, TransientError
+from .models import Job
 from .task import task
 
 __all__ = [
@@ -341,8 +343,6 @@ def _invalidate_durably(keys: list[str], version: int | None, alias: str, using:
         if state.add(keys, version, alias):
             # One UPDATE per call that adds keys: the job must hold every key when the
             # transaction commits, and there is no hook that runs just before the commit.
-            from .models import Job
-
             Job.objects.using(db_alias).filter(pk=state.job_id).update(kwargs={"keys": _copy(state.entries)})
         return
     state = _Durable(connection=connection, using=db_alias)
@@ -363,8 +363,6 @@ def _copy(entries: Entries) -> Entries:
 
 
 def _enqueue_durable_job(entries: Entries) -> int:
-    from .enqueue import enqueue
-
     conf = get_settings().cache
     durable_task = dataclasses.replace(
         delete_keys,
@@ -408,9 +406,7 @@ def _remove_job(using: str, job_id: int) -> None:
     # The fast path's only database write: the job never ran and has nothing to record, so
     # deleting it is cheaper than an ack now and a prune later. A worker that claimed it
     # already (status running) keeps it and deletes the keys once more, harmlessly.
-    from .leasing import discard_queued
-
-    discard_queued(using, job_id)
+    store.discard_queued(using, job_id)
 
 
 # Classified as the checklist asks of every task (jobguard.W002/W003): deleting keys twice is

@@ -5,17 +5,26 @@ IDs are listed in docs/reference/checks.md; a retired ID is never reused.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
+from django.apps import apps
+from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+
+from . import cache, schedules
+from ._redis import is_django_redis
+from .conf import get_settings
+from .exceptions import InvalidArgumentsError
+from .registry import registry
+from .tuning import observed_durations, recommend_timeout, split_needed, task_timeout
 
 
 @checks.register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """jobguard.E001: the JOBGUARD setting is invalid."""
-    from .conf import get_settings
-
     try:
         get_settings()
     except ImproperlyConfigured as exc:
@@ -34,10 +43,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 @checks.register()
 def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """jobguard.E002: unknown alias; E003: unsupported database; W001: SQLite without IMMEDIATE."""
-    from django.db import connections
-
-    from .conf import get_settings
-
     try:
         alias = get_settings().database_alias
     except ImproperlyConfigured:
@@ -78,11 +83,6 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 @checks.register(checks.Tags.caches)
 def check_lock_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """jobguard.E004: the Redis lock back end names a cache that is not django-redis."""
-    from django.conf import settings
-
-    from ._redis import is_django_redis
-    from .conf import get_settings
-
     try:
         locks = get_settings().locks
     except ImproperlyConfigured:
@@ -116,11 +116,6 @@ def check_cache_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
     Only when the feature is configured (``JOBGUARD["CACHE"]`` given) or used (a model
     declared with ``cache.invalidates()``), so projects that do not use it are not bothered.
     """
-    from django.conf import settings
-
-    from . import cache
-    from .conf import get_settings
-
     try:
         alias = get_settings().cache.alias
     except ImproperlyConfigured:
@@ -158,10 +153,6 @@ PGBOUNCER_DEFAULT_PORT = "6432"
 def check_pooled_databases(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """jobguard.W060: a pooled alias with settings that break in transaction mode;
     W061: an alias on PgBouncer's port not declared pooled; W062: workers will poll, not LISTEN."""
-    from django.db import connections
-
-    from .conf import get_settings
-
     try:
         conf = get_settings()
     except ImproperlyConfigured:
@@ -233,10 +224,6 @@ def check_durable_invalidation(app_configs: Any = None, **kwargs: Any) -> list[c
     on ``JOBGUARD["DATABASE_ALIAS"]``; ``invalidate()`` takes Django's default alias unless
     given ``using=``, and then raises.
     """
-    from django.db import DEFAULT_DB_ALIAS
-
-    from .conf import get_settings
-
     try:
         conf = get_settings()
     except ImproperlyConfigured:
@@ -259,12 +246,6 @@ def check_durable_invalidation(app_configs: Any = None, **kwargs: Any) -> list[c
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """jobguard.E010: bad cron or time zone; E011: unknown task or arguments that do not fit;
     W013: ticks closer than the task's expected duration; W014: a name declared twice."""
-    import datetime
-
-    from . import schedules
-    from .exceptions import InvalidArgumentsError
-    from .registry import registry
-
     try:
         declared = schedules.declared_schedules()
     except ImproperlyConfigured:
@@ -341,10 +322,6 @@ def check_tasks_backend(alias: str, queues: set[str]) -> list[checks.CheckMessag
     Not registered here: ``JobGuardBackend.check()`` calls it for each of its ``TASKS`` aliases,
     and Django runs the backends' checks.
     """
-    from django.apps import apps
-
-    from .conf import get_settings
-
     if not apps.is_installed("django_jobguard"):
         return [
             checks.Error(
@@ -373,10 +350,6 @@ def check_tasks_backend(alias: str, queues: set[str]) -> list[checks.CheckMessag
 @checks.register()
 def check_api(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """jobguard.W040: tasks are declared ``@task(api=True)`` but Django REST framework is not installed."""
-    from django.apps import apps
-
-    from .registry import registry
-
     exposed = [name for name in registry.names() if registry.get(name).api]
     if not exposed or apps.is_installed("rest_framework"):
         return []
@@ -398,7 +371,6 @@ def check_api(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessag
 
 
 def _tasks() -> list[Any]:
-    from .registry import registry
 
     return [task for name in registry.names() if (task := registry.find(name)) is not None]
 
@@ -414,8 +386,6 @@ def _timeout_of(task: Any, conf: Any) -> float:
 @checks.register()
 def check_task_classification(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """jobguard.W002: unclassified task; W003: retried on every error; W007: lock TTL too short."""
-    from .conf import get_settings
-
     try:
         conf = get_settings()
     except ImproperlyConfigured:
@@ -468,13 +438,10 @@ def check_task_classification(app_configs: Any = None, **kwargs: Any) -> list[ch
 @checks.register()
 def check_expected_durations(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """jobguard.W004: a visibility timeout below expected_duration + margin; W006: mixed queue."""
-    from .conf import get_settings
-
     try:
         conf = get_settings()
     except ImproperlyConfigured:
         return []
-    from .tuning import recommend_timeout
 
     messages: list[checks.CheckMessage] = []
     by_queue: dict[str, dict[str, float]] = {}
@@ -506,8 +473,6 @@ def check_expected_durations(app_configs: Any = None, **kwargs: Any) -> list[che
 def _mixed_queues(
     by_queue: dict[str, dict[str, float]], conf: Any, *, source: str
 ) -> list[checks.CheckMessage]:
-    from .registry import registry
-    from .tuning import split_needed
 
     messages: list[checks.CheckMessage] = []
     factor = conf.tuning.queue_split_factor
@@ -541,12 +506,6 @@ def check_observed_durations(
     Tagged ``database``: Django runs it only for ``check --database ALIAS`` (and ``migrate``),
     since it reads the job table.
     """
-    from django.db import DatabaseError
-
-    from .conf import get_settings
-    from .registry import registry
-    from .tuning import observed_durations, recommend_timeout, task_timeout
-
     try:
         conf = get_settings()
     except ImproperlyConfigured:
@@ -586,10 +545,6 @@ def check_observed_durations(
 @checks.register(checks.Tags.security)
 def check_replay_approval(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """jobguard.W008: the replay two-person rule is off in production (DEBUG=False)."""
-    from django.conf import settings
-
-    from .conf import get_settings
-
     try:
         replay = get_settings().replay
     except ImproperlyConfigured:
@@ -615,9 +570,6 @@ def check_task_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
     ``@task`` runs at import time, before settings may be read, so its queue is checked
     here (and again at each enqueue, which refuses it).
     """
-    from .conf import get_settings
-    from .registry import registry
-
     try:
         conf = get_settings()
     except ImproperlyConfigured:

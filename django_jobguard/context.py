@@ -6,6 +6,8 @@ import dataclasses
 import threading
 from typing import TYPE_CHECKING, Any
 
+from . import store
+from ._json import normalize_json
 from .exceptions import InvalidTaskError, LeaseLost
 
 if TYPE_CHECKING:
@@ -84,9 +86,7 @@ class JobContext:
     def checkpoints(self) -> dict[str, Any]:
         """Recovery points recorded by earlier attempts of this job (name → data)."""
         if self._checkpoints is None:
-            from . import leasing
-
-            self._checkpoints = leasing.read_checkpoints(self._alias, self.job_id) if self.job_id else {}
+            self._checkpoints = store.read_checkpoints(self._alias, self.job_id) if self.job_id else {}
         return dict(self._checkpoints)
 
     def get_checkpoint(self, name: str, default: Any = None) -> Any:
@@ -101,9 +101,6 @@ class JobContext:
         block's writes. Not for ``atomic=True`` tasks, whose checkpoints would roll back with
         every failed attempt.
         """
-        from . import leasing
-        from .enqueue import normalize_json
-
         if self.task.atomic and self.job_id is not None:
             raise InvalidTaskError(
                 f"{self.task.name} is atomic=True: a checkpoint would roll back with the failed "
@@ -113,7 +110,7 @@ class JobContext:
         current = self.checkpoints
         current[name] = data
         if self.job_id is not None:
-            if not leasing.write_checkpoints(self._alias, self.job_id, self._lease_token, current):
+            if not store.write_checkpoints(self._alias, self.job_id, self._lease_token, current):
                 self._lease_lost.set()
                 raise LeaseLost(f"job {self.job_id}: lease lost before checkpoint {name!r}")
         self._checkpoints = current

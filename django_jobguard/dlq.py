@@ -39,9 +39,9 @@ from django.db.models import Count, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from . import _dispatch, idempotency, leasing, metrics, signals
+from . import _dispatch, idempotency, metrics, signals, store
 from .conf import get_settings
-from .enqueue import _prepare as prepare_job_fields
+from .enqueue import prepare as prepare_job_fields
 from .enqueue import validate_payload
 from .exceptions import InvalidArgumentsError, LeaseLost, ReplayError, ReplayPermissionDenied
 from .registry import registry
@@ -146,7 +146,7 @@ def dead_letter(
     summary = f"{error_class}: {error_message}" if error_class else error_message
     with transaction.atomic(using=alias):
         attempt_error = (_class_path(error_class), error_message, traceback)
-        if not leasing.mark_dead(alias, job_id, lease_token, summary, attempt_error):
+        if not store.mark_dead(alias, job_id, lease_token, summary, attempt_error):
             raise LeaseLost(f"job {job_id}: lease lost before dead-lettering")
         job = Job.objects.using(alias).get(pk=job_id)
         failed_at = job.finished_at or timezone.now()

@@ -8,32 +8,40 @@ has open there: a rolled-back transaction leaves no job behind. On PostgreSQL a 
 from __future__ import annotations
 
 import datetime
-import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from . import _dispatch, idempotency, leasing, metrics, signals
+from . import _dispatch, idempotency, metrics, signals, store
 from ._json import normalize_json, validate_payload
 from .conf import get_settings
 from .exceptions import IdempotencyConflict, InvalidArgumentsError, TaskNotExposedError, UnknownQueueError
 from .registry import registry
+from .task import plug_enqueue_service
 
 if TYPE_CHECKING:
     from .models import Job
     from .task import Task
 
-# normalize_json lives in _json (a leaf); it is re-exported here, where callers import it from.
-__all__ = ["bulk_enqueue", "enqueue", "enqueue_exposed", "normalize_json", "validate_payload"]
+# normalize_json lives in _json (a leaf); it is re-exported here for callers that import it from here.
+__all__ = [
+    "bulk_enqueue",
+    "enqueue",
+    "enqueue_exposed",
+    "normalize_json",
+    "prepare",
+    "validate_payload",
+]
 
 MAX_QUEUE_NAME_LENGTH = 100
 
 
-def _prepare(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """Everything about one call that does not touch the database.
+def prepare(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The job row of one call, from everything about it that does not touch the database.
 
-    Every check that can refuse the call runs here, before anything is written, and raises
+    The fields :func:`~django_jobguard.store.insert_jobs` takes (a replay builds its job from
+    them too). Every check that can refuse the call runs here, before anything is written, and raises
     :class:`InvalidArgumentsError` (a refused queue: :class:`UnknownQueueError`).
     """
     bound = task.bind(args, kwargs)
@@ -62,35 +70,8 @@ def _prepare(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any
 
 def _insert(task: Task[Any, Any], rows: list[dict[str, Any]], alias: str) -> list[Job]:
     """Insert ``rows`` and return them as saved ``Job`` instances (no second query)."""
-    inserted = leasing.insert_jobs(alias, rows, task.run_after)
-    return [build_job(alias, fields, row) for fields, row in zip(rows, inserted, strict=True)]
-
-
-def build_job(
-    alias: str, fields: dict[str, Any], inserted: tuple[int, datetime.datetime, datetime.datetime]
-) -> Job:
-    """The saved ``Job`` of ``fields`` and what its insert returned: ``(id, run_after, enqueued_at)``."""
-    from .models import Job
-
-    names, defaults = _job_layout()
-    pk, run_after, enqueued_at = inserted
-    values = {**defaults, **fields, "id": pk, "run_after": run_after, "enqueued_at": enqueued_at}
-    values["checkpoints"] = {}
-    values["attempt_history"] = []
-    # from_db builds the instance positionally, as a query would: about a third of the
-    # cost of keyword construction, on the enqueue hot path.
-    return Job.from_db(alias, names, [values[name] for name in names])
-
-
-@functools.cache
-def _job_layout() -> tuple[list[str], dict[str, Any]]:
-    """The Job's column attributes in order, and the fixed defaults of a new row."""
-    from .models import Job
-
-    fields = Job._meta.concrete_fields
-    return [field.attname for field in fields], {
-        field.attname: None if callable(field.default) else field.get_default() for field in fields
-    }
+    inserted = store.insert_jobs(alias, rows, task.run_after)
+    return [store.build_job(alias, fields, row) for fields, row in zip(rows, inserted, strict=True)]
 
 
 def enqueue(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
@@ -141,7 +122,7 @@ def enqueue_exposed(
 
 
 def _enqueue(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Job, bool]:
-    fields = _prepare(task, args, kwargs)
+    fields = prepare(task, args, kwargs)
     return _store_one(task, fields, get_settings().database_alias)
 
 
@@ -170,7 +151,7 @@ def bulk_enqueue(task: Task[Any, Any], calls: Iterable[tuple[Sequence[Any], Mapp
         raise InvalidArgumentsError(
             "bulk_enqueue() does not take one idempotency key for many jobs; enqueue them one by one."
         )
-    rows = [_prepare(task, args, kwargs) for args, kwargs in calls]
+    rows = [prepare(task, args, kwargs) for args, kwargs in calls]
     if not rows:
         return []
     alias = get_settings().database_alias
@@ -183,3 +164,6 @@ def bulk_enqueue(task: Task[Any, Any], calls: Iterable[tuple[Sequence[Any], Mapp
         for job in jobs:
             _dispatch.send(signals.job_enqueued, job=job)
     return jobs
+
+
+plug_enqueue_service(enqueue, bulk_enqueue)  # see task.py: Task.enqueue() calls these

@@ -18,6 +18,7 @@ from django.db.models.functions import Now, TruncMinute
 from django.utils import timezone
 
 from .conf import get_settings
+from .models import Job, JobStatus, QueueMinute
 from .stats import QUERIES as STATS_QUERIES
 from .stats import QueueStats, queue_stats
 
@@ -51,7 +52,6 @@ class Health:
 
 def queue_health(alias: str | None = None, *, queue: str | None = None) -> Health:
     """The health of every queue, and the series of ``queue`` (all queues when None)."""
-    from .models import Job, JobStatus, QueueMinute
 
     alias = alias or get_settings().database_alias
     rows = queue_stats(alias)

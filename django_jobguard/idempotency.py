@@ -25,21 +25,21 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from contextlib import nullcontext
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, transaction
+from django.db import transaction
 from django.db.models import Exists, F, OuterRef
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from . import metrics
+from . import metrics, store
+from ._json import normalize_json
 from .conf import get_settings
-from .exceptions import IdempotencyConflict
+from .exceptions import IdempotencyConflict, InvalidArgumentsError
+from .models import DeadLetter, IdempotencyKey, IdempotencyStatus, Job, JobStatus
 
 if TYPE_CHECKING:
-    from .models import IdempotencyKey, Job
     from .task import Task
 
 logger = logging.getLogger(__name__)
@@ -120,9 +120,6 @@ def fingerprint(task: Task[Any, Any], args: Any, kwargs: Any) -> str:
     is part of it, so two tasks sharing an ``idempotency_scope`` cannot pass one key
     between them unnoticed.
     """
-    from .enqueue import normalize_json
-    from .exceptions import InvalidArgumentsError
-
     bound = task.bind(args, kwargs)
     given = set(bound.arguments)
     bound.apply_defaults()
@@ -143,42 +140,13 @@ def _expiry() -> datetime.datetime:
     return timezone.now() + datetime.timedelta(seconds=get_settings().idempotency.ttl)
 
 
-def insert_key(
-    alias: str,
-    scope: str,
-    key: str,
-    digest: str,
-    job_id: int | None = None,
-    *,
-    expires_at: datetime.datetime | None = None,
-) -> int | None:
-    """Insert the key unless it exists; the new row's id, or None if it existed."""
-    from .models import IdempotencyKey
-
-    connection = connections[alias]
-    qn = connection.ops.quote_name
-    columns = ", ".join(
-        qn(name) for name in ("key", "scope", "fingerprint", "status", "duplicates", "expires_at", "job_id")
-    )
-    # The same statement on PostgreSQL and SQLite. ON CONFLICT DO NOTHING waits for a
-    # concurrent inserter of the key to finish, then yields to it without an error, so the
-    # caller's transaction is never aborted by a unique violation.
-    sql = (
-        f"INSERT INTO {qn(IdempotencyKey._meta.db_table)} ({columns}) "
-        f"VALUES (%s, %s, %s, 'in_progress', 0, %s, %s) "
-        f"ON CONFLICT ({qn('scope')}, {qn('key')}) DO NOTHING RETURNING {qn('id')}"
-    )
-    with connection.cursor() as cursor:
-        expiry = connection.ops.adapt_datetimefield_value(expires_at or _expiry())
-        cursor.execute(sql, [key, scope, digest, expiry, job_id])
-        row = cursor.fetchone()
-    return row[0] if row else None
+def insert_key(alias: str, scope: str, key: str, digest: str, job_id: int | None = None) -> int | None:
+    """Insert the key (expiring after the TTL) unless it exists; the new row's id, or None if it existed."""
+    return store.insert_key(alias, scope, key, digest, job_id, expires_at=_expiry())
 
 
 def _locked_key(alias: str, scope: str, key: str) -> IdempotencyKey | None:
     """The key row with its job, locked until the transaction ends (PostgreSQL)."""
-    from .models import IdempotencyKey
-
     return (
         IdempotencyKey.objects.using(alias)
         .select_for_update(of=("self",))
@@ -189,8 +157,6 @@ def _locked_key(alias: str, scope: str, key: str) -> IdempotencyKey | None:
 
 
 def _is_active(job: Job | None) -> bool:
-    from .models import JobStatus
-
     return job is not None and job.status in (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
@@ -214,21 +180,16 @@ def enqueue_once(
     before a conflict is known, so a conflict writes nothing and leaves the caller's
     transaction usable.
     """
-    from .enqueue import build_job
-    from .leasing import insert_keyed_job
-
     key = fields["idempotency_key"]
     scope = scope_of(task)
     digest = fingerprint(task, fields["args"], fields["kwargs"])
-    # The usual case, a key never seen: the key and its job in one statement on PostgreSQL
-    # (atomic by itself, so no transaction of ours around it).
-    postgres = connections[alias].vendor == "postgresql"
-    with nullcontext() if postgres else transaction.atomic(using=alias, savepoint=False):
-        inserted = insert_keyed_job(
-            alias, fields, task.run_after, scope=scope, fingerprint=digest, expires_at=_expiry()
-        )
+    # The usual case, a key never seen: the key and its job inserted together (in one
+    # statement on PostgreSQL).
+    inserted = store.insert_keyed_job(
+        alias, fields, task.run_after, scope=scope, fingerprint=digest, expires_at=_expiry()
+    )
     if inserted is not None:
-        return build_job(alias, fields, inserted), True
+        return store.build_job(alias, fields, inserted), True
     metrics.key_conflict(task.name, "enqueue")
     for _ in range(MAX_ROUNDS):
         # The key row, the job and the link between them commit together: in autocommit a
@@ -255,8 +216,6 @@ def _enqueue_round(
     create_job: Callable[[], Job],
 ) -> tuple[Job, bool] | IdempotencyConflict | None:
     """One try: the new job, the key's job, a conflict, or None if the key vanished meanwhile."""
-    from .models import IdempotencyKey, IdempotencyStatus
-
     keys = IdempotencyKey.objects.using(alias)
     key_id = insert_key(alias, scope, key, digest)
     if key_id is not None:
@@ -312,18 +271,12 @@ def begin_execution(
     - WAIT: another job that is queued or running owns the key: try again later.
     - CONFLICT: the key succeeded for other arguments or another task.
     """
-    from .models import IdempotencyKey, IdempotencyStatus
-
     scope = scope_of(task)
     # Most jobs own their key since enqueue: a plain read decides, with no write
     # transaction (which on SQLite would wait for every other writer). Ownership cannot
     # change under a RUN, DUPLICATE or WAIT decision: nobody takes over a key whose
     # owner is queued or running, and only the owner's ack marks it succeeded.
-    with connections[alias].cursor() as cursor:
-        cursor.execute(
-            "SELECT job_id, status FROM jobguard_idempotencykey WHERE scope = %s AND key = %s", [scope, key]
-        )
-        row = cursor.fetchone()
+    row = store.key_owner(alias, scope, key)
     if row is not None and row[0] == job_id and row[1] != IdempotencyStatus.SUCCEEDED:
         return Decision(RUN)  # the usual case, decided without building a model
     digest = fingerprint(task, args, kwargs)
@@ -355,8 +308,6 @@ def _decide(
     alias: str, task: Task[Any, Any], existing: IdempotencyKey, job_id: int, digest: str, key: str, scope: str
 ) -> Decision | None:
     """The decision for a job given its key's row; None when the job should take the key over."""
-    from .models import DeadLetter, IdempotencyStatus
-
     if existing.job_id == job_id and existing.status != IdempotencyStatus.SUCCEEDED:
         return Decision(RUN)
     if existing.status == IdempotencyStatus.SUCCEEDED and existing.expires_at > timezone.now():
@@ -376,8 +327,6 @@ def _decide(
 
 def _take_over(alias: str, existing: IdempotencyKey, job_id: int, digest: str, live: bool) -> None:
     """Make ``job_id`` the owner of a key whose action failed, whose job is gone, or that expired."""
-    from .models import IdempotencyKey, IdempotencyStatus
-
     changes: dict[str, Any] = {
         "job_id": job_id,
         "fingerprint": digest,
@@ -409,8 +358,6 @@ def claim_for_replay(
     the action now: try again later. A pruned key is recreated (with ``digest``), so the
     action stays deduplicated. Call inside the replay's transaction.
     """
-    from .models import IdempotencyStatus
-
     insert_key(alias, scope, key, digest)
     row = _locked_key(alias, scope, key)
     if row is None:
@@ -430,8 +377,6 @@ def hand_to_replay(alias: str, row: IdempotencyKey, job_id: int, digest: str) ->
     :class:`IdempotencyConflict`, not a duplicate silently answered with the corrected job
     (see the dead-letter runbook).
     """
-    from .models import IdempotencyKey, IdempotencyStatus
-
     IdempotencyKey.objects.using(alias).filter(pk=row.pk).update(
         job_id=job_id,
         fingerprint=digest,
@@ -444,8 +389,6 @@ def hand_to_replay(alias: str, row: IdempotencyKey, job_id: int, digest: str) ->
 
 def stored_result(alias: str, scope: str, key: str) -> Any:
     """The stored result if the key's action already succeeded, else :data:`MISSING`."""
-    from .models import IdempotencyKey, IdempotencyStatus
-
     row = (
         IdempotencyKey.objects.using(alias)
         .filter(scope=scope, key=key)
@@ -459,27 +402,11 @@ def stored_result(alias: str, scope: str, key: str) -> Any:
 
 def record_success(alias: str, scope: str, key: str, job_id: int, result: Any) -> bool:
     """Mark the key succeeded with ``result`` if ``job_id`` owns it; call inside the ack's transaction."""
-    connection = connections[alias]
-    # Raw SQL: this runs in every keyed ack, where the ORM's update cost more than the rest.
-    now = (
-        "statement_timestamp()"
-        if connection.vendor == "postgresql"
-        else "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE jobguard_idempotencykey SET status = 'succeeded', result = %s, updated_at = {now} "
-            "WHERE scope = %s AND key = %s AND job_id = %s",
-            [None if result is None else json.dumps(result), scope, key, job_id],
-        )
-        updated: int = cursor.rowcount
-    return updated > 0
+    return store.record_key_success(alias, scope, key, job_id, result)
 
 
 def record_duplicate(alias: str, scope: str, key: str) -> None:
     """Count a job acked with the key's stored result; call inside that ack's transaction."""
-    from .models import IdempotencyKey
-
     IdempotencyKey.objects.using(alias).filter(scope=scope, key=key).update(duplicates=F("duplicates") + 1)
 
 
@@ -489,8 +416,6 @@ def record_failure(alias: str, scope: str | None, key: str, job_id: int) -> None
     The owner job identifies the row, so ``scope`` is not needed: the reaper, which
     dead-letters jobs without loading their task, cannot know a custom scope.
     """
-    from .models import IdempotencyKey, IdempotencyStatus
-
     IdempotencyKey.objects.using(alias).filter(key=key, job_id=job_id).update(
         status=IdempotencyStatus.FAILED, updated_at=Now()
     )
@@ -501,8 +426,6 @@ def record_failure(alias: str, scope: str | None, key: str, job_id: int) -> None
 
 def prunable_keys(alias: str) -> Any:
     """Expired keys that no queued or running job owns or carries."""
-    from .models import IdempotencyKey, Job, JobStatus
-
     active = (JobStatus.QUEUED, JobStatus.RUNNING)
     return (
         IdempotencyKey.objects.using(alias)

@@ -13,6 +13,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from .conf import get_settings
+from .models import IdempotencyKey, Job, JobStatus
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,6 @@ def _lock_and_update(
     The update repeats the match's status (not its other conditions, which the lock made
     true), so a row whose status moved on between the two statements is left alone.
     """
-    from .models import Job
 
     ids = list(
         Job.objects.using(alias)
@@ -49,7 +49,6 @@ def cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None
     lease already decides who may finish it. A cancelled job's idempotency key expires at
     once, so the same business action can be enqueued again later.
     """
-    from .models import IdempotencyKey, JobStatus
 
     alias = using or get_settings().database_alias
     wanted = list(job_ids)
@@ -81,7 +80,6 @@ def request_cancel(job_ids: Iterable[int], *, reason: str = "", using: str | Non
     ``context.cancel_requested``, and the handler decides where stopping is safe. A
     handler that ignores it runs to its end and is acked as usual.
     """
-    from .models import JobStatus
 
     alias = using or get_settings().database_alias
     wanted = list(job_ids)
@@ -106,7 +104,6 @@ def retry_now(job_ids: Iterable[int], *, reason: str = "", using: str | None = N
     Jobs already due, running or finished are left alone: the ids changed. The attempt
     count is kept, so a job near its ``max_attempts`` is not given more tries.
     """
-    from .models import JobStatus
 
     alias = using or get_settings().database_alias
     wanted = list(job_ids)
@@ -128,7 +125,6 @@ def run_now(job_ids: Iterable[int], *, using: str | None = None) -> list[int]:
     The REST API's ``retry`` verb: a job that is queued runs as soon as a worker is free,
     whether it waited or was due already; running and finished jobs are not returned.
     """
-    from .models import Job, JobStatus
 
     alias = using or get_settings().database_alias
     wanted = list(job_ids)

@@ -35,6 +35,8 @@ except ImportError:  # pragma: no cover - exercised only without the metrics ext
     prometheus_client = None  # type: ignore[assignment]
 
 from . import beats  # the per-minute counts of the admin's health charts ride on these calls
+from .conf import get_settings
+from .stats import queue_stats
 
 logger = logging.getLogger(__name__)
 
@@ -420,9 +422,6 @@ class QueueCollector:
 
     def collect(self) -> Iterator[Any]:
         from django.db import connections, transaction
-
-        from .conf import get_settings
-        from .stats import queue_stats
 
         alias = self.alias or get_settings().database_alias
         connection = connections[alias]

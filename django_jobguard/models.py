@@ -94,7 +94,7 @@ class Job(models.Model):
     result = models.JSONField(null=True, blank=True)
     checkpoints = models.JSONField(default=dict, blank=True)
     # Appended to by the claim and the failure statements that run anyway, so keeping it
-    # costs a successful job no extra statement (see leasing.py).
+    # costs a successful job no extra statement (see the store package).
     attempt_history = models.JSONField(
         default=list,
         # A database default too, so rows inserted by hand (bulk loads, benchmarks) get [].

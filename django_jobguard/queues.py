@@ -20,6 +20,7 @@ from django.db.models.functions import Now
 from .conf import get_settings
 from .dlq import User
 from .exceptions import QueueError, QueuePermissionDenied
+from .models import QueueAction, QueueEvent, QueueState
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,6 @@ def can_pause(user: User | None) -> bool:
 
 def paused_queues(using: str | None = None) -> set[str]:
     """Names of the paused queues (one query on the partial index of paused rows)."""
-    from .models import QueueState
 
     alias = using or get_settings().database_alias
     return set(QueueState.objects.using(alias).filter(paused=True).values_list("queue_name", flat=True))
@@ -59,7 +59,6 @@ def paused_queues(using: str | None = None) -> set[str]:
 
 def states(using: str | None = None) -> list[QueueChange]:
     """Every queue that was ever paused, with its current state and last change, by name."""
-    from .models import QueueState
 
     alias = using or get_settings().database_alias
     return [
@@ -101,7 +100,6 @@ def _validated_name(queue: str) -> str:
 def _change(
     queue: str, paused: bool, *, user: User | None, actor: str, reason: str, using: str | None
 ) -> QueueChange:
-    from .models import QueueAction, QueueEvent, QueueState
 
     verb = "pause" if paused else "resume"
     if user is not None and not can_pause(user):

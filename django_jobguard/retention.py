@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from . import idempotency
 from .conf import get_settings
+from .models import TERMINAL_STATUSES, DeadLetter, IdempotencyKey, IdempotencyStatus, Job, JobStatus, Schedule
 
 __all__ = [
     "JOB_DELETION_RULE",
@@ -67,7 +68,6 @@ def deletable_jobs(alias: str) -> Any:
     running, no dead letter loses its job (or its replay job), and no live key loses the job
     it answers resends with.
     """
-    from .models import TERMINAL_STATUSES, DeadLetter, IdempotencyKey, Job
 
     return (
         Job.objects.using(alias)
@@ -88,7 +88,6 @@ def deletable_keys(alias: str) -> Any:
     Expired keys, and failed or stuck keys of finished jobs (what the audit asks to fix),
     may go.
     """
-    from .models import IdempotencyKey, IdempotencyStatus, Job, JobStatus
 
     active = (JobStatus.QUEUED, JobStatus.RUNNING)
     return (
@@ -101,7 +100,6 @@ def deletable_keys(alias: str) -> Any:
 
 def delete_jobs(ids: Any, alias: str | None = None) -> int:
     """Delete those of ``ids`` that :func:`deletable_jobs` allows (checked by the DELETE); the number."""
-    from .models import Job
 
     alias = alias or get_settings().database_alias
     with transaction.atomic(using=alias):
@@ -111,7 +109,6 @@ def delete_jobs(ids: Any, alias: str | None = None) -> int:
 
 def delete_keys(ids: Any, alias: str | None = None) -> int:
     """Delete those of ``ids`` that :func:`deletable_keys` allows; the number deleted."""
-    from .models import IdempotencyKey
 
     alias = alias or get_settings().database_alias
     with transaction.atomic(using=alias):
@@ -132,7 +129,6 @@ def prune_finished_jobs(
     dry_run: bool = False,
 ) -> int:
     """Delete finished jobs older than ``older_than`` (see :func:`prunable_jobs`); the number deleted."""
-    from .models import Job
 
     alias = alias or get_settings().database_alias
     finished_before = timezone.now() - older_than
@@ -180,14 +176,12 @@ SCHEDULE_DELETION_RULE = (
 
 def deletable_schedules(alias: str) -> Any:
     """Schedules that may be deleted by hand: those no longer declared (marked removed)."""
-    from .models import Schedule
 
     return Schedule.objects.using(alias).filter(removed_at__isnull=False)
 
 
 def delete_schedules(ids: Any, alias: str | None = None) -> int:
     """Delete those of ``ids`` that :func:`deletable_schedules` allows; the number deleted."""
-    from .models import Schedule
 
     alias = alias or get_settings().database_alias
     with transaction.atomic(using=alias):

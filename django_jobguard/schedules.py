@@ -36,9 +36,10 @@ from django.db import connections, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.functions import Now
 
-from . import _faults, leasing, metrics
+from . import _faults, metrics, store
 from .conf import ScheduleConfig, get_settings
 from .exceptions import IdempotencyConflict, InvalidArgumentsError, JobguardError
+from .models import Schedule
 from .registry import registry
 
 if TYPE_CHECKING:
@@ -267,13 +268,12 @@ def sync(*, using: str | None = None) -> SyncResult:
     marked removed (logged, shown in the admin and ``jobguard_status``) and never ticked
     again; declared again, they are restored. Pausing is the operators' and stays.
     """
-    from .models import Schedule
 
     alias = using or get_settings().database_alias
     declared = declared_schedules()
     schedules = Schedule.objects.using(alias)
     rows = {row.name: row for row in schedules.all()}
-    now = leasing.database_now(alias) if declared else None
+    now = store.database_now(alias) if declared else None
     result = SyncResult()
     for name, spec in declared.items():
         assert now is not None  # noqa: S101 - declared is not empty here
@@ -347,7 +347,6 @@ def run_once(*, using: str | None = None) -> SchedulerPass:
     Only schedules this process declares (and whose task it has) are ticked, from their
     row's definition. Safe to run in any number of processes at once.
     """
-    from .models import Schedule
 
     conf = get_settings()
     alias = using or conf.database_alias
@@ -387,7 +386,6 @@ def _tick(row: Schedule, alias: str, result: SchedulerPass) -> datetime.datetime
 
     Returns the schedule's new next tick when this pass advanced it.
     """
-    from .models import Schedule
 
     task = registry.find(row.task_name)
     if task is None:
@@ -494,7 +492,6 @@ def _actor(user: Any) -> str:
 
 def pause(schedule: Schedule, *, user: Any) -> bool:
     """Stop ticking ``schedule`` (needs ``jobguard.pause_schedule``). False if already paused."""
-    from .models import Schedule
 
     _require(user, "pause_schedule", "pause")
     changed = (
@@ -511,11 +508,10 @@ def pause(schedule: Schedule, *, user: Any) -> bool:
 
 def resume(schedule: Schedule, *, user: Any) -> bool:
     """Tick ``schedule`` again from its next tick after now; the paused ticks do not run."""
-    from .models import Schedule
 
     _require(user, "pause_schedule", "resume")
     alias = schedule._state.db or get_settings().database_alias
-    first = _first_tick(schedule.name, schedule.cron, schedule.timezone, leasing.database_now(alias))
+    first = _first_tick(schedule.name, schedule.cron, schedule.timezone, store.database_now(alias))
     changed = (
         Schedule.objects.using(alias)
         .filter(pk=schedule.pk, paused=True)

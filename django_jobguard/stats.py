@@ -30,6 +30,7 @@ from django.db.models import Count, DurationField, ExpressionWrapper, Min, Q
 from django.db.models.functions import Now
 
 from .conf import get_settings
+from .models import DeadLetter, Job, JobStatus, QueueState, ReplayState, Schedule
 
 __all__ = [
     "QUERIES",
@@ -104,7 +105,6 @@ def queue_stats(
     (and the queries) to those names. ``recent`` adds the last-hour success and failure
     counts, at the cost of one more query.
     """
-    from .models import DeadLetter, Job, JobStatus, QueueState, ReplayState
 
     conf = get_settings()
     alias = alias or conf.database_alias
@@ -213,7 +213,6 @@ class ScheduleStats:
 
 def schedule_stats(alias: str | None = None) -> list[ScheduleStats]:
     """Every schedule row, removed ones included, sorted by name: one query."""
-    from .models import Schedule
 
     alias = alias or get_settings().database_alias
     rows = Schedule.objects.using(alias).select_related("last_job").order_by("name")
@@ -235,7 +234,6 @@ def schedule_stats(alias: str | None = None) -> list[ScheduleStats]:
 
 def oldest_due_ages(alias: str | None = None) -> dict[str, float]:
     """Seconds the oldest due job of each queue with due jobs has waited (one grouped query)."""
-    from .models import Job, JobStatus
 
     alias = alias or get_settings().database_alias
     rows = (

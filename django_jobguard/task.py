@@ -13,7 +13,11 @@ import string
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
-from .conf import RetryOverrides, RetryPolicy
+from asgiref.sync import async_to_sync
+from django.core.exceptions import ImproperlyConfigured
+
+from .conf import MAX_SCHEDULE_NAME_LENGTH, RetryOverrides, RetryPolicy
+from .context import JobContext
 from .exceptions import InvalidArgumentsError, InvalidTaskError
 from .registry import registry
 
@@ -31,6 +35,30 @@ MAX_PRIORITY = 100
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 
 ExceptionTypes = tuple[type[BaseException], ...]
+
+EnqueueOne = Callable[["Task[Any, Any]", Sequence[Any], Mapping[str, Any]], "Job"]
+EnqueueMany = Callable[["Task[Any, Any]", Iterable[tuple[Sequence[Any], Mapping[str, Any]]]], "list[Job]"]
+
+# Task.enqueue() hands the call to the enqueue service (django_jobguard.enqueue), which sits
+# layers above this module: it needs idempotency, the store and the metrics, and they (like
+# nearly everything) import Task. Importing the service here would close an import circle,
+# so the service plugs itself in here when it is imported, which the app's ready() ensures.
+_enqueue_service: tuple[EnqueueOne, EnqueueMany] | None = None
+
+
+def plug_enqueue_service(enqueue: EnqueueOne, bulk_enqueue: EnqueueMany) -> None:
+    """Make :meth:`Task.enqueue` and :meth:`Task.bulk_enqueue` call these (done by ``enqueue``)."""
+    global _enqueue_service
+    _enqueue_service = (enqueue, bulk_enqueue)
+
+
+def _service() -> tuple[EnqueueOne, EnqueueMany]:
+    if _enqueue_service is None:
+        raise ImproperlyConfigured(
+            "django_jobguard is not ready: add it to INSTALLED_APPS and call django.setup() "
+            "before enqueueing (its ready() loads the enqueue service)."
+        )
+    return _enqueue_service
 
 
 def _exception_types(value: Any, option: str) -> ExceptionTypes:
@@ -114,8 +142,6 @@ class Task(Generic[P, R]):
                 )
         self._check_classification()
         if self.schedule is not None:
-            from .conf import MAX_SCHEDULE_NAME_LENGTH
-
             if not isinstance(self.schedule, str) or not self.schedule.strip():
                 raise InvalidTaskError(
                     f"schedule must be a cron expression such as '*/5 * * * *', not {self.schedule!r}."
@@ -271,26 +297,18 @@ class Task(Generic[P, R]):
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Store a job for this call and return it. Joins the caller's transaction."""
-        from .enqueue import enqueue
-
-        return enqueue(self, args, kwargs)
+        return _service()[0](self, args, kwargs)
 
     def bulk_enqueue(self, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]) -> list[Job]:
         """Store many jobs in one statement: ``calls`` yields ``(args, kwargs)`` pairs."""
-        from .enqueue import bulk_enqueue
-
-        return bulk_enqueue(self, calls)
+        return _service()[1](self, calls)
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run the handler here and now, without a job (``takes_context`` tasks get a dry context)."""
         call_args: tuple[Any, ...] = args
         if self.takes_context:
-            from .context import JobContext
-
             call_args = (JobContext.detached(self), *args)
         if inspect.iscoroutinefunction(self.func):
-            from asgiref.sync import async_to_sync
-
             return async_to_sync(self.func)(*call_args, **kwargs)  # type: ignore[no-any-return]
         return self.func(*call_args, **kwargs)
 
@@ -368,8 +386,6 @@ def _signature(func: Callable[..., Any], takes_context: bool) -> inspect.Signatu
 def _policy(value: Any, option: str) -> RetryPolicy | RetryOverrides | None:
     if value is None or isinstance(value, RetryPolicy | RetryOverrides):
         return value
-    from django.core.exceptions import ImproperlyConfigured
-
     try:
         return RetryOverrides.parse(value, (option,))
     except ImproperlyConfigured as exc:

@@ -13,8 +13,8 @@ two nearest ranks): on PostgreSQL computed by the database in one query; on SQLi
 has no percentile function, one statement ranks each task's durations with window functions
 and returns only the two rows per percentile it interpolates between.
 
-The SQL differs per database, so it branches on ``connection.vendor`` here rather than in
-``leasing.py``: this is read-only reporting, kept out of the module of the hot path.
+The statements are the store's (``observed_durations`` in ``store/postgres.py`` and
+``store/sqlite.py``); this module turns their rows into reports and recommendations.
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
 
-from django.db import connections
-
+from . import store
 from .conf import Settings, get_settings
 from .registry import registry
 
@@ -41,15 +39,10 @@ __all__ = [
 ]
 
 #: The percentiles reported, as fractions.
-PERCENTILES = (0.5, 0.95, 0.99)
+PERCENTILES = store.PERCENTILES
 #: Durations below this count as this much when tasks of a queue are compared: splitting
 #: off work that takes a few milliseconds from work that takes a second gains nothing.
 SPLIT_FLOOR_SECONDS = 1.0
-
-_TABLE = "jobguard_job"
-# The partial index's own condition, repeated so that SQLite (which does not deduce it from
-# status = 'succeeded') picks the index too.
-_FINISHED = "status IN ('succeeded', 'dead', 'cancelled') AND status = 'succeeded' AND started_at IS NOT NULL"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -67,110 +60,10 @@ class Durations:
 
 def observed_durations(alias: str, *, since: float, queue: str | None = None) -> list[Durations]:
     """Durations per (queue, task) of the jobs that succeeded in the last ``since`` seconds."""
-    connection = connections[alias]
-    if connection.vendor == "postgresql":
-        return _postgres(alias, since, queue)
-    return _sqlite(alias, since, queue)
-
-
-def postgres_sql(since: float, queue: str | None) -> tuple[str, list[Any]]:
-    """The PostgreSQL statement of :func:`observed_durations` and its parameters."""
-    params: list[Any] = [since]
-    queue_filter = ""
-    if queue is not None:
-        queue_filter = "AND queue_name = %s "
-        params.append(queue)
-    sql = (
-        "SELECT queue_name, task_name, count(*), "
-        "percentile_cont(ARRAY[0.5, 0.95, 0.99]::float8[]) WITHIN GROUP (ORDER BY d), max(d) "
-        "FROM (SELECT queue_name, task_name, "
-        "EXTRACT(EPOCH FROM finished_at - started_at)::float8 AS d "
-        f"FROM {_TABLE} WHERE {_FINISHED} "
-        "AND finished_at >= statement_timestamp() - %s * interval '1 second' "
-        f"{queue_filter}) AS runs GROUP BY queue_name, task_name ORDER BY queue_name, task_name"
-    )
-    return sql, params
-
-
-def _postgres(alias: str, since: float, queue: str | None) -> list[Durations]:
-    sql, params = postgres_sql(since, queue)
-    with connections[alias].cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
     return [
         Durations(queue=q, task=t, count=n, p50=ps[0], p95=ps[1], p99=ps[2], max=top)
-        for q, t, n, ps, top in rows
+        for q, t, n, ps, top in store.observed_durations(alias, since, queue)
     ]
-
-
-# julianday() keeps about 0.1 ms of precision at today's dates: rounded to the millisecond
-# (the resolution of the worker's SQLite timestamps), so 25 s reads as 25.0, not 25.00004.
-_SQLITE_DURATION = "round((julianday(finished_at) - julianday(started_at)) * 86400.0, 3)"
-
-
-def sqlite_sql(since: float, queue: str | None) -> tuple[str, list[Any]]:
-    """The SQLite statement of :func:`observed_durations` and its parameters."""
-    params: list[Any] = [f"-{since:.3f} seconds"]
-    queue_filter = ""
-    if queue is not None:
-        queue_filter = "AND queue_name = %s "
-        params.append(queue)
-    # Window functions rank each task's durations; only the rows at the ranks the
-    # percentiles interpolate between (two per percentile) leave the database. One
-    # statement, so the counts and the ranks come from one snapshot.
-    ranks = ", ".join(
-        f"CAST({fraction!r} * (n - 1) AS INTEGER), CAST({fraction!r} * (n - 1) AS INTEGER) + 1"
-        for fraction in PERCENTILES
-    )
-    sql = (
-        "SELECT queue_name, task_name, n, top, position, d FROM ("
-        "SELECT queue_name, task_name, d, "
-        "row_number() OVER (PARTITION BY queue_name, task_name ORDER BY d) - 1 AS position, "
-        "count(*) OVER (PARTITION BY queue_name, task_name) AS n, "
-        "max(d) OVER (PARTITION BY queue_name, task_name) AS top "
-        f"FROM (SELECT queue_name, task_name, {_SQLITE_DURATION} AS d FROM {_TABLE} "
-        f"WHERE {_FINISHED} AND finished_at >= strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) "
-        f"{queue_filter}) AS runs) AS ranked "
-        f"WHERE position IN ({ranks}) ORDER BY queue_name, task_name, position"
-    )
-    return sql, params
-
-
-def _sqlite(alias: str, since: float, queue: str | None) -> list[Durations]:
-    sql, params = sqlite_sql(since, queue)
-    with connections[alias].cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    groups: dict[tuple[str, str], tuple[int, float, dict[int, float]]] = {}
-    for queue_name, task_name, count, top, position, value in rows:
-        groups.setdefault((queue_name, task_name), (count, top, {}))[2][position] = value
-    found = []
-    for (queue_name, task_name), (count, top, kept) in groups.items():
-        values = [_interpolate(f, count, kept) for f in PERCENTILES]
-        found.append(
-            Durations(
-                queue=queue_name,
-                task=task_name,
-                count=count,
-                p50=values[0],
-                p95=values[1],
-                p99=values[2],
-                max=top,
-            )
-        )
-    return found
-
-
-def _ranks(fraction: float, count: int) -> tuple[int, int]:
-    """The two 0-based ranks ``percentile_cont(fraction)`` interpolates between."""
-    low = math.floor(fraction * (count - 1))
-    return low, min(low + 1, count - 1)
-
-
-def _interpolate(fraction: float, count: int, values: dict[int, float]) -> float:
-    position = fraction * (count - 1)
-    low, high = _ranks(fraction, count)
-    return values[low] + (position - low) * (values[high] - values[low])
 
 
 def _round_up(seconds: float) -> float:

@@ -37,7 +37,7 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
-from . import _dispatch, _faults, beats, dlq, idempotency, leasing, metrics, retry, schedules, signals
+from . import _dispatch, _faults, beats, dlq, idempotency, metrics, retry, schedules, signals, store
 from . import queues as queue_states  # `queue` is the stdlib module here
 from .conf import WORKER_ID_MAX_LENGTH, RetryPolicy, get_settings
 from .context import JobContext
@@ -86,7 +86,7 @@ OUTCOMES = ("succeeded", "retried", "dead_lettered", "put_back")
 CONNECTION_CHECK_AFTER_IDLE_SECONDS = 1.0
 
 
-def _invoke(task: Any, context: JobContext | None, job: leasing.ClaimedJob) -> Any:
+def _invoke(task: Any, context: JobContext | None, job: store.ClaimedJob) -> Any:
     """Call the handler in this executor thread; a coroutine handler runs to completion here.
 
     ``async_to_sync`` keeps the executor thread blocked for the whole coroutine, so the
@@ -111,7 +111,7 @@ def _django_task(name: str) -> Any:
         str(config.get("BACKEND", "")).startswith("django_jobguard.backends") for config in backends.values()
     ):
         return None
-    from .backends.task import resolve_task
+    from .backends.backend import resolve_task  # optional: needs Django's Tasks framework
 
     return resolve_task(name)
 
@@ -128,7 +128,7 @@ class _LockLostError(Exception):
 class _Held:
     """A job this worker holds a lease on, from claim to ack or hand-back."""
 
-    job: leasing.ClaimedJob
+    job: store.ClaimedJob
     renewed_at: float
     state: str = "waiting"  # waiting → running → done | handed_back | abandoned
     started_at: float = 0.0
@@ -203,7 +203,7 @@ class Worker:
         self._abandoned = 0
         self._next_prune = 0.0
         self._liveness_touched_at = -LIVENESS_TOUCH_SECONDS
-        self._listener: leasing.Listener | None = None
+        self._listener: store.Listener | None = None
         self._leadership = (
             MaintenanceLeadership(self.alias, self.worker_id, self.reaper_interval)
             if conf.maintenance_leader
@@ -229,7 +229,7 @@ class Worker:
         self._started_at = time.monotonic()
         if self.install_signal_handlers:
             self._install_signal_handlers()
-        listener = self._listener = leasing.Listener(get_settings().listen_alias(self.alias), self.queues)
+        listener = self._listener = store.Listener(get_settings().listen_alias(self.alias), self.queues)
         if not self.burst:
             # LISTEN before announcing readiness, so no enqueue after "worker_started" is missed.
             listener.start()
@@ -311,7 +311,7 @@ class Worker:
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
 
-    def _loop(self, listener: leasing.Listener) -> None:
+    def _loop(self, listener: store.Listener) -> None:
         next_reap = 0.0
         backoff = DB_ERROR_BACKOFF_SECONDS
         wait = self.poll_interval
@@ -378,7 +378,7 @@ class Worker:
             if not wanted:
                 return 0
         exclude = sorted({*self.exclude_queues, *paused})
-        jobs = leasing.claim(self.alias, wanted, limit, self.worker_id, exclude)
+        jobs = store.claim(self.alias, wanted, limit, self.worker_id, exclude)
         if not jobs:
             return 0
         if _faults.ENABLED:
@@ -393,7 +393,7 @@ class Worker:
         return len(jobs)
 
     def _reap(self) -> None:
-        requeued, exhausted = leasing.reap(self.alias)
+        requeued, exhausted = store.reap(self.alias)
         if requeued:
             from .models import Job
 
@@ -692,7 +692,7 @@ class Worker:
             idempotency.record_success(self.alias, scope, job.idempotency_key, job.id, result)
         if _faults.ENABLED:
             _faults.maybe_crash("in_complete")
-        if not leasing.complete(self.alias, job.id, job.lease_token, result_json):
+        if not store.complete(self.alias, job.id, job.lease_token, result_json):
             raise LeaseLost(f"job {job.id}: lease lost before the ack")
 
     def _not_run(self, held: _Held, task: Any, scope: str, decision: idempotency.Decision) -> None:
@@ -718,7 +718,7 @@ class Worker:
                 delay,
                 extra=job_fields(job, self.worker_id, outcome="idempotency_wait"),
             )
-            if not leasing.requeue(
+            if not store.requeue(
                 self.alias, job.id, job.lease_token, delay=delay, error=None, refund_attempt=True
             ):
                 metrics.lease_lost(job.queue_name, job.task_name, "requeue")
@@ -726,7 +726,7 @@ class Worker:
                 self._count("put_back")
             return
         with transaction.atomic(using=self.alias):
-            acked = leasing.complete(self.alias, job.id, job.lease_token, json.dumps(decision.result))
+            acked = store.complete(self.alias, job.id, job.lease_token, json.dumps(decision.result))
             if acked:
                 idempotency.record_duplicate(self.alias, scope, job.idempotency_key or "")
         if not acked:
@@ -771,7 +771,7 @@ class Worker:
                 ),
                 1,
             )
-            if not leasing.requeue(
+            if not store.requeue(
                 self.alias,
                 job.id,
                 job.lease_token,
@@ -805,7 +805,7 @@ class Worker:
         job = held.job
         metrics.lock_failed(job.queue_name, job.task_name, "unavailable")
         delay = retry.backoff(retry.policy_for(task, job.queue_name, retry.TRANSIENT), job.attempts)
-        requeued = leasing.requeue(
+        requeued = store.requeue(
             self.alias,
             job.id,
             job.lease_token,
@@ -895,7 +895,7 @@ class Worker:
         delay = retry.delay_for(exc, task, job.queue_name, category, job.attempts)
         if _faults.ENABLED:
             _faults.maybe_crash("in_retry")
-        if not leasing.requeue(
+        if not store.requeue(
             self.alias,
             job.id,
             job.lease_token,
@@ -1027,7 +1027,7 @@ class Worker:
             if _faults.ENABLED:
                 _faults.maybe_crash("in_heartbeat")
             cancels: set[int] = set()
-            renewed = leasing.heartbeat(
+            renewed = store.heartbeat(
                 self.alias, [(h.job.id, h.job.lease_token) for h in due], cancel_requested=cancels
             )
             for h in due:
@@ -1106,7 +1106,7 @@ class Worker:
     def _hand_back(self, held: _Held, *, refund: bool) -> None:
         job = held.job
         started = held.state in ("running", "abandoned")
-        if leasing.requeue(self.alias, job.id, job.lease_token, delay=0, error=None, refund_attempt=refund):
+        if store.requeue(self.alias, job.id, job.lease_token, delay=0, error=None, refund_attempt=refund):
             self._count("put_back")
             logger.info(
                 "job_handed_back job_id=%s started=%s",
@@ -1144,7 +1144,7 @@ class Worker:
         for _ in self._threads:
             self._ready.put(None)
         deadline = time.monotonic() + (0 if self._forced else self.shutdown_grace)
-        cut = not leasing.writes_while_busy(self.alias)
+        cut = not store.writes_while_busy(self.alias)
         deferred: list[_Held] = []
         while True:
             with self._lock:

@@ -283,7 +283,6 @@ class JobAdmin(ReadOnlyAdmin):
     @admin.display(description=_("run time"))
     def run_time(self, obj: Job) -> str:
         """Claim to finish of the last attempt, beside the task's ``expected_duration``."""
-        from ..registry import registry
 
         task = registry.find(obj.task_name)
         expected = task.expected_duration if task is not None else None

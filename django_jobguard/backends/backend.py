@@ -9,6 +9,7 @@ leases, fencing, retries, dead letters and metrics.
 from __future__ import annotations
 
 import datetime
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -16,16 +17,23 @@ from asgiref.sync import sync_to_async
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.dateparse import parse_datetime
+from django.utils.module_loading import import_string
 
 from .. import enqueue as enqueue_service
 from .. import signals
+from ..checks import check_tasks_backend
 from ..conf import get_settings
 from ..exceptions import InvalidTaskError
 from ..models import Job, JobStatus
+from ..registry import registry
+from ..task import Task as JobguardTask
 from . import _compat
 from .task import BACKEND_OPTIONS, JobGuardTask, django_task_named, jobguard_task_for
 
-__all__ = ["JobGuardBackend"]
+# The messages of resolve_task() keep the logger they were logged under before it moved here.
+logger = logging.getLogger("django_jobguard.backends.task")
+
+__all__ = ["JobGuardBackend", "resolve_task"]
 
 #: Job status -> Django's TaskResultStatus (waiting for a retry is "queued" too: READY).
 STATUS_MAP = {
@@ -120,16 +128,12 @@ class JobGuardBackend(_compat.BaseTaskBackend):
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
         """Django's checks of the backend, then jobguard.E013 and W017 (see checks.py)."""
-        from ..checks import check_tasks_backend
-
         return [*super().check(**kwargs), *check_tasks_backend(self.alias, self.queues)]
 
     # -- rows to results -------------------------------------------------------------------
 
     def _task_of(self, job: Job) -> Any | None:
         """The Django task of ``job`` (with the job's queue, priority and run_after), or None."""
-        from .task import resolve_task
-
         task = django_task_named(job.task_name)
         if task is None and resolve_task(job.task_name) is not None:
             task = django_task_named(job.task_name)
@@ -204,3 +208,36 @@ def _job_succeeded(sender: Any, *, job_id: int, task_name: str, **kwargs: Any) -
 def _job_dead_lettered(sender: Any, *, dead_letter: Any, **kwargs: Any) -> None:
     if dead_letter.job_id is not None:
         _finished(dead_letter.job_id, dead_letter.task_name)
+
+
+def resolve_task(name: str) -> JobguardTask[Any, Any] | None:
+    """The jobguard twin of the Django task at module path ``name``, importing it if needed.
+
+    Only a Django ``Task`` object whose backend is a :class:`JobGuardBackend` resolves: a
+    path that imports something else (a plain function, a class) gives None, so the
+    worker dead-letters the job as an unknown task and never calls it.
+    """
+    twin = registry.find(name)
+    if twin is not None:
+        return twin
+    try:
+        found = import_string(name)
+    except Exception:  # an unimportable path is an unknown task, whatever the import raised
+        logger.warning("task_unresolved task=%s; the path does not import", name, exc_info=True)
+        return None
+    if not isinstance(found, _compat.Task):
+        logger.warning("task_refused task=%s; the path names a %s, not a task", name, type(found).__name__)
+        return None
+    try:
+        backend = found.get_backend()
+    except Exception:
+        logger.warning("task_refused task=%s; its backend is not configured", name, exc_info=True)
+        return None
+    if not isinstance(backend, JobGuardBackend) or found.module_path != name:
+        logger.warning("task_refused task=%s; it does not run on a JobGuardBackend", name)
+        return None
+    try:
+        return jobguard_task_for(found, backend.jobguard_defaults)
+    except InvalidTaskError:
+        logger.warning("task_refused task=%s; its options are invalid", name, exc_info=True)
+        return None

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,15 +21,12 @@ from typing import Any
 from asgiref.sync import async_to_sync
 
 from ..context import JobContext
-from ..exceptions import InvalidTaskError
 from ..registry import registry
 from ..task import Task as JobguardTask
 from ..task import _exception_types, _policy
 from . import _compat
 
-logger = logging.getLogger(__name__)
-
-__all__ = ["JOBGUARD_OPTIONS", "JobGuardTask", "jobguard_task_for", "resolve_task"]
+__all__ = ["JOBGUARD_OPTIONS", "JobGuardTask", "jobguard_task_for"]
 
 #: jobguard options a Django task (6.1 keywords) or the backend's OPTIONS may set.
 JOBGUARD_OPTIONS = (
@@ -180,40 +176,3 @@ def _handler(django_task: Any) -> Callable[..., Any]:
     context_param = inspect.Parameter("jobguard_context", inspect.Parameter.POSITIONAL_ONLY)
     run.__signature__ = inspect.Signature([context_param, *params])  # type: ignore[attr-defined]
     return run
-
-
-def resolve_task(name: str) -> JobguardTask[Any, Any] | None:
-    """The jobguard twin of the Django task at module path ``name``, importing it if needed.
-
-    Only a Django ``Task`` object whose backend is a :class:`JobGuardBackend` resolves: a
-    path that imports something else (a plain function, a class) gives None, so the
-    worker dead-letters the job as an unknown task and never calls it.
-    """
-    from django.utils.module_loading import import_string
-
-    from .backend import JobGuardBackend
-
-    twin = registry.find(name)
-    if twin is not None:
-        return twin
-    try:
-        found = import_string(name)
-    except Exception:  # an unimportable path is an unknown task, whatever the import raised
-        logger.warning("task_unresolved task=%s; the path does not import", name, exc_info=True)
-        return None
-    if not isinstance(found, _compat.Task):
-        logger.warning("task_refused task=%s; the path names a %s, not a task", name, type(found).__name__)
-        return None
-    try:
-        backend = found.get_backend()
-    except Exception:
-        logger.warning("task_refused task=%s; its backend is not configured", name, exc_info=True)
-        return None
-    if not isinstance(backend, JobGuardBackend) or found.module_path != name:
-        logger.warning("task_refused task=%s; it does not run on a JobGuardBackend", name)
-        return None
-    try:
-        return jobguard_task_for(found, backend.jobguard_defaults)
-    except InvalidTaskError:
-        logger.warning("task_refused task=%s; its options are invalid", name, exc_info=True)
-        return None

@@ -46,7 +46,7 @@ class DatabaseLock(BaseLock):
     def _sql(self) -> tuple[str, str]:
         """(now, now + ttl) expressions for this database.
 
-        Vendor SQL stays in this module (and leasing.py): PostgreSQL has
+        Vendor SQL stays in this module (and the store package): PostgreSQL has
         ``statement_timestamp()`` and intervals; SQLite stores Django datetimes as text
         and has ``strftime`` with a seconds modifier.
         """

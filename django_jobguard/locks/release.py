@@ -20,6 +20,7 @@ from django.db.models.functions import Now
 
 from ..conf import get_settings
 from ..exceptions import LockReleaseError, LockReleasePermissionDenied
+from ..models import Job, JobStatus, Lock, LockRelease
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,6 @@ def force_release(key: str, *, user: Any, reason: str, using: str | None = None)
     Refuses (writing nothing) a user without the permission, an empty reason, and a lock
     that is not held any more.
     """
-    from ..models import Job, JobStatus, Lock, LockRelease
 
     if not can_force_release(user):
         raise LockReleasePermissionDenied(f"Forcing a lock's release needs the {PERMISSION!r} permission.")

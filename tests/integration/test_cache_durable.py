@@ -241,7 +241,7 @@ def test_invalid_durable_and_refill_settings_name_the_key(raw, named):
 def test_the_fast_path_leaves_a_job_a_worker_already_claimed(key):
     from django.db.models.functions import Now
 
-    from django_jobguard import leasing
+    from django_jobguard import store
 
     with transaction.atomic():
         invalidate(key, durable=True, cache_alias="files")
@@ -249,7 +249,7 @@ def test_the_fast_path_leaves_a_job_a_worker_already_claimed(key):
         # A worker claimed it between the commit and the on_commit callback.
         Job.objects.filter(pk=job.pk).update(status="running", lease_token="a" * 32, lease_expires_at=Now())
     assert [j.status for j in durable_jobs()] == ["running"]  # the worker's ack settles it
-    leasing.discard_queued("default", job.pk)
+    store.discard_queued("default", job.pk)
     assert [j.pk for j in durable_jobs()] == [job.pk]
 
 
@@ -288,7 +288,7 @@ def test_the_check_warns_when_durable_is_the_default_but_jobs_live_on_another_da
 def test_a_delayed_durable_job_wakes_no_worker_and_a_due_one_does(key):
     # Every durable write inserts a job that waits CACHE.DURABLE_DELAY: a NOTIFY for it would
     # wake every idle worker for a claim that finds nothing (migration 0013).
-    from django_jobguard.leasing import Listener
+    from django_jobguard.store import Listener
 
     listener = Listener("default", ["jobguard.cache"])
     try:

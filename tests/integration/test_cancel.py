@@ -3,7 +3,7 @@
 import pytest
 from django.urls import reverse
 
-from django_jobguard import jobs, leasing
+from django_jobguard import jobs, store
 from django_jobguard.models import IdempotencyKey, Job
 from tests.dlq_support import make_user
 from tests.testapp import tasks
@@ -15,7 +15,7 @@ def test_cancel_touches_only_queued_jobs():
     queued = tasks.add.enqueue(1)
     running = tasks.add.enqueue(2)
     Job.objects.filter(pk=queued.pk).update(priority=-1)  # claim `running` first
-    (claimed,) = leasing.claim("default", None, 1, "w")
+    (claimed,) = store.claim("default", None, 1, "w")
     assert claimed.id == running.pk
     assert jobs.cancel([queued.pk, running.pk], reason="order withdrawn") == [queued.pk]
     queued.refresh_from_db()
@@ -23,7 +23,7 @@ def test_cancel_touches_only_queued_jobs():
     assert (queued.status, queued.last_error) == ("cancelled", "cancelled: order withdrawn")
     assert queued.finished_at is not None
     assert running.status == "running"
-    assert leasing.claim("default", None, 5, "w") == []
+    assert store.claim("default", None, 5, "w") == []
 
 
 def test_a_cancelled_jobs_key_can_be_used_again():

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 from django.db.models import F
 
-from django_jobguard import dlq, idempotency, leasing, signals
+from django_jobguard import dlq, idempotency, signals, store
 from django_jobguard.exceptions import (
     IdempotencyConflict,
     InvalidArgumentsError,
@@ -399,7 +399,7 @@ def test_the_review_refuses_a_payload_that_does_not_fit_the_handler():
 def test_dead_lettering_without_a_task_marks_the_key_failed_in_the_tasks_own_scope():
     job = tasks_dlq.scoped_refund.using(idempotency_key="refund:1").enqueue(order_id=1)
     assert IdempotencyKey.objects.get(key="refund:1").scope == "payments"
-    [claimed] = leasing.claim("default", None, 1, "reaper-test")
+    [claimed] = store.claim("default", None, 1, "reaper-test")
     # What the reaper does for an expired lease: it has no task object, only the job id.
     dlq.dead_letter(
         "default",

@@ -8,7 +8,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
-from django_jobguard import IdempotencyConflict, LeaseLost, dlq, leasing
+from django_jobguard import IdempotencyConflict, LeaseLost, dlq, store
 from django_jobguard.context import JobContext
 from django_jobguard.idempotency import fingerprint
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job
@@ -360,7 +360,7 @@ def test_checkpoints_live_in_memory_when_a_task_is_called_directly():
 
 def test_a_scoped_key_is_marked_failed_when_the_reaper_dead_letters_its_job():
     job = tasks_idem.charge.using(idempotency_key="charge:order:9").enqueue(order_id=9, amount=1)
-    (claimed,) = leasing.claim(connection.alias, None, 1, "gone")
+    (claimed,) = store.claim(connection.alias, None, 1, "gone")
     # The reaper dead-letters an expired last attempt without loading the task or its scope.
     dlq.dead_letter(
         connection.alias, claimed.id, claimed.lease_token, reason="lease_expired", category="transient"

@@ -9,7 +9,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from django_jobguard import leasing, queues, stats
+from django_jobguard import queues, stats, store
 from django_jobguard.exceptions import QueueError, QueuePermissionDenied
 from django_jobguard.management.commands.jobguard_status import render_table
 from django_jobguard.models import Job, QueueEvent, QueueState
@@ -80,7 +80,7 @@ def test_a_paused_queue_keeps_accepting_jobs_and_the_claim_skips_it():
     free = tasks.add.using(queue_name="free").enqueue(2)
     assert Job.objects.get(pk=held.pk).status == "queued"
     # A worker of every queue gets the paused ones as `skip`.
-    claimed = leasing.claim("default", None, 10, "w", exclude=["paused"])
+    claimed = store.claim("default", None, 10, "w", exclude=["paused"])
     assert [job.id for job in claimed] == [free.pk]
     assert Job.objects.get(pk=held.pk).status == "queued"
 

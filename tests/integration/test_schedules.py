@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 from django.test import override_settings
 from prometheus_client import REGISTRY
 
-from django_jobguard import InvalidArgumentsError, conf, leasing, schedules, task
+from django_jobguard import InvalidArgumentsError, conf, schedules, store, task
 from django_jobguard.models import IdempotencyKey, Job, Schedule
 from django_jobguard.registry import registry
 
@@ -31,7 +31,7 @@ def declaring(**entries: dict[str, Any]) -> Any:
 
 
 def db_now() -> datetime.datetime:
-    return leasing.database_now("default")
+    return store.database_now("default")
 
 
 def outage(name: str, minutes: int) -> None:

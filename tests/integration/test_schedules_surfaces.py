@@ -15,7 +15,7 @@ from django.core.management import call_command
 from django.test import override_settings
 from django.urls import reverse
 
-from django_jobguard import checks, leasing, schedules, task
+from django_jobguard import checks, schedules, store, task
 from django_jobguard.models import Job, Schedule
 from django_jobguard.registry import registry
 
@@ -37,7 +37,7 @@ def two_schedules() -> None:
         schedules.sync()
     with declaring(nightly={"task": ADD, "cron": "0 2 * * *", "timezone": "Asia/Jakarta", "args": [1]}):
         schedules.sync()  # "gone" is no longer declared
-    last = leasing.database_now("default").replace(second=0, microsecond=0)
+    last = store.database_now("default").replace(second=0, microsecond=0)
     Schedule.objects.filter(name="nightly").update(next_tick_at=last)
     with declaring(nightly={"task": ADD, "cron": "0 2 * * *", "timezone": "Asia/Jakarta", "args": [1]}):
         schedules.run_once()

@@ -12,7 +12,7 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-from django_jobguard import tuning
+from django_jobguard import store, tuning
 from django_jobguard.models import Job
 
 pytestmark = pytest.mark.django_db
@@ -177,7 +177,7 @@ def test_bad_options_are_refused_with_the_rule():
 
 @pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's plan")
 def test_sqlite_reads_the_window_through_the_finished_index():
-    sql, params = tuning.sqlite_sql(86400, None)
+    sql, params = store.sqlite.durations_sql(86400, None)
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
         plan = " ".join(str(row) for row in cursor.fetchall())
@@ -200,7 +200,7 @@ def test_postgres_uses_the_finished_index_with_a_million_finished_rows():
             "FROM generate_series(1, 1000000) AS n"
         )
         cursor.execute("ANALYZE jobguard_job")
-        sql, params = tuning.postgres_sql(86400, None)
+        sql, params = store.postgres.durations_sql(86400, None)
         cursor.execute("EXPLAIN " + sql, params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "jobguard_job_finished_idx" in plan, plan

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 from django.db import connection
 
-from django_jobguard import dlq, leasing
+from django_jobguard import dlq, store
 from django_jobguard.models import DeadLetter, Job
 from django_jobguard.worker import LIVENESS_TOUCH_SECONDS
 from tests.conftest import wait_for
@@ -42,7 +42,7 @@ def test_workers_running_maintenance_at_once_reap_dead_letter_and_redrive_each_j
 ):
     tasks.add.bulk_enqueue([((index,), {}) for index in range(EXPIRED + EXHAUSTED)])
     # A "ghost" worker on a vanished host holds them all; some are on their last attempt.
-    held = leasing.claim("default", None, EXPIRED + EXHAUSTED, "gone-host:1:abcdef")
+    held = store.claim("default", None, EXPIRED + EXHAUSTED, "gone-host:1:abcdef")
     assert len(held) == EXPIRED + EXHAUSTED
     last_attempt = sorted(job.id for job in held)[:EXHAUSTED]
     Job.objects.filter(pk__in=last_attempt).update(max_attempts=1)
@@ -118,7 +118,7 @@ def test_the_heartbeat_thread_touches_the_liveness_file_and_stops_when_the_worke
 def ghost_leases(count: int, marker: str) -> list[int]:
     """``count`` jobs held by a worker that vanished, their leases already expired."""
     tasks.add.bulk_enqueue([((index,), {}) for index in range(count)])
-    held = leasing.claim("default", None, count, f"gone-{marker}:1:abcdef")
+    held = store.claim("default", None, count, f"gone-{marker}:1:abcdef")
     expire_all_leases()
     return sorted(job.id for job in held)
 

@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from django_jobguard import leasing
+from django_jobguard import store
 from django_jobguard.models import IdempotencyKey, Job, Schedule
 from tests.conftest import WorkerProcesses, wait_for
 from tests.testapp import tasks
@@ -124,7 +124,7 @@ def test_two_workers_with_skewed_clocks_tick_by_the_database_clock(workers):
     wait_for(lambda: len(tick_times()) >= 15, timeout=120, message="15 ticks to be enqueued")
     stop(workers)
     ordered = assert_one_job_per_tick(15)
-    now = leasing.database_now("default")
+    now = store.database_now("default")
     assert now - datetime.timedelta(minutes=5) < ordered[0] and ordered[-1] <= now
 
 

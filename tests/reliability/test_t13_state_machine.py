@@ -37,7 +37,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from django_jobguard import dlq, idempotency, leasing, retry
+from django_jobguard import dlq, idempotency, retry, store
 from django_jobguard.exceptions import JobguardError, LeaseLost
 from django_jobguard.models import DeadLetter, DeadLetterReason, IdempotencyKey, Job, ReplayEvent
 from django_jobguard.worker import Worker
@@ -92,7 +92,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(limit=st.integers(1, 3))
     def claim(self, limit: int) -> None:
-        for job in leasing.claim(ALIAS, [QUEUE], limit, "sm-worker"):
+        for job in store.claim(ALIAS, [QUEUE], limit, "sm-worker"):
             assert job.id not in self.terminal, f"claimed terminal job {job.id}"
             assert job.attempts == self.attempts[job.id] + 1, "a claim adds exactly one attempt"
             assert job.attempts <= job.max_attempts
@@ -104,7 +104,7 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def heartbeat(self, data: st.DataObject) -> None:
         job_id, token = data.draw(st.sampled_from(self.handles))
-        renewed = leasing.heartbeat(ALIAS, [(job_id, token)])
+        renewed = store.heartbeat(ALIAS, [(job_id, token)])
         assert (job_id in renewed) == (self.token.get(job_id) == token), "heartbeat fencing"
         STATS["heartbeat_fresh" if renewed else "heartbeat_stale"] += 1
 
@@ -122,7 +122,7 @@ class QueueMachine(RuleBasedStateMachine):
     def complete(self, data: st.DataObject) -> None:
         job_id, token = data.draw(st.sampled_from(self.handles))
         fresh = self.token.get(job_id) == token
-        accepted = leasing.complete(ALIAS, job_id, token, "1")
+        accepted = store.complete(ALIAS, job_id, token, "1")
         assert accepted == fresh, (
             f"complete with a {'fresh' if fresh else 'stale'} lease: accepted={accepted}"
         )
@@ -153,7 +153,7 @@ class QueueMachine(RuleBasedStateMachine):
             except LeaseLost:
                 accepted = False
         else:
-            accepted = leasing.requeue(ALIAS, job_id, token, delay=0, error="StateMachineError: planned")
+            accepted = store.requeue(ALIAS, job_id, token, delay=0, error="StateMachineError: planned")
         assert accepted == fresh, f"fail with a {'fresh' if fresh else 'stale'} lease: accepted={accepted}"
         if accepted:
             self.token[job_id] = None
@@ -184,7 +184,7 @@ class QueueMachine(RuleBasedStateMachine):
         job = tasks_faults.sm_job.enqueue(value)
         self.attempts[job.pk] = 0
         self.token[job.pk] = None
-        for claimed in leasing.claim(ALIAS, [QUEUE], 1, "sm-worker"):
+        for claimed in store.claim(ALIAS, [QUEUE], 1, "sm-worker"):
             self.token[claimed.id] = claimed.lease_token
             self.handles.append((claimed.id, claimed.lease_token))
             dlq.dead_letter(

@@ -12,6 +12,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
 from ...conf import get_settings
+from ...models import Job
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
@@ -89,7 +90,6 @@ def check_queues(names: Iterable[str], alias: str, option: str = "--queue") -> N
     forever and a status would show zeros. One that still holds jobs (a queue removed from
     the settings, its jobs not drained yet) stays usable, so its jobs can still be run or seen.
     """
-    from ...models import Job
 
     conf = get_settings()
     for name in names:

@@ -1,0 +1,307 @@
+"""The store: every SQL statement for jobs and idempotency keys, one module per database.
+
+Claim, heartbeat, complete, requeue, dead-mark, reap, the enqueue inserts, checkpoints and
+the LISTEN wake-up. The functions here take a database alias and hand the call to
+:mod:`.postgres` or :mod:`.sqlite`, looked up once per alias (a dict lookup per call).
+
+Every write a worker makes to a job it holds matches ``id AND lease_token``. A claim
+writes a fresh random token, and every path that takes a job away from a worker (the
+reaper, a shutdown hand-back, an operator) clears it. So a worker whose lease expired
+and whose job moved on updates zero rows, raises :class:`LeaseLost`, and rolls back:
+it cannot commit a stale ack, retry or dead-letter.
+
+Lease times come from the database clock only (``statement_timestamp()`` /
+``strftime('now')``), never from the worker's, so a worker with a skewed clock can
+neither expire a live lease early nor start a job before its ``run_after``.
+
+The SQL is raw on purpose: this is the hot path (one statement per claim batch, one per
+ack) and the ORM cannot express ``FOR UPDATE SKIP LOCKED`` inside an ``UPDATE``. Outside
+this package only ``locks/db.py`` writes SQL of its own (for the lock table).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Iterable, Sequence
+from types import ModuleType
+from typing import Any
+
+from django.core.signals import setting_changed
+from django.db import connections
+
+from . import postgres, sqlite
+from ._common import (
+    LEASE_EXPIRED_ERROR,
+    NOTIFY_CHANNEL,
+    PERCENTILES,
+    REAP_BATCH,
+    SQLITE_INSERT_CHUNK,
+    AttemptError,
+    ClaimedJob,
+    DurationRow,
+    Inserted,
+    build_job,
+    key_owner,
+    read_checkpoints,
+    write_checkpoints,
+)
+from ._common import insert_key as _insert_key
+from .listener import Listener
+
+__all__ = [
+    "LEASE_EXPIRED_ERROR",
+    "NOTIFY_CHANNEL",
+    "PERCENTILES",
+    "REAP_BATCH",
+    "SQLITE_INSERT_CHUNK",
+    "AttemptError",
+    "ClaimedJob",
+    "DurationRow",
+    "Listener",
+    "build_job",
+    "claim",
+    "complete",
+    "database_now",
+    "discard_queued",
+    "heartbeat",
+    "insert_jobs",
+    "insert_key",
+    "insert_keyed_job",
+    "key_owner",
+    "mark_dead",
+    "observed_durations",
+    "read_checkpoints",
+    "reap",
+    "record_key_success",
+    "requeue",
+    "write_checkpoints",
+    "writes_while_busy",
+]
+
+_MODULES = {"postgresql": postgres, "sqlite": sqlite}
+#: alias -> its database's module, filled on first use of each alias.
+_by_alias: dict[str, ModuleType] = {}
+
+
+def _db(alias: str) -> ModuleType:
+    """The store module of ``alias``'s database (cached: an alias does not change vendor)."""
+    try:
+        return _by_alias[alias]
+    except KeyError:
+        pass
+    vendor = connections[alias].vendor
+    module = _MODULES.get(vendor)
+    if module is None:
+        raise NotImplementedError(f"django-jobguard supports PostgreSQL and SQLite, not {vendor}.")
+    _by_alias[alias] = module
+    return module
+
+
+def _forget_aliases(*, setting: str, **kwargs: Any) -> None:
+    if setting == "DATABASES":  # a test's override_settings(DATABASES=...)
+        _by_alias.clear()
+
+
+setting_changed.connect(_forget_aliases, dispatch_uid="jobguard_store_aliases")
+
+
+def writes_while_busy(alias: str) -> bool:
+    """Whether another connection can write while a job's transaction is open.
+
+    True on PostgreSQL (row locks). False on SQLite, where an open write transaction
+    holds the whole database, so a running atomic job blocks every other write.
+    """
+    return bool(_db(alias).writes_while_busy(alias))
+
+
+def database_now(alias: str) -> datetime.datetime:
+    """The database clock, now (aware): what due times are compared against, never the host's."""
+    value: datetime.datetime = _db(alias).database_now(alias)
+    return value
+
+
+# -- enqueue -------------------------------------------------------------------------------
+
+
+def insert_jobs(
+    alias: str,
+    rows: Sequence[dict[str, Any]],
+    run_after: datetime.datetime | datetime.timedelta | None = None,
+) -> list[Inserted]:
+    """Insert queued jobs in one statement (chunks on SQLite); ``(id, run_after, enqueued_at)`` each.
+
+    ``rows`` hold the fields of ``INSERT_FIELDS`` with ``args``/``kwargs`` as Python
+    values. ``run_after`` applies to every row: None is "now", a timedelta counts from the
+    database clock. The ORM's ``bulk_create`` spends most of its time compiling per-field
+    SQL; this path is the enqueue hot path.
+    """
+    if not rows:
+        return []
+    results: list[Inserted] = _db(alias).insert_jobs(alias, rows, run_after)
+    if len(results) != len(rows):  # pragma: no cover - the database returned a row per insert
+        raise RuntimeError(f"inserted {len(rows)} jobs but got {len(results)} rows back")
+    return results
+
+
+def insert_keyed_job(
+    alias: str,
+    row: dict[str, Any],
+    run_after: datetime.datetime | datetime.timedelta | None,
+    *,
+    scope: str,
+    fingerprint: str,
+    expires_at: datetime.datetime,
+) -> Inserted | None:
+    """Insert a job and its new idempotency key together; None, writing nothing, if the key exists.
+
+    On PostgreSQL one statement does both (atomic on its own, so it needs no transaction
+    around it); on SQLite three, in the caller's transaction or one of their own.
+    """
+    result: Inserted | None = _db(alias).insert_keyed_job(
+        alias, row, run_after, scope=scope, fingerprint=fingerprint, expires_at=expires_at
+    )
+    return result
+
+
+def insert_key(
+    alias: str, scope: str, key: str, digest: str, job_id: int | None = None, *, expires_at: datetime.datetime
+) -> int | None:
+    """Insert the key unless it exists; the new row's id, or None if it existed (same SQL on both)."""
+    return _insert_key(alias, scope, key, digest, job_id, expires_at=expires_at)
+
+
+def record_key_success(alias: str, scope: str, key: str, job_id: int, result: Any) -> bool:
+    """Mark the key succeeded with ``result`` if ``job_id`` owns it; call inside the ack's transaction."""
+    # Raw SQL: this runs in every keyed ack, where the ORM's update cost more than the rest.
+    result_json = None if result is None else json.dumps(result)
+    return bool(_db(alias).record_key_success(alias, scope, key, job_id, result_json))
+
+
+# -- leases --------------------------------------------------------------------------------
+
+
+def claim(
+    alias: str,
+    queues: Sequence[str] | None,
+    limit: int,
+    worker_id: str,
+    exclude: Sequence[str] = (),
+) -> list[ClaimedJob]:
+    """Lease up to ``limit`` due jobs of ``queues`` (all queues if None) in one statement.
+
+    ``exclude`` names queues to leave alone when ``queues`` is None (every other queue: the
+    worker's ``--exclude-queues`` and the paused ones); with a list of queues, leave them out
+    of the list instead.
+    """
+    if limit <= 0:
+        return []
+    if queues:
+        queues = [name for name in queues if name not in exclude]
+        if not queues:
+            return []
+        exclude = ()
+    jobs: list[ClaimedJob] = _db(alias).claim(alias, queues, limit, worker_id, exclude)
+    jobs.sort(key=lambda job: (-job.priority, job.id))
+    return jobs
+
+
+def heartbeat(
+    alias: str, leases: Iterable[tuple[int, str]], *, cancel_requested: set[int] | None = None
+) -> set[int]:
+    """Extend the leases still held; the ids renewed (the others were lost).
+
+    ``cancel_requested``, when given, receives the renewed ids an operator asked to cancel.
+    """
+    leases = list(leases)
+    if not leases:
+        return set()
+    rows = _db(alias).heartbeat(alias, [job_id for job_id, _ in leases], [token for _, token in leases])
+    if cancel_requested is not None:
+        cancel_requested.update(row[0] for row in rows if row[1])
+    return {row[0] for row in rows}
+
+
+def complete(alias: str, job_id: int, lease_token: str, result_json: str) -> bool:
+    """Mark the job succeeded with its JSON result, if the lease is still ours."""
+    return bool(_db(alias).complete(alias, job_id, lease_token, result_json))
+
+
+def discard_queued(alias: str, job_id: int) -> None:
+    """Delete a job that is still queued and no longer has anything to do.
+
+    For work the caller has already done itself (a durable cache invalidation whose keys
+    were deleted right after the commit). Losing this delete in a crash only lets a worker
+    run the job once more, harmlessly, so on PostgreSQL its commit does not wait for the
+    WAL to reach the disk (``synchronous_commit`` off for this statement's transaction
+    only): the writer pays one round trip, not a second disk flush.
+    """
+    _db(alias).discard_queued(alias, job_id)
+
+
+def requeue(
+    alias: str,
+    job_id: int,
+    lease_token: str,
+    *,
+    delay: float,
+    error: str | None,
+    refund_attempt: bool = False,
+    contention: bool = False,
+    attempt_error: AttemptError | None = None,
+) -> bool:
+    """Give the job back to the queue, due after ``delay`` seconds, if the lease is ours.
+
+    A failed attempt keeps its count and, with ``attempt_error``, its entry in the
+    attempt history says how it failed; a lock contention or a shutdown hand-back before
+    the handler started refunds it (``refund_attempt``), and drops its history entry, so
+    the history holds one entry per counted attempt.
+    """
+    return bool(
+        _db(alias).requeue(
+            alias,
+            job_id,
+            lease_token,
+            delay=delay,
+            error=error,
+            refund_attempt=refund_attempt,
+            contention=contention,
+            attempt_error=attempt_error,
+        )
+    )
+
+
+def mark_dead(
+    alias: str, job_id: int, lease_token: str, error: str, attempt_error: AttemptError | None = None
+) -> bool:
+    """Mark the job dead, if the lease is ours. Call inside the dead letter's transaction.
+
+    ``attempt_error`` completes the last attempt's history entry (in the same statement).
+    """
+    return bool(_db(alias).mark_dead(alias, job_id, lease_token, error, attempt_error))
+
+
+def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """Put expired leases back in their queue; report the out-of-attempts ones.
+
+    Returns ``(requeued, exhausted)``: ``(id, queue_name)`` of jobs made visible again
+    (each counted as a visibility-timeout reappearance on the row), and ``(id,
+    lease_token)`` of expired jobs with no attempt left, which the caller dead-letters
+    (fenced by that token, so a late ack and the reaper cannot both win).
+    """
+    result: tuple[list[tuple[int, str]], list[tuple[int, str]]] = _db(alias).reap(alias, limit)
+    return result
+
+
+# -- reporting -------------------------------------------------------------------------------
+
+
+def observed_durations(alias: str, since: float, queue: str | None = None) -> list[DurationRow]:
+    """Claim-to-ack seconds of the jobs that succeeded in the last ``since`` seconds, per (queue, task).
+
+    Read through the partial index on finished jobs, so a window is a range of it however
+    many older rows the table keeps. Percentiles are ``percentile_cont``'s (linear
+    interpolation between the two nearest ranks) on both databases.
+    """
+    rows: list[DurationRow] = _db(alias).observed_durations(alias, since, queue)
+    return rows

@@ -1,0 +1,206 @@
+"""What both databases' store modules share: the claimed job, the column lists, the ORM reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import connections
+from django.utils.dateparse import parse_datetime
+
+if TYPE_CHECKING:
+    from ..models import Job
+
+#: Expired leases handled per reaper statement, so one pass never holds many row locks.
+REAP_BATCH = 200
+#: PostgreSQL channel the enqueue trigger notifies (payload: the queue name).
+NOTIFY_CHANNEL = "jobguard_jobs"
+#: Rows per INSERT statement on SQLite (10 parameters a row, well under its variable limit).
+SQLITE_INSERT_CHUNK = 500
+
+TABLE = "jobguard_job"
+KEY_TABLE = "jobguard_idempotencykey"
+RETURNING = (
+    "id, task_name, queue_name, args, kwargs, priority, attempts, max_attempts, lease_token, "
+    "visibility_timeout, idempotency_key, lock_key, handler_version"
+)
+
+INSERT_COLUMNS = (
+    "task_name, queue_name, args, kwargs, priority, max_attempts, visibility_timeout, "
+    "idempotency_key, lock_key, handler_version, status, attempts, worker_id, last_error, "
+    "reappearances, lock_contentions, checkpoints, attempt_history"
+)
+INSERT_FIELDS = (
+    "task_name",
+    "queue_name",
+    "args",
+    "kwargs",
+    "priority",
+    "max_attempts",
+    "visibility_timeout",
+    "idempotency_key",
+    "lock_key",
+    "handler_version",
+)
+#: The constant columns of a new job row, after the INSERT_FIELDS (status ... lock_contentions).
+INSERT_CONSTANTS = "'queued', 0, '', '', 0, 0"
+
+#: The percentiles of run durations the store reports (``jobguard_tune``), as fractions.
+PERCENTILES = (0.5, 0.95, 0.99)
+#: Durations of one (queue, task): ``(queue, task, count, [p50, p95, p99], max)`` in seconds.
+DurationRow = tuple[str, str, int, list[float], float]
+# The partial index's own condition, repeated so that SQLite (which does not deduce it from
+# status = 'succeeded') picks the index too.
+FINISHED = "status IN ('succeeded', 'dead', 'cancelled') AND status = 'succeeded' AND started_at IS NOT NULL"
+
+#: What an insert returns per job: ``(id, run_after, enqueued_at)``.
+Inserted = tuple[int, datetime.datetime, datetime.datetime]
+#: How a failed attempt is recorded in the job's history: (error class path, message, traceback).
+AttemptError = tuple[str, str, str]
+#: The history entry of an attempt whose worker stopped heartbeating (no traceback to keep).
+LEASE_EXPIRED_ERROR: AttemptError = (
+    "django_jobguard.exceptions.LeaseLost",
+    "the lease expired: the worker stopped heartbeating (crashed, frozen or cut off)",
+    "",
+)
+#: The job's ``last_error`` when the reaper takes an expired lease back.
+LEASE_EXPIRED_MESSAGE = "lease expired: the worker stopped heartbeating (crashed, frozen or cut off)"
+
+
+@dataclasses.dataclass(slots=True)
+class ClaimedJob:
+    """A job a worker holds a lease on: just what running it needs, no model instance."""
+
+    id: int
+    task_name: str
+    queue_name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    priority: int
+    attempts: int
+    max_attempts: int
+    lease_token: str
+    visibility_timeout: float
+    idempotency_key: str | None
+    lock_key: str
+    handler_version: str
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> ClaimedJob:
+        args, kwargs = row[3], row[4]
+        return cls(
+            id=row[0],
+            task_name=row[1],
+            queue_name=row[2],
+            args=json.loads(args) if isinstance(args, str | bytes) else args,
+            kwargs=json.loads(kwargs) if isinstance(kwargs, str | bytes) else kwargs,
+            priority=row[5],
+            attempts=row[6],
+            max_attempts=row[7],
+            lease_token=row[8],
+            visibility_timeout=float(row[9]),
+            idempotency_key=row[10],
+            lock_key=row[11] or "",
+            handler_version=row[12] or "",
+        )
+
+
+def placeholders(values: Sequence[Any]) -> str:
+    return ", ".join(["%s"] * len(values))
+
+
+def row_values(row: dict[str, Any]) -> list[Any]:
+    """The INSERT_FIELDS of one job row, ``args``/``kwargs`` dumped to JSON text."""
+    values = [row[field] for field in INSERT_FIELDS]
+    values[2] = json.dumps(values[2])
+    values[3] = json.dumps(values[3])
+    return values
+
+
+def sqlite_datetime(value: Any) -> datetime.datetime:
+    """A timestamp SQLite returned (its converters may already have parsed it), aware under USE_TZ."""
+    parsed = value if isinstance(value, datetime.datetime) else parse_datetime(value)
+    if parsed is None:  # pragma: no cover - SQLite returned what we wrote
+        raise ValueError(f"not a datetime: {value!r}")
+    # SQLite stores UTC (its 'now' and Django's writes under USE_TZ) without an offset.
+    return parsed.replace(tzinfo=datetime.UTC) if parsed.tzinfo is None and settings.USE_TZ else parsed
+
+
+# -- model instances and ORM reads (the same on both databases) ----------------------------
+# The models are imported inside these functions: the package's __init__ imports the store
+# (through context) before Django's app registry is ready, when models cannot be imported.
+
+
+def build_job(alias: str, fields: dict[str, Any], inserted: Inserted) -> Job:
+    """The saved ``Job`` of ``fields`` and what its insert returned: ``(id, run_after, enqueued_at)``."""
+    from ..models import Job  # app registry: see above
+
+    names, defaults = _job_layout()
+    pk, run_after, enqueued_at = inserted
+    values = {**defaults, **fields, "id": pk, "run_after": run_after, "enqueued_at": enqueued_at}
+    values["checkpoints"] = {}
+    values["attempt_history"] = []
+    # from_db builds the instance positionally, as a query would: about a third of the
+    # cost of keyword construction, on the enqueue hot path.
+    return Job.from_db(alias, names, [values[name] for name in names])
+
+
+@functools.cache
+def _job_layout() -> tuple[list[str], dict[str, Any]]:
+    """The Job's column attributes in order, and the fixed defaults of a new row."""
+    from ..models import Job  # app registry: see above
+
+    fields = Job._meta.concrete_fields
+    return [field.attname for field in fields], {
+        field.attname: None if callable(field.default) else field.get_default() for field in fields
+    }
+
+
+def read_checkpoints(alias: str, job_id: int) -> dict[str, Any]:
+    from ..models import Job  # app registry: see above
+
+    value = Job.objects.using(alias).filter(pk=job_id).values_list("checkpoints", flat=True).first()
+    return dict(value or {})
+
+
+def write_checkpoints(alias: str, job_id: int, lease_token: str | None, checkpoints: dict[str, Any]) -> bool:
+    from ..models import Job  # app registry: see above
+
+    return bool(
+        Job.objects.using(alias).filter(pk=job_id, lease_token=lease_token).update(checkpoints=checkpoints)
+    )
+
+
+# -- idempotency keys (the same statements on both databases) -------------------------------
+
+# ON CONFLICT DO NOTHING waits for a concurrent inserter of the key to finish, then yields to
+# it without an error, so the caller's transaction is never aborted by a unique violation.
+_INSERT_KEY = (
+    f'INSERT INTO "{KEY_TABLE}" ("key", "scope", "fingerprint", "status", "duplicates", "expires_at", '
+    "\"job_id\") VALUES (%s, %s, %s, 'in_progress', 0, %s, %s) "
+    'ON CONFLICT ("scope", "key") DO NOTHING RETURNING "id"'
+)
+_KEY_OWNER = f"SELECT job_id, status FROM {KEY_TABLE} WHERE scope = %s AND key = %s"
+
+
+def insert_key(
+    alias: str, scope: str, key: str, digest: str, job_id: int | None, *, expires_at: datetime.datetime
+) -> int | None:
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        expiry = connection.ops.adapt_datetimefield_value(expires_at)
+        cursor.execute(_INSERT_KEY, [key, scope, digest, expiry, job_id])
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def key_owner(alias: str, scope: str, key: str) -> tuple[int | None, str] | None:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_KEY_OWNER, [scope, key])
+        row = cursor.fetchone()
+    return None if row is None else (row[0], row[1])

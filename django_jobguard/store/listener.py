@@ -1,0 +1,124 @@
+"""LISTEN/NOTIFY: the wake-up of an idle worker when jobs are enqueued (PostgreSQL only)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import connections
+
+from ._common import NOTIFY_CHANNEL
+
+logger = logging.getLogger("django_jobguard.leasing")  # the logger name operators filter on
+
+
+class Listener:
+    """Wakes an idle worker when jobs are enqueued: LISTEN/NOTIFY on PostgreSQL.
+
+    :meth:`wait` sleeps until a notification for one of our queues arrives, :meth:`wake`
+    is called (a signal handler may call it: it only writes to a pipe), or the timeout
+    passes. Elsewhere, or while listening fails, it is a plain interruptible sleep and
+    the worker falls back to polling every ``POLL_INTERVAL`` seconds.
+    """
+
+    #: Seconds before a failed LISTEN connection is tried again.
+    RECONNECT_DELAY_SECONDS = 5.0
+
+    def __init__(self, alias: str | None, queues: Sequence[str] | None) -> None:
+        # None: no alias can LISTEN (the jobs' alias is pooled and no LISTEN_DATABASE is set).
+        self.alias = alias
+        self.queues = set(queues) if queues else None
+        self._conn: Any = None
+        self._failed_at = -self.RECONNECT_DELAY_SECONDS
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    def _connect(self) -> Any:
+        if self._conn is not None or self.alias is None or connections[self.alias].vendor != "postgresql":
+            return self._conn
+        if time.monotonic() - self._failed_at < self.RECONNECT_DELAY_SECONDS:
+            return None
+        try:
+            import psycopg  # an optional dependency: only PostgreSQL deployments have it
+
+            params = connections[self.alias].get_connection_params()
+            for key in ("cursor_factory", "context", "prepare_threshold"):
+                params.pop(key, None)
+            conn = psycopg.connect(**params, autocommit=True)
+            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            self._conn = conn
+        except Exception:
+            logger.warning("listen_failed alias=%s; polling instead", self.alias, exc_info=True)
+            self._failed_at = time.monotonic()
+            self._conn = None
+        return self._conn
+
+    def start(self) -> bool:
+        """LISTEN now (instead of at the first wait); True if notifications will arrive."""
+        listening = self._connect() is not None
+        if self.alias is None:
+            logger.info("listen_disabled reason=pooled_database; polling (set JOBGUARD['LISTEN_DATABASE'])")
+        elif listening:
+            logger.info("listening alias=%s channel=%s", self.alias, NOTIFY_CHANNEL)
+        return listening
+
+    def wake(self) -> None:
+        """Make a current or the next :meth:`wait` return at once."""
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full or closed: a wake-up is pending or moot
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds; True if a notification for our queues arrived."""
+        conn = self._connect()
+        watched = [self._wake_r] if conn is None else [self._wake_r, conn.fileno()]
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                ready, _, _ = select.select(watched, [], [], remaining)
+                if self._wake_r in ready:
+                    self._drain_pipe()
+                    return False
+                if not ready:
+                    return False
+                # Many enqueues wake us once: the claim that follows takes a whole batch.
+                payloads = {note.payload for note in conn.notifies(timeout=0)}
+                if (self.queues is None and payloads) or payloads & (self.queues or set()):
+                    return True
+        except Exception:
+            logger.warning("listen_lost alias=%s; reconnecting", self.alias, exc_info=True)
+            self._close_conn()
+            return False
+
+    def _drain_pipe(self) -> None:
+        try:
+            while os.read(self._wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _close_conn(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:  # noqa: S110 - closing a broken connection may fail; nothing to do
+                pass
+            self._conn = None
+            self._failed_at = time.monotonic()
+
+    def close(self) -> None:
+        self._close_conn()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -1,0 +1,342 @@
+"""The store on SQLite: the same operations as :mod:`.postgres`, in SQLite's dialect.
+
+SQLite has one writer at a time, so a single ``UPDATE ... WHERE id IN (SELECT ...)`` is
+already exclusive (the status re-check guards the statement all the same). Times are
+``strftime('now')`` in the text format Django stores datetimes in (UTC).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import connections, transaction
+
+from ._common import (
+    FINISHED,
+    INSERT_COLUMNS,
+    INSERT_CONSTANTS,
+    KEY_TABLE,
+    LEASE_EXPIRED_ERROR,
+    LEASE_EXPIRED_MESSAGE,
+    PERCENTILES,
+    REAP_BATCH,
+    RETURNING,
+    SQLITE_INSERT_CHUNK,
+    TABLE,
+    AttemptError,
+    ClaimedJob,
+    DurationRow,
+    Inserted,
+    placeholders,
+    row_values,
+    sqlite_datetime,
+)
+from ._common import insert_key as _insert_key
+
+# Written for a cursor with parameters, so the driver turns %% back into %.
+NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+_LEASE_EXPIRES = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', '+' || visibility_timeout || ' seconds')"
+_HISTORY_STARTED = f"json_insert(attempt_history, '$[#]', json_object('worker_id', %s, 'started_at', {NOW}))"
+_HISTORY_FAILED = (
+    "CASE WHEN json_array_length(attempt_history) > 0 THEN json_set(attempt_history, "
+    f"'$[#-1].finished_at', {NOW}, '$[#-1].error_class', %s, '$[#-1].error', %s, "
+    "'$[#-1].traceback', %s) ELSE attempt_history END"
+)
+_HISTORY_DROPPED = (
+    "CASE WHEN json_array_length(attempt_history) > 0 "
+    "THEN json_remove(attempt_history, '$[#-1]') ELSE attempt_history END"
+)
+
+
+def writes_while_busy(alias: str) -> bool:
+    return False  # an open write transaction holds the whole database
+
+
+def database_now(alias: str) -> datetime.datetime:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(f"SELECT {NOW}", [])
+        return sqlite_datetime(cursor.fetchone()[0])
+
+
+# -- inserts -------------------------------------------------------------------------------
+
+
+def _run_after_sql(
+    connection: Any, run_after: datetime.datetime | datetime.timedelta | None
+) -> tuple[str, list[Any]]:
+    """The ``, <run_after>`` fragment of a job insert and its parameter (a delay: from the database clock)."""
+    if run_after is None:
+        return "", []
+    if isinstance(run_after, datetime.datetime):
+        return ", %s", [connection.ops.adapt_datetimefield_value(run_after)]
+    return ", strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)", [f"{run_after.total_seconds():+.6f} seconds"]
+
+
+def insert_jobs(
+    alias: str,
+    rows: Sequence[dict[str, Any]],
+    run_after: datetime.datetime | datetime.timedelta | None = None,
+) -> list[Inserted]:
+    connection = connections[alias]
+    columns = INSERT_COLUMNS + (", run_after" if run_after is not None else "")
+    run_after_sql, extra_params = _run_after_sql(connection, run_after)
+    placeholder = f"(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {INSERT_CONSTANTS}, '{{}}', '[]'{run_after_sql})"
+    results: list[Inserted] = []
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), SQLITE_INSERT_CHUNK):
+            chunk = rows[start : start + SQLITE_INSERT_CHUNK]
+            params: list[Any] = []
+            for row in chunk:
+                params += row_values(row)
+                params += extra_params
+            cursor.execute(
+                f"INSERT INTO {TABLE} ({columns}) VALUES {', '.join([placeholder] * len(chunk))} "
+                "RETURNING id, run_after, enqueued_at",
+                params,
+            )
+            results += [
+                (row[0], sqlite_datetime(row[1]), sqlite_datetime(row[2])) for row in cursor.fetchall()
+            ]
+    return results
+
+
+def insert_keyed_job(
+    alias: str,
+    row: dict[str, Any],
+    run_after: datetime.datetime | datetime.timedelta | None,
+    *,
+    scope: str,
+    fingerprint: str,
+    expires_at: datetime.datetime,
+) -> Inserted | None:
+    # Three statements, in the caller's transaction or one of ours (no savepoint: the key
+    # insert cannot fail, it yields to an existing key).
+    with transaction.atomic(using=alias, savepoint=False):
+        key_id = _insert_key(alias, scope, row["idempotency_key"], fingerprint, None, expires_at=expires_at)
+        if key_id is None:
+            return None
+        (inserted,) = insert_jobs(alias, [row], run_after)
+        with connections[alias].cursor() as cursor:
+            cursor.execute(f"UPDATE {KEY_TABLE} SET job_id = %s WHERE id = %s", [inserted[0], key_id])
+    return inserted
+
+
+# -- claim ---------------------------------------------------------------------------------
+
+
+def claim(
+    alias: str, queues: Sequence[str] | None, limit: int, worker_id: str, exclude: Sequence[str]
+) -> list[ClaimedJob]:
+    queue_filter = ""
+    params: list[Any] = []
+    if queues:
+        queue_filter = f"AND queue_name IN ({placeholders(queues)}) "
+        params += list(queues)
+    elif exclude:
+        queue_filter = f"AND queue_name NOT IN ({placeholders(exclude)}) "
+        params += list(exclude)
+    sql = (
+        f"UPDATE {TABLE} SET status = 'running', attempts = attempts + 1, "
+        "lease_token = lower(hex(randomblob(16))), "
+        f"lease_expires_at = {_LEASE_EXPIRES}, "
+        f"started_at = {NOW}, worker_id = %s, attempt_history = {_HISTORY_STARTED} "
+        f"WHERE id IN (SELECT id FROM {TABLE} WHERE status = 'queued' {queue_filter}"
+        f"AND run_after <= {NOW} AND attempts < max_attempts "
+        "ORDER BY priority DESC, run_after, id LIMIT %s) AND status = 'queued' "
+        f"RETURNING {RETURNING}"
+    )
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, [worker_id, worker_id, *params, limit])
+        rows = cursor.fetchall()
+    return [ClaimedJob.from_row(row) for row in rows]
+
+
+# -- leases --------------------------------------------------------------------------------
+
+
+def heartbeat(alias: str, ids: list[int], tokens: list[str]) -> list[tuple[int, bool]]:
+    sql = (
+        f"UPDATE {TABLE} SET lease_expires_at = {_LEASE_EXPIRES} "
+        f"WHERE id IN ({placeholders(ids)}) AND lease_token IN ({placeholders(tokens)}) "
+        "RETURNING id, cancel_requested"
+    )
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, [*ids, *tokens])
+        return cursor.fetchall()  # type: ignore[no-any-return]
+
+
+_COMPLETE = (
+    f"UPDATE {TABLE} SET status = 'succeeded', finished_at = {NOW}, lease_token = NULL, "
+    "lease_expires_at = NULL, result = %s WHERE id = %s AND lease_token = %s"
+)
+
+
+def complete(alias: str, job_id: int, lease_token: str, result_json: str) -> bool:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_COMPLETE, [result_json, job_id, lease_token])
+        return bool(cursor.rowcount == 1)
+
+
+def discard_queued(alias: str, job_id: int) -> None:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(f"DELETE FROM {TABLE} WHERE id = %s AND status = 'queued'", [job_id])
+
+
+def requeue(
+    alias: str,
+    job_id: int,
+    lease_token: str,
+    *,
+    delay: float,
+    error: str | None,
+    refund_attempt: bool,
+    contention: bool,
+    attempt_error: AttemptError | None,
+) -> bool:
+    sets = [
+        "status = 'queued'",
+        "lease_token = NULL",
+        "lease_expires_at = NULL",
+        "worker_id = ''",
+        "run_after = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)",
+        f"attempts = attempts - {1 if refund_attempt else 0}",
+        f"lock_contentions = lock_contentions + {1 if contention else 0}",
+    ]
+    params: list[Any] = [f"+{delay:.6f} seconds"]
+    if error is not None:
+        sets += ["last_error = %s", f"first_failed_at = COALESCE(first_failed_at, {NOW})"]
+        params.append(error)
+    if refund_attempt:
+        sets.append(f"attempt_history = {_HISTORY_DROPPED}")
+    elif attempt_error is not None:
+        sets.append(f"attempt_history = {_HISTORY_FAILED}")
+        params += list(attempt_error)
+    sql = f"UPDATE {TABLE} SET {', '.join(sets)} WHERE id = %s AND lease_token = %s"
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, [*params, job_id, lease_token])
+        return bool(cursor.rowcount == 1)
+
+
+def mark_dead(
+    alias: str, job_id: int, lease_token: str, error: str, attempt_error: AttemptError | None
+) -> bool:
+    history = ""
+    params: list[Any] = [error]
+    if attempt_error is not None:
+        history = f", attempt_history = {_HISTORY_FAILED}"
+        params += list(attempt_error)
+    sql = (
+        f"UPDATE {TABLE} SET status = 'dead', finished_at = {NOW}, lease_token = NULL, "
+        f"lease_expires_at = NULL, last_error = %s, first_failed_at = COALESCE(first_failed_at, {NOW})"
+        f"{history} WHERE id = %s AND lease_token = %s"
+    )
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, [*params, job_id, lease_token])
+        return bool(cursor.rowcount == 1)
+
+
+_REAP_REQUEUE = (
+    f"UPDATE {TABLE} SET status = 'queued', lease_token = NULL, lease_expires_at = NULL, "
+    f"run_after = {NOW}, reappearances = reappearances + 1, worker_id = '', "
+    f"first_failed_at = COALESCE(first_failed_at, {NOW}), last_error = %s, "
+    f"attempt_history = {_HISTORY_FAILED} "
+    f"WHERE id IN (SELECT id FROM {TABLE} WHERE status = 'running' "
+    f"AND lease_expires_at < {NOW} AND attempts < max_attempts "
+    "ORDER BY lease_expires_at LIMIT %s) AND status = 'running' RETURNING id, queue_name"
+)
+_REAP_EXHAUSTED = (
+    f"SELECT id, lease_token FROM {TABLE} WHERE status = 'running' "
+    f"AND lease_expires_at < {NOW} AND attempts >= max_attempts "
+    "ORDER BY lease_expires_at LIMIT %s"
+)
+
+
+def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_REAP_REQUEUE, [LEASE_EXPIRED_MESSAGE, *LEASE_EXPIRED_ERROR, limit])
+        requeued = [(row[0], row[1]) for row in cursor.fetchall()]
+        cursor.execute(_REAP_EXHAUSTED, [limit])
+        exhausted = [(row[0], row[1]) for row in cursor.fetchall()]
+    return requeued, exhausted
+
+
+# -- idempotency keys ----------------------------------------------------------------------
+
+_KEY_SUCCEEDED = (
+    f"UPDATE {KEY_TABLE} SET status = 'succeeded', result = %s, updated_at = {NOW} "
+    "WHERE scope = %s AND key = %s AND job_id = %s"
+)
+
+
+def record_key_success(alias: str, scope: str, key: str, job_id: int, result_json: str | None) -> bool:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_KEY_SUCCEEDED, [result_json, scope, key, job_id])
+        return bool(cursor.rowcount > 0)
+
+
+# -- reporting (jobguard_tune) -----------------------------------------------------------------
+# SQLite has no percentile function: one statement ranks each task's durations with window
+# functions and returns only the two rows per percentile that percentile_cont (linear
+# interpolation between the two nearest ranks, as on PostgreSQL) interpolates between.
+
+# julianday() keeps about 0.1 ms of precision at today's dates: rounded to the millisecond
+# (the resolution of the worker's SQLite timestamps), so 25 s reads as 25.0, not 25.00004.
+_SQLITE_DURATION = "round((julianday(finished_at) - julianday(started_at)) * 86400.0, 3)"
+
+
+def durations_sql(since: float, queue: str | None) -> tuple[str, list[Any]]:
+    """The SQLite statement of :func:`observed_durations` and its parameters."""
+    params: list[Any] = [f"-{since:.3f} seconds"]
+    queue_filter = ""
+    if queue is not None:
+        queue_filter = "AND queue_name = %s "
+        params.append(queue)
+    # Window functions rank each task's durations; only the rows at the ranks the
+    # percentiles interpolate between (two per percentile) leave the database. One
+    # statement, so the counts and the ranks come from one snapshot.
+    ranks = ", ".join(
+        f"CAST({fraction!r} * (n - 1) AS INTEGER), CAST({fraction!r} * (n - 1) AS INTEGER) + 1"
+        for fraction in PERCENTILES
+    )
+    sql = (
+        "SELECT queue_name, task_name, n, top, position, d FROM ("
+        "SELECT queue_name, task_name, d, "
+        "row_number() OVER (PARTITION BY queue_name, task_name ORDER BY d) - 1 AS position, "
+        "count(*) OVER (PARTITION BY queue_name, task_name) AS n, "
+        "max(d) OVER (PARTITION BY queue_name, task_name) AS top "
+        f"FROM (SELECT queue_name, task_name, {_SQLITE_DURATION} AS d FROM {TABLE} "
+        f"WHERE {FINISHED} AND finished_at >= strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) "
+        f"{queue_filter}) AS runs) AS ranked "
+        f"WHERE position IN ({ranks}) ORDER BY queue_name, task_name, position"
+    )
+    return sql, params
+
+
+def observed_durations(alias: str, since: float, queue: str | None) -> list[DurationRow]:
+    """Run durations per (queue, task) in the window, percentiles interpolated here."""
+    sql, params = durations_sql(since, queue)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    groups: dict[tuple[str, str], tuple[int, float, dict[int, float]]] = {}
+    for queue_name, task_name, count, top, position, value in rows:
+        groups.setdefault((queue_name, task_name), (count, top, {}))[2][position] = value
+    return [
+        (queue_name, task_name, count, [_interpolate(f, count, kept) for f in PERCENTILES], top)
+        for (queue_name, task_name), (count, top, kept) in groups.items()
+    ]
+
+
+def _ranks(fraction: float, count: int) -> tuple[int, int]:
+    """The two 0-based ranks ``percentile_cont(fraction)`` interpolates between."""
+    low = math.floor(fraction * (count - 1))
+    return low, min(low + 1, count - 1)
+
+
+def _interpolate(fraction: float, count: int, values: dict[int, float]) -> float:
+    position = fraction * (count - 1)
+    low, high = _ranks(fraction, count)
+    return values[low] + (position - low) * (values[high] - values[low])

@@ -1,0 +1,337 @@
+"""The store, driven directly: every operation of its boundary, on the database under test.
+
+The suite runs on SQLite, and on PostgreSQL with ``JOBGUARD_TEST_DATABASE_URL``: each test
+here exercises the module of that database (``store.postgres`` or ``store.sqlite``).
+"""
+
+import datetime
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from django_jobguard import store
+from django_jobguard.models import DeadLetter, IdempotencyKey, Job
+from django_jobguard.store import postgres, sqlite
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db
+
+
+def claim(limit=10, queues=None):
+    return store.claim("default", queues, limit, "test-worker")
+
+
+def test_claim_leases_due_jobs_with_a_fresh_token_each():
+    first = tasks.add.enqueue(1)
+    second = tasks.add.enqueue(2)
+    claimed = claim()
+    assert [job.id for job in claimed] == [first.id, second.id]
+    assert len({job.lease_token for job in claimed}) == 2
+    row = Job.objects.get(pk=first.pk)
+    assert row.status == "running"
+    assert row.attempts == 1
+    assert row.worker_id == "test-worker"
+    assert row.lease_token == claimed[0].lease_token
+    assert row.lease_expires_at > timezone.now() + datetime.timedelta(seconds=25)
+
+
+def test_claim_skips_jobs_not_yet_due_and_other_queues():
+    tasks.add.using(run_after=timezone.now() + datetime.timedelta(hours=1)).enqueue(1)
+    other = tasks.add.using(queue_name="other").enqueue(2)
+    assert claim(queues=["default"]) == []
+    assert [job.id for job in claim(queues=["other"])] == [other.id]
+
+
+def test_claim_takes_higher_priority_first_and_respects_the_limit():
+    low = tasks.add.using(priority=-5).enqueue(1)
+    high = tasks.add.using(priority=50).enqueue(2)
+    middle = tasks.add.enqueue(3)
+    assert [job.id for job in claim(limit=2)] == [high.id, middle.id]
+    assert [job.id for job in claim(limit=2)] == [low.id]
+
+
+def test_claim_over_several_queues_keeps_priority_order_across_them():
+    a_low = tasks.add.using(queue_name="a", priority=1).enqueue(1)
+    b_high = tasks.add.using(queue_name="b", priority=9).enqueue(2)
+    a_high = tasks.add.using(queue_name="a", priority=5).enqueue(3)
+    tasks.add.using(queue_name="c", priority=100).enqueue(4)
+    assert [job.id for job in claim(limit=2, queues=["a", "b"])] == [b_high.id, a_high.id]
+    assert [job.id for job in claim(limit=5, queues=["a", "b"])] == [a_low.id]
+
+
+def test_complete_needs_the_current_token():
+    tasks.add.enqueue(1)
+    (job,) = claim()
+    assert not store.complete("default", job.id, "0" * 32, "1")
+    assert store.complete("default", job.id, job.lease_token, "3")
+    row = Job.objects.get(pk=job.id)
+    assert (row.status, row.result, row.lease_token) == ("succeeded", 3, None)
+    # A second ack with the same token finds nothing: the token was cleared.
+    assert not store.complete("default", job.id, job.lease_token, "3")
+
+
+def test_heartbeat_extends_only_leases_still_held():
+    tasks.add.enqueue(1)
+    tasks.add.enqueue(2)
+    a, b = claim()
+    Job.objects.filter(pk=a.id).update(lease_expires_at=timezone.now() + datetime.timedelta(seconds=1))
+    renewed = store.heartbeat("default", [(a.id, a.lease_token), (b.id, "f" * 32)])
+    assert renewed == {a.id}
+    assert Job.objects.get(pk=a.id).lease_expires_at > timezone.now() + datetime.timedelta(seconds=25)
+
+
+def test_requeue_schedules_a_retry_and_keeps_the_attempt():
+    tasks.add.enqueue(1)
+    (job,) = claim()
+    assert store.requeue("default", job.id, job.lease_token, delay=60, error="ValueError: boom")
+    row = Job.objects.get(pk=job.id)
+    assert (row.status, row.attempts, row.lease_token) == ("queued", 1, None)
+    assert row.last_error == "ValueError: boom"
+    assert row.first_failed_at is not None
+    assert row.run_after > timezone.now() + datetime.timedelta(seconds=55)
+    assert claim() == []
+
+
+def test_lock_contention_requeue_refunds_the_attempt():
+    tasks.add.enqueue(1)
+    (job,) = claim()
+    assert store.requeue(
+        "default", job.id, job.lease_token, delay=0, error=None, refund_attempt=True, contention=True
+    )
+    row = Job.objects.get(pk=job.id)
+    assert (row.attempts, row.lock_contentions, row.first_failed_at) == (0, 1, None)
+
+
+def test_reaper_returns_expired_leases_and_counts_the_reappearance():
+    tasks.add.enqueue(1)
+    (job,) = claim()
+    Job.objects.filter(pk=job.id).update(lease_expires_at=timezone.now() - datetime.timedelta(seconds=1))
+    requeued, exhausted = store.reap("default")
+    assert requeued == [(job.id, "default")] and exhausted == []
+    row = Job.objects.get(pk=job.id)
+    assert (row.status, row.reappearances, row.attempts, row.lease_token) == ("queued", 1, 1, None)
+    # The old holder's ack is refused, and the next claim gets a new token.
+    assert not store.complete("default", job.id, job.lease_token, "null")
+    (again,) = claim()
+    assert again.lease_token != job.lease_token and again.attempts == 2
+
+
+def test_reaper_reports_expired_jobs_out_of_attempts_for_dead_lettering():
+    from django_jobguard import dlq
+
+    tasks.add.enqueue(1)
+    Job.objects.update(max_attempts=1)
+    (job,) = claim()
+    Job.objects.filter(pk=job.id).update(lease_expires_at=timezone.now() - datetime.timedelta(seconds=1))
+    requeued, exhausted = store.reap("default")
+    assert requeued == [] and exhausted == [(job.id, job.lease_token)]
+    letter = dlq.dead_letter("default", job.id, job.lease_token, reason="lease_expired", category="transient")
+    assert Job.objects.get(pk=job.id).status == "dead"
+    assert DeadLetter.objects.get().pk == letter.pk
+
+
+def test_live_leases_are_not_reaped():
+    tasks.add.enqueue(1)
+    claim()
+    assert store.reap("default") == ([], [])
+
+
+def test_no_claim_can_push_attempts_past_the_maximum():
+    tasks.add.enqueue(1)
+    Job.objects.update(max_attempts=1, attempts=1)
+    assert claim() == []
+
+
+# -- the boundary itself ----------------------------------------------------------------------
+
+
+def test_each_alias_is_served_by_its_databases_module():
+    expected = postgres if connection.vendor == "postgresql" else sqlite
+    store.database_now("default")
+    assert store._by_alias["default"] is expected
+    assert store.writes_while_busy("default") is (connection.vendor == "postgresql")
+
+
+def test_database_now_is_the_database_clock_and_aware():
+    now = store.database_now("default")
+    assert now.tzinfo is not None
+    assert abs((now - timezone.now()).total_seconds()) < 60
+
+
+# -- inserts ------------------------------------------------------------------------------------
+
+
+def _row(**changes):
+    row = {
+        "task_name": tasks.add.name,
+        "queue_name": "default",
+        "args": [1],
+        "kwargs": {"b": 2},
+        "priority": 0,
+        "max_attempts": 3,
+        "visibility_timeout": 30.0,
+        "idempotency_key": None,
+        "lock_key": "",
+        "handler_version": "",
+    }
+    row.update(changes)
+    return row
+
+
+def test_insert_jobs_returns_ids_and_times_in_order_and_builds_saved_jobs():
+    rows = [_row(args=[n]) for n in range(3)]
+    inserted = store.insert_jobs("default", rows)
+    assert [job_id for job_id, _, _ in inserted] == sorted(job_id for job_id, _, _ in inserted)
+    stored = list(Job.objects.order_by("pk").values_list("args", "kwargs", "status", "attempt_history"))
+    assert stored == [([n], {"b": 2}, "queued", []) for n in range(3)]
+    for _, run_after, enqueued_at in inserted:
+        assert run_after == enqueued_at and run_after.tzinfo is not None
+    job = store.build_job("default", rows[1], inserted[1])
+    assert (job.pk, job.args, job.status, job._state.adding) == (inserted[1][0], [1], "queued", False)
+    assert job == Job.objects.get(pk=inserted[1][0])
+
+
+def test_insert_jobs_with_a_delay_counts_from_the_database_clock():
+    before = store.database_now("default")
+    ((job_id, run_after, enqueued_at),) = store.insert_jobs(
+        "default", [_row()], datetime.timedelta(seconds=90)
+    )
+    assert run_after - enqueued_at == datetime.timedelta(seconds=90)
+    assert run_after >= before + datetime.timedelta(seconds=90)
+    assert Job.objects.get(pk=job_id).run_after == run_after
+    at = timezone.now() + datetime.timedelta(days=1)
+    ((_, run_after, _),) = store.insert_jobs("default", [_row()], at)
+    assert abs((run_after - at).total_seconds()) < 0.001
+
+
+def test_insert_jobs_of_many_rows_crosses_the_sqlite_chunk():
+    count = store.SQLITE_INSERT_CHUNK + 3
+    inserted = store.insert_jobs("default", [_row(args=[n]) for n in range(count)])
+    assert len(inserted) == count == Job.objects.count()
+    assert store.insert_jobs("default", []) == []
+
+
+def test_insert_keyed_job_inserts_the_job_and_its_key_once():
+    expires = timezone.now() + datetime.timedelta(hours=1)
+    row = _row(idempotency_key="order:1")
+    first = store.insert_keyed_job("default", row, None, scope="s", fingerprint="f" * 64, expires_at=expires)
+    assert first is not None
+    key = IdempotencyKey.objects.get()
+    assert (key.key, key.scope, key.job_id, key.status) == ("order:1", "s", first[0], "in_progress")
+    assert Job.objects.get().idempotency_key == "order:1"
+    again = store.insert_keyed_job("default", row, None, scope="s", fingerprint="f" * 64, expires_at=expires)
+    assert again is None
+    assert (Job.objects.count(), IdempotencyKey.objects.count()) == (1, 1)
+
+
+def test_insert_key_yields_to_an_existing_key_and_key_owner_reads_it():
+    expires = timezone.now() + datetime.timedelta(hours=1)
+    assert store.key_owner("default", "s", "k") is None
+    key_id = store.insert_key("default", "s", "k", "a" * 64, expires_at=expires)
+    assert key_id == IdempotencyKey.objects.get().pk
+    assert store.insert_key("default", "s", "k", "b" * 64, expires_at=expires) is None
+    assert store.key_owner("default", "s", "k") == (None, "in_progress")
+
+
+def test_record_key_success_needs_the_owner_job():
+    (job,) = [tasks.add.enqueue(1)]
+    expires = timezone.now() + datetime.timedelta(hours=1)
+    store.insert_key("default", "s", "k", "a" * 64, job.pk, expires_at=expires)
+    assert not store.record_key_success("default", "s", "k", job.pk + 1, {"x": 1})
+    assert store.record_key_success("default", "s", "k", job.pk, {"x": 1})
+    key = IdempotencyKey.objects.get()
+    assert (key.status, key.result) == ("succeeded", {"x": 1})
+    assert store.key_owner("default", "s", "k") == (job.pk, "succeeded")
+
+
+# -- settling -------------------------------------------------------------------------------
+
+
+def test_claim_leaves_excluded_queues_alone():
+    tasks.add.using(queue_name="paused").enqueue(1)
+    kept = tasks.add.enqueue(2)
+    assert [job.id for job in store.claim("default", None, 5, "w", exclude=["paused"])] == [kept.id]
+    assert store.claim("default", ["paused"], 5, "w", exclude=["paused"]) == []
+    assert store.claim("default", None, 0, "w") == []
+
+
+def test_claim_starts_an_attempt_in_the_history():
+    tasks.add.enqueue(1)
+    (job,) = claim()
+    (entry,) = Job.objects.get(pk=job.id).attempt_history
+    assert entry["worker_id"] == "test-worker" and entry["started_at"]
+
+
+def test_heartbeat_reports_cancel_requests_of_renewed_leases():
+    tasks.add.enqueue(1)
+    (job,) = claim()
+    Job.objects.filter(pk=job.id).update(cancel_requested=True)
+    asked: set[int] = set()
+    assert store.heartbeat("default", [(job.id, job.lease_token)], cancel_requested=asked) == {job.id}
+    assert asked == {job.id}
+    assert store.heartbeat("default", []) == set()
+
+
+def test_a_failed_attempt_is_recorded_in_the_history_and_a_refund_drops_it():
+    tasks.add.enqueue(1)
+    (job,) = claim()
+    failure = ("builtins.ValueError", "boom", "Traceback ...")
+    assert store.requeue(
+        "default", job.id, job.lease_token, delay=0, error="ValueError: boom", attempt_error=failure
+    )
+    (entry,) = Job.objects.get(pk=job.id).attempt_history
+    assert (entry["error_class"], entry["error"], entry["traceback"]) == failure
+    assert entry["finished_at"]
+    (again,) = claim()
+    assert len(Job.objects.get(pk=job.id).attempt_history) == 2
+    assert store.requeue("default", again.id, again.lease_token, delay=0, error=None, refund_attempt=True)
+    row = Job.objects.get(pk=job.id)
+    assert (row.attempts, len(row.attempt_history)) == (1, 1)
+    assert not store.requeue("default", again.id, again.lease_token, delay=0, error=None)
+
+
+def test_mark_dead_is_fenced_and_completes_the_history_entry():
+    tasks.add.enqueue(1)
+    (job,) = claim()
+    failure = ("builtins.KeyError", "'x'", "")
+    assert not store.mark_dead("default", job.id, "0" * 32, "KeyError: 'x'", failure)
+    assert store.mark_dead("default", job.id, job.lease_token, "KeyError: 'x'", failure)
+    row = Job.objects.get(pk=job.id)
+    assert (row.status, row.lease_token, row.last_error) == ("dead", None, "KeyError: 'x'")
+    assert row.finished_at is not None and row.first_failed_at is not None
+    assert row.attempt_history[-1]["error_class"] == "builtins.KeyError"
+
+
+def test_the_reaper_records_the_expired_attempt_in_the_history():
+    tasks.add.enqueue(1)
+    (job,) = claim()
+    Job.objects.filter(pk=job.id).update(lease_expires_at=timezone.now() - datetime.timedelta(seconds=1))
+    store.reap("default")
+    row = Job.objects.get(pk=job.id)
+    assert row.last_error.startswith("lease expired")
+    assert row.attempt_history[-1]["error_class"] == store.LEASE_EXPIRED_ERROR[0]
+
+
+def test_discard_queued_deletes_only_a_queued_job():
+    running = tasks.add.enqueue(2)
+    (claimed,) = claim()
+    queued = tasks.add.enqueue(1)
+    with transaction.atomic():
+        store.discard_queued("default", queued.pk)
+    store.discard_queued("default", running.pk)
+    assert list(Job.objects.values_list("pk", flat=True)) == [running.pk] == [claimed.id]
+
+
+# -- checkpoints ------------------------------------------------------------------------------
+
+
+def test_checkpoints_are_written_under_the_lease_and_read_back():
+    tasks.add.enqueue(1)
+    (job,) = claim()
+    assert store.read_checkpoints("default", job.id) == {}
+    assert store.write_checkpoints("default", job.id, job.lease_token, {"charged": {"id": 7}})
+    assert store.read_checkpoints("default", job.id) == {"charged": {"id": 7}}
+    assert not store.write_checkpoints("default", job.id, "0" * 32, {"other": True})
+    assert store.read_checkpoints("default", job.id) == {"charged": {"id": 7}}
+    assert store.read_checkpoints("default", job.id + 1000) == {}
