@@ -183,3 +183,11 @@ def bulk_enqueue(task: Task[Any, Any], calls: Iterable[tuple[Sequence[Any], Mapp
         for job in jobs:
             _dispatch.send(signals.job_enqueued, job=job)
     return jobs
+
+
+def prepare_fields(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The checked fields of a job row for ``task(*args, **kwargs)``, nothing written (see ``_prepare``).
+
+    For code that builds a job row itself, such as the redrive of a replay.
+    """
+    return _prepare(task, args, kwargs)
