@@ -49,7 +49,7 @@ def cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None
     lease already decides who may finish it. A cancelled job's idempotency key expires at
     once, so the same business action can be enqueued again later.
     """
-    from .models import IdempotencyKey, JobStatus
+    from .models import IdempotencyKey, IdempotencyStatus, JobStatus
 
     alias = using or get_settings().database_alias
     wanted = list(job_ids)
@@ -68,7 +68,7 @@ def cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None
         if not ids:
             return []
         IdempotencyKey.objects.using(alias).filter(job_id__in=ids).update(
-            status="failed", expires_at=Now(), updated_at=Now()
+            status=IdempotencyStatus.FAILED, expires_at=Now(), updated_at=Now()
         )
     logger.info("jobs_cancelled count=%d ids=%s reason=%s", len(ids), ids[:20], reason or "-")
     return ids
