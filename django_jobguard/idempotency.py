@@ -466,3 +466,37 @@ def prune_expired(
         if len(ids) < batch_size:
             break
     return deleted
+
+
+# -- helpers for code that knows a task only by name (dead letters, the reaper) -------------
+
+#: Recorded in a dead letter's "replayed" event when the dead letter has no idempotency key.
+REPLAY_NO_KEY = "none"
+
+
+def scope_of_name(task_name: str) -> str:
+    """The scope of the task registered as ``task_name`` (see :func:`scope_of`); the name if none is."""
+    from .registry import registry
+
+    task = registry.find(task_name)
+    return scope_of(task) if task is not None else task_name
+
+
+def replay_fingerprint(task: Task[Any, Any] | None, task_name: str, args: Any, kwargs: Any) -> str:
+    """The :func:`fingerprint` of a replay's call, or a digest of its raw payload.
+
+    The raw digest stands in when the task is not registered here or the payload no longer
+    binds to its handler (the handler changed since approval: the worker dead-letters the
+    replay, saying so), so the key still names one action.
+    """
+    from .exceptions import InvalidArgumentsError
+
+    if task is not None:
+        try:
+            return fingerprint(task, args, kwargs)
+        except InvalidArgumentsError:
+            pass
+    canonical = json.dumps(
+        {"task": task_name, "args": args, "kwargs": kwargs}, sort_keys=True, separators=(",", ":")
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()

@@ -67,7 +67,7 @@ def cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None
         if not ids:
             return []
         IdempotencyKey.objects.using(alias).filter(job_id__in=ids).update(
-            status="failed", expires_at=Now(), updated_at=Now()
+            status=IdempotencyStatus.FAILED, expires_at=Now(), updated_at=Now()
         )
     logger.info("jobs_cancelled count=%d ids=%s reason=%s", len(ids), ids[:20], reason or "-")
     return ids

@@ -129,7 +129,7 @@ class Job(models.Model):
                 F("run_after"),
                 F("id"),
                 name="jobguard_job_due_idx",
-                condition=Q(status="queued"),
+                condition=Q(status=JobStatus.QUEUED),
             ),
             # The same order for workers that take every queue.
             models.Index(
@@ -137,10 +137,12 @@ class Job(models.Model):
                 F("run_after"),
                 F("id"),
                 name="jobguard_job_due_all_idx",
-                condition=Q(status="queued"),
+                condition=Q(status=JobStatus.QUEUED),
             ),
             models.Index(
-                fields=["lease_expires_at"], name="jobguard_job_lease_idx", condition=Q(status="running")
+                fields=["lease_expires_at"],
+                name="jobguard_job_lease_idx",
+                condition=Q(status=JobStatus.RUNNING),
             ),
             # Partial, so that the claim and ack updates of jobs without a key, and of jobs
             # not yet finished, write no entries into these indexes.
@@ -165,8 +167,8 @@ class Job(models.Model):
             # A running job always holds a lease; no other state does.
             models.CheckConstraint(
                 condition=(
-                    Q(status="running", lease_token__isnull=False, lease_expires_at__isnull=False)
-                    | (~Q(status="running") & Q(lease_token__isnull=True))
+                    Q(status=JobStatus.RUNNING, lease_token__isnull=False, lease_expires_at__isnull=False)
+                    | (~Q(status=JobStatus.RUNNING) & Q(lease_token__isnull=True))
                 ),
                 name="jobguard_job_lease_iff_running",
             ),

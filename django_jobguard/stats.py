@@ -49,10 +49,6 @@ RECENT_WINDOW_SECONDS = 3600
 QUERIES = 4
 QUERIES_WITH_RECENT = 5
 
-#: Dead-letter replay states that still sit in the dead-letter queue: nobody rejected them
-#: and no replay has taken them out yet.
-UNRESOLVED_REPLAY_STATES = ("none", "requested", "approved")
-
 
 @dataclasses.dataclass(slots=True)
 class QueueStats:
@@ -145,8 +141,11 @@ def queue_stats(
     for run in running:
         row(run["queue_name"]).in_flight = run["n"]
 
+    # Dead letters that still sit in the dead-letter queue: nobody rejected them and no
+    # replay has taken them out yet.
+    unresolved_states = (ReplayState.NONE, ReplayState.REQUESTED, ReplayState.APPROVED)
     unresolved = (
-        letters.filter(replay_state__in=UNRESOLVED_REPLAY_STATES)
+        letters.filter(replay_state__in=unresolved_states)
         .values("queue_name")
         .annotate(n=Count("pk"), pending=Count("pk", filter=Q(replay_state=ReplayState.REQUESTED)))
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -30,17 +30,20 @@ from ..models import DeadLetter
 from .base import ReadOnlyAdmin, admin_link, can_view_payload, format_time, pre, pretty_json, refusal
 from .forms import ReplayDecisionForm, ReplayRequestForm, dumps
 
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
+
 _SERVICES: dict[str, Callable[..., DeadLetter]] = {
     dlq.REQUEST: dlq.request_replay,
     dlq.APPROVE: dlq.approve_replay,
     dlq.REJECT: dlq.reject_replay,
 }
-_LABELS = {
+_LABELS: dict[str, StrOrPromise] = {
     dlq.REQUEST: _("Request replay"),
     dlq.APPROVE: _("Approve replay"),
     dlq.REJECT: _("Reject replay"),
 }
-_DONE = {
+_DONE: dict[str, StrOrPromise] = {
     dlq.REQUEST: _("Replay requested; it needs approval by another user."),
     dlq.APPROVE: _("Replay approved; a worker will redrive it within the replay rate limit."),
     dlq.REJECT: _("Replay rejected."),

@@ -21,7 +21,7 @@ from django.utils.translation import ngettext
 
 from .. import jobs, retention
 from ..conf import get_settings
-from ..models import IdempotencyKey, Job, JobQuerySet, JobStatus
+from ..models import TERMINAL_STATUSES, IdempotencyKey, Job, JobQuerySet, JobStatus
 from ..registry import registry
 from .base import Deletion, ReadOnlyAdmin, admin_link, can_view_payload, pretty_json
 
@@ -33,11 +33,11 @@ STATES: tuple[tuple[str, Any], ...] = (
     ("due", _("due")),
     ("scheduled", _("scheduled")),
     ("retrying", _("waiting for retry")),
-    ("running", _("running")),
+    (JobStatus.RUNNING, _("running")),
     ("stuck", _("lease expired (stuck)")),
-    ("succeeded", _("succeeded")),
-    ("dead", _("dead")),
-    ("cancelled", _("cancelled")),
+    (JobStatus.SUCCEEDED, _("succeeded")),
+    (JobStatus.DEAD, _("dead")),
+    (JobStatus.CANCELLED, _("cancelled")),
 )
 _STATE_LABELS = dict(STATES)
 #: Badge colours: a state that needs a look is red or amber.
@@ -45,11 +45,11 @@ _BADGE_COLOURS = {
     "due": "#417690",
     "scheduled": "#6b6b6b",
     "retrying": "#b36b00",
-    "running": "#2e7d32",
+    JobStatus.RUNNING: "#2e7d32",
     "stuck": "#ba2121",
-    "succeeded": "#2e7d32",
-    "dead": "#ba2121",
-    "cancelled": "#6b6b6b",
+    JobStatus.SUCCEEDED: "#2e7d32",
+    JobStatus.DEAD: "#ba2121",
+    JobStatus.CANCELLED: "#6b6b6b",
 }
 
 
@@ -61,7 +61,11 @@ def job_state(job: Job, now: Any = None) -> str:
             return "due"
         return "retrying" if job.first_failed_at is not None else "scheduled"
     if job.status == JobStatus.RUNNING:
-        return "stuck" if job.lease_expires_at is not None and job.lease_expires_at < now else "running"
+        return (
+            "stuck"
+            if job.lease_expires_at is not None and job.lease_expires_at < now
+            else JobStatus.RUNNING.value
+        )
     return str(job.status)
 
 
@@ -122,11 +126,11 @@ class StateFilter(admin.SimpleListFilter):
             return jobs.scheduled()  # retries included: they are scheduled too
         if value == "retrying":
             return jobs.waiting_for_retry()
-        if value == "running":
+        if value == JobStatus.RUNNING:
             return jobs.leased()
         if value == "stuck":
             return jobs.expired_leases()
-        if value in ("succeeded", "dead", "cancelled"):
+        if value in TERMINAL_STATUSES:
             return jobs.filter(status=value)
         return queryset
 

@@ -28,7 +28,7 @@ from .. import dlq, jobs, stats
 from ..conf import get_settings
 from ..enqueue import enqueue_exposed
 from ..exceptions import InvalidArgumentsError, InvalidTaskError, TaskNotExposedError, UnknownTaskError
-from ..models import DeadLetter, DeadLetterReason, Job, ReplayState
+from ..models import DeadLetter, DeadLetterReason, Job, JobStatus, ReplayState
 from . import serializers as s
 from .permissions import JobguardPermission, can_view_payload
 from .problems import PROBLEM_CONTENT_TYPE, Conflict, SafeJSONParser, exception_handler
@@ -356,7 +356,7 @@ class JobRetryView(_JobObjectView):
         job = self.job(job_id)
         if job.pk not in jobs.run_now([job.pk]):
             job.refresh_from_db()
-            hint = " (replay it from its dead letter)" if job.status == "dead" else ""
+            hint = " (replay it from its dead letter)" if job.status == JobStatus.DEAD else ""
             raise Conflict(
                 f"Job #{job.pk} is {job.status}: only queued jobs can be run now{hint}.", code="invalid_state"
             )

@@ -203,9 +203,22 @@ class SignalDoc:
     senders: list[str]
 
 
+def _public_module(module: str, sources: dict[str, str]) -> str:
+    """The module users import a sender from: its package, when the package re-exports it.
+
+    ``django_jobguard.dlq.replay`` is named ``django_jobguard.dlq``: its ``__init__`` imports
+    from it, and callers import the sending functions from there.
+    """
+    package, _, name = module.rpartition(".")
+    if re.search(rf"^from \.{re.escape(name)} import\b", sources.get(package, ""), re.MULTILINE):
+        return package
+    return module
+
+
 def collect_signals() -> list[SignalDoc]:
     from django_jobguard import signals
 
+    sources = dict(package_sources())
     _, source = source_of(signals)
     lines = source.splitlines()
     found: list[SignalDoc] = []
@@ -225,11 +238,12 @@ def collect_signals() -> list[SignalDoc]:
         # Sent directly (``signals.job_started.send(...)``) or picked from a table of signals
         # (``{"approved": signals.replay_approved}``): a module that names it sends it.
         pattern = re.compile(rf"\bsignals\.{name}\b|\b{name}\.send(?:_robust)?\(")
-        senders = [
+        modules = [
             module
-            for module, text in package_sources()
+            for module, text in sources.items()
             if module != "django_jobguard.signals" and pattern.search(text)
         ]
+        senders = list(dict.fromkeys(_public_module(module, sources) for module in modules))
         found.append(SignalDoc(name=name, comment=comment, senders=senders))
         previous_line = node.end_lineno or node.lineno
     return found

@@ -1,0 +1,100 @@
+"""The dead-letter queue: dead-lettering, and the replay workflow (request, approve, reject, redrive).
+
+Admin, API and commands call these functions, imported from here; the rules live once, in
+:mod:`.dead_letter` (writing a dead letter), :mod:`.replay` (permissions, the ``ReplayState``
+transitions, correction review) and :mod:`.redrive` (redrive under the throttle).
+
+- :func:`request_replay` (permission ``jobguard.request_replay``; a corrected payload also
+  needs ``jobguard.view_payload``) moves a dead letter from ``none`` or ``rejected`` to
+  ``requested``. The payload, corrected or not, must bind to the handler's signature and be JSON.
+- :func:`approve_replay` (``jobguard.approve_replay``; not by the requester unless
+  ``JOBGUARD["REPLAY"]["ALLOW_SELF_APPROVAL"]``) moves it to ``approved``;
+  :func:`reject_replay` (``jobguard.approve_replay``) moves a requested or approved, not yet
+  redriven, replay to ``rejected``.
+- :func:`redrive`, run by every worker between claims, turns approved replays into new jobs,
+  at most ``JOBGUARD["REPLAY"]["RATE_PER_MINUTE"]`` a minute across all workers, and marks
+  them ``replayed``. The new job keeps the idempotency key, and the key's row points at it
+  under the fingerprint of the payload it runs: after a corrected replay, an enqueue of the key
+  with the original arguments is an :class:`IdempotencyConflict` (docs/runbooks/dead-letters.md).
+  :func:`redrive_once` makes the same pass and says what it did (:class:`RedrivePass`).
+- :func:`review_correction` says what a corrected payload changes (by argument name) and
+  warns when the idempotency key's fingerprint or the lock key depends on what changed.
+
+Every transition is one transaction: a conditional update of ``replay_state`` (so of two
+concurrent approvals, or two workers redriving, exactly one wins) and a :class:`ReplayEvent`
+row saying who, when and why. Signals and metrics follow the commit.
+"""
+
+from .dead_letter import dead_letter
+from .redrive import (
+    BURST_WINDOW_SECONDS,
+    RATE_WINDOW_SECONDS,
+    REDRIVE_LOOKAHEAD,
+    THROTTLE_LOCK_KEY,
+    RedriveEstimate,
+    RedrivePass,
+    RedriveSkip,
+    redrive,
+    redrive_estimate,
+    redrive_once,
+)
+from .replay import (
+    ABSENT,
+    ALLOWED_FROM,
+    APPROVE,
+    LEADS_TO,
+    PAYLOAD_EVENT_KEYS,
+    PERMISSIONS,
+    REJECT,
+    REQUEST,
+    VIEW_PAYLOAD,
+    CorrectionReview,
+    FieldChange,
+    Transition,
+    User,
+    approve_replay,
+    available_actions,
+    can_view_payload,
+    check_permission,
+    describe_key,
+    reject_replay,
+    replay_actions,
+    request_replay,
+    review_correction,
+)
+
+__all__ = [
+    "ABSENT",
+    "ALLOWED_FROM",
+    "APPROVE",
+    "BURST_WINDOW_SECONDS",
+    "LEADS_TO",
+    "PAYLOAD_EVENT_KEYS",
+    "PERMISSIONS",
+    "RATE_WINDOW_SECONDS",
+    "REDRIVE_LOOKAHEAD",
+    "REJECT",
+    "REQUEST",
+    "THROTTLE_LOCK_KEY",
+    "VIEW_PAYLOAD",
+    "CorrectionReview",
+    "FieldChange",
+    "RedriveEstimate",
+    "RedrivePass",
+    "RedriveSkip",
+    "Transition",
+    "User",
+    "approve_replay",
+    "available_actions",
+    "can_view_payload",
+    "check_permission",
+    "dead_letter",
+    "describe_key",
+    "redrive",
+    "redrive_estimate",
+    "redrive_once",
+    "reject_replay",
+    "replay_actions",
+    "request_replay",
+    "review_correction",
+]

@@ -1,0 +1,87 @@
+"""Writing a dead letter: the job marked dead and its letter stored, fenced by the lease."""
+
+from __future__ import annotations
+
+import builtins
+import functools
+
+from django.db import transaction
+from django.utils import timezone
+
+from .. import _dispatch, exceptions, idempotency, store, metrics, signals
+from ..exceptions import LeaseLost
+from ..models import DeadLetter, Job
+
+__all__ = ["dead_letter"]
+
+
+def dead_letter(
+    alias: str,
+    job_id: int,
+    lease_token: str,
+    *,
+    reason: str,
+    category: str,
+    error_class: str = "",
+    error_message: str = "",
+    traceback: str = "",
+    worker_id: str = "",
+    idempotency_scope: str | None = None,
+) -> DeadLetter:
+    """Mark the job dead and store its dead letter in one transaction, fenced by the lease.
+
+    Raises :class:`LeaseLost` (and writes nothing) if the lease moved on. The job's
+    idempotency key, if any, is marked failed, so an approved replay may use it again.
+    """
+    summary = f"{error_class}: {error_message}" if error_class else error_message
+    with transaction.atomic(using=alias):
+        attempt_error = (_class_path(error_class), error_message, traceback)
+        if not store.mark_dead(alias, job_id, lease_token, summary, attempt_error):
+            raise LeaseLost(f"job {job_id}: lease lost before dead-lettering")
+        job = Job.objects.using(alias).get(pk=job_id)
+        failed_at = job.finished_at or timezone.now()
+        letter = DeadLetter.objects.using(alias).create(
+            job=job,
+            task_name=job.task_name,
+            queue_name=job.queue_name,
+            args=job.args,
+            kwargs=job.kwargs,
+            attempts=job.attempts,
+            max_attempts=job.max_attempts,
+            reason=reason,
+            category=category,
+            error_class=error_class[:255],
+            error_message=error_message,
+            traceback=traceback,
+            first_failed_at=job.first_failed_at or failed_at,
+            last_failed_at=failed_at,
+            handler_version=job.handler_version,
+            worker_id=(worker_id or job.worker_id)[:128],
+            idempotency_key=job.idempotency_key,
+            lock_key=job.lock_key,
+        )
+        if job.idempotency_key:
+            # The reaper has no task at hand; a task with its own idempotency_scope keeps its
+            # keys there, so look it up rather than assume the task name.
+            scope = idempotency_scope or idempotency.scope_of_name(job.task_name)
+            idempotency.record_failure(alias, scope, job.idempotency_key, job.pk)
+        transaction.on_commit(functools.partial(_announce_dead_letter, letter), using=alias)
+    return letter
+
+
+def _class_path(error_class: str) -> str:
+    """The importable path of a recorded error class (Django's ``TaskError`` resolves it)."""
+    if "." in error_class or not error_class:
+        return error_class
+    if error_class == "LeaseExpired":  # the reaper's name for a lost lease
+        return f"{exceptions.__name__}.LeaseLost"
+    if isinstance(getattr(builtins, error_class, None), type):
+        return f"builtins.{error_class}"
+    if isinstance(getattr(exceptions, error_class, None), type):
+        return f"{exceptions.__name__}.{error_class}"
+    return error_class
+
+
+def _announce_dead_letter(letter: DeadLetter) -> None:
+    metrics.job_dead_lettered(letter.queue_name, letter.task_name, letter.reason)
+    _dispatch.send(signals.job_dead_lettered, dead_letter=letter)
