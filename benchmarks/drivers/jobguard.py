@@ -75,7 +75,7 @@ def capture(args: Any) -> None:
 
 
 def _capture_claims(path: str) -> None:
-    """Write the first claim statement the worker sends (as sent) and the SET LOCALs before it."""
+    """Write the first claim statement the worker sends (as sent) and the SETs the claiming connection ran."""
     import json
     import threading
 
@@ -88,7 +88,7 @@ def _capture_claims(path: str) -> None:
         result = execute(sql, params, many, context)
         sent = context["connection"].ops.last_executed_query(context["cursor"], sql, params) or sql
         with lock:
-            if sent.lstrip().upper().startswith("SET LOCAL") and sent not in seen:
+            if sent.lstrip().upper().startswith("SET ") and sent not in seen:
                 seen.append(sent)
             elif (
                 "SKIP LOCKED" in sent and "ORDER BY lease_expires_at" not in sent and not os.path.exists(path)
