@@ -137,3 +137,30 @@ def test_backlog_target_falls_back_to_the_ratio_of_medians_without_pairs() -> No
     results.add("backlog", "jobguard", full, {"processing_rate": 850.0})
     text = Report(results, QUICK, ["jobguard"]).build(["backlog"])
     assert "- FAIL: backlog processing rate within 10% of the empty table: 0.85x (target >= 0.9x)" in text
+
+
+def test_compare_reports_medians_and_each_rounds_own_ratio(tmp_path) -> None:
+    from benchmarks import compare
+
+    old, new = compare.Checkout.__new__(compare.Checkout), compare.Checkout.__new__(compare.Checkout)
+    for checkout, name in ((old, "old"), (new, "new")):
+        checkout.ref, checkout.sha, checkout.name = name, "0123456789abcdef", name
+    rates = {"old": [1000.0, 500.0, 1000.0], "new": [1100.0, 550.0, 900.0]}
+    runs = {
+        (label, name): [
+            {"processing_rate": rate, "worker_cpu_ms_per_job": 0.5, "total_cpu_ms_per_job": 1.0}
+            for rate in rates[name]
+        ]
+        for label, *_ in compare.CONFIGS
+        for name in ("old", "new")
+    }
+    text, data = compare.report([old, new], runs, 1000)
+    row = next(line for line in text.splitlines() if line.startswith("| atomic") and "processing" in line)
+    assert "1,000 [500-1,000]" in row
+    assert "900 [550-1,100]" in row
+    # The ratio of the medians pairs round 1's old with round 3's new; each round's own
+    # new/old (1.1, 1.1, 0.9) does not.
+    assert "| 0.900 " in row
+    assert "1.100 [0.900-1.100]" in row
+    figures = {(d["config"], d["metric"]): d for d in data}
+    assert figures[("non-atomic", "worker_cpu_ms_per_job")]["ratio_of_medians"] == 1.0
