@@ -217,7 +217,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-install", action="store_true", help="use benchmarks/.venv-peers as it is")
     parser.add_argument("--pg-url", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server")
     parser.add_argument(
-        "--redis-url", default="redis://127.0.0.1:6379", help="Redis server (databases 5-7 are used)"
+        "--redis-url", default="redis://127.0.0.1:6379", help="Redis server (see --redis-dbs)"
     )
     parser.add_argument(
         "--redis-dbs",
