@@ -60,10 +60,16 @@ def driver_parser(description: str) -> argparse.ArgumentParser:
     enqueue.add_argument("--variant", default="default")
     enqueue.add_argument("--out", required=True)
     enqueue.add_argument("--profile", default="", help="write cProfile stats of the enqueue loop here")
+    capture = sub.add_parser("capture", help="enqueue one job and write the SQL it sent (JSON list)")
+    capture.add_argument("--variant", default="default")
+    capture.add_argument("--out", required=True)
     worker = sub.add_parser("worker", help="run one worker process and report its CPU time")
     worker.add_argument("--variant", default="default")
     worker.add_argument("--index", type=int, default=0)
-    worker.add_argument("--concurrency", type=int, default=2)
+    worker.add_argument("--concurrency", type=int, default=2, help="0: the worker's own default (no flag)")
+    worker.add_argument("--queues", default="", help="comma-separated queues to serve (default: all)")
+    worker.add_argument("--pool", default="threads", help="Celery's pool (threads or prefork)")
+    worker.add_argument("--max-jobs", type=int, default=0, help="stop after claiming this many (0: no limit)")
     worker.add_argument("--burst", action="store_true", help="exit when nothing is left")
     worker.add_argument("--profile", default="", help="write cProfile stats of every thread here")
     worker.add_argument("--ready", default="", help="create this file once set up, then wait for --go")
@@ -119,15 +125,56 @@ def timed_enqueue(n: int, out: str, body: Callable[[], None], profile: str = "")
     write_json(out, {"n": n, "seconds": wall, "client_cpu_seconds": cpu, "rate": n / wall if wall else 0.0})
 
 
-class CpuMeter:
-    """CPU seconds (``time.process_time``: every thread of this process) between two marks."""
+def rss_kib(pid: int | None = None) -> int:
+    """Resident set size of a process in KiB (VmRSS from /proc; 0 where there is no /proc)."""
+    try:
+        for line in Path(f"/proc/{pid or os.getpid()}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
-    def __init__(self) -> None:
-        self.cpu0 = time.process_time()
-        self.wall0 = time.perf_counter()
+
+def tree_cpu_seconds(root: int) -> float:
+    """User + system CPU of ``root`` and its live descendants (for Celery's prefork pool).
+
+    ``time.process_time`` counts one process; a prefork worker's jobs run in its children.
+    """
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
+    tree, frontier = {root}, [root]
+    while frontier:
+        pid = frontier.pop()
+        for child, parent in parents.items():
+            if parent == pid and child not in tree:
+                tree.add(child)
+                frontier.append(child)
+    return sum(ticks.get(pid, 0) for pid in tree) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds between two marks: ``time.process_time`` (every thread of this process),
+    or with ``tree=True`` this process and its children (a prefork pool)."""
+
+    def __init__(self, tree: bool = False) -> None:
+        self.tree = tree
+        self.mark()
+
+    def _cpu(self) -> float:
+        return tree_cpu_seconds(os.getpid()) if self.tree else time.process_time()
 
     def mark(self) -> None:
-        self.cpu0 = time.process_time()
+        self.cpu0 = self._cpu()
         self.wall0 = time.perf_counter()
 
     def report(self, out: str, **extra: Any) -> None:
@@ -135,8 +182,9 @@ class CpuMeter:
             out,
             {
                 "pid": os.getpid(),
-                "cpu_seconds": time.process_time() - self.cpu0,
+                "cpu_seconds": self._cpu() - self.cpu0,
                 "wall_seconds": time.perf_counter() - self.wall0,
+                "rss_kib": rss_kib(),
                 **extra,
             },
         )

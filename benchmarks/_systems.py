@@ -40,13 +40,18 @@ STARTUP_TIMEOUT_SECONDS = 60
 SYSTEM_LABELS = {
     "jobguard": "django-jobguard",
     "dtdb": "django-tasks-db",
-    "celery": "Celery+Redis",
+    "celery_default": "Celery+Redis (default)",
+    "celery": "Celery+Redis (tuned)",
     "procrastinate": "Procrastinate",
 }
 
 
 #: The headline configuration of django-jobguard: fencing (always on), atomic ack, metrics on.
 HEADLINE = ("atomic", True, "database")
+
+
+#: django-jobguard's non-atomic row of the throughput table: the same, with ``@task()``.
+NON_ATOMIC = ("plain", True, "database")
 
 
 def log(message: str) -> None:
@@ -60,11 +65,20 @@ class BenchError(Exception):
 class Servers:
     """Connections to PostgreSQL and Redis for setup, reset and verification."""
 
-    def __init__(self, pg_url: str, redis_url: str, prefix: str = "jg_bench") -> None:
+    def __init__(
+        self,
+        pg_url: str,
+        redis_url: str,
+        prefix: str = "jg_bench",
+        redis_dbs: tuple[int, int, int] = (5, 6, 7),
+    ) -> None:
         import psycopg
         import redis
 
         self.prefix = prefix
+        # Redis databases: django-jobguard's locks, Celery's broker (and result backend),
+        # Celery's run records. Each is flushed between runs.
+        self.locks_db, self.broker_db, self.records_db = redis_dbs
         self.psycopg = psycopg
         self.pg_url = pg_url.rstrip("/")
         self.redis_url = redis_url.rstrip("/")
@@ -118,7 +132,7 @@ class Servers:
 
     def redis_cpu(self) -> float:
         """CPU seconds the Redis server has used so far (INFO cpu; shared by every client)."""
-        info = self.redis(5).info("cpu")
+        info = self.redis(self.locks_db).info("cpu")
         return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
     def close(self) -> None:
@@ -214,6 +228,8 @@ class System:
     def __init__(self, servers: Servers, python: str) -> None:
         self.servers = servers
         self.python = python
+        #: The working directory of its processes (``python -m`` puts it first on sys.path).
+        self.cwd = ROOT
 
     @property
     def label(self) -> str:
@@ -229,6 +245,10 @@ class System:
 
     def base_env(self) -> dict[str, str]:
         return {}
+
+    def worker_args(self) -> list[str]:
+        """Extra arguments of this system's worker driver."""
+        return []
 
     def command(self, *args: str) -> list[str]:
         return [self.python, "-m", f"benchmarks.drivers.{self.driver}", *args]
@@ -259,11 +279,27 @@ class Jobguard(System):
     key = "jobguard"
     driver = "jobguard"
 
-    def __init__(self, servers: Servers, python: str, suffix: str = "") -> None:
+    def __init__(self, servers: Servers, python: str, suffix: str = "", code: Path | None = None) -> None:
         super().__init__(servers, python)
         self.dbname = servers.db(suffix)
         self.watermark = 0  # jobs at or below this id are backlog, not part of any run
         self.variant, self.metrics, self.lock_backend = HEADLINE
+        #: Extra JOBGUARD settings (JSON) and worker flags of this system's runs.
+        self.extra_settings = ""
+        self.concurrency: int | None = CONCURRENCY
+        self.queues = ""
+        self.max_jobs = 0  # per worker process
+        # A directory holding only ``django_jobguard`` (a link into another commit's
+        # worktree): first on sys.path, so the harness of this tree drives that code.
+        self.code = code
+        if code is not None:
+            self.cwd = code
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        env = super().env(**overrides)
+        if self.code is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(self.code), env["PYTHONPATH"]])
+        return env
 
     def configure(self, variant: str, metrics: bool, lock_backend: str) -> Jobguard:
         self.variant, self.metrics, self.lock_backend = variant, metrics, lock_backend
@@ -273,16 +309,16 @@ class Jobguard(System):
         return {
             "DJANGO_SETTINGS_MODULE": "benchmarks.jobguard_settings",
             "BENCH_DATABASE_URL": self.servers.url(self.dbname),
-            "BENCH_REDIS_URL": self.servers.redis_db_url(5),
+            "BENCH_REDIS_URL": self.servers.redis_db_url(self.servers.locks_db),
             "BENCH_LOCK_BACKEND": self.lock_backend,
             "BENCH_METRICS": "1" if self.metrics else "0",
-            "BENCH_JOBGUARD": os.environ.get("BENCH_JOBGUARD", ""),
+            "BENCH_JOBGUARD": _merged_json(os.environ.get("BENCH_JOBGUARD", ""), self.extra_settings),
             "BENCH_DB_OPTIONS": os.environ.get("BENCH_DB_OPTIONS", ""),
         }
 
     def setup(self) -> None:
         self.servers.ensure_database(self.dbname)
-        run_checked([self.python, "-m", "django", "migrate", "--verbosity", "0"], self.env())
+        run_checked([self.python, "-m", "django", "migrate", "--verbosity", "0"], self.env(), cwd=self.cwd)
 
     def reset(self) -> None:
         tables = [
@@ -301,7 +337,7 @@ class Jobguard(System):
         else:
             self.servers.execute(self.dbname, f"TRUNCATE {', '.join(tables)} RESTART IDENTITY")
         self.servers.vacuum(self.dbname, tables)
-        self.servers.redis(5).flushdb()
+        self.servers.redis(self.servers.locks_db).flushdb()
 
     def done(self) -> int:
         return int(
@@ -405,24 +441,24 @@ class CeleryRedis(System):
 
     def base_env(self) -> dict[str, str]:
         return {
-            "BENCH_CELERY_BROKER": self.servers.redis_db_url(6),
-            "BENCH_CELERY_RECORD": self.servers.redis_db_url(7),
+            "BENCH_CELERY_BROKER": self.servers.redis_db_url(self.servers.broker_db),
+            "BENCH_CELERY_RECORD": self.servers.redis_db_url(self.servers.records_db),
         }
 
     def setup(self) -> None:
-        info = self.servers.redis(6).config_get("save")
-        aof = self.servers.redis(6).config_get("appendonly")
+        info = self.servers.redis(self.servers.broker_db).config_get("save")
+        aof = self.servers.redis(self.servers.broker_db).config_get("appendonly")
         self.persistence = f"save={info.get('save', '')!r} appendonly={aof.get('appendonly', '')}"
 
     def reset(self) -> None:
-        self.servers.redis(6).flushdb()
-        self.servers.redis(7).flushdb()
+        self.servers.redis(self.servers.broker_db).flushdb()
+        self.servers.redis(self.servers.records_db).flushdb()
 
     def done(self) -> int:
-        return int(self.servers.redis(7).hlen(self.keys[0]))
+        return int(self.servers.redis(self.servers.records_db).hlen(self.keys[0]))
 
     def records(self) -> list[Record]:
-        client = self.servers.redis(7)
+        client = self.servers.redis(self.servers.records_db)
         runs, start, end, enq = (client.hgetall(key) for key in self.keys)
         return [
             Record(
@@ -441,9 +477,31 @@ class CeleryRedis(System):
             f"{WORKER_PROCESSES} x `celery worker --pool threads --concurrency {CONCURRENCY} "
             "--without-gossip --without-mingle --without-heartbeat --loglevel WARNING`; "
             "`task_acks_late=True`, prefetch multiplier 4 (default), `task_ignore_result=True`, "
-            "Redis broker (db 6) visibility timeout 3600 s; each task records its run with one Lua "
-            f"call to Redis db 7 (the check that it ran exactly once); Redis persistence: "
+            f"Redis broker (db {self.servers.broker_db}) visibility timeout 3600 s; each task records its "
+            f"run with one Lua call to Redis db {self.servers.records_db} (the check that it ran exactly "
+            "once); Redis persistence: "
             f"{getattr(self, 'persistence', '?')}"
+        )
+
+
+class CeleryDefault(CeleryRedis):
+    """Celery as users run it: prefork, one child per core, results stored in Redis."""
+
+    key = "celery_default"
+
+    def base_env(self) -> dict[str, str]:
+        return super().base_env() | {"BENCH_CELERY_MODE": "default"}
+
+    def worker_args(self) -> list[str]:
+        return ["--pool", "prefork"]
+
+    def settings(self) -> str:
+        return (
+            f"{WORKER_PROCESSES} x `celery worker --pool prefork --concurrency {CONCURRENCY} "
+            "--loglevel WARNING` (Celery's default flags: gossip, mingle, heartbeat); "
+            "`task_acks_late=True`, prefetch multiplier 4 (default), Redis result backend "
+            f"(db {self.servers.broker_db}, results stored); Redis broker visibility timeout 3600 s; the "
+            "same Lua run record as the tuned row; worker CPU includes the pool's children"
         )
 
 
@@ -505,9 +563,16 @@ def _f(value: Any) -> float | None:
     return float(value)
 
 
-def run_checked(command: list[str], env: dict[str, str], timeout: float = 600) -> str:
+def _merged_json(*texts: str) -> str:
+    merged: dict[str, Any] = {}
+    for text in texts:
+        merged.update(json.loads(text or "{}"))
+    return json.dumps(merged) if merged else ""
+
+
+def run_checked(command: list[str], env: dict[str, str], timeout: float = 600, cwd: Path = ROOT) -> str:
     proc = subprocess.run(
-        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
     if proc.returncode != 0:
         raise BenchError(f"{' '.join(command)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
@@ -548,10 +613,18 @@ class Workers:
             ready.append(self.workdir / f"{self.system.key}-worker{index}.ready")
             for path in (out, ready[-1]):
                 path.unlink(missing_ok=True)
-            args = ["worker", "--index", str(index), "--concurrency", str(CONCURRENCY), "--out", str(out)]
+            concurrency = getattr(self.system, "concurrency", CONCURRENCY)
+            # 0: the worker's own default (no --concurrency flag).
+            args = ["worker", "--index", str(index), "--concurrency", str(concurrency or 0)]
+            args += ["--out", str(out)]
+            if getattr(self.system, "queues", ""):
+                args += ["--queues", self.system.queues]
+            if getattr(self.system, "max_jobs", 0):
+                args += ["--max-jobs", str(self.system.max_jobs)]
             args += ["--ready", str(ready[-1]), "--go", str(go)]
             if self.burst and self.system.burst:
                 args.append("--burst")
+            args += self.system.worker_args()
             if self.profile:
                 prof = self.workdir / f"{self.system.key}-worker{index}.pstats"
                 args += ["--profile", str(prof)]
@@ -560,7 +633,7 @@ class Workers:
                 self.procs.append(
                     subprocess.Popen(
                         [*(self.wrap(index) if self.wrap else []), *self.system.command(*args)],
-                        cwd=ROOT,
+                        cwd=self.system.cwd,
                         env=self.system.env(),
                         stdout=handle,
                         stderr=subprocess.STDOUT,
@@ -607,6 +680,10 @@ class Workers:
                 tail = log_path.read_text(errors="replace")[-3000:]
                 raise BenchError(f"{self.system.label}: worker exited {proc.returncode}:\n{tail}")
 
+    def rss_kib(self) -> list[int]:
+        """Each worker process's resident set size at the end of its run (KiB)."""
+        return [int(json.loads(out.read_text()).get("rss_kib", 0)) for out in self.outs if out.exists()]
+
     def cpu_seconds(self) -> float:
         total = 0.0
         for out, log_path in zip(self.outs, self.logs, strict=True):
@@ -637,7 +714,7 @@ def enqueue(
         args += ["--profile", profile]
     if isinstance(system, Jobguard):
         args += ["--variant", system.variant]
-    run_checked(system.command(*args), system.env(), timeout=max(600, n / 20))
+    run_checked(system.command(*args), system.env(), timeout=max(600, n / 20), cwd=system.cwd)
     return dict(json.loads(out.read_text()))
 
 

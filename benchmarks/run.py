@@ -44,9 +44,12 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._profile import profile  # noqa: E402
 from benchmarks._report import Report, Results  # noqa: E402
 from benchmarks._systems import (  # noqa: E402
+    CONCURRENCY,
     HEADLINE,
+    NON_ATOMIC,
     SYSTEM_LABELS,
     BenchError,
+    CeleryDefault,
     CeleryRedis,
     DjangoTasksDB,
     Jobguard,
@@ -61,8 +64,11 @@ from benchmarks._workloads import (  # noqa: E402
     SAFETY_CONFIGS,
     WORKLOADS,
     bulk_run,
+    deep_run,
+    enqueue_bound_run,
     fill_backlog,
     latency_run,
+    memory_run,
     pgbench_run,
     throughput_run,
 )
@@ -126,8 +132,9 @@ def machine(servers: Servers, peers_python: str | None) -> dict[str, Any]:
             "'shared_buffers', 'autovacuum', 'max_connections')",
         )
     )
-    redis_info = servers.redis(5).info("server")
-    redis_conf = servers.redis(5).config_get("save") | servers.redis(5).config_get("appendonly")
+    client = servers.redis(servers.locks_db)
+    redis_info = client.info("server")
+    redis_conf = client.config_get("save") | client.config_get("appendonly")
     info: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu,
@@ -187,6 +194,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--sizes", default="", help="throughput sizes, e.g. 5000,20000")
     parser.add_argument("--backlog-rows", type=int, default=0, help="finished rows for the backlog workload")
+    parser.add_argument(
+        "--deep-depth",
+        type=int,
+        default=0,
+        help="queued jobs of the deep workload's deep due set (1,000,000)",
+    )
+    parser.add_argument("--memory-jobs", type=int, default=0, help="jobs of the memory workload (1,000,000)")
     parser.add_argument("--profile", action="store_true", help="profile django-jobguard's worker instead")
     parser.add_argument(
         "--jobguard",
@@ -203,7 +217,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-install", action="store_true", help="use benchmarks/.venv-peers as it is")
     parser.add_argument("--pg-url", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server")
     parser.add_argument(
-        "--redis-url", default="redis://127.0.0.1:6379", help="Redis server (databases 5-7 are used)"
+        "--redis-url", default="redis://127.0.0.1:6379", help="Redis server (see --redis-dbs)"
+    )
+    parser.add_argument(
+        "--redis-dbs",
+        default=os.environ.get("BENCH_REDIS_DBS", "5,6,7"),
+        help="the three Redis databases: locks, Celery's broker and results, Celery's run records "
+        "(default 5,6,7 or $BENCH_REDIS_DBS)",
     )
     parser.add_argument("--db-prefix", default="jg_bench", help="prefix of the databases it creates")
     parser.add_argument("--warmup", type=int, default=None, help="jobs of the unmeasured warm-up run")
@@ -211,6 +231,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    try:
+        args.redis_dbs = tuple(int(x) for x in args.redis_dbs.split(","))
+    except ValueError:
+        parser.error("--redis-dbs takes three integers, e.g. 5,6,7")
+    if len(args.redis_dbs) != 3:
+        parser.error("--redis-dbs takes three integers, e.g. 5,6,7")
     for name in args.workloads.split(","):
         if name not in WORKLOADS:
             parser.error(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
@@ -229,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         sizes.warmup_jobs = args.warmup
     if args.backlog_rows:
         sizes.backlog_rows = args.backlog_rows
+    if args.deep_depth:
+        sizes.deep_depths = (sizes.deep_depths[0], args.deep_depth)
+    if args.memory_jobs:
+        sizes.memory_jobs = args.memory_jobs
     for option, variable in ((args.jobguard, "BENCH_JOBGUARD"), (args.db_options, "BENCH_DB_OPTIONS")):
         if option:
             json.loads(option)  # fail here, not in every worker
@@ -237,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = [k for k in SYSTEM_LABELS if k in args.systems.split(",")]
     peers_needed = any(k != "jobguard" for k in keys) or args.profile
     peers_python = ensure_peers_venv(args.skip_install) if peers_needed else None
-    servers = Servers(args.pg_url, args.redis_url, args.db_prefix)
+    servers = Servers(args.pg_url, args.redis_url, args.db_prefix, args.redis_dbs)
     results_dir = Path(args.results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -262,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                 "jobguard": Jobguard,
                 "dtdb": DjangoTasksDB,
                 "celery": CeleryRedis,
+                "celery_default": CeleryDefault,
                 "procrastinate": Procrastinate,
             }[key](servers, python)
             log(f"setting up {system.label}")
@@ -297,13 +328,18 @@ def main(argv: list[str] | None = None) -> int:
             if "throughput" in workloads:
                 for n in sizes.throughput:
                     for key, system in systems.items():
-                        config = f"n={n}"
+                        configs: list[tuple[str, tuple[str, bool, str] | None]] = [(f"n={n}", None)]
                         if isinstance(system, Jobguard):
-                            system.configure(*HEADLINE)
-                            config += " atomic, metrics"
-                        measure(
-                            "throughput", key, config, lambda s=system, n=n: throughput_run(s, workdir, n)
-                        )
+                            configs = [
+                                (f"n={n} atomic, metrics", HEADLINE),
+                                (f"n={n} non-atomic, metrics", NON_ATOMIC),
+                            ]
+                        for config, shape in configs:
+                            if isinstance(system, Jobguard) and shape:
+                                system.configure(*shape)
+                            measure(
+                                "throughput", key, config, lambda s=system, n=n: throughput_run(s, workdir, n)
+                            )
             if "bulk" in workloads:
                 for key, system in systems.items():
                     if key in ("jobguard", "procrastinate"):
@@ -349,6 +385,81 @@ def main(argv: list[str] | None = None) -> int:
                         rates[system is full] = values["processing_rate"]
                 if len(rates) == 2:
                     results.add("backlog", "jobguard", "paired", {"ratio": rates[True] / rates[False]})
+            if "enqueue" in workloads and "jobguard" in systems:
+                ours = systems["jobguard"]
+                assert isinstance(ours, Jobguard)
+                ours.configure(*HEADLINE)
+                measure(
+                    "enqueue",
+                    "jobguard",
+                    f"n={sizes.enqueue_jobs}",
+                    lambda s=ours, save=results_dir / f"enqueue-insert-{stamp}.sql": enqueue_bound_run(
+                        s, workdir, sizes.enqueue_jobs, sizes.bulk, sizes.pgbench_seconds, save=save
+                    ),
+                )
+            if "deep" in workloads and "jobguard" in systems:
+                shallow, deep = sizes.deep_depths
+                spread, served = sizes.deep_queues
+                shapes = [
+                    (f"{shallow:,} queued, 1 queue", shallow, 1, 1),
+                    (f"{deep:,} queued, 1 queue", deep, 1, 1),
+                    (f"{deep:,} queued over {spread} queues, {served} served", deep, spread, served),
+                ]
+                if r == 0:
+                    deep_systems = [
+                        Jobguard(servers, sys.executable, suffix=f"_deep{k}") for k in range(len(shapes))
+                    ]
+                    for system in deep_systems:
+                        system.setup()
+                rates = {}
+                order = list(zip(shapes, deep_systems, strict=True))
+                for (label, depth, queues, serve), system in order if r % 2 == 0 else order[::-1]:
+                    system.configure(*HEADLINE)
+                    explain = (
+                        results_dir / f"explain-{stamp}-deep{shapes.index((label, depth, queues, serve))}.txt"
+                    )
+                    values = measure(
+                        "deep",
+                        "jobguard",
+                        label,
+                        lambda s=system, d=depth, q=queues, v=serve, e=(explain if r == 0 else None): (
+                            deep_run(s, workdir, sizes.deep_jobs, d, q, v, explain=e)
+                        ),
+                    )
+                    if values:
+                        rates[label] = values["processing_rate"]
+                base = shapes[0][0]
+                for label, *_ in shapes[1:]:
+                    if base in rates and label in rates:
+                        results.add(
+                            "deep", "jobguard", f"paired {label}", {"ratio": rates[label] / rates[base]}
+                        )
+            if "memory" in workloads and "jobguard" in systems and r == 0:
+                # Once, not every round: a million jobs take a quarter of an hour, and RSS
+                # does not drift with the host's load as rates do.
+                ours = systems["jobguard"]
+                assert isinstance(ours, Jobguard)
+                ours.configure(*HEADLINE)
+                measure(
+                    "memory",
+                    "jobguard",
+                    f"n={sizes.memory_jobs}",
+                    lambda s=ours: memory_run(s, workdir, sizes.memory_jobs, sizes.memory_mark),
+                )
+            if "defaults" in workloads and "jobguard" in systems:
+                ours = systems["jobguard"]
+                assert isinstance(ours, Jobguard)
+                ours.configure(*HEADLINE)
+                for concurrency in (0, *sizes.concurrencies):
+                    ours.concurrency = concurrency
+                    label = f"--concurrency {concurrency}" if concurrency else "no flags"
+                    measure(
+                        "defaults",
+                        "jobguard",
+                        label,
+                        lambda s=ours: throughput_run(s, workdir, sizes.safety_jobs),
+                    )
+                ours.concurrency = CONCURRENCY
             if "safety" in workloads and "jobguard" in systems:
                 ours = systems["jobguard"]
                 assert isinstance(ours, Jobguard)

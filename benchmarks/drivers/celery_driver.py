@@ -1,10 +1,13 @@
 """Driver for Celery with the Redis broker (runs in benchmarks/.venv-peers).
 
-Each worker process is ``celery worker --pool threads --concurrency 2`` (the same two
-threads per process as django-jobguard), ``acks_late``, prefetch multiplier 4 (default),
-``--without-gossip --without-mingle --without-heartbeat``, log level WARNING. Celery has
-no burst mode: the orchestrator stops the workers (SIGTERM) once every job is recorded.
-CPU is counted from ``worker_ready`` to ``worker_shutting_down``.
+Tuned (``--pool threads``): each worker process is ``celery worker --pool threads
+--concurrency 2`` (the same two threads per process as django-jobguard), ``acks_late``,
+prefetch multiplier 4 (default), ``--without-gossip --without-mingle --without-heartbeat``,
+log level WARNING. Default (``--pool prefork``, ``BENCH_CELERY_MODE=default``): ``celery
+worker --pool prefork --concurrency 2`` with Celery's default flags and a result backend.
+Celery has no burst mode: the orchestrator stops the workers (SIGTERM) once every job is
+recorded. CPU is counted from ``worker_ready`` to ``worker_shutting_down``, with the prefork
+pool's children included.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def worker(args: Any) -> None:
     from benchmarks.peers.celery_app import QUEUE, app
 
     wait_for_go(args)
-    meter = CpuMeter()
+    meter = CpuMeter(tree=args.pool == "prefork")
     reported = False
 
     @worker_ready.connect(weak=False)
@@ -48,24 +51,11 @@ def worker(args: Any) -> None:
             reported = True
             meter.report(args.out)
 
-    app.worker_main(
-        [
-            "worker",
-            "--pool",
-            "threads",
-            "--concurrency",
-            str(args.concurrency),
-            "--queues",
-            QUEUE,
-            "--hostname",
-            f"bench{args.index}@%h",
-            "--loglevel",
-            "WARNING",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ]
-    )
+    argv = ["worker", "--pool", args.pool, "--concurrency", str(args.concurrency or 2), "--queues", QUEUE]
+    argv += ["--hostname", f"bench{args.index}@%h", "--loglevel", "WARNING"]
+    if args.pool == "threads":
+        argv += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+    app.worker_main(argv)
     if not reported:
         meter.report(args.out)
 

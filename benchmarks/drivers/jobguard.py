@@ -57,6 +57,52 @@ def enqueue(args: Any) -> None:
     timed_enqueue(args.n, args.out, bulk if args.mode == "bulk" else single, args.profile)
 
 
+def capture(args: Any) -> None:
+    """The statements one ``enqueue()`` sends, exactly as sent (client-side binding: values inlined)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from benchmarks._common import write_json
+
+    task, keyed = _task(args.variant)
+    task.enqueue(-1)  # connect and warm caches first: the capture is of the steady state
+    with CaptureQueriesContext(connection) as queries:
+        if keyed:
+            task.using(idempotency_key="bench:capture").enqueue(-2)
+        else:
+            task.enqueue(-2)
+    write_json(args.out, {"statements": [q["sql"] for q in queries.captured_queries]})
+
+
+def _capture_claims(path: str) -> None:
+    """Write the first claim statement the worker sends (as sent) and the SETs the claiming connection ran."""
+    import json
+    import threading
+
+    from django.db.backends.signals import connection_created
+
+    lock = threading.Lock()
+    seen: list[str] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
+        result = execute(sql, params, many, context)
+        sent = context["connection"].ops.last_executed_query(context["cursor"], sql, params) or sql
+        with lock:
+            if sent.lstrip().upper().startswith("SET ") and sent not in seen:
+                seen.append(sent)
+            elif (
+                "SKIP LOCKED" in sent and "ORDER BY lease_expires_at" not in sent and not os.path.exists(path)
+            ):
+                with open(path, "w") as handle:
+                    json.dump({"settings": list(seen), "claim": sent}, handle)
+        return result
+
+    def install(sender: Any, connection: Any, **kwargs: Any) -> None:
+        connection.execute_wrappers.append(wrapper)
+
+    connection_created.connect(install, weak=False)
+
+
 def worker(args: Any) -> None:
     from django.core.management import call_command
 
@@ -73,7 +119,15 @@ def worker(args: Any) -> None:
     meter = CpuMeter()
     if profiler:
         profiler.install()
-    options = ["--concurrency", str(args.concurrency), "--worker-id", f"bench-{args.index}-{os.getpid()}"]
+    options = ["--worker-id", f"bench-{args.index}-{os.getpid()}"]
+    if args.concurrency:
+        options += ["--concurrency", str(args.concurrency)]
+    for queue in filter(None, args.queues.split(",")):
+        options += ["--queue", queue]
+    if args.max_jobs:
+        options += ["--max-jobs", str(args.max_jobs)]
+    if os.environ.get("BENCH_CAPTURE_SQL"):
+        _capture_claims(os.environ["BENCH_CAPTURE_SQL"])
     if args.burst:
         options.append("--burst")
     try:
@@ -87,7 +141,7 @@ def worker(args: Any) -> None:
 def main() -> None:
     args = driver_parser(__doc__ or "").parse_args()
     _setup()
-    {"enqueue": enqueue, "worker": worker}[args.command](args)
+    {"enqueue": enqueue, "worker": worker, "capture": capture}[args.command](args)
 
 
 if __name__ == "__main__":

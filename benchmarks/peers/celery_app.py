@@ -3,7 +3,10 @@
 The task records its run in a second Redis database with one Lua call (a run counter
 per job, start and end times): that is how the benchmark checks every job ran exactly
 once and times first start to last completion, like the database queues' rows do.
-Results are not stored (``task_ignore_result``): the record above replaces them.
+
+Two configurations (``BENCH_CELERY_MODE``): ``tuned`` (the default here) does not store
+results (``task_ignore_result``: the record above replaces them); ``default`` is Celery as
+users run it: a Redis result backend (the broker's database) storing every task's result.
 """
 
 from __future__ import annotations
@@ -24,14 +27,18 @@ redis.call('HSET', KEYS[4], ARGV[1], ARGV[4])
 return 1
 """
 
+DEFAULT_MODE = os.environ.get("BENCH_CELERY_MODE", "tuned") == "default"
+BROKER = os.environ.get("BENCH_CELERY_BROKER", "redis://127.0.0.1:6379/6")
+
 app = Celery("jgbench")
 app.conf.update(
-    broker_url=os.environ.get("BENCH_CELERY_BROKER", "redis://127.0.0.1:6379/6"),
+    broker_url=BROKER,
+    result_backend=BROKER if DEFAULT_MODE else None,
     broker_connection_retry_on_startup=True,
     # Redis redelivers an unacked message after this; long enough never to fire here.
     broker_transport_options={"visibility_timeout": 3600},
     task_acks_late=True,
-    task_ignore_result=True,
+    task_ignore_result=not DEFAULT_MODE,
     task_default_queue=QUEUE,
     worker_prefetch_multiplier=4,  # Celery's default, stated for the record
     worker_hijack_root_logger=False,

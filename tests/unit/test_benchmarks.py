@@ -76,17 +76,43 @@ def test_report_checks_the_issue_targets_on_medians() -> None:
     results = Results()
     n = f"n={QUICK.throughput[0]}"
     results.add("throughput", "jobguard", f"{n} atomic, metrics", {"processing_rate": 900.0})
-    results.add("throughput", "jobguard", f"{n} atomic, metrics", {"worker_cpu_ms_per_job": 0.5})
-    results.add("throughput", "dtdb", n, {"processing_rate": 300.0})
-    results.add("throughput", "celery", n, {"processing_rate": 400.0})
-    report = Report(results, QUICK, ["jobguard", "dtdb", "celery"])
+    results.add("throughput", "jobguard", f"{n} atomic, metrics", {"total_cpu_ms_per_job": 0.5})
+    results.add("throughput", "jobguard", f"{n} non-atomic, metrics", {"processing_rate": 1300.0})
+    results.add("throughput", "jobguard", f"{n} non-atomic, metrics", {"total_cpu_ms_per_job": 0.4})
+    results.add("throughput", "dtdb", n, {"processing_rate": 100.0})
+    results.add("throughput", "celery_default", n, {"processing_rate": 400.0})
+    results.add("throughput", "celery", n, {"processing_rate": 100.0})  # the tuned row sets no target
+    report = Report(results, QUICK, ["jobguard", "dtdb", "celery_default", "celery"])
     text = report.build(["throughput"])
-    assert "- PASS: processing rate >= 3x django-tasks-db (n=1000): 3.00x (target >= 3x)" in text
-    assert "- FAIL: processing rate >= 2.5x Celery+Redis (n=1000): 2.25x (target >= 2.5x)" in text
-    assert "- PASS: worker CPU per no-op job <= 1.5 ms (n=1000): 0.50ms (target <= 1.5ms)" in text
+    assert "### Targets (issue 19)" in text
+    assert (
+        "- FAIL: processing rate (non-atomic) >= 4x Celery+Redis (default) (n=1000): 3.25x (target >= 4x)"
+        in text
+    )
+    assert "- FAIL: processing rate (atomic) >= 2.5x Celery+Redis (default) (n=1000): 2.25x" in text
+    assert "- PASS: processing rate (atomic) >= 8x django-tasks-db (n=1000): 9.00x (target >= 8x)" in text
+    assert "- FAIL: total CPU per job (non-atomic) <= 0.35 ms (n=1000): 0.40ms" in text
+    assert "- PASS: total CPU per job (atomic) <= 0.6 ms (n=1000): 0.50ms" in text
+    assert "Celery+Redis (tuned)" not in "".join(t["target"] for t in report.targets)
     dtdb_row = next(line for line in text.splitlines() if line.startswith("| django-tasks-db"))
-    assert "| 300 (300-300)" in dtdb_row
-    assert "| 3.00x" in dtdb_row
+    assert "| 100 (100-100)" in dtdb_row
+    assert "| 9.00x" in dtdb_row
+    assert any(line.startswith("| django-jobguard, non-atomic") for line in text.splitlines())
+
+
+def test_deep_and_defaults_targets_use_paired_rounds_and_the_best_concurrency() -> None:
+    results = Results()
+    shallow, deep = QUICK.deep_depths
+    base = f"{shallow:,} queued, 1 queue"
+    for label, rate in ((base, 1000.0), (f"{deep:,} queued, 1 queue", 950.0)):
+        results.add("deep", "jobguard", label, {"processing_rate": rate})
+    results.add("deep", "jobguard", f"paired {deep:,} queued, 1 queue", {"ratio": 0.95})
+    for label, rate in (("no flags", 500.0), ("--concurrency 1", 500.0), ("--concurrency 4", 1000.0)):
+        results.add("defaults", "jobguard", label, {"processing_rate": rate})
+    text = Report(results, QUICK, ["jobguard"]).build(["deep", "defaults"])
+    assert f"- PASS: deep backlog: {deep:,} queued, 1 queue within 10% of {base}: 0.95x" in text
+    assert "- FAIL: jobguard_worker with no flags >= 80% of the best (--concurrency 4): 0.50x" in text
+    assert "| --concurrency 4 (best)" in text
 
 
 def test_backlog_target_takes_the_median_of_each_rounds_ratio() -> None:
@@ -111,3 +137,30 @@ def test_backlog_target_falls_back_to_the_ratio_of_medians_without_pairs() -> No
     results.add("backlog", "jobguard", full, {"processing_rate": 850.0})
     text = Report(results, QUICK, ["jobguard"]).build(["backlog"])
     assert "- FAIL: backlog processing rate within 10% of the empty table: 0.85x (target >= 0.9x)" in text
+
+
+def test_compare_reports_medians_and_each_rounds_own_ratio(tmp_path) -> None:
+    from benchmarks import compare
+
+    old, new = compare.Checkout.__new__(compare.Checkout), compare.Checkout.__new__(compare.Checkout)
+    for checkout, name in ((old, "old"), (new, "new")):
+        checkout.ref, checkout.sha, checkout.name = name, "0123456789abcdef", name
+    rates = {"old": [1000.0, 500.0, 1000.0], "new": [1100.0, 550.0, 900.0]}
+    runs = {
+        (label, name): [
+            {"processing_rate": rate, "worker_cpu_ms_per_job": 0.5, "total_cpu_ms_per_job": 1.0}
+            for rate in rates[name]
+        ]
+        for label, *_ in compare.CONFIGS
+        for name in ("old", "new")
+    }
+    text, data = compare.report([old, new], runs, 1000)
+    row = next(line for line in text.splitlines() if line.startswith("| atomic") and "processing" in line)
+    assert "1,000 [500-1,000]" in row
+    assert "900 [550-1,100]" in row
+    # The ratio of the medians pairs round 1's old with round 3's new; each round's own
+    # new/old (1.1, 1.1, 0.9) does not.
+    assert "| 0.900 " in row
+    assert "1.100 [0.900-1.100]" in row
+    figures = {(d["config"], d["metric"]): d for d in data}
+    assert figures[("non-atomic", "worker_cpu_ms_per_job")]["ratio_of_medians"] == 1.0

@@ -1,0 +1,268 @@
+#!/usr/bin/env python
+"""Two commits of django-jobguard in one invocation, interleaved: is the new one as fast?
+
+    benchmarks/compare.py OLD NEW [--runs 3] [--jobs 5000]
+    benchmarks/compare.py 047ab6a worker --runs 3 --jobs 1000 --db-prefix jg_perf --redis-dbs 8,9,10
+
+Each commit is checked out into its own ``git worktree add --detach`` under a temporary
+directory. The harness (this tree's ``benchmarks/``) drives each commit's product code:
+the workers run with a directory holding only that commit's ``django_jobguard`` first on
+``sys.path``, through ``manage.py jobguard_worker`` (the commits may lay out their modules
+differently), each commit against a database of its own, migrated by its own migrations.
+
+The throughput workload (no-op jobs, non-atomic and ``atomic=True``, 2 worker processes x
+2 threads, metrics on, fencing on) runs old, new, old, new, ... round by round, after one
+unmeasured warm-up run each. The table gives the processing rate and the worker CPU per job
+as median [min-max] of the runs, and new/old: the ratio of the medians and the median of
+each round's own ratio (old and new measured back to back). Exit status 1 if a run failed
+its checks (a job lost or run twice).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks._report import table  # noqa: E402
+from benchmarks._systems import (  # noqa: E402
+    CONCURRENCY,
+    WORKER_PROCESSES,
+    BenchError,
+    Jobguard,
+    Servers,
+    log,
+    run_checked,
+)
+from benchmarks._workloads import throughput_run  # noqa: E402
+
+#: (label, task variant, metrics on, lock back end) of the compared configurations.
+CONFIGS = [("non-atomic", "plain", True, "database"), ("atomic", "atomic", True, "database")]
+
+METRICS = [
+    ("processing_rate", "processing jobs/s", 0),
+    ("worker_cpu_ms_per_job", "worker CPU ms/job", 3),
+    ("total_cpu_ms_per_job", "worker + servers CPU ms/job", 3),
+]
+
+
+def git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+class Checkout:
+    """One commit in a detached worktree, and a directory exposing only its ``django_jobguard``."""
+
+    def __init__(self, ref: str, tmp: Path, name: str) -> None:
+        self.ref = ref
+        self.sha = git("rev-parse", "--verify", f"{ref}^{{commit}}")
+        self.name = name
+        self.worktree = tmp / f"{name}-tree"
+        self.code = tmp / f"{name}-code"
+
+    def __enter__(self) -> Checkout:
+        git("worktree", "add", "--detach", "--quiet", str(self.worktree), self.sha)
+        self.code.mkdir()
+        (self.code / "django_jobguard").symlink_to(self.worktree / "django_jobguard")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(self.worktree)],
+            capture_output=True,
+            check=False,
+        )
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.ref} ({self.sha[:9]})"
+
+
+def check_code(system: Jobguard, checkout: Checkout) -> None:
+    """The system's processes import django_jobguard from the commit's worktree, not from this tree."""
+    out = run_checked(
+        [system.python, "-c", "import os, django_jobguard as m; print(os.path.realpath(m.__file__))"],
+        system.env(),
+        cwd=system.cwd,
+    ).strip()
+    if not out.startswith(str(checkout.worktree.resolve())):
+        raise BenchError(f"{checkout.label}: django_jobguard comes from {out}, not from {checkout.worktree}")
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def cell(values: list[float], digits: int) -> str:
+    if not values:
+        return "-"
+    s = summary(values)
+    return f"{s['median']:,.{digits}f} [{s['min']:,.{digits}f}-{s['max']:,.{digits}f}]"
+
+
+def report(
+    checkouts: list[Checkout], runs: dict[tuple[str, str], list[dict[str, float]]], jobs: int
+) -> tuple[str, list[dict[str, Any]]]:
+    old, new = checkouts
+    rows, data = [], []
+    for label, *_ in CONFIGS:
+        a, b = runs[(label, old.name)], runs[(label, new.name)]
+        for metric, heading, digits in METRICS:
+            va = [r[metric] for r in a if metric in r]
+            vb = [r[metric] for r in b if metric in r]
+            ratio = statistics.median(vb) / statistics.median(va) if va and vb else None
+            # Round k's old and new ran back to back: their ratio leaves out drift between rounds.
+            paired = [y / x for x, y in zip(va, vb, strict=False) if x]
+            rows.append(
+                [
+                    label,
+                    heading,
+                    cell(va, digits),
+                    cell(vb, digits),
+                    f"{ratio:.3f}" if ratio else "-",
+                    cell(paired, 3) if paired else "-",
+                ]
+            )
+            data.append(
+                {
+                    "config": label,
+                    "metric": metric,
+                    "old": va,
+                    "new": vb,
+                    "ratio_of_medians": ratio,
+                    "paired_ratios": paired,
+                }
+            )
+    headers = [
+        "tasks",
+        "figure",
+        f"old: {old.ref} ({old.sha[:9]})",
+        f"new: {new.ref} ({new.sha[:9]})",
+        "new/old (medians)",
+        "new/old per round",
+    ]
+    text = (
+        f"### {old.ref} vs {new.ref}: {jobs:,} no-op jobs, {WORKER_PROCESSES} worker processes x "
+        f"{CONCURRENCY}, median [min-max] of {min(len(v) for v in runs.values())} interleaved runs\n\n"
+        + table(headers, rows)
+    )
+    return text, data
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("old", help="the old commit (any git revision)")
+    parser.add_argument("new", help="the new commit")
+    parser.add_argument("--runs", type=int, default=3, help="measured runs per commit and configuration")
+    parser.add_argument("--jobs", type=int, default=5000, help="no-op jobs per run (default 5000)")
+    parser.add_argument("--warmup", type=int, default=1000, help="jobs of each commit's unmeasured warm-up")
+    parser.add_argument("--pg-url", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379", help="Redis server")
+    parser.add_argument("--redis-dbs", default="5,6,7", help="Redis databases: locks, broker, records")
+    parser.add_argument("--db-prefix", default="jg_bench", help="prefix of the databases it creates")
+    parser.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.jobs < 1:
+        parser.error("--runs and --jobs must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    dbs = tuple(int(x) for x in args.redis_dbs.split(","))
+    if len(dbs) != 3:
+        raise SystemExit("--redis-dbs takes three numbers")
+    servers = Servers(args.pg_url, args.redis_url, args.db_prefix, dbs)  # type: ignore[arg-type]
+    started = time.monotonic()
+    load = os.getloadavg()
+    runs: dict[tuple[str, str], list[dict[str, float]]] = {}
+    errors: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="jg-compare-") as tmp:
+        workdir = Path(tmp)
+        old = Checkout(args.old, workdir, "old")
+        new = Checkout(args.new, workdir, "new")
+        with old, new:
+            systems = []
+            for checkout in (old, new):
+                system = Jobguard(servers, sys.executable, suffix=f"_cmp_{checkout.name}", code=checkout.code)
+                check_code(system, checkout)
+                log(f"setting up {checkout.label} in database {system.dbname}")
+                system.setup()
+                systems.append((checkout, system))
+            for checkout, system in systems:
+                if args.warmup:
+                    log(f"warm-up: {checkout.label}, {args.warmup} jobs (not measured)")
+                    system.configure(*CONFIGS[1][1:])  # type: ignore[arg-type]
+                    throughput_run(system, workdir, args.warmup)
+            for r in range(args.runs):
+                log(f"round {r + 1}/{args.runs}")
+                for label, variant, metrics, lock_backend in CONFIGS:
+                    for checkout, system in systems:
+                        system.configure(variant, metrics, lock_backend)
+                        try:
+                            values = throughput_run(system, workdir, args.jobs)
+                        except BenchError as exc:
+                            errors.append(f"{label} {checkout.label}: {exc}")
+                            log(f"  FAILED {label} {checkout.label}: {str(exc)[:2000]}")
+                            continue
+                        runs.setdefault((label, checkout.name), []).append(values)
+                        log(
+                            f"  {label} {checkout.label}: {values['processing_rate']:,.0f} jobs/s, "
+                            f"worker CPU {values['worker_cpu_ms_per_job']:.3f} ms/job"
+                        )
+        for config in CONFIGS:
+            for checkout in (old, new):
+                runs.setdefault((config[0], checkout.name), [])
+        text, data = report([old, new], runs, args.jobs)
+    servers.close()
+    stamp = datetime.datetime.now(datetime.UTC)
+    header = (
+        f"## django-jobguard, commit against commit, {stamp:%Y-%m-%d %H:%M} UTC\n\n"
+        f"Command: `benchmarks/compare.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
+        f"{os.cpu_count()} cores, load average at start {', '.join(f'{x:.2f}' for x in load)}; "
+        f"took {(time.monotonic() - started) / 60:.1f} min. Configurations: `@task()` (non-atomic) "
+        "and `@task(atomic=True)`, metrics on, database locks (unused), fencing on; "
+        f"each commit migrated into its own database (`{args.db_prefix}_cmp_old`, `_cmp_new`)."
+    )
+    document = header + "\n\n" + text
+    if errors:
+        document += "\n\n### Errors\n\n" + "\n".join(f"- {e[:500]}" for e in errors)
+    print(document)
+    results = Path(args.results_dir)
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"compare-{stamp:%Y%m%dT%H%M%SZ}.json"
+    path.write_text(
+        json.dumps(
+            {
+                "old": {"ref": old.ref, "sha": old.sha},
+                "new": {"ref": new.ref, "sha": new.sha},
+                "args": vars(args),
+                "load_average_at_start": load,
+                "figures": data,
+                "errors": errors,
+                "table": document,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    log(f"wrote {path}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
