@@ -13,7 +13,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from .conf import get_settings
-from .models import IdempotencyKey, Job, JobStatus
+from .models import IdempotencyKey, IdempotencyStatus, Job, JobStatus
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import functools
 from django.db import transaction
 from django.utils import timezone
 
-from .. import _dispatch, exceptions, idempotency, store, metrics, signals
+from .. import _dispatch, exceptions, idempotency, metrics, signals, store
 from ..exceptions import LeaseLost
 from ..models import DeadLetter, Job
 
