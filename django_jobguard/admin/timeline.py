@@ -240,7 +240,7 @@ def _backoff(
 
 def _dead_letter_step(letter: DeadLetter) -> Step:
     step = Step("dead_letter", _("Dead-lettered"), start=format_time(letter.created_at), outcome="dead")
-    step.link = admin_link(letter)
+    step.link = admin_link(letter, _("dead letter #%(id)s") % {"id": letter.pk})
     step.details = f"{letter.get_reason_display()} ({letter.get_category_display()})"
     return step
 
@@ -269,8 +269,8 @@ def _replay_steps(events: list[ReplayEvent]) -> list[Step]:
 
 def _origin_step(origin: DeadLetter, events: list[ReplayEvent], show_replay: bool) -> Step:
     """The first row of a replayed job: whose dead letter it replays, and who let it run."""
-    step = Step("replay_of", _("Replay of a dead letter"), start=format_time(origin.replayed_at))
-    step.link = admin_link(origin)
+    step = Step("replay_of", _("Replay of dead letter"), start=format_time(origin.replayed_at))
+    step.link = admin_link(origin, _("#%(id)s") % {"id": origin.pk})
     if show_replay:
         said = {
             event.action: event.actor_name or _("system")
