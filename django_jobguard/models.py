@@ -156,6 +156,9 @@ class Job(models.Model):
                 name="jobguard_job_finished_idx",
                 condition=Q(status__in=TERMINAL_STATUSES),
             ),
+            # The admin's "enqueued" filter (and its count) at millions of rows; the column
+            # never changes after the insert, so only the enqueue writes an entry.
+            models.Index(fields=["enqueued_at"], name="jobguard_job_enqueued_idx"),
         ]
         constraints = [
             models.CheckConstraint(

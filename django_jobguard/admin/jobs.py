@@ -5,14 +5,17 @@ Deleting is allowed only for the rows :mod:`django_jobguard.retention` says may 
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
+from django.core.paginator import Paginator
 from django.db.models import QuerySet
+from django.db.models.functions import Now
 from django.http import HttpRequest
-from django.template.loader import render_to_string
 from django.utils import timezone
+from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
@@ -23,7 +26,11 @@ from .. import jobs, retention
 from ..conf import get_settings
 from ..models import TERMINAL_STATUSES, IdempotencyKey, Job, JobQuerySet, JobStatus
 from ..registry import registry
+from . import timeline
 from .base import Deletion, ReadOnlyAdmin, admin_link, can_view_payload, pretty_json
+
+#: The job list counts the jobs that match up to this many; past it, it says "more than".
+COUNT_CAP = 10_000
 
 #: Characters of the last error shown in the job list (the whole message is on the job's page).
 ERROR_PREVIEW_CHARS = 70
@@ -67,6 +74,25 @@ def job_state(job: Job, now: Any = None) -> str:
             else JobStatus.RUNNING.value
         )
     return str(job.status)
+
+
+class CappedCountPaginator(Paginator):
+    """Counts at most :data:`COUNT_CAP` + 1 rows: ``show_full_result_count = False`` spares the
+    count of the whole table, but Django still counts what the filters match, which with no
+    filter is every row (a scan of a million)."""
+
+    @cached_property
+    def count(self) -> int:
+        sliced: Any = self.object_list[: COUNT_CAP + 1]
+        return int(sliced.count())
+
+    @property
+    def capped(self) -> bool:
+        return self.count > COUNT_CAP
+
+    @property
+    def cap_text(self) -> str:
+        return f"{COUNT_CAP:,}"
 
 
 class _NamedFilter(admin.SimpleListFilter):
@@ -135,6 +161,33 @@ class StateFilter(admin.SimpleListFilter):
         return queryset
 
 
+class EnqueuedFilter(admin.SimpleListFilter):
+    """Jobs enqueued in a recent window, by the database clock (which wrote ``enqueued_at``).
+
+    Instead of a date hierarchy: its year, month and day lists are a ``SELECT DISTINCT`` over
+    every row on each page load. A window is a range on ``jobguard_job_enqueued_idx``.
+    """
+
+    title = _("enqueued")
+    parameter_name = "enqueued"
+    #: (value, label, seconds back).
+    WINDOWS: tuple[tuple[str, Any, int], ...] = (
+        ("15m", _("in the last 15 minutes"), 15 * 60),
+        ("1h", _("in the last hour"), 3600),
+        ("24h", _("in the last 24 hours"), 24 * 3600),
+        ("7d", _("in the last 7 days"), 7 * 24 * 3600),
+    )
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [(value, label) for value, label, _seconds in self.WINDOWS]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        for value, _label, seconds in self.WINDOWS:
+            if self.value() == value:
+                return queryset.filter(enqueued_at__gte=Now() - datetime.timedelta(seconds=seconds))
+        return queryset
+
+
 _PAYLOAD = (_("Payload"), {"fields": ["args_json", "kwargs_json", "result_json", "checkpoints_json"]})
 
 
@@ -154,16 +207,17 @@ class JobAdmin(ReadOnlyAdmin):
     ]
     list_display_links = ["id", "task_short"]
     change_list_template = "django_jobguard/admin/job/change_list.html"
-    list_filter = [StateFilter, QueueFilter, TaskFilter]
+    change_form_template = "django_jobguard/admin/job/change_form.html"
+    list_filter = [StateFilter, QueueFilter, TaskFilter, EnqueuedFilter]
     search_fields = ["=id", "task_name", "idempotency_key", "lock_key"]
     payload_search_fields = ["args", "kwargs"]
     # The lock admin links to the running jobs holding a lock key.
     # The workers page links to a worker's jobs.
     extra_lookups = ["lock_key", "idempotency_key", "status__exact", "worker_id"]
-    date_hierarchy = "enqueued_at"
     deletion = Deletion(retention.deletable_jobs, retention.delete_jobs, retention.JOB_DELETION_RULE)
     ordering = ["-id"]
     show_full_result_count = False  # a count(*) over millions of finished rows is slow
+    paginator = CappedCountPaginator
     actions = ["retry_jobs_now", "cancel_jobs"]
     readonly_fields = [
         "state_badge",
@@ -174,7 +228,6 @@ class JobAdmin(ReadOnlyAdmin):
         "dead_letter_link",
         "replayed_from_link",
         "run_time",
-        "attempt_timeline",
     ]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
@@ -183,7 +236,23 @@ class JobAdmin(ReadOnlyAdmin):
         if match is not None and str(match.url_name).endswith("_changelist"):
             # The list shows no payload: do not read args, kwargs, results off a million rows.
             queryset = queryset.defer("args", "kwargs", "result", "checkpoints")
+        elif match is not None and str(match.url_name).endswith("_change"):
+            # The job's page and its timeline read both dead letters in the same query.
+            queryset = queryset.select_related("dead_letter", "replayed_from")
         return queryset
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Any = None,
+    ) -> Any:
+        if obj is not None:
+            context["timeline"] = timeline.build(obj, request)
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         fieldsets: list[Any] = [
@@ -226,7 +295,6 @@ class JobAdmin(ReadOnlyAdmin):
                 _("Failures"),
                 {"fields": ["first_failed_at", "last_error", "dead_letter_link", "replayed_from_link"]},
             ),
-            (_("Attempts"), {"fields": ["attempt_timeline"]}),
         ]
         if can_view_payload(request):
             fieldsets.insert(1, _PAYLOAD)
@@ -299,14 +367,6 @@ class JobAdmin(ReadOnlyAdmin):
         if expected is not None:
             parts.append(str(_("expected %(expected)g s") % {"expected": expected}))
         return "; ".join(parts) or "-"
-
-    @admin.display(description=_("Attempt timeline"))
-    def attempt_timeline(self, obj: Job) -> SafeString:
-        """One row per attempt from the job's history: worker, start, end, error class and message."""
-        attempts = [
-            {**entry, "number": number} for number, entry in enumerate(obj.attempt_history or [], start=1)
-        ]
-        return render_to_string("django_jobguard/admin/job/attempt_timeline.html", {"attempts": attempts})
 
     @admin.display(description=_("dead letter"))
     def dead_letter_link(self, obj: Job) -> SafeString | str:

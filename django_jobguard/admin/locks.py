@@ -98,14 +98,18 @@ class LockAdmin(ReadOnlyAdmin):
 
     def force_release_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """Confirm with a reason, then free the lock through the service (which checks again)."""
+        # The permission first: a 404 would tell someone without it which keys exist.
+        if not release.can_force_release(request.user):
+            return refusal(
+                request,
+                self,
+                "Force the release of a lock",
+                f"Forcing a lock's release needs the {release.PERMISSION!r} permission.",
+            )
         lock = self.get_object(request, unquote(object_id))
         if lock is None:
             raise Http404(f"No lock {object_id!r}.")
         title = f"Force the release of {lock.key}"
-        if not release.can_force_release(request.user):
-            return refusal(
-                request, self, title, f"Forcing a lock's release needs the {release.PERMISSION!r} permission."
-            )
         form = ForceReleaseForm(request.POST if request.method == "POST" else None)
         if form.is_valid():
             try:
