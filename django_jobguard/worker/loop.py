@@ -246,7 +246,10 @@ class Worker:
                     extra={"worker_id": self.worker_id},
                 )
                 self.exit_code = EXIT_THREAD_DIED
-                self.stop()
+                if self._stopping:
+                    self._wake_waiters()  # already shutting down: no reason to skip the grace period
+                else:
+                    self.stop()
 
         thread = threading.Thread(target=guarded, name=name, daemon=True)
         thread.start()

@@ -127,7 +127,7 @@ def test_an_invalid_payload_is_dead_without_running_the_handler():
 def test_an_ack_the_lease_refuses_is_stale_and_counted_as_a_lost_lease(caplog):
     job = tasks.add.enqueue(1)
     held, rt = claim_one(), runtime()
-    Job.objects.filter(pk=job.pk).update(lease_token="someone-else")
+    Job.objects.filter(pk=job.pk).update(lease_token="someone-else")  # noqa: S106 - a stale token, not a secret
     labels = {"queue": job.queue_name, "task": job.task_name, "operation": "ack"}
     before = sample("jobguard_lease_lost_total", **labels)
     outcome = pipeline.run(held, rt)
@@ -161,7 +161,7 @@ def test_lease_keeping_extends_a_held_lease_and_reports_a_lost_one(caplog):
     assert keeper.renew_leases([held], now) == [held]
     assert held.renewed_at == now and not held.lease_lost
     assert Job.objects.get(pk=job.pk).lease_expires_at > first
-    Job.objects.filter(pk=job.pk).update(lease_token="someone-else")
+    Job.objects.filter(pk=job.pk).update(lease_token="someone-else")  # noqa: S106 - a stale token, not a secret
     labels = {"queue": job.queue_name, "task": job.task_name, "operation": "heartbeat"}
     before = sample("jobguard_lease_lost_total", **labels)
     keeper.renew_leases([held], now + held.job.visibility_timeout)
