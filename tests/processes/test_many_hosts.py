@@ -72,6 +72,7 @@ def test_workers_running_maintenance_at_once_reap_dead_letter_and_redrive_each_j
     letters = Counter(DeadLetter.objects.values_list("job_id", flat=True))
     assert sorted(letters) == last_attempt
     assert set(letters.values()) == {1}
+
     # Every worker's log together names each returned job exactly once. The lines follow the
     # reaper's commit (and other workers may dead-letter the exhausted jobs first), so wait for
     # them rather than read the logs the moment the rows show the jobs reaped.
