@@ -23,7 +23,7 @@ from ..exceptions import LeaseLost
 from ..models import DeadLetter, Job, JobStatus, ReplayAction, ReplayEvent
 from .base import admin_link, can_view_payload, format_time
 
-#: The error class the history records for an attempt whose lease ran out (see leasing.py).
+#: The error class the history records for an attempt whose lease ran out (see store/).
 LEASE_LOST = f"{LeaseLost.__module__}.{LeaseLost.__qualname__}"
 #: The Outcome column's words, and the class the template colours them by.
 OUTCOMES: dict[str, tuple[Any, str]] = {

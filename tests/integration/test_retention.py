@@ -162,10 +162,10 @@ def test_the_worker_prunes_at_most_once_per_interval():
     with prune_in_worker(True):
         worker = Worker(install_signal_handlers=False)
         keyed("first")
-        worker._prune_keys(1000.0)
+        worker.maintenance.pruner.tick(1000.0)
         assert remaining_keys() == set()
         keyed("second")
-        worker._prune_keys(1000.0 + WORKER_PRUNE_INTERVAL_SECONDS - 1)
+        worker.maintenance.pruner.tick(1000.0 + WORKER_PRUNE_INTERVAL_SECONDS - 1)
         assert remaining_keys() == {"second"}
-        worker._prune_keys(1000.0 + WORKER_PRUNE_INTERVAL_SECONDS)
+        worker.maintenance.pruner.tick(1000.0 + WORKER_PRUNE_INTERVAL_SECONDS)
         assert remaining_keys() == set()

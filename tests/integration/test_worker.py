@@ -163,11 +163,11 @@ def test_a_signal_receiver_that_raises_is_logged_and_breaks_nothing(caplog):
 
 def test_a_worker_stops_prefetching_once_its_jobs_run_long():
     worker = Worker(concurrency=3, install_signal_handlers=False)
-    assert worker._capacity() == 6  # short (or unknown) jobs: a batch of twice the concurrency
+    assert worker.capacity_now() == 6  # short (or unknown) jobs: a batch of twice the concurrency
     for _ in range(50):
-        worker._note_run_time(5.0)
-    assert worker._capacity() == 3  # long jobs: only what the executors can start
+        worker.note_run_time(5.0)
+    assert worker.capacity_now() == 3  # long jobs: only what the executors can start
     pinned = Worker(concurrency=3, batch_size=10, install_signal_handlers=False)
     for _ in range(50):
-        pinned._note_run_time(5.0)
-    assert pinned._capacity() == 10  # an explicit --batch-size is kept
+        pinned.note_run_time(5.0)
+    assert pinned.capacity_now() == 10  # an explicit --batch-size is kept

@@ -72,12 +72,15 @@ def test_workers_running_maintenance_at_once_reap_dead_letter_and_redrive_each_j
     letters = Counter(DeadLetter.objects.values_list("job_id", flat=True))
     assert sorted(letters) == last_attempt
     assert set(letters.values()) == {1}
-    # Every worker's log together names each returned job exactly once.
-    logged = Counter(
-        int(job_id)
-        for proc in procs
-        for job_id in re.findall(r"lease_expired job_id=(\d+)", workers.log(proc))
-    )
+
+    # Every worker's log together names each returned job exactly once. The lines follow the
+    # reaper's commit (and other workers may dead-letter the exhausted jobs first), so wait for
+    # them rather than read the logs the moment the rows show the jobs reaped.
+    def logged_ids() -> Counter[int]:
+        return Counter(int(job_id) for proc in procs for job_id in reaped_by(workers, proc))
+
+    wait_for(lambda: sum(logged_ids().values()) >= EXPIRED, timeout=30, message="the lease_expired lines")
+    logged = logged_ids()
     assert sorted(logged) == sorted(returned.values_list("pk", flat=True))
     assert set(logged.values()) == {1}
 

@@ -113,7 +113,7 @@ class QueueMachine(RuleBasedStateMachine):
     def expire(self, data: st.DataObject) -> None:
         job_id = data.draw(st.sampled_from(sorted(j for j, t in self.token.items() if t)))
         Job.objects.filter(pk=job_id).update(lease_expires_at=timezone.now() - datetime.timedelta(hours=1))
-        Worker(queues=[QUEUE], install_signal_handlers=False)._reap()
+        Worker(queues=[QUEUE], install_signal_handlers=False).maintenance.reaper.run_once()
         self.token[job_id] = None
         STATS["expired"] += 1
 

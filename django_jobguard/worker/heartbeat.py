@@ -1,0 +1,176 @@
+"""Lease keeping: heartbeats extend the held jobs' leases and renew their locks; the worker's beat row.
+
+Runs on the heartbeat thread every :data:`HEARTBEAT_TICK_SECONDS`; a lease (or lock) is
+renewed once a third of its visibility timeout (TTL) has passed. The hard-timeout watchdog
+(:mod:`.watchdog`) runs on the same tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from django.db import DatabaseError, InterfaceError, connections
+
+from .. import _faults, metrics, store
+from ..conf import get_settings
+from ..exceptions import LockUnavailable
+from ..log import job_fields
+from ..outcome import HeldState
+from .held import LOGGER_NAME, Held
+
+if TYPE_CHECKING:
+    from .loop import Worker
+
+logger = logging.getLogger(LOGGER_NAME)
+
+__all__ = [
+    "HEARTBEAT_FRACTION",
+    "HEARTBEAT_TICK_SECONDS",
+    "LIVENESS_TOUCH_SECONDS",
+    "LeaseKeeper",
+    "renew_lock",
+    "run_heartbeat",
+    "tick",
+]
+
+#: How often the heartbeat thread wakes to see whose lease or lock needs renewing.
+HEARTBEAT_TICK_SECONDS = 0.25
+#: Leases are renewed when this fraction of the visibility timeout has passed.
+HEARTBEAT_FRACTION = 1 / 3
+#: Seconds between two touches of JOBGUARD["LIVENESS_FILE"] by the heartbeat thread.
+LIVENESS_TOUCH_SECONDS = 1.0
+
+_ACTIVE = (HeldState.WAITING, HeldState.RUNNING)
+
+
+def renew_lock(held: Held, now: float, worker_id: str) -> None:
+    """Extend the job's lock; if it is gone, say so to the handler and refuse the ack."""
+    handle = held.lock
+    if handle is None:
+        return
+    try:
+        kept = handle.extend()
+        cause = "it expired, and another owner may have taken it"
+    except LockUnavailable as exc:
+        # Unknown is lost: the store may have restarted empty and given the key away.
+        kept, cause = False, str(exc)
+    if kept:
+        held.lock_renewed_at = now
+        return
+    if held.lock is not handle or held.lock_lost:
+        return  # released by the executor meanwhile, or already reported
+    held.lock_lost = True
+    if held.context is not None:
+        held.context._lock_lost.set()
+    metrics.lock_failed(held.job.queue_name, held.job.task_name, "lost")
+    logger.warning(
+        "lock_lost job_id=%s lock_key=%s; the job will not be acked: %s",
+        held.job.id,
+        held.job.lock_key,
+        cause,
+        extra=job_fields(held.job, worker_id, outcome="lock_lost"),
+    )
+
+
+class LeaseKeeper:
+    """Keeps the leases and locks of the jobs a worker holds, and touches its liveness file."""
+
+    def __init__(self, alias: str, worker_id: str) -> None:
+        self.alias = alias
+        self.worker_id = worker_id
+        self._liveness_touched_at = -LIVENESS_TOUCH_SECONDS
+
+    @staticmethod
+    def active(held: Iterable[Held]) -> list[Held]:
+        """The jobs whose leases and locks are still to keep (not finished nor handed back)."""
+        return [h for h in held if h.state in _ACTIVE]
+
+    def renew_locks(self, active: Sequence[Held], now: float) -> None:
+        """Renew the locks due, even of jobs whose lease is lost: their handlers still run."""
+        for h in active:
+            handle = h.lock
+            if (
+                handle is not None
+                and not h.lock_lost
+                and now - h.lock_renewed_at >= handle.ttl * HEARTBEAT_FRACTION
+            ):
+                renew_lock(h, now, self.worker_id)
+
+    def renew_leases(self, active: Sequence[Held], now: float) -> list[Held]:
+        """Extend the leases due in one statement; the jobs still held (lease not lost)."""
+        held = [h for h in active if not h.lease_lost]
+        due = [h for h in held if now - h.renewed_at >= h.job.visibility_timeout * HEARTBEAT_FRACTION]
+        if not due:
+            return held
+        if _faults.ENABLED:
+            _faults.maybe_crash("in_heartbeat")
+        cancels: set[int] = set()
+        renewed = store.heartbeat(
+            self.alias, [(h.job.id, h.job.lease_token) for h in due], cancel_requested=cancels
+        )
+        for h in due:
+            if h.job.id in renewed:
+                h.renewed_at = now
+                if h.job.id in cancels and h.context is not None:
+                    h.context._cancel_requested.set()
+            else:
+                self._lost(h)
+        return held
+
+    def _lost(self, h: Held) -> None:
+        h.lease_lost = True
+        if h.context is not None:
+            h.context._lease_lost.set()
+        metrics.lease_lost(h.job.queue_name, h.job.task_name, "heartbeat")
+        logger.warning(
+            "lease_lost job_id=%s; another worker may run it now",
+            h.job.id,
+            extra=job_fields(h.job, self.worker_id, outcome="lease_lost"),
+        )
+
+    def touch_liveness_file(self) -> None:
+        """Show a liveness probe that heartbeats still run (skipped while they fail)."""
+        path = get_settings().liveness_file
+        now = time.monotonic()
+        if not path or now - self._liveness_touched_at < LIVENESS_TOUCH_SECONDS:
+            return
+        self._liveness_touched_at = now
+        try:
+            with open(path, "a"):
+                os.utime(path)
+        except OSError:
+            logger.warning("liveness_file_failed worker_id=%s path=%s", self.worker_id, path, exc_info=True)
+
+
+def run_heartbeat(worker: Worker) -> None:
+    """The heartbeat thread: a tick every :data:`HEARTBEAT_TICK_SECONDS` until the worker stops."""
+    try:
+        while not worker._heartbeat_stop.wait(HEARTBEAT_TICK_SECONDS):
+            try:
+                tick(worker)
+                worker.lease_keeper.touch_liveness_file()
+            except (DatabaseError, InterfaceError):
+                logger.warning("heartbeat_failed worker_id=%s", worker.worker_id, exc_info=True)
+                connections[worker.alias].close()
+            except Exception:
+                logger.exception("heartbeat_crashed worker_id=%s", worker.worker_id)
+    finally:
+        connections.close_all()
+
+
+def tick(worker: Worker) -> None:
+    """Renew the locks and leases due, fail jobs past their hard timeout, write the beat row."""
+    now = time.monotonic()
+    with worker._lock:
+        active = LeaseKeeper.active(worker._held.values())
+    # Locks first, and even for jobs whose lease is lost: the handler still runs, so its
+    # resource stays locked until it returns. A database error below must not stop them.
+    worker.lease_keeper.renew_locks(active, now)
+    held = worker.lease_keeper.renew_leases(active, now)
+    worker.watchdog.check(held, now)
+    # The worker's own row and the outcome counts: one upsert each per beat interval.
+    worker._beat.maybe_beat(now, len(active))

@@ -1,0 +1,336 @@
+"""The worker process loop: claim with capacity, wake-ups, maintenance passes, OS signals, shutdown.
+
+One process runs:
+
+- the **main thread**, which claims batches of due jobs (never more than it has room
+  for), runs the maintenance passes (:mod:`django_jobguard.maintenance`) on their
+  intervals, and sleeps on LISTEN/NOTIFY (PostgreSQL) or a poll timer when there is
+  nothing to do;
+- ``concurrency`` **executor threads** (:mod:`.executor`), each with its own database
+  connection, running one job at a time through :mod:`.pipeline`;
+- a **heartbeat thread** (:mod:`.heartbeat`) that extends the leases (and renews the locks)
+  of held jobs every third of their visibility timeout, and fails jobs past their hard
+  ``timeout`` (:mod:`.watchdog`).
+
+SIGTERM / SIGINT stop the claiming; jobs not started are handed back at once, running
+ones get ``SHUTDOWN_GRACE`` seconds, and what is still running then is handed back (it
+will run again: handlers must be idempotent). On SQLite the running jobs' connections are
+closed first, rolling their transactions back, since an open one blocks every write. A
+second signal skips the grace period. An internal thread that dies stops the worker with
+a CRITICAL record and exit code :data:`EXIT_THREAD_DIED`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError, connections
+
+from .. import _faults, beats, store
+from .. import queues as queue_states  # `queue` is the stdlib module here
+from ..conf import WORKER_ID_MAX_LENGTH, get_settings
+from ..maintenance import Maintenance
+from ..outcome import Tally
+from . import shutdown
+from .completer import Completer
+from .executor import run_executor
+from .heartbeat import LeaseKeeper, run_heartbeat
+from .held import LOGGER_NAME, Held
+from .pipeline import Runtime
+from .watchdog import Watchdog
+
+logger = logging.getLogger(LOGGER_NAME)
+
+__all__ = ["EXIT_THREAD_DIED", "OUTCOMES", "Worker", "default_worker_id"]
+
+#: Back-off after a database error in the loop (the connection is reopened), doubling to the max.
+DB_ERROR_BACKOFF_SECONDS = 0.5
+DB_ERROR_BACKOFF_MAX_SECONDS = 5.0
+#: Past this mean handler time (seconds) a worker stops holding more jobs than it can start.
+PREFETCH_MAX_RUN_SECONDS = 1.0
+#: Weight of the newest run in the mean handler time.
+RUN_TIME_SMOOTHING = 0.1
+#: What summary() counts: acked (a duplicate acked with the stored result included), put
+#: back to retry after a failed attempt, dead-lettered, put back without using an attempt
+#: (lock contention, another job owning the key, shutdown hand-back).
+OUTCOMES = tuple(tally.value for tally in Tally)
+#: The exit code of a worker stopped because one of its threads died.
+EXIT_THREAD_DIED = 1
+
+
+def default_worker_id() -> str:
+    """``host:pid:random``: unique across hosts, and across restarts that reuse a pid (containers)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"[:WORKER_ID_MAX_LENGTH]
+
+
+class Worker:
+    """Runs jobs of some queues until stopped. ``manage.py jobguard_worker`` builds one."""
+
+    def __init__(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        exclude_queues: Sequence[str] = (),
+        concurrency: int = 1,
+        batch_size: int | None = None,
+        burst: bool = False,
+        max_jobs: int | None = None,
+        worker_id: str | None = None,
+        database_alias: str | None = None,
+        poll_interval: float | None = None,
+        reaper_interval: float | None = None,
+        shutdown_grace: float | None = None,
+        install_signal_handlers: bool = True,
+        run_scheduler: bool = True,
+    ) -> None:
+        conf = get_settings()
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.queues = list(queues) if queues else None
+        #: Queues never claimed from (django-tasks-db's --exclude-queues).
+        self.exclude_queues = list(exclude_queues)
+        self.concurrency = concurrency
+        self.capacity = batch_size or conf.batch_size or concurrency * 2
+        self._explicit_batch = bool(batch_size or conf.batch_size)
+        self._mean_run_seconds = 0.0
+        self.burst = burst
+        self.max_jobs = max_jobs
+        self.worker_id = worker_id or conf.worker_id or default_worker_id()
+        self.alias = database_alias or conf.database_alias
+        self.poll_interval = poll_interval if poll_interval is not None else conf.poll_interval
+        self.reaper_interval = reaper_interval if reaper_interval is not None else conf.reaper_interval
+        self.shutdown_grace = shutdown_grace if shutdown_grace is not None else conf.shutdown_grace
+        self.install_signal_handlers = install_signal_handlers
+        # A burst worker drains and exits: it leaves schedules to the long-running workers.
+        self.run_scheduler = run_scheduler and not burst
+        self._setup_runtime()
+
+    def _setup_runtime(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[int, Held] = {}
+        self._ready: queue.SimpleQueue[Held | None] = queue.SimpleQueue()
+        self._slot_freed = threading.Event()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._forced = False
+        self._heartbeat_stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._abandoned = 0
+        self._listener: store.Listener | None = None
+        self.exit_code = 0
+        self.claimed = 0
+        self.processed = 0
+        self.completer = Completer(
+            self.alias, self.worker_id, lock=self._lock, note_run_time=self.note_run_time
+        )
+        #: Outcomes of the jobs this worker finished, for the summary on exit (see summary()).
+        self.outcomes: dict[str, int] = self.completer.outcomes
+        self.runtime = Runtime(self.alias, self.worker_id, self.completer)
+        self.lease_keeper = LeaseKeeper(self.alias, self.worker_id)
+        self.watchdog = Watchdog(self)
+        self.maintenance = Maintenance(
+            self.alias, self.worker_id, reaper_interval=self.reaper_interval, run_scheduler=self.run_scheduler
+        )
+        self._started_at: float | None = None
+        self._beat = beats.Beat(
+            worker_id=self.worker_id,
+            alias=self.alias,
+            queues=self.queues,
+            concurrency=self.concurrency,
+            pid=os.getpid(),
+        )
+
+    # -- public ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until stopped (or, with ``burst``, until nothing is due). Returns the exit code."""
+        self._started_at = time.monotonic()
+        if self.install_signal_handlers:
+            self._install_signal_handlers()
+        listener = self._listener = store.Listener(get_settings().listen_alias(self.alias), self.queues)
+        if not self.burst:
+            # LISTEN before announcing readiness, so no enqueue after "worker_started" is missed.
+            listener.start()
+        logger.info(
+            "worker_started worker_id=%s queues=%s concurrency=%d batch=%d",
+            self.worker_id,
+            ",".join(self.queues) if self.queues else "*",
+            self.concurrency,
+            self.capacity,
+            extra={"worker_id": self.worker_id},
+        )
+        for index in range(self.concurrency):
+            self._start_executor(index)
+        heartbeat = self._spawn(run_heartbeat, "jobguard-heartbeat")
+        try:
+            self._loop(listener)
+        finally:
+            listener.close()
+            self.maintenance.resign()
+            abandoned = shutdown.shut_down(self)
+            self._heartbeat_stop.set()
+            heartbeat.join(timeout=5)
+            connections.close_all()
+        logger.info(
+            "worker_stopped worker_id=%s processed=%d",
+            self.worker_id,
+            self.processed,
+            extra={"worker_id": self.worker_id},
+        )
+        if abandoned:
+            # Threads still inside handlers cannot be joined; leave without waiting for them.
+            logging.shutdown()
+            os._exit(self.exit_code)
+        return self.exit_code
+
+    def summary(self) -> str:
+        """One line on what this worker did: jobs run, succeeded, retried, dead-lettered, elapsed.
+
+        ``key=value`` like the log lines, so scripts can read it: ``jobs=3 succeeded=1
+        retried=1 dead_lettered=1 put_back=0 elapsed=0.42s``.
+        """
+        elapsed = time.monotonic() - self._started_at if self._started_at is not None else 0.0
+        counts = " ".join(f"{outcome}={self.outcomes[outcome]}" for outcome in OUTCOMES)
+        return f"jobs={self.processed} {counts} elapsed={elapsed:.2f}s"
+
+    def stop(self, *, force: bool = False) -> None:
+        """Stop claiming and shut down (what SIGTERM does); ``force`` skips the grace period."""
+        self._forced = self._forced or force or self._stopping
+        self._stopping = True
+        self._wake_waiters()
+
+    def capacity_now(self) -> int:
+        """Jobs to hold: a batch for short jobs; for long ones only what executors can start now.
+
+        Jobs held beyond the free executors wait in this process while other workers may
+        be idle, which only pays off when jobs are short.
+        """
+        if not self._explicit_batch and self._mean_run_seconds > PREFETCH_MAX_RUN_SECONDS:
+            return self.concurrency
+        return self.capacity
+
+    def note_run_time(self, seconds: float) -> None:
+        """Fold one handler run time into the mean that decides how much to prefetch."""
+        # A plain float updated by several threads: a lost update only nudges an estimate.
+        self._mean_run_seconds += RUN_TIME_SMOOTHING * (seconds - self._mean_run_seconds)
+
+    # -- threads -----------------------------------------------------------------------
+
+    def _wake_waiters(self) -> None:
+        self._wake.set()
+        self._slot_freed.set()
+        if self._listener is not None:
+            self._listener.wake()
+
+    def _spawn(self, target: Callable[[Worker], None], name: str) -> threading.Thread:
+        """Start an internal thread; if it dies of an exception, the whole worker stops, loudly."""
+
+        def guarded() -> None:
+            try:
+                target(self)
+            except BaseException:
+                logger.critical(
+                    "worker_thread_died worker_id=%s thread=%s; stopping the worker",
+                    self.worker_id,
+                    name,
+                    exc_info=True,
+                    extra={"worker_id": self.worker_id},
+                )
+                self.exit_code = EXIT_THREAD_DIED
+                if self._stopping:
+                    self._wake_waiters()  # already shutting down: no reason to skip the grace period
+                else:
+                    self.stop()
+
+        thread = threading.Thread(target=guarded, name=name, daemon=True)
+        thread.start()
+        return thread
+
+    def _start_executor(self, index: int) -> None:
+        self._threads.append(self._spawn(run_executor, f"jobguard-exec-{index}"))
+
+    def _install_signal_handlers(self) -> None:
+        def handle(signum: int, frame: Any) -> None:
+            # This runs in the main thread between two bytecodes, possibly while that thread
+            # holds an Event's internal lock (inside Event.clear() or wait()): setting the
+            # Events from here could deadlock. Flags and the listener's pipe are safe; a
+            # short-lived thread sets the Events.
+            self._forced = self._forced or self._stopping
+            self._stopping = True
+            logger.info("worker_stopping worker_id=%s signal=%s", self.worker_id, signal.Signals(signum).name)
+            if self._listener is not None:
+                self._listener.wake()
+            threading.Thread(target=self._wake_waiters, name="jobguard-stop", daemon=True).start()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    # -- main loop ---------------------------------------------------------------------
+
+    def _loop(self, listener: store.Listener) -> None:
+        backoff = DB_ERROR_BACKOFF_SECONDS
+        wait = self.poll_interval
+        while not self._stopping:
+            self._slot_freed.clear()
+            try:
+                self.maintenance.run_due(time.monotonic())
+                capacity = self.capacity_now()
+                free = capacity - len(self._held)
+                if self.max_jobs is not None:
+                    free = min(free, self.max_jobs - self.claimed)
+                    if free <= 0 and not self._held:
+                        return
+                # Refill in batches: one claim per half a batch of room, not one per freed slot
+                # (measured: a third less CPU per job, in the worker and in PostgreSQL).
+                asked = free if free >= max(1, capacity // 2) or (free > 0 and not self._held) else 0
+                claimed = self._claim(asked) if asked else 0
+                backoff = DB_ERROR_BACKOFF_SECONDS
+            except (DatabaseError, InterfaceError):
+                logger.warning(
+                    "claim_failed worker_id=%s; retrying in %.1fs", self.worker_id, backoff, exc_info=True
+                )
+                connections[self.alias].close()
+                self._wake.wait(backoff)
+                backoff = min(backoff * 2, DB_ERROR_BACKOFF_MAX_SECONDS)
+                continue
+            if self.burst and claimed == 0 and not self._held:
+                return
+            if not asked or claimed == asked or self.burst:
+                # Full (or draining in burst mode): wait for an executor to free a slot.
+                self._slot_freed.wait(wait)
+            else:
+                # Nothing more is due: sleep until a NOTIFY, the next maintenance pass or a poll.
+                until = self.maintenance.next_at - time.monotonic()
+                listener.wait(max(0.0, min(wait, until)))
+
+    def _claim(self, limit: int) -> int:
+        # Paused queues are read before every claim, so a pause reaches us within one poll.
+        paused = queue_states.paused_queues(self.alias)
+        wanted = self.queues
+        if paused and wanted:
+            wanted = [name for name in wanted if name not in paused]
+            if not wanted:
+                return 0
+        exclude = sorted({*self.exclude_queues, *paused})
+        jobs = store.claim(self.alias, wanted, limit, self.worker_id, exclude)
+        if not jobs:
+            return 0
+        if _faults.ENABLED:
+            _faults.maybe_crash("after_claim")
+        now = time.monotonic()
+        with self._lock:
+            for job in jobs:
+                held = Held(job=job, renewed_at=now)
+                self._held[job.id] = held
+                self._ready.put(held)
+        self.claimed += len(jobs)
+        return len(jobs)

@@ -1,0 +1,354 @@
+"""One claimed job, start to finish, as the article's flow; :func:`run` returns its outcome.
+
+resolve the task → validate the payload (a bad one is a permanent failure) → idempotency
+check → take the lock → transaction (when atomic) → handler → ack → on error classify
+(retry with backoff, or dead-letter) → release the lock. Each step is a function below;
+nothing here reports an outcome: :class:`~.completer.Completer` does, from the value returned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import time
+import traceback
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.db import transaction
+
+from .. import _dispatch, _faults, idempotency, locks, retry, signals, store
+from ..conf import RetryPolicy, get_settings
+from ..context import JobContext
+from ..enqueue import normalize_json
+from ..exceptions import InvalidArgumentsError, LeaseLost, LockNotAcquired, LockUnavailable
+from ..log import job_fields
+from ..models import DeadLetterReason
+from ..outcome import Dead, Duplicate, HeldState, Outcome, PutBack, PutBackCause, Retry, Stale, Succeeded
+from ..registry import registry
+from .completer import Completer
+from .heartbeat import renew_lock
+from .held import Held, logger
+
+__all__ = ["Runtime", "classify", "run"]
+
+#: Argument shapes remembered as valid per worker (binding is checked once per shape).
+MAX_REMEMBERED_SHAPES = 10_000
+#: A job put back on lock contention waits CONTENTION_DELAY plus up to this fraction of it,
+#: so the jobs of one busy key do not all come back at the same instant.
+CONTENTION_JITTER_FRACTION = 0.5
+
+_STALE_ACK = Stale("ack")
+
+
+@dataclasses.dataclass(eq=False)
+class Runtime:
+    """What the pipeline needs of the worker running it."""
+
+    alias: str
+    worker_id: str
+    completer: Completer
+    #: (task, positional count, keyword names) known to bind, so each shape is checked once.
+    valid_shapes: set[tuple[str, int, tuple[str, ...]]] = dataclasses.field(default_factory=set)
+
+
+class _InvalidResultError(Exception):
+    """The handler returned something that cannot be stored as JSON."""
+
+
+class _LockLostError(Exception):
+    """The job's lock could not be renewed: its writes must not commit."""
+
+
+def run(held: Held, rt: Runtime) -> Outcome:
+    """Run one claimed job (its state already ``RUNNING``); what became of it, not yet reported."""
+    job = held.job
+    task = resolve_task(job.task_name)
+    if task is None:
+        return Dead(
+            DeadLetterReason.UNKNOWN_TASK,
+            retry.PERMANENT,
+            "UnknownTaskError",
+            f"no task is registered as {job.task_name!r} in this worker; it was never run",
+        )
+    invalid = validate_payload(job, task, rt.valid_shapes)
+    if invalid is not None:
+        return invalid
+    scope = ""
+    if job.idempotency_key:
+        scope = idempotency.scope_of(task)
+        skipped = check_idempotency(rt, job, task, scope)
+        if skipped is not None:
+            return skipped
+    if job.lock_key:
+        refused = take_lock(held, task)
+        if refused is not None:
+            return refused
+    return run_handler(rt, held, task, scope)
+
+
+# -- steps before the handler ------------------------------------------------------------
+
+
+def resolve_task(name: str) -> Any:
+    """The registered task, or a Django task on a ``JobGuardBackend``; None if neither."""
+    return registry.find(name) or _django_task(name)
+
+
+def _django_task(name: str) -> Any:
+    """The jobguard twin of a Django task on a ``JobGuardBackend``, imported by module path.
+
+    Only when ``TASKS`` configures such a backend; a path that imports but is not a Django
+    task resolves to None, so the job is dead-lettered as an unknown task and never run.
+    """
+    from django.conf import settings
+
+    backends = getattr(settings, "TASKS", None) or {}
+    if not any(
+        str(config.get("BACKEND", "")).startswith("django_jobguard.backends") for config in backends.values()
+    ):
+        return None
+    from ..backends.backend import resolve_task as resolve_django_task
+
+    return resolve_django_task(name)
+
+
+def validate_payload(
+    job: store.ClaimedJob, task: Any, valid_shapes: set[tuple[str, int, tuple[str, ...]]]
+) -> Dead | None:
+    """Dead-letter arguments the handler cannot take (a permanent failure); None if they bind.
+
+    Whether arguments bind depends only on how many are positional and which are named, so
+    each shape is checked once per worker. A stored string or number (not a JSON list and
+    object) would otherwise be unpacked character by character.
+    """
+    shape = (
+        (job.task_name, len(job.args), tuple(sorted(job.kwargs)))
+        if isinstance(job.args, list) and isinstance(job.kwargs, dict)
+        else None
+    )
+    if shape is not None and shape in valid_shapes:
+        return None
+    try:
+        if shape is None:
+            raise InvalidArgumentsError(
+                f"stored arguments of job {job.id} are not a JSON list and object "
+                f"(args: {type(job.args).__name__}, kwargs: {type(job.kwargs).__name__})"
+            )
+        task.bind(job.args, job.kwargs)
+    except InvalidArgumentsError as exc:
+        return Dead(
+            DeadLetterReason.INVALID_PAYLOAD,
+            retry.PERMANENT,
+            "InvalidArgumentsError",
+            str(exc),
+            scope=idempotency.scope_of(task),
+        )
+    if len(valid_shapes) >= MAX_REMEMBERED_SHAPES:
+        valid_shapes.clear()
+    valid_shapes.add(shape)
+    return None
+
+
+def check_idempotency(rt: Runtime, job: store.ClaimedJob, task: Any, scope: str) -> Outcome | None:
+    """A keyed job whose action succeeded already, is owned by another job, or conflicts; None to run."""
+    key = job.idempotency_key or ""  # run() calls this for keyed jobs only
+    decision = idempotency.begin_execution(rt.alias, task, job.id, key, job.args, job.kwargs)
+    if decision.action == idempotency.RUN:
+        return None
+    if decision.action == idempotency.CONFLICT:
+        return Dead(
+            DeadLetterReason.PERMANENT_ERROR,
+            retry.PERMANENT,
+            "django_jobguard.exceptions.IdempotencyConflict",
+            decision.message,
+            scope=scope,
+        )
+    if decision.action == idempotency.WAIT:
+        # Like a taken lock: back in the queue without using an attempt.
+        return PutBack(PutBackCause.IDEMPOTENCY_WAIT, get_settings().locks.contention_delay)
+    return Duplicate(decision.result, scope)
+
+
+def take_lock(held: Held, task: Any) -> Outcome | None:
+    """Acquire the job's lock (None); on contention or outage, the job goes back unrun.
+
+    Neither case uses up an attempt: the handler did not run.
+    """
+    job = held.job
+    conf = get_settings().locks
+    try:
+        handle = locks.lock(job.lock_key, ttl=task.lock_ttl or conf.ttl)
+    except ValueError as exc:
+        return Dead(
+            DeadLetterReason.INVALID_PAYLOAD,
+            retry.PERMANENT,
+            "ValueError",
+            str(exc),
+            scope=idempotency.scope_of(task),
+        )
+    try:
+        acquired = handle.acquire(blocking=False)
+    except LockUnavailable as exc:
+        # The handler never runs unlocked, and no attempt is used: an outage of the lock
+        # store says nothing about the job, and must not dead-letter every locked job.
+        delay = retry.backoff(retry.policy_for(task, job.queue_name, retry.TRANSIENT), job.attempts)
+        error = f"{LockUnavailable.__module__}.LockUnavailable: {exc}"
+        return PutBack(PutBackCause.LOCK_UNAVAILABLE, delay, error, exc)
+    if not acquired:
+        jitter = conf.contention_delay * CONTENTION_JITTER_FRACTION
+        policy = RetryPolicy(base=conf.contention_delay, max=conf.contention_delay, jitter=jitter)
+        return PutBack(PutBackCause.LOCK_CONTENDED, retry.backoff(policy, 1))
+    held.lock = handle
+    held.lock_renewed_at = time.monotonic()
+    return None
+
+
+# -- the handler, its transaction and its ack ---------------------------------------------
+
+
+def run_handler(rt: Runtime, held: Held, task: Any, scope: str) -> Outcome:
+    """Run the handler (in a transaction when atomic) and ack; release the lock; classify errors."""
+    job = held.job
+    if task.timeout:
+        held.deadline = held.started_at + task.timeout
+    context = _context(rt, held, task) if task.takes_context else None
+    _dispatch.send(signals.job_started, job_id=job.id, task_name=job.task_name, attempt=job.attempts)
+    began = time.perf_counter()
+    try:
+        try:
+            result = _invoke_and_ack(rt, held, task, context, scope)
+        finally:
+            release_lock(held, rt.worker_id)
+    except LeaseLost:
+        return _STALE_ACK
+    except _InvalidResultError as exc:
+        scope_of = idempotency.scope_of(task)
+        return Dead(DeadLetterReason.INVALID_RESULT, retry.PERMANENT, "TypeError", str(exc), scope=scope_of)
+    except (KeyboardInterrupt, GeneratorExit):
+        raise
+    except BaseException as exc:
+        # SystemExit from a handler is a failing job, not a request to stop the worker.
+        return classify(job, task, exc, time.perf_counter() - began)
+    return Succeeded(result, time.perf_counter() - began)
+
+
+def _context(rt: Runtime, held: Held, task: Any) -> JobContext:
+    job = held.job
+    held.context = JobContext(
+        task=task,
+        job_id=job.id,
+        attempt=job.attempts,
+        max_attempts=job.max_attempts,
+        queue_name=job.queue_name,
+        idempotency_key=job.idempotency_key,
+        lock_key=job.lock_key,
+        fencing_token=getattr(held.lock, "fencing_token", None),
+        worker_id=rt.worker_id,
+        _lease_token=job.lease_token,
+        _alias=rt.alias,
+    )
+    return held.context
+
+
+def _invoke_and_ack(rt: Runtime, held: Held, task: Any, context: JobContext | None, scope: str) -> Any:
+    job = held.job
+    if task.atomic:
+        with transaction.atomic(using=rt.alias):
+            result = invoke(task, context, job)
+            if _faults.ENABLED:
+                _faults.maybe_crash("after_effect")
+            ack(rt, held, scope, result)
+        return result
+    result = invoke(task, context, job)
+    if _faults.ENABLED:
+        _faults.maybe_crash("after_effect")
+    if scope:
+        with transaction.atomic(using=rt.alias):
+            ack(rt, held, scope, result)
+    else:
+        ack(rt, held, scope, result)
+    return result
+
+
+def invoke(task: Any, context: JobContext | None, job: store.ClaimedJob) -> Any:
+    """Call the handler in this executor thread; a coroutine handler runs to completion here.
+
+    ``async_to_sync`` keeps the executor thread blocked for the whole coroutine, so the
+    heartbeat, the hard-timeout watchdog and the fenced ack treat it like any other job.
+    """
+    args = (context, *job.args) if context is not None else job.args
+    if inspect.iscoroutinefunction(task.func):
+        return async_to_sync(task.func)(*args, **job.kwargs)
+    return task.func(*args, **job.kwargs)
+
+
+def ack(rt: Runtime, held: Held, scope: str, result: Any) -> None:
+    """Check the lease and the lock are still ours and the result is JSON, then write the ack."""
+    job = held.job
+    if held.state is HeldState.ABANDONED:
+        raise LeaseLost(f"job {job.id}: abandoned past its hard timeout")
+    if held.lock is not None and not held.lock_lost:
+        # Check the lock once more just before the ack: if it is still ours, no one held
+        # it since the acquire (an expired lock never comes back to the same token).
+        renew_lock(held, time.monotonic(), rt.worker_id)
+    if held.lock_lost:
+        raise _LockLostError(f"job {job.id}: lock {job.lock_key!r} was lost while the handler ran")
+    if result is None:
+        result_json = "null"
+    else:
+        try:
+            result = normalize_json(result, "return value")
+        except InvalidArgumentsError as exc:
+            raise _InvalidResultError(str(exc)) from None
+        result_json = json.dumps(result)
+    rt.completer.write_ack(held, scope, result, result_json)
+
+
+def release_lock(held: Held, worker_id: str) -> None:
+    """Free the job's lock, unless it was lost; one no longer ours is left to its TTL."""
+    handle, held.lock = held.lock, None
+    if handle is None or held.lock_lost:
+        return
+    try:
+        handle.release()
+    except (LockUnavailable, LockNotAcquired) as exc:
+        logger.warning(
+            "lock_release_failed job_id=%s lock_key=%s: %s",
+            held.job.id,
+            held.job.lock_key,
+            exc,
+            extra=job_fields(held.job, worker_id),
+        )
+
+
+# -- on error ------------------------------------------------------------------------------
+
+
+def classify(
+    job: store.ClaimedJob,
+    task: Any,
+    exc: BaseException,
+    duration: float | None,
+    *,
+    forced_category: str | None = None,
+    reason: str | None = None,
+) -> Retry | Dead:
+    """A failed attempt: retry later with backoff, or dead-letter (permanent, or out of attempts)."""
+    category = forced_category or (
+        retry.TRANSIENT if isinstance(exc, _LockLostError) else retry.classify(exc, task)
+    )
+    error_class = f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins.")
+    message = str(exc)
+    tb = "".join(traceback.format_exception(exc))
+    if category == retry.PERMANENT or job.attempts >= job.max_attempts:
+        default = (
+            DeadLetterReason.PERMANENT_ERROR
+            if category == retry.PERMANENT
+            else DeadLetterReason.RETRIES_EXHAUSTED
+        )
+        scope = idempotency.scope_of(task) if task is not None else None
+        return Dead(reason or default, category, error_class, message, tb, duration, scope, exc)
+    delay = retry.delay_for(exc, task, job.queue_name, category, job.attempts)
+    return Retry(exc, category, delay, duration, error_class, message, tb)
