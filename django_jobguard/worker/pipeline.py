@@ -19,9 +19,9 @@ from asgiref.sync import async_to_sync
 from django.db import transaction
 
 from .. import _dispatch, _faults, idempotency, locks, retry, signals, store
+from .._json import normalize_json
 from ..conf import RetryPolicy, get_settings
 from ..context import JobContext
-from ..enqueue import normalize_json
 from ..exceptions import InvalidArgumentsError, LeaseLost, LockNotAcquired, LockUnavailable
 from ..log import job_fields
 from ..models import DeadLetterReason
