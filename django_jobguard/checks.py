@@ -6,7 +6,7 @@ IDs are listed in docs/reference/checks.md; a retired ID is never reused.
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.conf import settings
@@ -16,10 +16,13 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from . import cache, schedules
 from ._redis import is_django_redis
-from .conf import get_settings
+from .conf import ScheduleConfig, Settings, get_settings
 from .exceptions import InvalidArgumentsError
 from .registry import registry
 from .tuning import observed_durations, recommend_timeout, split_needed, task_timeout
+
+if TYPE_CHECKING:
+    from .task import Task
 
 
 @checks.register()
@@ -157,6 +160,11 @@ def check_pooled_databases(app_configs: Any = None, **kwargs: Any) -> list[check
         conf = get_settings()
     except ImproperlyConfigured:
         return []
+    return [*_pooled_settings_warnings(conf), *_pgbouncer_port_warnings(conf), *_listen_warnings(conf)]
+
+
+def _pooled_settings_warnings(conf: Settings) -> list[checks.CheckMessage]:
+    """jobguard.W060: pooled PostgreSQL aliases whose settings break in transaction mode."""
     messages: list[checks.CheckMessage] = []
     for alias in sorted(conf.pooled_databases):
         db = connections.settings[alias]
@@ -180,6 +188,12 @@ def check_pooled_databases(app_configs: Any = None, **kwargs: Any) -> list[check
                     id="jobguard.W060",
                 )
             )
+    return messages
+
+
+def _pgbouncer_port_warnings(conf: Settings) -> list[checks.CheckMessage]:
+    """jobguard.W061: aliases on PgBouncer's default port that are not declared pooled."""
+    messages: list[checks.CheckMessage] = []
     for alias, db in connections.settings.items():
         if str(db.get("PORT", "")) == PGBOUNCER_DEFAULT_PORT and alias not in conf.pooled_databases:
             if alias == conf.listen_database:
@@ -193,27 +207,31 @@ def check_pooled_databases(app_configs: Any = None, **kwargs: Any) -> list[check
                     id="jobguard.W061",
                 )
             )
-    alias = conf.database_alias
-    if alias in conf.pooled_databases and alias in connections.settings:
-        listen = conf.listen_database
-        reason = ""
-        if not listen:
-            reason = (
-                f"JOBGUARD['DATABASE_ALIAS'] {alias!r} is pooled and JOBGUARD['LISTEN_DATABASE'] is not set"
-            )
-        elif connections.settings[listen].get("NAME") != connections.settings[alias].get("NAME"):
-            # NOTIFY is delivered within one database only.
-            reason = f"JOBGUARD['LISTEN_DATABASE'] {listen!r} names another database than {alias!r}"
-        if reason:
-            messages.append(
-                checks.Warning(
-                    f"Workers poll every POLL_INTERVAL instead of waking on NOTIFY: {reason}.",
-                    hint="Add a DATABASES alias for the same database that bypasses the pooler and "
-                    "name it in JOBGUARD['LISTEN_DATABASE'].",
-                    id="jobguard.W062",
-                )
-            )
     return messages
+
+
+def _listen_warnings(conf: Settings) -> list[checks.CheckMessage]:
+    """jobguard.W062: the jobs' alias is pooled and no direct connection can LISTEN for it."""
+    alias = conf.database_alias
+    if alias not in conf.pooled_databases or alias not in connections.settings:
+        return []
+    listen = conf.listen_database
+    reason = ""
+    if not listen:
+        reason = f"JOBGUARD['DATABASE_ALIAS'] {alias!r} is pooled and JOBGUARD['LISTEN_DATABASE'] is not set"
+    elif connections.settings[listen].get("NAME") != connections.settings[alias].get("NAME"):
+        # NOTIFY is delivered within one database only.
+        reason = f"JOBGUARD['LISTEN_DATABASE'] {listen!r} names another database than {alias!r}"
+    if not reason:
+        return []
+    return [
+        checks.Warning(
+            f"Workers poll every POLL_INTERVAL instead of waking on NOTIFY: {reason}.",
+            hint="Add a DATABASES alias for the same database that bypasses the pooler and "
+            "name it in JOBGUARD['LISTEN_DATABASE'].",
+            id="jobguard.W062",
+        )
+    ]
 
 
 @checks.register()
@@ -251,69 +269,88 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     except ImproperlyConfigured:
         return []
     messages: list[checks.CheckMessage] = []
-
-    def where(name: str, spec: Any) -> str:
-        if spec.source == "code":
-            return f"@task(schedule={spec.cron!r}) of {name}"
-        return f"JOBGUARD['SCHEDULES'][{name!r}]"
-
     for name, spec in sorted(declared.items()):
-        task = registry.find(spec.task)
-        in_code = registry.find(name)
-        if spec.source == "settings" and in_code is not None and in_code.schedule:
-            messages.append(
-                checks.Warning(
-                    f"Schedule {name!r} is declared by @task(schedule=...) and in JOBGUARD['SCHEDULES']; "
-                    "the settings entry is the one that runs.",
-                    hint="Keep one of the two declarations.",
-                    id="jobguard.W014",
-                )
-            )
-        try:
-            schedules.validate(spec.cron, spec.timezone)
-        except schedules.InvalidScheduleError as exc:
-            messages.append(
-                checks.Error(
-                    f"{where(name, spec)}: {exc}",
-                    hint="Use five cron fields (minute hour day month weekday), or six with seconds "
-                    "first, and an IANA time zone; see docs/how-to/recurring-jobs.md.",
-                    id="jobguard.E010",
-                )
-            )
-            continue
-        problem = None
-        if task is None:
-            problem = f"names task {spec.task!r}, which is not registered"
-        else:
-            try:
-                task.bind(spec.args, spec.kwargs)
-            except InvalidArgumentsError as exc:
-                problem = f"has args/kwargs that do not fit the task: {str(exc).rstrip('.')}"
-        if task is None or problem is not None:
-            messages.append(
-                checks.Error(
-                    f"{where(name, spec)} {problem}.",
-                    hint="Name a function decorated with @task (in an app's tasks.py) by its dotted "
-                    "path; each tick enqueues it with the schedule's args and kwargs.",
-                    id="jobguard.E011",
-                )
-            )
-            continue
-        # Until (and unless) @task takes expected_duration=, tasks simply have none.
-        expected = getattr(task, "expected_duration", None)
-        if expected:
-            start = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
-            interval = schedules.shortest_interval(spec.cron, spec.timezone, start)
-            if interval < expected:
-                messages.append(
-                    checks.Warning(
-                        f"{where(name, spec)} ticks every {interval:g}s, but {task.name} is expected "
-                        f"to run for {expected:g}s: runs will pile up behind each other.",
-                        hint="Tick less often, or give the task a lock= so runs cannot overlap.",
-                        id="jobguard.W013",
-                    )
-                )
+        messages.extend(_schedule_messages(name, spec))
     return messages
+
+
+def _schedule_where(name: str, spec: ScheduleConfig) -> str:
+    """Where schedule ``name`` is declared, as its messages name it."""
+    if spec.source == "code":
+        return f"@task(schedule={spec.cron!r}) of {name}"
+    return f"JOBGUARD['SCHEDULES'][{name!r}]"
+
+
+def _schedule_messages(name: str, spec: ScheduleConfig) -> list[checks.CheckMessage]:
+    """The W014, E010, E011 and W013 messages of one schedule, in that order."""
+    messages: list[checks.CheckMessage] = []
+    task = registry.find(spec.task)
+    in_code = registry.find(name)
+    if spec.source == "settings" and in_code is not None and in_code.schedule:
+        messages.append(
+            checks.Warning(
+                f"Schedule {name!r} is declared by @task(schedule=...) and in JOBGUARD['SCHEDULES']; "
+                "the settings entry is the one that runs.",
+                hint="Keep one of the two declarations.",
+                id="jobguard.W014",
+            )
+        )
+    try:
+        schedules.validate(spec.cron, spec.timezone)
+    except schedules.InvalidScheduleError as exc:
+        messages.append(
+            checks.Error(
+                f"{_schedule_where(name, spec)}: {exc}",
+                hint="Use five cron fields (minute hour day month weekday), or six with seconds "
+                "first, and an IANA time zone; see docs/how-to/recurring-jobs.md.",
+                id="jobguard.E010",
+            )
+        )
+        return messages
+    problem = _schedule_task_problem(spec, task)
+    if task is None or problem is not None:
+        messages.append(
+            checks.Error(
+                f"{_schedule_where(name, spec)} {problem}.",
+                hint="Name a function decorated with @task (in an app's tasks.py) by its dotted "
+                "path; each tick enqueues it with the schedule's args and kwargs.",
+                id="jobguard.E011",
+            )
+        )
+        return messages
+    messages.extend(_schedule_overlap(name, spec, task))
+    return messages
+
+
+def _schedule_task_problem(spec: ScheduleConfig, task: Task | None) -> str | None:
+    """Why the schedule cannot enqueue its task (unregistered, arguments that do not fit), or None."""
+    if task is None:
+        return f"names task {spec.task!r}, which is not registered"
+    try:
+        task.bind(spec.args, spec.kwargs)
+    except InvalidArgumentsError as exc:
+        return f"has args/kwargs that do not fit the task: {str(exc).rstrip('.')}"
+    return None
+
+
+def _schedule_overlap(name: str, spec: ScheduleConfig, task: Task) -> list[checks.CheckMessage]:
+    """jobguard.W013: the schedule ticks more often than its task is expected to run."""
+    # Until (and unless) @task takes expected_duration=, tasks simply have none.
+    expected = getattr(task, "expected_duration", None)
+    if not expected:
+        return []
+    start = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
+    interval = schedules.shortest_interval(spec.cron, spec.timezone, start)
+    if interval < expected:
+        return [
+            checks.Warning(
+                f"{_schedule_where(name, spec)} ticks every {interval:g}s, but {task.name} is expected "
+                f"to run for {expected:g}s: runs will pile up behind each other.",
+                hint="Tick less often, or give the task a lock= so runs cannot overlap.",
+                id="jobguard.W013",
+            )
+        ]
+    return []
 
 
 def check_tasks_backend(alias: str, queues: set[str]) -> list[checks.CheckMessage]:

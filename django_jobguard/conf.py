@@ -589,75 +589,25 @@ def parse(raw: Any) -> Settings:
     _unknown(raw, set(DEFAULTS), ())
     merged = {**DEFAULTS, **raw}
 
-    retry = RetryPolicy.parse(merged["RETRY"], ("RETRY",), RetryPolicy.parse(DEFAULTS["RETRY"], ("RETRY",)))
-    recoverable = RetryPolicy.parse(
-        merged["RECOVERABLE_RETRY"],
-        ("RECOVERABLE_RETRY",),
-        RetryPolicy.parse(DEFAULTS["RECOVERABLE_RETRY"], ("RECOVERABLE_RETRY",)),
-    )
+    # The order of the checks below is the order in which errors are reported: keep it.
+    retry, recoverable = _retry_policies(merged)
     visibility = _number(merged["VISIBILITY_TIMEOUT"], ("VISIBILITY_TIMEOUT",), minimum=1)
     attempts = _integer(merged["MAX_ATTEMPTS"], ("MAX_ATTEMPTS",), minimum=1)
-
-    queues: dict[str, QueueConfig] = {}
-    for name, options in _mapping(merged["QUEUES"], ("QUEUES",)).items():
-        path = ("QUEUES", str(name))
-        _string(name, path)
-        options = _mapping(options, path)
-        _unknown(options, _QUEUE_OPTIONS, path)
-        queues[name] = QueueConfig(
-            name=name,
-            visibility_timeout=_number(
-                options.get("visibility_timeout", visibility), (*path, "visibility_timeout"), minimum=1
-            ),
-            max_attempts=_integer(options.get("max_attempts", attempts), (*path, "max_attempts"), minimum=1),
-            retry=RetryPolicy.parse(options.get("retry", {}), (*path, "retry"), retry),
-            recoverable_retry=RetryPolicy.parse(
-                options.get("recoverable_retry", {}), (*path, "recoverable_retry"), recoverable
-            ),
-        )
-
-    unclassified = merged["UNCLASSIFIED_ERRORS"]
-    if unclassified not in _CLASSIFICATIONS:
-        raise _fail(
-            ("UNCLASSIFIED_ERRORS",), f"must be one of {sorted(_CLASSIFICATIONS)}, not {unclassified!r}."
-        )
-    if not isinstance(merged["HANDLER_VERSION"], str):
-        raise _fail(("HANDLER_VERSION",), "must be a string.")
-
-    locks = _group(raw, "LOCKS")
-    if locks["BACKEND"] not in _LOCK_BACKENDS:
-        raise _fail(
-            ("LOCKS", "BACKEND"), f"must be one of {sorted(_LOCK_BACKENDS)}, not {locks['BACKEND']!r}."
-        )
-    worker_id = merged["WORKER_ID"]
-    if not isinstance(worker_id, str) or len(worker_id) > WORKER_ID_MAX_LENGTH:
-        raise _fail(("WORKER_ID",), f"must be a string of at most {WORKER_ID_MAX_LENGTH} characters.")
-    liveness_file = merged["LIVENESS_FILE"]
-    if not isinstance(liveness_file, str):
-        raise _fail(("LIVENESS_FILE",), f"must be a file path (a string), not {liveness_file!r}.")
+    queues = _queues(merged["QUEUES"], visibility, attempts, retry, recoverable)
+    unclassified = _unclassified_errors(merged)
+    locks = _locks_group(raw)
+    worker_id = _worker_id(merged["WORKER_ID"])
+    liveness_file = _liveness_file(merged["LIVENESS_FILE"])
     pooled = _aliases(merged["POOLED_DATABASES"], ("POOLED_DATABASES",))
     for alias in sorted(pooled):
         _database_alias(alias, ("POOLED_DATABASES",))
-    listen = merged["LISTEN_DATABASE"]
-    if not isinstance(listen, str):
-        raise _fail(("LISTEN_DATABASE",), f"must be a database alias, not {listen!r}.")
-    if listen:
-        _database_alias(listen, ("LISTEN_DATABASE",))
-        if listen in pooled:
-            raise _fail(
-                ("LISTEN_DATABASE",),
-                f"names {listen!r}, which is in JOBGUARD['POOLED_DATABASES']: LISTEN needs a "
-                "connection that bypasses the pooler.",
-            )
+    listen = _listen_database(merged["LISTEN_DATABASE"], pooled)
     idem = _group(raw, "IDEMPOTENCY")
     replay = _group(raw, "REPLAY")
     cache = _group(raw, "CACHE")
     tuning = _group(raw, "TUNING")
     api = _group(raw, "API")
-    page_size = _integer(api["PAGE_SIZE"], ("API", "PAGE_SIZE"), minimum=1)
-    max_page_size = _integer(api["MAX_PAGE_SIZE"], ("API", "MAX_PAGE_SIZE"), minimum=1)
-    if max_page_size < page_size:
-        raise _fail(("API", "MAX_PAGE_SIZE"), f"({max_page_size}) must not be below PAGE_SIZE ({page_size}).")
+    page_size, max_page_size = _page_sizes(api)
     scheduler = _group(raw, "SCHEDULER")
 
     return Settings(
@@ -678,60 +628,177 @@ def parse(raw: Any) -> Settings:
         liveness_file=liveness_file,
         pooled_databases=pooled,
         listen_database=listen,
-        locks=LockSettings(
-            backend=locks["BACKEND"],
-            cache_alias=_string(locks["CACHE_ALIAS"], ("LOCKS", "CACHE_ALIAS")),
-            prefix=_string(locks["PREFIX"], ("LOCKS", "PREFIX")),
-            ttl=_number(locks["TTL"], ("LOCKS", "TTL"), allow_zero=False),
-            contention_delay=_number(locks["CONTENTION_DELAY"], ("LOCKS", "CONTENTION_DELAY")),
-        ),
-        idempotency=IdempotencySettings(
-            ttl=_number(idem["TTL"], ("IDEMPOTENCY", "TTL"), allow_zero=False),
-            prune_in_worker=_boolean(idem["PRUNE_IN_WORKER"], ("IDEMPOTENCY", "PRUNE_IN_WORKER")),
-        ),
-        replay=ReplaySettings(
-            allow_self_approval=_boolean(replay["ALLOW_SELF_APPROVAL"], ("REPLAY", "ALLOW_SELF_APPROVAL")),
-            rate_per_minute=_integer(replay["RATE_PER_MINUTE"], ("REPLAY", "RATE_PER_MINUTE"), minimum=1),
-        ),
-        cache=CacheSettings(
-            alias=_string(cache["ALIAS"], ("CACHE", "ALIAS")),
-            tombstone_ttl=_number(cache["TOMBSTONE_TTL"], ("CACHE", "TOMBSTONE_TTL"), allow_zero=False),
-            durable=_boolean(cache["DURABLE"], ("CACHE", "DURABLE")),
-            queue=_queue_name(cache["QUEUE"], ("CACHE", "QUEUE")),
-            max_attempts=_integer(cache["MAX_ATTEMPTS"], ("CACHE", "MAX_ATTEMPTS"), minimum=1),
-            durable_delay=_number(cache["DURABLE_DELAY"], ("CACHE", "DURABLE_DELAY")),
-            refill_lease_ttl=_number(
-                cache["REFILL_LEASE_TTL"], ("CACHE", "REFILL_LEASE_TTL"), allow_zero=False
-            ),
-            refill_wait=_number(cache["REFILL_WAIT"], ("CACHE", "REFILL_WAIT")),
-        ),
-        api=ApiSettings(
-            max_payload_bytes=_integer(api["MAX_PAYLOAD_BYTES"], ("API", "MAX_PAYLOAD_BYTES"), minimum=2),
-            max_depth=_integer(api["MAX_DEPTH"], ("API", "MAX_DEPTH"), minimum=1),
-            page_size=page_size,
-            max_page_size=max_page_size,
-            enqueue_throttle_rate=_rate(api["ENQUEUE_THROTTLE_RATE"], ("API", "ENQUEUE_THROTTLE_RATE")),
-            operate_throttle_rate=_rate(api["OPERATE_THROTTLE_RATE"], ("API", "OPERATE_THROTTLE_RATE")),
-        ),
+        locks=_lock_settings(locks),
+        idempotency=_idempotency_settings(idem),
+        replay=_replay_settings(replay),
+        cache=_cache_settings(cache),
+        api=_api_settings(api, page_size, max_page_size),
         queues=queues,
         allow_undeclared_queues=_boolean(merged["ALLOW_UNDECLARED_QUEUES"], ("ALLOW_UNDECLARED_QUEUES",)),
         max_payload_bytes=_integer(merged["MAX_PAYLOAD_BYTES"], ("MAX_PAYLOAD_BYTES",), minimum=1),
         max_payload_depth=_depth(merged["MAX_PAYLOAD_DEPTH"]),
-        tuning=TuningSettings(
-            heartbeat_margin=_number(tuning["HEARTBEAT_MARGIN"], ("TUNING", "HEARTBEAT_MARGIN")),
-            safety_factor=_number(tuning["SAFETY_FACTOR"], ("TUNING", "SAFETY_FACTOR"), minimum=1),
-            queue_split_factor=_number(
-                tuning["QUEUE_SPLIT_FACTOR"], ("TUNING", "QUEUE_SPLIT_FACTOR"), minimum=1
-            ),
-            window=_number(tuning["WINDOW"], ("TUNING", "WINDOW"), allow_zero=False),
-            min_runs=_integer(tuning["MIN_RUNS"], ("TUNING", "MIN_RUNS"), minimum=1),
-        ),
+        tuning=_tuning_settings(tuning),
         schedules=_schedules(merged["SCHEDULES"]),
-        scheduler=SchedulerSettings(
-            interval=_number(scheduler["INTERVAL"], ("SCHEDULER", "INTERVAL"), allow_zero=False),
-            missed_after=_number(scheduler["MISSED_AFTER"], ("SCHEDULER", "MISSED_AFTER")),
-            catch_up_max=_integer(scheduler["CATCH_UP_MAX"], ("SCHEDULER", "CATCH_UP_MAX"), minimum=1),
-        ),
+        scheduler=_scheduler_settings(scheduler),
+    )
+
+
+def _retry_policies(merged: Mapping[str, Any]) -> tuple[RetryPolicy, RetryPolicy]:
+    """``RETRY`` and ``RECOVERABLE_RETRY``, each over its own default."""
+    retry = RetryPolicy.parse(merged["RETRY"], ("RETRY",), RetryPolicy.parse(DEFAULTS["RETRY"], ("RETRY",)))
+    recoverable = RetryPolicy.parse(
+        merged["RECOVERABLE_RETRY"],
+        ("RECOVERABLE_RETRY",),
+        RetryPolicy.parse(DEFAULTS["RECOVERABLE_RETRY"], ("RECOVERABLE_RETRY",)),
+    )
+    return retry, recoverable
+
+
+def _queues(
+    value: Any, visibility: float, attempts: int, retry: RetryPolicy, recoverable: RetryPolicy
+) -> dict[str, QueueConfig]:
+    """``JOBGUARD["QUEUES"]``: each queue's options over the global ones."""
+    queues: dict[str, QueueConfig] = {}
+    for name, options in _mapping(value, ("QUEUES",)).items():
+        path = ("QUEUES", str(name))
+        _string(name, path)
+        options = _mapping(options, path)
+        _unknown(options, _QUEUE_OPTIONS, path)
+        queues[name] = QueueConfig(
+            name=name,
+            visibility_timeout=_number(
+                options.get("visibility_timeout", visibility), (*path, "visibility_timeout"), minimum=1
+            ),
+            max_attempts=_integer(options.get("max_attempts", attempts), (*path, "max_attempts"), minimum=1),
+            retry=RetryPolicy.parse(options.get("retry", {}), (*path, "retry"), retry),
+            recoverable_retry=RetryPolicy.parse(
+                options.get("recoverable_retry", {}), (*path, "recoverable_retry"), recoverable
+            ),
+        )
+    return queues
+
+
+def _unclassified_errors(merged: Mapping[str, Any]) -> str:
+    """``UNCLASSIFIED_ERRORS``, after which ``HANDLER_VERSION`` is checked to be a string."""
+    unclassified: str = merged["UNCLASSIFIED_ERRORS"]
+    if unclassified not in _CLASSIFICATIONS:
+        raise _fail(
+            ("UNCLASSIFIED_ERRORS",), f"must be one of {sorted(_CLASSIFICATIONS)}, not {unclassified!r}."
+        )
+    if not isinstance(merged["HANDLER_VERSION"], str):
+        raise _fail(("HANDLER_VERSION",), "must be a string.")
+    return unclassified
+
+
+def _locks_group(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``LOCKS`` group, its backend checked."""
+    locks = _group(raw, "LOCKS")
+    if locks["BACKEND"] not in _LOCK_BACKENDS:
+        raise _fail(
+            ("LOCKS", "BACKEND"), f"must be one of {sorted(_LOCK_BACKENDS)}, not {locks['BACKEND']!r}."
+        )
+    return locks
+
+
+def _worker_id(worker_id: Any) -> str:
+    if not isinstance(worker_id, str) or len(worker_id) > WORKER_ID_MAX_LENGTH:
+        raise _fail(("WORKER_ID",), f"must be a string of at most {WORKER_ID_MAX_LENGTH} characters.")
+    return worker_id
+
+
+def _liveness_file(liveness_file: Any) -> str:
+    if not isinstance(liveness_file, str):
+        raise _fail(("LIVENESS_FILE",), f"must be a file path (a string), not {liveness_file!r}.")
+    return liveness_file
+
+
+def _listen_database(listen: Any, pooled: frozenset[str]) -> str:
+    """``LISTEN_DATABASE``: empty, or a configured alias outside ``POOLED_DATABASES``."""
+    if not isinstance(listen, str):
+        raise _fail(("LISTEN_DATABASE",), f"must be a database alias, not {listen!r}.")
+    if listen:
+        _database_alias(listen, ("LISTEN_DATABASE",))
+        if listen in pooled:
+            raise _fail(
+                ("LISTEN_DATABASE",),
+                f"names {listen!r}, which is in JOBGUARD['POOLED_DATABASES']: LISTEN needs a "
+                "connection that bypasses the pooler.",
+            )
+    return listen
+
+
+def _page_sizes(api: Mapping[str, Any]) -> tuple[int, int]:
+    """``API["PAGE_SIZE"]`` and ``API["MAX_PAGE_SIZE"]``, the second not below the first."""
+    page_size = _integer(api["PAGE_SIZE"], ("API", "PAGE_SIZE"), minimum=1)
+    max_page_size = _integer(api["MAX_PAGE_SIZE"], ("API", "MAX_PAGE_SIZE"), minimum=1)
+    if max_page_size < page_size:
+        raise _fail(("API", "MAX_PAGE_SIZE"), f"({max_page_size}) must not be below PAGE_SIZE ({page_size}).")
+    return page_size, max_page_size
+
+
+def _lock_settings(locks: Mapping[str, Any]) -> LockSettings:
+    return LockSettings(
+        backend=locks["BACKEND"],
+        cache_alias=_string(locks["CACHE_ALIAS"], ("LOCKS", "CACHE_ALIAS")),
+        prefix=_string(locks["PREFIX"], ("LOCKS", "PREFIX")),
+        ttl=_number(locks["TTL"], ("LOCKS", "TTL"), allow_zero=False),
+        contention_delay=_number(locks["CONTENTION_DELAY"], ("LOCKS", "CONTENTION_DELAY")),
+    )
+
+
+def _idempotency_settings(idem: Mapping[str, Any]) -> IdempotencySettings:
+    return IdempotencySettings(
+        ttl=_number(idem["TTL"], ("IDEMPOTENCY", "TTL"), allow_zero=False),
+        prune_in_worker=_boolean(idem["PRUNE_IN_WORKER"], ("IDEMPOTENCY", "PRUNE_IN_WORKER")),
+    )
+
+
+def _replay_settings(replay: Mapping[str, Any]) -> ReplaySettings:
+    return ReplaySettings(
+        allow_self_approval=_boolean(replay["ALLOW_SELF_APPROVAL"], ("REPLAY", "ALLOW_SELF_APPROVAL")),
+        rate_per_minute=_integer(replay["RATE_PER_MINUTE"], ("REPLAY", "RATE_PER_MINUTE"), minimum=1),
+    )
+
+
+def _cache_settings(cache: Mapping[str, Any]) -> CacheSettings:
+    return CacheSettings(
+        alias=_string(cache["ALIAS"], ("CACHE", "ALIAS")),
+        tombstone_ttl=_number(cache["TOMBSTONE_TTL"], ("CACHE", "TOMBSTONE_TTL"), allow_zero=False),
+        durable=_boolean(cache["DURABLE"], ("CACHE", "DURABLE")),
+        queue=_queue_name(cache["QUEUE"], ("CACHE", "QUEUE")),
+        max_attempts=_integer(cache["MAX_ATTEMPTS"], ("CACHE", "MAX_ATTEMPTS"), minimum=1),
+        durable_delay=_number(cache["DURABLE_DELAY"], ("CACHE", "DURABLE_DELAY")),
+        refill_lease_ttl=_number(cache["REFILL_LEASE_TTL"], ("CACHE", "REFILL_LEASE_TTL"), allow_zero=False),
+        refill_wait=_number(cache["REFILL_WAIT"], ("CACHE", "REFILL_WAIT")),
+    )
+
+
+def _api_settings(api: Mapping[str, Any], page_size: int, max_page_size: int) -> ApiSettings:
+    return ApiSettings(
+        max_payload_bytes=_integer(api["MAX_PAYLOAD_BYTES"], ("API", "MAX_PAYLOAD_BYTES"), minimum=2),
+        max_depth=_integer(api["MAX_DEPTH"], ("API", "MAX_DEPTH"), minimum=1),
+        page_size=page_size,
+        max_page_size=max_page_size,
+        enqueue_throttle_rate=_rate(api["ENQUEUE_THROTTLE_RATE"], ("API", "ENQUEUE_THROTTLE_RATE")),
+        operate_throttle_rate=_rate(api["OPERATE_THROTTLE_RATE"], ("API", "OPERATE_THROTTLE_RATE")),
+    )
+
+
+def _tuning_settings(tuning: Mapping[str, Any]) -> TuningSettings:
+    return TuningSettings(
+        heartbeat_margin=_number(tuning["HEARTBEAT_MARGIN"], ("TUNING", "HEARTBEAT_MARGIN")),
+        safety_factor=_number(tuning["SAFETY_FACTOR"], ("TUNING", "SAFETY_FACTOR"), minimum=1),
+        queue_split_factor=_number(tuning["QUEUE_SPLIT_FACTOR"], ("TUNING", "QUEUE_SPLIT_FACTOR"), minimum=1),
+        window=_number(tuning["WINDOW"], ("TUNING", "WINDOW"), allow_zero=False),
+        min_runs=_integer(tuning["MIN_RUNS"], ("TUNING", "MIN_RUNS"), minimum=1),
+    )
+
+
+def _scheduler_settings(scheduler: Mapping[str, Any]) -> SchedulerSettings:
+    return SchedulerSettings(
+        interval=_number(scheduler["INTERVAL"], ("SCHEDULER", "INTERVAL"), allow_zero=False),
+        missed_after=_number(scheduler["MISSED_AFTER"], ("SCHEDULER", "MISSED_AFTER")),
+        catch_up_max=_integer(scheduler["CATCH_UP_MAX"], ("SCHEDULER", "CATCH_UP_MAX"), minimum=1),
     )
 
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from cronsim import CronSim, CronSimError
 from django.core.exceptions import PermissionDenied
 from django.db import connections, transaction
-from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
 from django.db.models.functions import Now
 
 from . import _faults, metrics, store
@@ -44,6 +44,7 @@ from .registry import registry
 
 if TYPE_CHECKING:
     from .models import Job, Schedule
+    from .task import Task
 
 logger = logging.getLogger(__name__)
 
@@ -400,14 +401,11 @@ def _tick(row: Schedule, alias: str, result: SchedulerPass) -> datetime.datetime
     plan: TickPlan | None = None
     try:
         with transaction.atomic(using=alias):
-            if connections[alias].features.has_select_for_update_skip_locked:
-                # Another scheduler holds the row: it is ticking this schedule right now.
-                locked = candidates.select_for_update(skip_locked=True).annotate(db_now=Now())
-                fresh = locked.values_list("db_now", flat=True).first()
-                if fresh is None:
-                    result.contended += 1
-                    return None
-                now = fresh
+            fresh = _locked_now(candidates, alias, now)
+            if fresh is None:
+                result.contended += 1
+                return None
+            now = fresh
             plan = plan_ticks(
                 row.cron,
                 row.timezone,
@@ -424,35 +422,63 @@ def _tick(row: Schedule, alias: str, result: SchedulerPass) -> datetime.datetime
             if not candidates.update(**changes):
                 result.contended += 1
                 return None
-            jobs = [
-                task.using(
-                    idempotency_key=tick_key(row.name, tick), queue_name=row.queue_name or None
-                ).enqueue(*row.args, **row.kwargs)
-                for tick in plan.ticks
-            ]
-            if jobs:
-                Schedule.objects.using(alias).filter(pk=row.pk).update(last_job=jobs[-1])
+            jobs = _enqueue_ticks(row, task, plan, alias)
             if _faults.ENABLED:
                 _faults.maybe_crash("in_schedule_tick")
             transaction.on_commit(partial(_committed, row.name, plan, now, jobs), using=alias)
     except (InvalidArgumentsError, IdempotencyConflict, InvalidScheduleError) as exc:
-        # Deterministic: the same tick would fail again on every pass. Move past it.
-        logger.error(
-            "schedule_tick_failed name=%s task=%s error=%s; tick skipped",
-            row.name,
-            row.task_name,
-            exc,
-            extra={"schedule": row.name},
-        )
-        if plan is not None and candidates.update(next_tick_at=plan.next_tick_at, updated_at=Now()):
-            metrics.schedule_ticks_missed(row.name, len(plan.ticks) + plan.missed)
-            return plan.next_tick_at
-        return None
+        return _skip_failed_tick(row, candidates, plan, exc)
     for job, tick in zip(jobs, plan.ticks, strict=True):
         result.enqueued.append(EnqueuedTick(row.name, tick, job.pk))
     if plan.missed:
         result.missed[row.name] = plan.missed
     return plan.next_tick_at
+
+
+def _locked_now(
+    candidates: QuerySet[Schedule], alias: str, now: datetime.datetime
+) -> datetime.datetime | None:
+    """The database time with the schedule's row locked, or None when another scheduler holds it.
+
+    ``now`` on a database that cannot skip locked rows (the compare-and-set still guards).
+    """
+    if not connections[alias].features.has_select_for_update_skip_locked:
+        return now
+    # Another scheduler holds the row: it is ticking this schedule right now.
+    locked = candidates.select_for_update(skip_locked=True).annotate(db_now=Now())
+    fresh: datetime.datetime | None = locked.values_list("db_now", flat=True).first()
+    return fresh
+
+
+def _enqueue_ticks(row: Schedule, task: Task, plan: TickPlan, alias: str) -> list[Job]:
+    """One job per tick of ``plan`` (idempotent per tick); the schedule remembers the last."""
+    jobs = [
+        task.using(idempotency_key=tick_key(row.name, tick), queue_name=row.queue_name or None).enqueue(
+            *row.args, **row.kwargs
+        )
+        for tick in plan.ticks
+    ]
+    if jobs:
+        Schedule.objects.using(alias).filter(pk=row.pk).update(last_job=jobs[-1])
+    return jobs
+
+
+def _skip_failed_tick(
+    row: Schedule, candidates: QuerySet[Schedule], plan: TickPlan | None, exc: Exception
+) -> datetime.datetime | None:
+    """Move past a tick that failed deterministically; its new next tick, or None if not moved."""
+    # Deterministic: the same tick would fail again on every pass. Move past it.
+    logger.error(
+        "schedule_tick_failed name=%s task=%s error=%s; tick skipped",
+        row.name,
+        row.task_name,
+        exc,
+        extra={"schedule": row.name},
+    )
+    if plan is not None and candidates.update(next_tick_at=plan.next_tick_at, updated_at=Now()):
+        metrics.schedule_ticks_missed(row.name, len(plan.ticks) + plan.missed)
+        return plan.next_tick_at
+    return None
 
 
 def _committed(name: str, plan: TickPlan, now: datetime.datetime, jobs: list[Job]) -> None:

@@ -26,7 +26,7 @@ import datetime
 from collections.abc import Iterable
 from typing import Any
 
-from django.db.models import Count, DurationField, ExpressionWrapper, Min, Q
+from django.db.models import Count, DurationField, ExpressionWrapper, Min, Q, QuerySet
 from django.db.models.functions import Now
 
 from .conf import get_settings
@@ -113,12 +113,31 @@ def queue_stats(
 
     names = set(wanted) if wanted is not None else {*conf.queues, conf.default_queue}
     rows: dict[str, QueueStats] = {}
+    _count_queued(jobs, rows)
+    _count_running(jobs, rows)
+    _count_dead_letters(letters, rows)
+    _mark_paused(alias, wanted, rows)
+    if recent:
+        _count_recent(jobs, rows)
 
-    def row(name: str) -> QueueStats:
-        if name not in rows:
-            rows[name] = QueueStats(queue=name)
-        return rows[name]
+    for name in names:
+        _row(rows, name)
+    if recent:
+        for stats in rows.values():
+            stats.succeeded_last_hour = stats.succeeded_last_hour or 0
+            stats.failed_last_hour = stats.failed_last_hour or 0
+    return [rows[name] for name in sorted(rows)]
 
+
+def _row(rows: dict[str, QueueStats], name: str) -> QueueStats:
+    """The row of queue ``name``, created with zeros on first sight."""
+    if name not in rows:
+        rows[name] = QueueStats(queue=name)
+    return rows[name]
+
+
+def _count_queued(jobs: QuerySet[Job], rows: dict[str, QueueStats]) -> None:
+    """Depth, scheduled and retry-waiting counts and the oldest due job's age: one query."""
     due = Q(run_after__lte=Now())
     queued = (
         jobs.filter(status=JobStatus.QUEUED)
@@ -131,16 +150,22 @@ def queue_stats(
         )
     )
     for item in queued:
-        stats = row(item["queue_name"])
+        stats = _row(rows, item["queue_name"])
         stats.depth = item["depth"]
         stats.scheduled = item["scheduled"]
         stats.waiting_for_retry = item["waiting_for_retry"]
         stats.oldest_age_seconds = _seconds(item["oldest_age"]) if item["depth"] else 0.0
 
+
+def _count_running(jobs: QuerySet[Job], rows: dict[str, QueueStats]) -> None:
+    """Running jobs per queue: one query."""
     running = jobs.filter(status=JobStatus.RUNNING).values("queue_name").annotate(n=Count("pk"))
     for run in running:
-        row(run["queue_name"]).in_flight = run["n"]
+        _row(rows, run["queue_name"]).in_flight = run["n"]
 
+
+def _count_dead_letters(letters: QuerySet[DeadLetter], rows: dict[str, QueueStats]) -> None:
+    """Unresolved dead letters and pending approvals per queue: one query."""
     # Dead letters that still sit in the dead-letter queue: nobody rejected them and no
     # replay has taken them out yet.
     unresolved_states = (ReplayState.NONE, ReplayState.REQUESTED, ReplayState.APPROVED)
@@ -150,39 +175,36 @@ def queue_stats(
         .annotate(n=Count("pk"), pending=Count("pk", filter=Q(replay_state=ReplayState.REQUESTED)))
     )
     for letter in unresolved:
-        stats = row(letter["queue_name"])
+        stats = _row(rows, letter["queue_name"])
         stats.dead_letters = letter["n"]
         stats.pending_approvals = letter["pending"]
 
+
+def _mark_paused(alias: str, wanted: list[str] | None, rows: dict[str, QueueStats]) -> None:
+    """Flag the paused queues: one query."""
     states = QueueState.objects.using(alias).filter(paused=True)
     if wanted is not None:
         states = states.filter(queue_name__in=wanted)
     for name in states.values_list("queue_name", flat=True):
-        row(name).paused = True
+        _row(rows, name).paused = True
 
-    if recent:
-        finished = (
-            jobs.filter(
-                status__in=(JobStatus.SUCCEEDED, JobStatus.DEAD),
-                finished_at__gte=Now() - datetime.timedelta(seconds=RECENT_WINDOW_SECONDS),
-            )
-            .values("queue_name", "status")
-            .annotate(n=Count("pk"))
+
+def _count_recent(jobs: QuerySet[Job], rows: dict[str, QueueStats]) -> None:
+    """Successes and dead ends of the last hour per queue: one query."""
+    finished = (
+        jobs.filter(
+            status__in=(JobStatus.SUCCEEDED, JobStatus.DEAD),
+            finished_at__gte=Now() - datetime.timedelta(seconds=RECENT_WINDOW_SECONDS),
         )
-        for done in finished:
-            stats = row(done["queue_name"])
-            if done["status"] == JobStatus.SUCCEEDED:
-                stats.succeeded_last_hour = done["n"]
-            else:
-                stats.failed_last_hour = done["n"]
-
-    for name in names:
-        row(name)
-    if recent:
-        for stats in rows.values():
-            stats.succeeded_last_hour = stats.succeeded_last_hour or 0
-            stats.failed_last_hour = stats.failed_last_hour or 0
-    return [rows[name] for name in sorted(rows)]
+        .values("queue_name", "status")
+        .annotate(n=Count("pk"))
+    )
+    for done in finished:
+        stats = _row(rows, done["queue_name"])
+        if done["status"] == JobStatus.SUCCEEDED:
+            stats.succeeded_last_hour = done["n"]
+        else:
+            stats.failed_last_hour = done["n"]
 
 
 @dataclasses.dataclass(slots=True)

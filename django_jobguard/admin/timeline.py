@@ -130,16 +130,31 @@ def build(job: Job, request: HttpRequest, now: datetime.datetime | None = None) 
     steps: list[Step] = []
     if origin is not None:
         steps.append(_origin_step(origin, trails.get(origin.pk, []), show_replay))
+    history = list(job.attempt_history or [])
+    steps.extend(_enqueued_steps(job, history))
+    steps.extend(_attempt_steps(job, history, show_traceback, now))
+    if job.status == JobStatus.CANCELLED and not any(step.outcome == "cancelled" for step in steps):
+        # Cancelled while queued (before its first attempt, or waiting for a retry).
+        steps.append(
+            Step("cancelled", _("Cancelled"), start=format_time(job.finished_at), outcome="cancelled")
+        )
+    if letter is not None:
+        steps.append(_dead_letter_step(letter))
+        steps.extend(_replay_steps(trails.get(letter.pk, [])) if show_replay else [])
+    return steps
+
+
+def _enqueued_steps(job: Job, history: list[dict[str, Any]]) -> list[Step]:
+    """The enqueue, and the attempts made before the history was kept (if any)."""
     enqueued = Step("enqueued", _("Enqueued"), start=format_time(job.enqueued_at))
     enqueued.details = _("queue %(queue)s, priority %(priority)s, at most %(max)s attempts") % {
         "queue": job.queue_name,
         "priority": job.priority,
         "max": job.max_attempts,
     }
-    history = list(job.attempt_history or [])
     if not history and job.status == JobStatus.QUEUED and job.run_after and job.run_after > job.enqueued_at:
         enqueued.details += "; " + _("not before %(time)s") % {"time": format_time(job.run_after)}
-    steps.append(enqueued)
+    steps = [enqueued]
     missing = job.attempts - len(history)
     if missing > 0:
         # Attempts claimed before the history was kept (migration 0007) have no entry.
@@ -150,7 +165,15 @@ def build(job: Job, request: HttpRequest, now: datetime.datetime | None = None) 
                 details=_("%(count)d attempt(s) made before the history was kept") % {"count": missing},
             )
         )
+    return steps
 
+
+def _attempt_steps(
+    job: Job, history: list[dict[str, Any]], show_traceback: bool, now: datetime.datetime
+) -> list[Step]:
+    """One step per recorded attempt, each failed one followed by its backoff (if any)."""
+    missing = job.attempts - len(history)
+    steps: list[Step] = []
     for index, entry in enumerate(history):
         last = index == len(history) - 1
         started = history_time(entry.get("started_at"))
@@ -179,15 +202,6 @@ def build(job: Job, request: HttpRequest, now: datetime.datetime | None = None) 
             backoff = _backoff(job, finished, history[index + 1] if not last else None, now)
             if backoff is not None:
                 steps.append(backoff)
-
-    if job.status == JobStatus.CANCELLED and not any(step.outcome == "cancelled" for step in steps):
-        # Cancelled while queued (before its first attempt, or waiting for a retry).
-        steps.append(
-            Step("cancelled", _("Cancelled"), start=format_time(job.finished_at), outcome="cancelled")
-        )
-    if letter is not None:
-        steps.append(_dead_letter_step(letter))
-        steps.extend(_replay_steps(trails.get(letter.pk, [])) if show_replay else [])
     return steps
 
 
