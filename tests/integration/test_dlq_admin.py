@@ -114,17 +114,17 @@ def test_request_with_a_corrected_payload_then_approve_through_the_admin(client,
 
     response = client.post(
         replay_url(letter, "request"),
-        {"reason": "amount was lost in the import", "args": "[]", "kwargs": '{"order_id": 5, "amount": 700}'},
+        {"reason": "amount was lost in the import", "args": "[]", "kwargs": '{"order_id": 5, "amount": 7070707}'},
     )
     assert response.status_code == 302
-    assert state(letter)[:2] == ("requested", {"order_id": 5, "amount": 700})
+    assert state(letter)[:2] == ("requested", {"order_id": 5, "amount": 7070707})
 
     client.force_login(people.approver)
     content = client.get(page(letter)).content.decode()
     assert replay_url(letter, "approve") in content and replay_url(letter, "reject") in content
     approve_form = client.get(replay_url(letter, "approve")).content.decode()
     assert "corrected" in approve_form and "amount was lost in the import" in approve_form
-    assert "700" not in approve_form  # amir may approve, but not read payloads
+    assert "7070707" not in approve_form  # amir may approve, but not read payloads
     response = client.post(replay_url(letter, "approve"), {"reason": "matches the order"})
     assert response.status_code == 302
     letter.refresh_from_db()
@@ -133,9 +133,9 @@ def test_request_with_a_corrected_payload_then_approve_through_the_admin(client,
     trail = client.get(page(letter)).content.decode()
     for text in ("Replay audit trail", "rita", "amount was lost in the import", "amir", "matches the order"):
         assert text in trail
-    assert "700" not in trail  # the corrected payload in the trail is hidden from amir too
+    assert "7070707" not in trail  # the corrected payload in the trail is hidden from amir too
     client.force_login(people.requester)
-    assert "700" in client.get(page(letter)).content.decode()
+    assert "7070707" in client.get(page(letter)).content.decode()
 
 
 @pytest.mark.parametrize(
@@ -368,7 +368,7 @@ def test_the_approver_sees_original_against_corrected_payload_or_only_the_change
     client, people
 ):
     letter = dead_charge(order_id=30, amount=0, key="charge:order:30")
-    dlq.request_replay(letter, people.requester, "it was order 31", kwargs={"order_id": 31, "amount": 700})
+    dlq.request_replay(letter, people.requester, "it was order 31", kwargs={"order_id": 31, "amount": 7070707})
     reader = make_user("rhea", "approve_replay", "view_payload", "view_deadletter", "view_job")
     client.force_login(reader)
     for url in (replay_url(letter, "approve"), page(letter)):
@@ -376,8 +376,8 @@ def test_the_approver_sees_original_against_corrected_payload_or_only_the_change
         content = response.content.decode()
         assert "Payload correction" in content
         rows = [(r["name"], r["original"], r["corrected"]) for r in response.context["correction_rows"]]
-        assert rows == [("order_id", "30", "31"), ("amount", "0", "700")]
-        assert "<del><pre>30</pre></del>" in content and "<ins><pre>700</pre></ins>" in content
+        assert rows == [("order_id", "30", "31"), ("amount", "0", "7070707")]
+        assert "<del><pre>30</pre></del>" in content and "<ins><pre>7070707</pre></ins>" in content
         assert "raises IdempotencyConflict" in content and "&#x27;charge:order:30&#x27;" in content
 
     client.force_login(people.approver)  # may approve, may not read payloads
@@ -385,7 +385,7 @@ def test_the_approver_sees_original_against_corrected_payload_or_only_the_change
         content = client.get(url).content.decode()
         assert "Payload changed: order_id, amount." in content
         assert "raises IdempotencyConflict" in content  # the warning names keys and arguments only
-        assert "700" not in content and "<del>" not in content
+        assert "7070707" not in content and "<del>" not in content
 
 
 def test_a_request_whose_correction_changes_the_keys_arguments_is_shown_with_its_warnings_first(
