@@ -114,7 +114,11 @@ def test_request_with_a_corrected_payload_then_approve_through_the_admin(client,
 
     response = client.post(
         replay_url(letter, "request"),
-        {"reason": "amount was lost in the import", "args": "[]", "kwargs": '{"order_id": 5, "amount": 7070707}'},
+        {
+            "reason": "amount was lost in the import",
+            "args": "[]",
+            "kwargs": '{"order_id": 5, "amount": 7070707}',
+        },
     )
     assert response.status_code == 302
     assert state(letter)[:2] == ("requested", {"order_id": 5, "amount": 7070707})
@@ -368,7 +372,8 @@ def test_the_approver_sees_original_against_corrected_payload_or_only_the_change
     client, people
 ):
     letter = dead_charge(order_id=30, amount=0, key="charge:order:30")
-    dlq.request_replay(letter, people.requester, "it was order 31", kwargs={"order_id": 31, "amount": 7070707})
+    corrected = {"order_id": 31, "amount": 7070707}
+    dlq.request_replay(letter, people.requester, "it was order 31", kwargs=corrected)
     reader = make_user("rhea", "approve_replay", "view_payload", "view_deadletter", "view_job")
     client.force_login(reader)
     for url in (replay_url(letter, "approve"), page(letter)):
