@@ -17,13 +17,12 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
 
-from django.db import connections
 from django.utils import timezone
 
 from .models import QueueMinute, WorkerBeat
 from .stats import oldest_due_ages
+from .store import beats as store_beats
 
 __all__ = [
     "OUTCOMES",
@@ -115,80 +114,40 @@ class Beat:
 
     def beat(self, jobs_in_hand: int) -> None:
         """Upsert this worker's row and add the pending outcome counts (two statements)."""
-
-        connection = connections[self.alias]
-        ops = connection.ops
-        table = WorkerBeat._meta.db_table
-        # The same SQL on both back ends: INSERT ... ON CONFLICT is PostgreSQL's and SQLite's.
-        sql = (
-            f"INSERT INTO {table} (worker_id, host, pid, queues, concurrency, started_at, last_beat_at, "
-            "jobs_in_hand) VALUES (%s, %s, %s, %s, %s, %s, CURRENT_TIMESTAMP, %s) "
-            "ON CONFLICT (worker_id) DO UPDATE SET last_beat_at = CURRENT_TIMESTAMP, "
-            "jobs_in_hand = excluded.jobs_in_hand"
+        store_beats.upsert_worker_beat(
+            self.alias,
+            worker_id=self.worker_id,
+            host=self.host,
+            pid=self.pid,
+            queues=self.queues[:1000],
+            concurrency=self.concurrency,
+            started_at=self.started_at,
+            jobs_in_hand=jobs_in_hand,
         )
-        params: list[Any] = [
-            self.worker_id,
-            self.host,
-            self.pid,
-            self.queues[:1000],
-            self.concurrency,
-            ops.adapt_datetimefield_value(self.started_at),
-            jobs_in_hand,
-        ]
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
         self.flush()
 
     def flush(self) -> None:
         """Add the outcome counts gathered since the last flush to their minutes (one statement)."""
-
         taken = _take_pending()
         if not taken:
             return
-        connection = connections[self.alias]
-        table = QueueMinute._meta.db_table
-        rows = []
-        params: list[Any] = []
-        for (queue, minute), values in sorted(taken.items()):
-            rows.append("(%s, %s, %s, %s, %s, %s)")
-            at = datetime.datetime.fromtimestamp(minute * 60, tz=datetime.UTC)
-            params += [queue, connection.ops.adapt_datetimefield_value(at), *values]
-        added = ", ".join(f"{column} = {table}.{column} + excluded.{column}" for column in OUTCOMES)
-        sql = (
-            f"INSERT INTO {table} (queue_name, minute, {', '.join(OUTCOMES)}) VALUES {', '.join(rows)} "
-            f"ON CONFLICT (queue_name, minute) DO UPDATE SET {added}"
-        )
+        counts = [
+            (queue, datetime.datetime.fromtimestamp(minute * 60, tz=datetime.UTC), values)
+            for (queue, minute), values in sorted(taken.items())
+        ]
         try:
-            with connection.cursor() as cursor:
-                cursor.execute(sql, params)
+            store_beats.add_minute_counts(self.alias, OUTCOMES, counts)
         except Exception:
             _give_back(taken)  # counted again at the next beat
             raise
 
     def sample_oldest_ages(self) -> None:
         """Record each queue's oldest due age in this minute (the largest sample wins)."""
-
         ages = oldest_due_ages(self.alias)
         if not ages:
             return
-
-        connection = connections[self.alias]
-        table = QueueMinute._meta.db_table
         at = datetime.datetime.fromtimestamp(int(time.time() // 60) * 60, tz=datetime.UTC)
-        minute = connection.ops.adapt_datetimefield_value(at)
-        rows = ", ".join(["(%s, %s, %s)"] * len(ages))
-        params: list[Any] = []
-        for queue, age in sorted(ages.items()):
-            params += [queue, minute, age]
-        sql = (
-            f"INSERT INTO {table} (queue_name, minute, oldest_age_seconds) VALUES {rows} "
-            "ON CONFLICT (queue_name, minute) DO UPDATE SET oldest_age_seconds = "
-            f"CASE WHEN {table}.oldest_age_seconds IS NULL "
-            f"OR {table}.oldest_age_seconds < excluded.oldest_age_seconds "
-            f"THEN excluded.oldest_age_seconds ELSE {table}.oldest_age_seconds END"
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
+        store_beats.record_oldest_ages(self.alias, at, sorted(ages.items()))
 
     def prune(self) -> None:
         """Delete per-minute rows and worker rows older than a day (indexed range deletes)."""

@@ -1,7 +1,8 @@
 """The store: every SQL statement for jobs and idempotency keys, one module per database.
 
 Claim, heartbeat, complete, requeue, dead-mark, reap, the enqueue inserts, checkpoints and
-the LISTEN wake-up. The functions here take a database alias and hand the call to
+the LISTEN wake-up; :mod:`.beats` holds the console's worker-beat and per-minute upserts
+(the same SQL on both databases). The functions here take a database alias and hand the call to
 :mod:`.postgres` or :mod:`.sqlite`, looked up once per alias (a dict lookup per call).
 
 Every write a worker makes to a job it holds matches ``id AND lease_token``. A claim

@@ -1,0 +1,92 @@
+"""The console's rows: a worker's heartbeat row and the per-minute queue figures.
+
+The same SQL on both databases: ``INSERT ... ON CONFLICT`` is PostgreSQL's and SQLite's.
+Table names are the models' own (``db_table``), read when a statement is built.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import connections
+
+
+def _tables() -> tuple[str, str]:
+    from ..models import QueueMinute, WorkerBeat  # app registry: see _common
+
+    return WorkerBeat._meta.db_table, QueueMinute._meta.db_table
+
+
+def upsert_worker_beat(
+    alias: str,
+    *,
+    worker_id: str,
+    host: str,
+    pid: int,
+    queues: str,
+    concurrency: int,
+    started_at: datetime.datetime,
+    jobs_in_hand: int,
+) -> None:
+    """Insert the worker's row, or move its last beat to the database's now (one statement)."""
+    connection = connections[alias]
+    table = _tables()[0]
+    sql = (
+        f"INSERT INTO {table} (worker_id, host, pid, queues, concurrency, started_at, last_beat_at, "
+        "jobs_in_hand) VALUES (%s, %s, %s, %s, %s, %s, CURRENT_TIMESTAMP, %s) "
+        "ON CONFLICT (worker_id) DO UPDATE SET last_beat_at = CURRENT_TIMESTAMP, "
+        "jobs_in_hand = excluded.jobs_in_hand"
+    )
+    params: list[Any] = [
+        worker_id,
+        host,
+        pid,
+        queues,
+        concurrency,
+        connection.ops.adapt_datetimefield_value(started_at),
+        jobs_in_hand,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def add_minute_counts(
+    alias: str, columns: Sequence[str], counts: Sequence[tuple[str, datetime.datetime, Sequence[int]]]
+) -> None:
+    """Add ``(queue, minute, values)`` to the minutes' ``columns``, creating rows (one statement)."""
+    connection = connections[alias]
+    table = _tables()[1]
+    rows = []
+    params: list[Any] = []
+    for queue, minute, values in counts:
+        rows.append("(" + ", ".join(["%s"] * (2 + len(columns))) + ")")
+        params += [queue, connection.ops.adapt_datetimefield_value(minute), *values]
+    added = ", ".join(f"{column} = {table}.{column} + excluded.{column}" for column in columns)
+    sql = (
+        f"INSERT INTO {table} (queue_name, minute, {', '.join(columns)}) VALUES {', '.join(rows)} "
+        f"ON CONFLICT (queue_name, minute) DO UPDATE SET {added}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def record_oldest_ages(alias: str, minute: datetime.datetime, ages: Sequence[tuple[str, float]]) -> None:
+    """Keep each queue's largest oldest-due-age sample of ``minute`` (one statement)."""
+    connection = connections[alias]
+    table = _tables()[1]
+    at = connection.ops.adapt_datetimefield_value(minute)
+    rows = ", ".join(["(%s, %s, %s)"] * len(ages))
+    params: list[Any] = []
+    for queue, age in ages:
+        params += [queue, at, age]
+    sql = (
+        f"INSERT INTO {table} (queue_name, minute, oldest_age_seconds) VALUES {rows} "
+        "ON CONFLICT (queue_name, minute) DO UPDATE SET oldest_age_seconds = "
+        f"CASE WHEN {table}.oldest_age_seconds IS NULL "
+        f"OR {table}.oldest_age_seconds < excluded.oldest_age_seconds "
+        f"THEN excluded.oldest_age_seconds ELSE {table}.oldest_age_seconds END"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
