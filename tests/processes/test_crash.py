@@ -32,9 +32,11 @@ def test_a_job_killed_mid_run_is_reclaimed_after_its_lease_and_completed_by_anot
     assert LedgerEntry.objects.get(effect_key="crash").job_id == job.pk
 
 
-def freeze_until_another_worker_finishes(workers, job):
+def freeze_until_another_worker_finishes(workers, job, handler_started=None):
     frozen = workers.start("--worker-id", "frozen")
     wait_for(lambda: status_of(job) == "running", message="the first worker to claim the job")
+    if handler_started is not None:
+        wait_for(handler_started, message="the first attempt's handler to start")
     frozen.send_signal(signal.SIGSTOP)  # no heartbeat: its 2 s lease runs out
     workers.start("--worker-id", "healthy")
     wait_for(lambda: status_of(job) == "succeeded", timeout=60, message="the healthy worker to finish it")
@@ -59,7 +61,10 @@ def test_a_frozen_workers_late_atomic_ack_is_refused_and_its_writes_roll_back(wo
 
 def test_a_frozen_workers_late_ack_is_refused(workers):
     job = tasks.short_lease_plain.enqueue("stale-plain", seconds=4)
-    freeze_until_another_worker_finishes(workers, job)
+    # Stop it once its handler's first write has committed: on SQLite a worker stopped inside
+    # that INSERT would keep the database's write lock, and no other worker could claim.
+    first_written = lambda: Execution.objects.filter(job_id=job.pk, attempt=1).exists()  # noqa: E731
+    freeze_until_another_worker_finishes(workers, job, handler_started=first_written)
     # Both attempts ran (at-least-once), but only the healthy one's ack counted.
     assert sorted(Execution.objects.values_list("attempt", flat=True)) == [1, 2]
 
