@@ -50,6 +50,16 @@ def browser_page(monkeypatch):
             connections.close_all()
 
 
+def follow(page, selector):
+    """Click what loads a new page, and return once that page has loaded.
+
+    A click returns once the navigation starts, and ``locator.count()`` does not wait: counted
+    right after a click, the old page (or half the new one) would be counted.
+    """
+    with page.expect_navigation():
+        page.click(selector)
+
+
 def shot(page, name, *, full_page=True):
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=full_page)

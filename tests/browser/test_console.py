@@ -15,7 +15,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 
 from django_jobguard.models import Job
-from tests.browser.conftest import CHROMIUM, shot
+from tests.browser.conftest import CHROMIUM, follow, shot
 from tests.conftest import wait_for
 from tests.testapp import tasks
 
@@ -47,15 +47,15 @@ def test_an_operator_pauses_a_queue_sees_it_fill_without_claims_and_resumes_it(
     page.goto(f"{live_server.url}/admin/login/?next=/admin/")
     page.fill("#id_username", "operator")
     page.fill("#id_password", "console-test")
-    page.click("input[type=submit]")
-    page.click("text=Queues")  # linked from the admin index
+    follow(page, "input[type=submit]")
+    follow(page, "text=Queues")  # linked from the admin index
     assert page.url.endswith("/admin/jobguard/queuestate/")
 
     # The page lists every queue with jobs: "held" has one scheduled for later.
     tasks.add.using(queue_name="held", run_after=datetime.timedelta(hours=1)).enqueue(0)
     page.reload()
     page.fill("#queue-held input[name=reason]", "provider returns 503")
-    page.click("#queue-held button[name=pause]")
+    follow(page, "#queue-held button[name=pause]")
     assert "Queue 'held' paused." in page.inner_text(".messagelist")
     assert "paused" in row_text(page, "held") and "provider returns 503" in row_text(page, "held")
 
@@ -72,7 +72,7 @@ def test_an_operator_pauses_a_queue_sees_it_fill_without_claims_and_resumes_it(
     }
     shot(page, "queue-health-paused")
 
-    page.click("#queue-held button[name=resume]")
+    follow(page, "#queue-held button[name=resume]")
     assert "Queue 'held' resumed." in page.inner_text(".messagelist")
     wait_for(
         lambda: Job.objects.filter(pk__in=[j.pk for j in waiting], status="succeeded").count() == 3,

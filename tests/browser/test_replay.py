@@ -11,7 +11,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 
 from django_jobguard.models import DeadLetter, Job
-from tests.browser.conftest import CHROMIUM, shot
+from tests.browser.conftest import CHROMIUM, follow, shot
 from tests.dlq_support import run_burst
 from tests.testapp import tasks_dlq
 from tests.testapp.models import LedgerEntry
@@ -39,15 +39,15 @@ def log_in(page, url, name):
     page.goto(f"{url}/admin/login/?next={LIST}")
     page.fill("#id_username", name)
     page.fill("#id_password", "console-test")
-    page.click("input[type=submit]")
+    follow(page, "input[type=submit]")
 
 
 def bulk(page, action, reason):
     page.check("#action-toggle")  # every dead letter the filter shows
     page.select_option("select[name=action]", action)
-    page.click("button[name=index]")
+    follow(page, "button[name=index]")
     page.fill("textarea[name=reason], input[name=reason]", reason)
-    page.click("input[type=submit].default")
+    follow(page, "input[type=submit].default")
 
 
 def dead_after_retries(marker):
@@ -87,12 +87,12 @@ def test_a_requester_and_an_approver_replay_dead_letters_that_a_worker_redrives(
     # Rita corrects the amount of order 1 on its dead letter, then requests the others in bulk.
     log_in(page, live_server.url, "rita")
     page.goto(f"{live_server.url}{LIST}{first.pk}/change/")
-    page.click(".object-tools a:has-text('Request replay')")
+    follow(page, ".object-tools a:has-text('Request replay')")
     kwargs = page.locator("textarea[name=kwargs]")
     assert '"amount": 0' in kwargs.input_value()
     kwargs.fill('{"amount": 500, "order_id": 1}')
     page.fill("textarea[name=reason]", "amount corrected from the order")
-    page.click("input[type=submit].default")
+    follow(page, "input[type=submit].default")
     assert "Replay requested" in page.inner_text(".messagelist")
     page.goto(f"{live_server.url}{LIST}?replay_state__exact=none")
     bulk(page, "request_replays", "after the payment fix")
@@ -103,11 +103,11 @@ def test_a_requester_and_an_approver_replay_dead_letters_that_a_worker_redrives(
     page.goto(f"{live_server.url}{LIST}{first.pk}/change/")
     assert correction(page) == [("amount", "0", "500")]
     shot(page, "dead-letter-detail")
-    page.click(".object-tools a:has-text('Approve replay')")
+    follow(page, ".object-tools a:has-text('Approve replay')")
     assert correction(page) == [("amount", "0", "500")]
     assert "amount corrected from the order" in page.inner_text("#content-main")
     page.fill("textarea[name=reason]", "500 is the order's total")
-    page.click("input[type=submit].default")
+    follow(page, "input[type=submit].default")
     assert "Replay approved" in page.inner_text(".messagelist")
     page.goto(f"{live_server.url}{LIST}?replay_state__exact=requested")
     bulk(page, "approve_replays", "checked the fix")
@@ -152,6 +152,6 @@ def test_a_requester_and_an_approver_replay_dead_letters_that_a_worker_redrives(
     assert "alex" in page.inner_text("#job-timeline tr.step-replay_approved")
     assert re.search(r"\d\d:\d\d:\d\d UTC", page.inner_text("#job-timeline tr.step-attempt >> nth=0"))
     shot(page, "job-timeline", full_page=False)  # the timeline; the row's fields follow below
-    page.click(f"#job-timeline tr.step-replay_replayed a[href$='/job/{letter.replay_job_id}/change/']")
+    follow(page, f"#job-timeline tr.step-replay_replayed a[href$='/job/{letter.replay_job_id}/change/']")
     assert page.locator("#job-timeline tr.step-replay_of").count() == 1
     assert Job.objects.filter(pk=letter.replay_job_id).exists()

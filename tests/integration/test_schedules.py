@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,8 +37,16 @@ def db_now() -> datetime.datetime:
 
 def outage(name: str, minutes: int) -> None:
     """Pretend no scheduler ran for ``minutes``: the next tick is that many minutes before the
-    last whole minute (so with 0 it is the one tick due, less than a minute old)."""
-    last = db_now().replace(second=0, microsecond=0)
+    last whole minute (so with 0 it is the one tick due, less than a minute old).
+
+    Close to a minute's end it first waits for the next minute: a tick that came due between
+    this and the test's scheduler pass would add one to every count the test expects.
+    """
+    now = db_now()
+    if now.second >= 55:
+        time.sleep(60.5 - now.second - now.microsecond / 1e6)
+        now = db_now()
+    last = now.replace(second=0, microsecond=0)
     Schedule.objects.filter(name=name).update(next_tick_at=last - datetime.timedelta(minutes=minutes))
 
 

@@ -159,6 +159,11 @@ def test_a_partitioned_hosts_jobs_are_finished_by_the_others_and_its_late_acks_a
 @pytest.mark.scenario("netns-skew")
 def test_hosts_with_clocks_five_minutes_off_neither_reap_live_leases_nor_start_jobs_early(scenario, hosts):
     os.chdir(ROOT)
+    start_worker(hosts[0], "--concurrency", "2", skew=SKEW_SECONDS)
+    start_worker(hosts[1], "--concurrency", "2", skew=-SKEW_SECONDS)
+    start_worker(hosts[2], "--concurrency", "2")
+    # Enqueued once all three listen, so each host's first claim takes its share: a host that
+    # started alone could drain these short jobs before the others are up.
     # Handlers that do not call time.sleep (libfaketime breaks clock_nanosleep when only the
     # wall clock is faked); the default queue's 30 s lease.
     records = tasks.record.bulk_enqueue([((f"skew{n}",), {}) for n in range(120)])
@@ -166,9 +171,6 @@ def test_hosts_with_clocks_five_minutes_off_neither_reap_live_leases_nor_start_j
         [((n,), {}) for n in range(12)]
     )
     retried = [tasks.flaky.enqueue(f"flaky{n}", failures=2) for n in range(6)]
-    start_worker(hosts[0], "--concurrency", "2", skew=SKEW_SECONDS)
-    start_worker(hosts[1], "--concurrency", "2", skew=-SKEW_SECONDS)
-    start_worker(hosts[2], "--concurrency", "2")
     total = len(records) + len(delayed) + len(retried)
     wait_for(
         lambda: Job.objects.filter(status="succeeded").count() == total,

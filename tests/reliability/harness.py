@@ -361,11 +361,21 @@ class Pool:
 
     def stop(self, timeout: float = 60) -> dict[str, int | None]:
         """SIGTERM every live worker and wait; the exit code of each."""
+        from tests.conftest import wait_for
+
         codes: dict[str, int | None] = {}
         for slot in self.slots:
             if slot.proc is not None and slot.proc.poll() is None:
                 if slot.paused:
                     self.resume(slot)
+                # A replacement spawned moments ago may not have its SIGTERM handler yet (it is
+                # installed before "worker_started"): the default action would kill it, -15.
+                proc = slot.proc
+                wait_for(
+                    lambda proc=proc: proc.poll() is not None or "worker_started" in self.procs.log(proc),
+                    timeout,
+                    message=f"worker {slot.worker_id} to start before it is stopped",
+                )
                 slot.proc.send_signal(signal.SIGTERM)
         for slot in self.slots:
             if slot.proc is None:
