@@ -37,7 +37,7 @@ __all__ = [
 WORKER_BEAT_INTERVAL_SECONDS = 5.0
 #: A worker whose last beat is older than this is marked stale (three missed beats).
 STALE_AFTER_SECONDS = 3 * WORKER_BEAT_INTERVAL_SECONDS
-#: Seconds between two samples of the oldest due ages (one grouped query over due rows).
+#: Seconds between two samples of the oldest due ages (a skip scan of the due index on PostgreSQL).
 OLDEST_AGE_SAMPLE_SECONDS = 60.0
 #: Per-minute rows and worker rows older than this are deleted by the writers.
 KEEP_SECONDS = 24 * 3600

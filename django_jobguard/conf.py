@@ -74,10 +74,18 @@ DEFAULTS: dict[str, Any] = {
     "POLL_INTERVAL": 1.0,
     # Worker: seconds between passes of the reaper over expired leases.
     "REAPER_INTERVAL": 2.0,
-    # Worker: jobs claimed per round trip; 0 means twice the concurrency.
+    # Worker: most jobs held and claimed per round trip. 0 adapts: twice the concurrency,
+    # then, once the worker has seen its jobs are short, about 20 ms of work per thread (at
+    # most 64); for jobs over a second, only what its threads can start.
     "BATCH_SIZE": 0,
     # Worker: seconds in-flight jobs get to finish after SIGTERM before they are handed back.
     "SHUTDOWN_GRACE": 30.0,
+    # Worker: seconds the acks of non-atomic tasks wait to be written together, in one
+    # statement and one commit (ACK_BATCH_SIZE acks flush at once). A crash in that window
+    # runs those jobs again, as a crash before any ack does. 0 writes each ack on its own.
+    "ACK_WINDOW": 0.005,
+    # Worker: the most acks written in one statement.
+    "ACK_BATCH_SIZE": 100,
     # Worker: run the reaper, redrive and key pruning only in the one worker holding the
     # leadership row (a database lease, PgBouncer-safe); others skip them. Saves queries with
     # many workers; a dead leader delays reaping by up to three REAPER_INTERVALs.
@@ -418,6 +426,8 @@ class Settings:
     reaper_interval: float
     batch_size: int
     shutdown_grace: float
+    ack_window: float
+    ack_batch_size: int
     worker_id: str
     maintenance_leader: bool
     liveness_file: str
@@ -623,6 +633,8 @@ def parse(raw: Any) -> Settings:
         reaper_interval=_number(merged["REAPER_INTERVAL"], ("REAPER_INTERVAL",), allow_zero=False),
         batch_size=_integer(merged["BATCH_SIZE"], ("BATCH_SIZE",), minimum=0),
         shutdown_grace=_number(merged["SHUTDOWN_GRACE"], ("SHUTDOWN_GRACE",)),
+        ack_window=_ack_window(merged["ACK_WINDOW"]),
+        ack_batch_size=_integer(merged["ACK_BATCH_SIZE"], ("ACK_BATCH_SIZE",), minimum=1),
         worker_id=worker_id,
         maintenance_leader=_boolean(merged["MAINTENANCE_LEADER"], ("MAINTENANCE_LEADER",)),
         liveness_file=liveness_file,
@@ -641,6 +653,17 @@ def parse(raw: Any) -> Settings:
         schedules=_schedules(merged["SCHEDULES"]),
         scheduler=_scheduler_settings(scheduler),
     )
+
+
+#: The longest ACK_WINDOW: an ack held longer delays what operators see and nears leases' ends.
+MAX_ACK_WINDOW_SECONDS = 1.0
+
+
+def _ack_window(value: Any) -> float:
+    window = _number(value, ("ACK_WINDOW",))
+    if window > MAX_ACK_WINDOW_SECONDS:
+        raise _fail(("ACK_WINDOW",), f"must be at most {MAX_ACK_WINDOW_SECONDS} seconds, not {value!r}.")
+    return window
 
 
 def _retry_policies(merged: Mapping[str, Any]) -> tuple[RetryPolicy, RetryPolicy]:

@@ -68,11 +68,16 @@ class PutBackCause(enum.Enum):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Succeeded:
-    """Acked already (inside the job's transaction); what is left is to report it."""
+    """The handler returned. Acked already (inside the job's transaction), unless ``ack_json``
+    is set: then the completer writes the ack, batched with others, before reporting it."""
 
     kind: ClassVar[Kind] = Kind.SUCCEEDED
     result: Any
     duration: float
+    #: The JSON result of an ack still to write; None once it is written.
+    ack_json: str | None = None
+    #: The idempotency scope whose key the ack marks succeeded ("" for a job without a key).
+    scope: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ import logging
 from django.db import transaction
 from django.db.models.functions import Now
 
+from . import store
 from .conf import get_settings
 from .dlq import User
 from .exceptions import QueueError, QueuePermissionDenied
@@ -53,8 +54,7 @@ def can_pause(user: User | None) -> bool:
 def paused_queues(using: str | None = None) -> set[str]:
     """Names of the paused queues (one query on the partial index of paused rows)."""
 
-    alias = using or get_settings().database_alias
-    return set(QueueState.objects.using(alias).filter(paused=True).values_list("queue_name", flat=True))
+    return store.paused_queue_names(using or get_settings().database_alias)
 
 
 def states(using: str | None = None) -> list[QueueChange]:

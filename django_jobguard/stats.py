@@ -29,6 +29,7 @@ from typing import Any
 from django.db.models import Count, DurationField, ExpressionWrapper, Min, Q, QuerySet
 from django.db.models.functions import Now
 
+from . import store
 from .conf import get_settings
 from .models import DeadLetter, Job, JobStatus, QueueState, ReplayState, Schedule
 
@@ -254,14 +255,5 @@ def schedule_stats(alias: str | None = None) -> list[ScheduleStats]:
 
 
 def oldest_due_ages(alias: str | None = None) -> dict[str, float]:
-    """Seconds the oldest due job of each queue with due jobs has waited (one grouped query)."""
-
-    alias = alias or get_settings().database_alias
-    rows = (
-        Job.objects.using(alias)
-        .order_by()
-        .filter(status=JobStatus.QUEUED, run_after__lte=Now())
-        .values("queue_name")
-        .annotate(age=ExpressionWrapper(Now() - Min("run_after"), output_field=DurationField()))
-    )
-    return {row["queue_name"]: _seconds(row["age"]) for row in rows}
+    """Seconds the oldest due job of each queue with due jobs has waited (see the store's)."""
+    return store.oldest_due_ages(alias or get_settings().database_alias)

@@ -191,6 +191,10 @@ if os.environ.get("JOBGUARD_TEST_PGBOUNCER_PORT"):
     JOBGUARD["POOLED_DATABASES"] = ["default"]
     if os.environ.get("JOBGUARD_TEST_LISTEN_DIRECT", "1") == "1":
         JOBGUARD["LISTEN_DATABASE"] = "direct"
+if os.environ.get("JOBGUARD_TEST_ACK_WINDOW"):
+    # Process tests of batched acks: a window long enough to act inside it.
+    JOBGUARD["ACK_WINDOW"] = float(os.environ["JOBGUARD_TEST_ACK_WINDOW"])
+    JOBGUARD["ACK_BATCH_SIZE"] = 1000
 if os.environ.get("JOBGUARD_TEST_MAINTENANCE_LEADER"):
     JOBGUARD["MAINTENANCE_LEADER"] = True
 if os.environ.get("JOBGUARD_TEST_LIVENESS_FILE"):

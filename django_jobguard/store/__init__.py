@@ -44,6 +44,7 @@ from ._common import (
     Inserted,
     build_job,
     key_owner,
+    paused_queue_names,
     read_checkpoints,
     write_checkpoints,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "build_job",
     "claim",
     "complete",
+    "complete_many",
     "database_now",
     "discard_queued",
     "heartbeat",
@@ -72,6 +74,8 @@ __all__ = [
     "key_owner",
     "mark_dead",
     "observed_durations",
+    "oldest_due_ages",
+    "paused_queue_names",
     "read_checkpoints",
     "reap",
     "record_key_success",
@@ -228,6 +232,18 @@ def complete(alias: str, job_id: int, lease_token: str, result_json: str) -> boo
     return bool(_db(alias).complete(alias, job_id, lease_token, result_json))
 
 
+def complete_many(alias: str, acks: Sequence[tuple[int, str, str]]) -> set[int]:
+    """Mark several jobs succeeded at once: ``(id, lease token, JSON result)`` each.
+
+    Each row is matched by its id and its token, as :func:`complete` matches one; returns
+    the ids whose lease was still ours. A job missing from it lost its lease, and is left
+    as it is. One statement on PostgreSQL; call inside a transaction so the batch commits once.
+    """
+    if not acks:
+        return set()
+    return set(_db(alias).complete_many(alias, acks))
+
+
 def discard_queued(alias: str, job_id: int) -> None:
     """Delete a job that is still queued and no longer has anything to do.
 
@@ -295,6 +311,15 @@ def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], li
 
 
 # -- reporting -------------------------------------------------------------------------------
+
+
+def oldest_due_ages(alias: str) -> dict[str, float]:
+    """Seconds the oldest due job of each queue with due jobs has waited (database clock).
+
+    On PostgreSQL a skip scan of the due index: its cost grows with the number of (queue,
+    priority) pairs, not with the number of queued jobs.
+    """
+    return dict(_db(alias).oldest_due_ages(alias))
 
 
 def observed_durations(alias: str, since: float, queue: str | None = None) -> list[DurationRow]:

@@ -161,6 +161,15 @@ def _job_layout() -> tuple[list[str], dict[str, Any]]:
     }
 
 
+def paused_queue_names(alias: str) -> set[str]:
+    """The paused queues' names: a raw read, as it runs before every claim (measured: the
+    ORM query it replaces cost the claim loop more than the claim statement itself)."""
+    with connections[alias].cursor() as cursor:
+        # The same condition as the partial index of paused rows, on both databases.
+        cursor.execute("SELECT queue_name FROM jobguard_queuestate WHERE paused = %s", [True])
+        return {row[0] for row in cursor.fetchall()}
+
+
 def read_checkpoints(alias: str, job_id: int) -> dict[str, Any]:
     from ..models import Job  # app registry: see above
 

@@ -180,6 +180,18 @@ def complete(alias: str, job_id: int, lease_token: str, result_json: str) -> boo
         return bool(cursor.rowcount == 1)
 
 
+def complete_many(alias: str, acks: Sequence[tuple[int, str, str]]) -> list[int]:
+    # One statement per row; the caller's transaction makes them one commit, which is
+    # what costs on SQLite (its write lock and the journal's sync).
+    done = []
+    with connections[alias].cursor() as cursor:
+        for job_id, lease_token, result_json in acks:
+            cursor.execute(_COMPLETE, [result_json, job_id, lease_token])
+            if cursor.rowcount == 1:
+                done.append(job_id)
+    return done
+
+
 def discard_queued(alias: str, job_id: int) -> None:
     with connections[alias].cursor() as cursor:
         cursor.execute(f"DELETE FROM {TABLE} WHERE id = %s AND status = 'queued'", [job_id])
@@ -313,6 +325,19 @@ def durations_sql(since: float, queue: str | None) -> tuple[str, list[Any]]:
         f"WHERE position IN ({ranks}) ORDER BY queue_name, task_name, position"
     )
     return sql, params
+
+
+_OLDEST_DUE = (
+    "SELECT queue_name, (julianday('now') - julianday(min(run_after))) * 86400.0 "
+    f"FROM {TABLE} WHERE status = 'queued' AND run_after <= {NOW} GROUP BY queue_name"
+)
+
+
+def oldest_due_ages(alias: str) -> dict[str, float]:
+    # A grouped min over the due rows: SQLite installs are small, and it has no LATERAL.
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_OLDEST_DUE, [])
+        return {queue: max(0.0, float(age)) for queue, age in cursor.fetchall()}
 
 
 def observed_durations(alias: str, since: float, queue: str | None) -> list[DurationRow]:

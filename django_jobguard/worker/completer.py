@@ -1,21 +1,29 @@
 """The one writer of outcomes: the store write, the metric, the log line and the signal of each.
 
 The pipeline decides what became of a job and returns it as an :mod:`~django_jobguard.outcome`
-value; :meth:`Completer.settle` turns it into what the rest of the world sees. A success is
-the exception to "write here": its ack has to commit in the job's own transaction, under its
-lock, so the pipeline calls :meth:`Completer.write_ack` there and the settle only reports it.
-:meth:`Completer.settle_many` is the seam where batched acks of non-atomic tasks can go.
+value; :meth:`Completer.settle` turns it into what the rest of the world sees.
+
+Acks. An ``atomic=True`` task's ack has to commit in the job's own transaction, so the
+pipeline calls :meth:`Completer.write_ack` there and the settle only reports it. With
+``ACK_WINDOW`` above 0, the acks of the other tasks are batched: the executor hands the
+outcome over and takes its next job, and the worker's ack thread (:meth:`Completer.run_acks`)
+writes the acks gathered over the window, or ``ACK_BATCH_SIZE`` of them, in one statement and
+one commit. Each row is still matched by its id and lease token; one that no longer matches
+is a lost lease for that job alone. A crash before that commit leaves those jobs running
+until their leases expire, and they run again: at-least-once, as for any crash before an ack.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from .. import _dispatch, _faults, dlq, idempotency, metrics, signals, store
 from ..exceptions import LeaseLost
@@ -39,6 +47,8 @@ logger = logging.getLogger(LOGGER_NAME)
 
 __all__ = ["Completer"]
 
+_STALE_ACK = Stale("ack")
+
 
 class Completer:
     """Settles the outcomes of one worker's jobs, and counts them for its summary."""
@@ -50,9 +60,17 @@ class Completer:
         *,
         lock: threading.Lock | None = None,
         note_run_time: Callable[[float], None] | None = None,
+        ack_window: float = 0.0,
+        ack_batch_size: int = 1,
     ) -> None:
         self.alias = alias
         self.worker_id = worker_id
+        #: Seconds an ack waits for others to be written with; 0: each is written on its own.
+        self.ack_window = ack_window
+        self.ack_batch_size = max(1, ack_batch_size)
+        #: Whether the pipeline leaves non-atomic acks to :meth:`run_acks`.
+        self.batches_acks = ack_window > 0
+        self._pending: queue.SimpleQueue[tuple[Held, Succeeded] | None] = queue.SimpleQueue()
         #: Guards the tally and the held jobs' states (the worker's own lock).
         self.lock = lock or threading.Lock()
         self._note_run_time = note_run_time or (lambda seconds: None)
@@ -87,9 +105,132 @@ class Completer:
             raise LeaseLost(f"job {job.id}: lease lost before the ack")
 
     def settle_many(self, settled: Iterable[tuple[Held, Outcome]]) -> None:
-        """Settle several outcomes (today one by one; batched acks would write them together)."""
+        """Settle several outcomes: the acks still to write together, the others one by one."""
+        acks: list[tuple[Held, Succeeded]] = []
         for held, outcome in settled:
-            self.settle(held, outcome)
+            if type(outcome) is Succeeded and outcome.ack_json is not None:
+                acks.append((held, outcome))
+            else:
+                self.settle(held, outcome)
+        if acks:
+            self._write_acks(acks)
+
+    # -- batched acks --------------------------------------------------------------------
+
+    def run_acks(self) -> None:
+        """The ack thread: write the handed-over acks in batches until :meth:`close_acks`."""
+        closing = False
+        while not closing:
+            batch, closing = self._next_batch()
+            if not batch:
+                continue
+            try:
+                self.settle_many(batch)
+            except Exception:
+                # As an executor does for one job: these jobs keep their leases until they
+                # expire and run again; the thread goes on with the next batch.
+                logger.exception(
+                    "ack_batch_crashed worker_id=%s jobs=%s",
+                    self.worker_id,
+                    ",".join(str(held.job.id) for held, _ in batch),
+                )
+
+    def close_acks(self, thread: threading.Thread | None, timeout: float) -> None:
+        """Write every ack still waiting, before the worker exits.
+
+        The ack thread writes them and stops; if it is not running (it died, or never
+        started), this thread writes them.
+        """
+        self._pending.put(None)
+        if thread is not None and thread.is_alive():
+            thread.join(timeout)
+            if thread.is_alive():
+                logger.warning("ack_thread_stuck worker_id=%s; unwritten acks will run again", self.worker_id)
+            return
+        batch = []
+        while True:
+            try:
+                item = self._pending.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                batch.append(item)
+        if batch:
+            self.settle_many(batch)
+
+    def _next_batch(self) -> tuple[list[tuple[Held, Succeeded]], bool]:
+        """Wait for an ack, then gather more for up to the window; and whether to stop after."""
+        first = self._pending.get()
+        if first is None:
+            return [], True
+        batch = [first]
+        deadline = time.monotonic() + self.ack_window
+        while len(batch) < self.ack_batch_size:
+            left = deadline - time.monotonic()
+            try:
+                item = self._pending.get(timeout=left) if left > 0 else self._pending.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                return batch, True
+            batch.append(item)
+        return batch, False
+
+    def _write_acks(self, acks: list[tuple[Held, Succeeded]]) -> None:
+        try:
+            done, failed = self._commit_acks(acks), set[int]()
+        except (DatabaseError, InterfaceError):
+            # One bad moment should not cost the whole batch its acks: retry each alone.
+            logger.warning(
+                "ack_batch_failed worker_id=%s jobs=%d; writing them one by one",
+                self.worker_id,
+                len(acks),
+                exc_info=True,
+            )
+            connections[self.alias].close()
+            done, failed = self._ack_one_by_one(acks)
+        for held, outcome in acks:
+            job_id = held.job.id
+            if job_id in done:
+                self._report_succeeded(held, outcome)
+            elif job_id not in failed:
+                self._stale(held, _STALE_ACK)
+
+    def _commit_acks(self, acks: list[tuple[Held, Succeeded]]) -> set[int]:
+        """Write the acks (and their keys' successes) in one transaction; the ids acked."""
+        if _faults.ENABLED:
+            _faults.maybe_crash("in_complete")
+        with transaction.atomic(using=self.alias):
+            rows = [(held.job.id, held.job.lease_token, outcome.ack_json or "null") for held, outcome in acks]
+            done = store.complete_many(self.alias, rows)
+            for held, outcome in acks:
+                job = held.job
+                # Only for acked jobs: a key must not read succeeded for a job that lost its lease.
+                if outcome.scope and job.idempotency_key and job.id in done:
+                    idempotency.record_success(
+                        self.alias, outcome.scope, job.idempotency_key, job.id, outcome.result
+                    )
+        return done
+
+    def _ack_one_by_one(self, acks: list[tuple[Held, Succeeded]]) -> tuple[set[int], set[int]]:
+        """Each ack in its own transaction: the ids acked, and those whose write failed."""
+        done: set[int] = set()
+        failed: set[int] = set()
+        for pair in acks:
+            held = pair[0]
+            try:
+                done |= self._commit_acks([pair])
+            except (DatabaseError, InterfaceError):
+                # The job keeps its lease until it expires; the reaper gives it back.
+                failed.add(held.job.id)
+                logger.warning(
+                    "job_db_error job_id=%s; its ack was not written, it will run again",
+                    held.job.id,
+                    exc_info=True,
+                    extra=job_fields(held.job, self.worker_id, outcome="db_error"),
+                )
+                connections[self.alias].close()
+        return done, failed
 
     def settle(self, held: Held, outcome: Outcome) -> None:
         """Write what the outcome says to the store, then its metric, log line and signal."""
@@ -101,6 +242,12 @@ class Completer:
     # -- one method per outcome --------------------------------------------------------
 
     def _succeeded(self, held: Held, outcome: Succeeded) -> None:
+        if outcome.ack_json is not None:
+            self._pending.put((held, outcome))  # run_acks writes it, then reports it
+            return
+        self._report_succeeded(held, outcome)
+
+    def _report_succeeded(self, held: Held, outcome: Succeeded) -> None:
         job, duration = held.job, outcome.duration
         if _faults.ENABLED:
             _faults.maybe_crash("after_complete")

@@ -10,7 +10,9 @@ One process runs:
   connection, running one job at a time through :mod:`.pipeline`;
 - a **heartbeat thread** (:mod:`.heartbeat`) that extends the leases (and renews the locks)
   of held jobs every third of their visibility timeout, and fails jobs past their hard
-  ``timeout`` (:mod:`.watchdog`).
+  ``timeout`` (:mod:`.watchdog`);
+- with ``ACK_WINDOW`` above 0, an **ack thread** that writes the acks of non-atomic tasks
+  in batches (:meth:`.completer.Completer.run_acks`), and writes what is left before the exit.
 
 SIGTERM / SIGINT stop the claiming; jobs not started are handed back at once, running
 ones get ``SHUTDOWN_GRACE`` seconds, and what is still running then is handed back (it
@@ -57,6 +59,11 @@ DB_ERROR_BACKOFF_SECONDS = 0.5
 DB_ERROR_BACKOFF_MAX_SECONDS = 5.0
 #: Past this mean handler time (seconds) a worker stops holding more jobs than it can start.
 PREFETCH_MAX_RUN_SECONDS = 1.0
+#: Handler time (seconds) a worker holds per executor thread once it knows its jobs are short:
+#: the longest a held job waits for its thread, and what decides how rarely it claims.
+PREFETCH_TARGET_SECONDS = 0.02
+#: The most jobs that adaptive prefetch holds (unless twice the concurrency is more).
+PREFETCH_MAX_JOBS = 64
 #: Weight of the newest run in the mean handler time.
 RUN_TIME_SMOOTHING = 0.1
 #: What summary() counts: acked (a duplicate acked with the stored result included), put
@@ -65,6 +72,17 @@ RUN_TIME_SMOOTHING = 0.1
 OUTCOMES = tuple(tally.value for tally in Tally)
 #: The exit code of a worker stopped because one of its threads died.
 EXIT_THREAD_DIED = 1
+
+
+#: How long the exit waits for the ack thread to write what it holds.
+ACK_FLUSH_TIMEOUT_SECONDS = 30.0
+
+
+def _run_acks(worker: Worker) -> None:
+    try:
+        worker.completer.run_acks()
+    finally:
+        connections.close_all()
 
 
 def default_worker_id() -> str:
@@ -102,6 +120,7 @@ class Worker:
         self.capacity = batch_size or conf.batch_size or concurrency * 2
         self._explicit_batch = bool(batch_size or conf.batch_size)
         self._mean_run_seconds = 0.0
+        self._runs_noted = 0
         self.burst = burst
         self.max_jobs = max_jobs
         self.worker_id = worker_id or conf.worker_id or default_worker_id()
@@ -129,9 +148,16 @@ class Worker:
         self.exit_code = 0
         self.claimed = 0
         self.processed = 0
+        conf = get_settings()
         self.completer = Completer(
-            self.alias, self.worker_id, lock=self._lock, note_run_time=self.note_run_time
+            self.alias,
+            self.worker_id,
+            lock=self._lock,
+            note_run_time=self.note_run_time,
+            ack_window=conf.ack_window,
+            ack_batch_size=conf.ack_batch_size,
         )
+        self._acker: threading.Thread | None = None
         #: Outcomes of the jobs this worker finished, for the summary on exit (see summary()).
         self.outcomes: dict[str, int] = self.completer.outcomes
         self.runtime = Runtime(self.alias, self.worker_id, self.completer)
@@ -168,6 +194,8 @@ class Worker:
             self.capacity,
             extra={"worker_id": self.worker_id},
         )
+        if self.completer.batches_acks:
+            self._acker = self._spawn(_run_acks, "jobguard-acker")
         for index in range(self.concurrency):
             self._start_executor(index)
         heartbeat = self._spawn(run_heartbeat, "jobguard-heartbeat")
@@ -177,6 +205,8 @@ class Worker:
             listener.close()
             self.maintenance.resign()
             abandoned = shutdown.shut_down(self)
+            # Every ack handed over is written before the worker exits.
+            self.completer.close_acks(self._acker, timeout=ACK_FLUSH_TIMEOUT_SECONDS)
             self._heartbeat_stop.set()
             heartbeat.join(timeout=5)
             connections.close_all()
@@ -209,19 +239,32 @@ class Worker:
         self._wake_waiters()
 
     def capacity_now(self) -> int:
-        """Jobs to hold: a batch for short jobs; for long ones only what executors can start now.
+        """Jobs to hold: more for short jobs, only what executors can start now for long ones.
 
-        Jobs held beyond the free executors wait in this process while other workers may
-        be idle, which only pays off when jobs are short.
+        Jobs held beyond the free executors wait in this process while other workers may be
+        idle, which only pays off when jobs are short. A new worker holds twice its
+        concurrency; once it has seen that many runs, it holds about PREFETCH_TARGET_SECONDS
+        of work per thread (at most PREFETCH_MAX_JOBS), and claims that much less often. An
+        explicit batch size is kept as given.
         """
-        if not self._explicit_batch and self._mean_run_seconds > PREFETCH_MAX_RUN_SECONDS:
+        if self._explicit_batch:
+            return self.capacity
+        mean = self._mean_run_seconds
+        if mean > PREFETCH_MAX_RUN_SECONDS:
             return self.concurrency
-        return self.capacity
+        if self._runs_noted < self.capacity:
+            return self.capacity
+        per_thread = int(PREFETCH_TARGET_SECONDS / mean) if mean > 0 else PREFETCH_MAX_JOBS
+        return max(self.capacity, min(PREFETCH_MAX_JOBS, self.concurrency * per_thread))
 
     def note_run_time(self, seconds: float) -> None:
         """Fold one handler run time into the mean that decides how much to prefetch."""
-        # A plain float updated by several threads: a lost update only nudges an estimate.
-        self._mean_run_seconds += RUN_TIME_SMOOTHING * (seconds - self._mean_run_seconds)
+        # Plain numbers updated by several threads: a lost update only nudges an estimate.
+        if self._runs_noted == 0:
+            self._mean_run_seconds = seconds
+        else:
+            self._mean_run_seconds += RUN_TIME_SMOOTHING * (seconds - self._mean_run_seconds)
+        self._runs_noted += 1
 
     # -- threads -----------------------------------------------------------------------
 

@@ -218,7 +218,7 @@ def run_handler(rt: Runtime, held: Held, task: Any, scope: str) -> Outcome:
     began = time.perf_counter()
     try:
         try:
-            result = _invoke_and_ack(rt, held, task, context, scope)
+            result, ack_json = _invoke_and_ack(rt, held, task, context, scope)
         finally:
             release_lock(held, rt.worker_id)
     except LeaseLost:
@@ -231,7 +231,7 @@ def run_handler(rt: Runtime, held: Held, task: Any, scope: str) -> Outcome:
     except BaseException as exc:
         # SystemExit from a handler is a failing job, not a request to stop the worker.
         return classify(job, task, exc, time.perf_counter() - began)
-    return Succeeded(result, time.perf_counter() - began)
+    return Succeeded(result, time.perf_counter() - began, ack_json, scope)
 
 
 def _context(rt: Runtime, held: Held, task: Any) -> JobContext:
@@ -252,24 +252,31 @@ def _context(rt: Runtime, held: Held, task: Any) -> JobContext:
     return held.context
 
 
-def _invoke_and_ack(rt: Runtime, held: Held, task: Any, context: JobContext | None, scope: str) -> Any:
+def _invoke_and_ack(
+    rt: Runtime, held: Held, task: Any, context: JobContext | None, scope: str
+) -> tuple[Any, str | None]:
+    """The handler's result, and its JSON when the ack is left to the completer's batch."""
     job = held.job
     if task.atomic:
+        # Its writes and its ack commit together: one transaction per job, never batched.
         with transaction.atomic(using=rt.alias):
             result = invoke(task, context, job)
             if _faults.ENABLED:
                 _faults.maybe_crash("after_effect")
             ack(rt, held, scope, result)
-        return result
+        return result, None
     result = invoke(task, context, job)
     if _faults.ENABLED:
         _faults.maybe_crash("after_effect")
+    if rt.completer.batches_acks:
+        result, result_json = checked_result(rt, held, result)
+        return result, result_json
     if scope:
         with transaction.atomic(using=rt.alias):
             ack(rt, held, scope, result)
     else:
         ack(rt, held, scope, result)
-    return result
+    return result, None
 
 
 def invoke(task: Any, context: JobContext | None, job: store.ClaimedJob) -> Any:
@@ -286,6 +293,16 @@ def invoke(task: Any, context: JobContext | None, job: store.ClaimedJob) -> Any:
 
 def ack(rt: Runtime, held: Held, scope: str, result: Any) -> None:
     """Check the lease and the lock are still ours and the result is JSON, then write the ack."""
+    result, result_json = checked_result(rt, held, result)
+    rt.completer.write_ack(held, scope, result, result_json)
+
+
+def checked_result(rt: Runtime, held: Held, result: Any) -> tuple[Any, str]:
+    """The result as stored and its JSON, once the lease and the lock are known to be ours.
+
+    Raises LeaseLost for an abandoned job, ``_LockLostError`` for a lost lock and
+    ``_InvalidResultError`` for a result that is not JSON.
+    """
     job = held.job
     if held.state is HeldState.ABANDONED:
         raise LeaseLost(f"job {job.id}: abandoned past its hard timeout")
@@ -303,7 +320,7 @@ def ack(rt: Runtime, held: Held, scope: str, result: Any) -> None:
         except InvalidArgumentsError as exc:
             raise _InvalidResultError(str(exc)) from None
         result_json = json.dumps(result)
-    rt.completer.write_ack(held, scope, result, result_json)
+    return result, result_json
 
 
 def release_lock(held: Held, worker_id: str) -> None:

@@ -307,3 +307,24 @@ def test_recent_outcomes_and_pruning_read_the_partial_finished_index():
     assert "jobguard_job_finished_idx" in plan_of(recent_sql)
     sql, params = prunable_jobs("default", timezone.now()).query.sql_with_params()
     assert "jobguard_job_finished_idx" in plan_of(sql, params)
+
+
+def test_oldest_due_ages_take_each_queues_earliest_due_job_over_every_priority():
+    # Earliest-first in each (queue, priority): what the PostgreSQL skip scan reads.
+    rows = [
+        ("default", 0, -300),
+        ("default", 0, -10),
+        ("default", 5, -60),
+        ("default", -5, -900),  # the oldest of "default", at its lowest priority
+        ("emails", 3, 600),  # scheduled: not due, and first of its pair
+        ("emails", 0, -30),
+        ("emails", -2, 120),
+        ("later", 0, 60),  # nothing due in "later"
+    ]
+    for queue, priority, seconds in rows:
+        Job.objects.filter(pk=job(queue, seconds=seconds).pk).update(priority=priority)
+    job("running", "running", seconds=-500)  # a running job is not waiting
+    ages = stats.oldest_due_ages()
+    assert sorted(ages) == ["default", "emails"]
+    assert 900 <= ages["default"] < 960
+    assert 30 <= ages["emails"] < 90

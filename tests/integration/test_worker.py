@@ -4,8 +4,10 @@ import time
 
 import pytest
 
+from django_jobguard import store
 from django_jobguard.models import DeadLetter, Job
 from django_jobguard.worker import Worker
+from django_jobguard.worker.loop import PREFETCH_MAX_JOBS, PREFETCH_TARGET_SECONDS
 from tests.testapp import tasks
 from tests.testapp.models import Execution, LedgerEntry
 
@@ -171,3 +173,46 @@ def test_a_worker_stops_prefetching_once_its_jobs_run_long():
     for _ in range(50):
         pinned.note_run_time(5.0)
     assert pinned.capacity_now() == 10  # an explicit --batch-size is kept
+    first_long = Worker(concurrency=3, install_signal_handlers=False)
+    first_long.note_run_time(5.0)
+    assert first_long.capacity_now() == 3  # the first run seeds the mean: one long job is enough
+
+
+def test_a_worker_holds_more_short_jobs_once_it_has_seen_enough_of_them():
+    worker = Worker(concurrency=2, install_signal_handlers=False)
+    for _ in range(3):
+        worker.note_run_time(0.0001)
+    assert worker.capacity_now() == 4  # still learning: twice the concurrency
+    worker.note_run_time(0.0001)
+    assert worker.capacity_now() == PREFETCH_MAX_JOBS  # 20 ms of 0.1 ms jobs is more than the cap
+    medium = Worker(concurrency=2, install_signal_handlers=False)
+    for _ in range(10):
+        medium.note_run_time(0.004)
+    assert medium.capacity_now() == 2 * int(PREFETCH_TARGET_SECONDS / 0.004)  # 5 per thread
+    slower = Worker(concurrency=2, install_signal_handlers=False)
+    for _ in range(10):
+        slower.note_run_time(0.05)
+    assert slower.capacity_now() == 4  # past 10 ms a job: never less than twice the concurrency
+    pinned = Worker(concurrency=2, batch_size=3, install_signal_handlers=False)
+    for _ in range(10):
+        pinned.note_run_time(0.0001)
+    assert pinned.capacity_now() == 3
+
+
+def test_a_burst_of_short_jobs_is_claimed_in_growing_batches(monkeypatch):
+    asked = []
+    claim = store.claim
+
+    def counted(alias, queues, limit, *args):
+        asked.append(limit)
+        return claim(alias, queues, limit, *args)
+
+    monkeypatch.setattr(store, "claim", counted)
+    jobs = tasks.noop.bulk_enqueue([((), {}) for _ in range(300)])
+    assert run_burst(concurrency=2) == 0
+    assert set(Job.objects.filter(pk__in=[job.pk for job in jobs]).values_list("status", flat=True)) == {
+        "succeeded"
+    }
+    assert asked[0] == 4  # a new worker asks for twice its concurrency
+    assert max(asked) > 4 * 4, asked  # then, knowing the jobs are short, for many more at once
+    assert len(asked) < 300 / 4, asked  # so far fewer claims than one per two jobs

@@ -12,6 +12,7 @@ def test_defaults_apply_when_setting_is_absent():
     assert (settings.retry.base, settings.retry.max, settings.retry.jitter) == (5, 300, 3)
     assert settings.locks.backend == "database"
     assert settings.locks.prefix == "jobguard:lock:"
+    assert (settings.ack_window, settings.ack_batch_size) == (0.005, 100)
 
 
 def test_queue_options_override_globals_and_fill_missing_keys():
@@ -50,6 +51,9 @@ def test_queue_options_override_globals_and_fill_missing_keys():
         ({"API": {"ENQUEUE_THROTTLE_RATE": "lots"}}, "JOBGUARD['API']['ENQUEUE_THROTTLE_RATE']"),
         ({"API": {"OPERATE_THROTTLE_RATE": "5/fortnight"}}, "JOBGUARD['API']['OPERATE_THROTTLE_RATE']"),
         ({"API": {"MAX_BODY": 1}}, "JOBGUARD['API']['MAX_BODY']"),
+        ({"ACK_WINDOW": 5}, "JOBGUARD['ACK_WINDOW'] must be at most 1.0 seconds"),
+        ({"ACK_WINDOW": -0.1}, "JOBGUARD['ACK_WINDOW']"),
+        ({"ACK_BATCH_SIZE": 0}, "JOBGUARD['ACK_BATCH_SIZE']"),
     ],
 )
 def test_invalid_settings_name_the_key(raw, named):

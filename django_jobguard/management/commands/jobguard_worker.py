@@ -42,7 +42,10 @@ class Command(BaseCommand):
             "--batch-size",
             type=positive_int,
             default=None,
-            help="Most jobs held (claimed) at once, taken in one round trip (default: twice --concurrency).",
+            help=(
+                "Most jobs held (claimed) at once, taken in one round trip (default: twice "
+                "--concurrency, more for short jobs, up to 64; fewer for jobs over a second)."
+            ),
         )
         parser.add_argument(
             "--burst",

@@ -1,0 +1,158 @@
+"""Batched acks: the completer writes the acks of non-atomic tasks together, one commit per batch.
+
+The pipeline and the completer are called directly on real rows; the worker's own ack thread
+(and what a crash in its window means) is proved with real processes in
+tests/processes/test_batched_acks.py.
+"""
+
+import logging
+import time
+
+import pytest
+from django.db import connections
+from django.test.utils import CaptureQueriesContext
+from prometheus_client import REGISTRY
+
+from django_jobguard import signals, store
+from django_jobguard.models import IdempotencyKey, Job
+from django_jobguard.outcome import HeldState, Succeeded
+from django_jobguard.worker import pipeline
+from django_jobguard.worker.completer import Completer
+from django_jobguard.worker.held import Held
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ALIAS = "default"
+WORKER_ID = "batched-acks-test"
+
+
+def claim(count: int) -> list[Held]:
+    jobs = store.claim(ALIAS, None, count, WORKER_ID)
+    assert len(jobs) == count
+    now = time.monotonic()
+    return [Held(job=job, renewed_at=now, state=HeldState.RUNNING, started_at=now) for job in jobs]
+
+
+def batching_runtime() -> pipeline.Runtime:
+    completer = Completer(ALIAS, WORKER_ID, ack_window=0.005, ack_batch_size=100)
+    return pipeline.Runtime(ALIAS, WORKER_ID, completer)
+
+
+def lost_leases(job: Job) -> float:
+    labels = {"queue": job.queue_name, "task": job.task_name, "operation": "ack"}
+    return REGISTRY.get_sample_value("jobguard_lease_lost_total", labels) or 0.0
+
+
+def statuses(jobs: list[Job]) -> list[str]:
+    by_id = dict(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("pk", "status"))
+    return [by_id[j.pk] for j in jobs]
+
+
+def test_the_handler_returns_before_its_ack_which_a_batch_then_writes_in_one_statement():
+    jobs = [tasks.add.enqueue(n, b=1) for n in range(5)]
+    rt = batching_runtime()
+    settled = [(held, pipeline.run(held, rt)) for held in claim(5)]
+    # Every handler ran, and no ack is written yet: the rows are still leased.
+    assert all(type(o) is Succeeded and o.ack_json is not None for _, o in settled)
+    assert statuses(jobs) == ["running"] * 5
+
+    succeeded: list[int] = []
+
+    def on_success(sender, job_id, **kwargs):
+        succeeded.append(job_id)
+
+    signals.job_succeeded.connect(on_success)
+    try:
+        with CaptureQueriesContext(connections[ALIAS]) as queries:
+            rt.completer.settle_many(settled)
+    finally:
+        signals.job_succeeded.disconnect(on_success)
+
+    assert statuses(jobs) == ["succeeded"] * 5
+    assert sorted(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("result", flat=True)) == [
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
+    assert sorted(succeeded) == sorted(j.pk for j in jobs)
+    assert rt.completer.outcomes["succeeded"] == 5
+    updates = [q["sql"] for q in queries.captured_queries if q["sql"].lstrip().upper().startswith("UPDATE")]
+    if connections[ALIAS].vendor == "postgresql":
+        assert len(updates) == 1, updates  # one statement for the batch
+    else:
+        assert len(updates) == 5, updates  # one per row, in one transaction (one commit)
+    assert not any("SAVEPOINT" in q["sql"] for q in queries.captured_queries)
+
+
+def test_a_lost_lease_in_a_batch_costs_that_job_alone(caplog):
+    caplog.set_level(logging.WARNING, logger="django_jobguard.worker")
+    jobs = [tasks.add.enqueue(n) for n in range(3)]
+    rt = batching_runtime()
+    settled = [(held, pipeline.run(held, rt)) for held in claim(3)]
+    lost = settled[1][0].job.id
+    # The lease moved on (another worker's claim after a reap) while the ack waited.
+    Job.objects.filter(pk=lost).update(lease_token="someone-else")  # noqa: S106 - a stale token
+    before = lost_leases(jobs[0])
+
+    rt.completer.settle_many(settled)
+
+    by_id = {j.pk: s for j, s in zip(jobs, statuses(jobs), strict=True)}
+    assert by_id.pop(lost) == "running"
+    assert set(by_id.values()) == {"succeeded"}
+    assert Job.objects.get(pk=lost).lease_token == "someone-else"  # noqa: S105 - untouched
+    assert lost_leases(jobs[0]) == before + 1
+    assert [r for r in caplog.records if r.getMessage().startswith(f"ack_rejected job_id={lost};")]
+    assert rt.completer.outcomes["succeeded"] == 2
+
+
+def test_a_keyed_job_in_a_batch_marks_its_key_only_when_its_ack_is_written():
+    kept = tasks.add.using(idempotency_key="batch:kept").enqueue(1, b=1)
+    lost = tasks.add.using(idempotency_key="batch:lost").enqueue(2, b=2)
+    rt = batching_runtime()
+    settled = [(held, pipeline.run(held, rt)) for held in claim(2)]
+    Job.objects.filter(pk=lost.pk).update(lease_token="someone-else")  # noqa: S106 - a stale token
+
+    rt.completer.settle_many(settled)
+
+    assert statuses([kept, lost]) == ["succeeded", "running"]
+    kept_key = IdempotencyKey.objects.get(key="batch:kept")
+    assert (kept_key.status, kept_key.result, kept_key.job_id) == ("succeeded", 2, kept.pk)
+    assert IdempotencyKey.objects.get(key="batch:lost").status == "in_progress"
+
+
+def test_atomic_tasks_are_never_batched():
+    job = tasks.record.enqueue("atomic-batch")
+    rt = batching_runtime()
+    [held] = claim(1)
+    outcome = pipeline.run(held, rt)
+    # Acked inside the job's own transaction, with its writes, before the pipeline returned.
+    assert type(outcome) is Succeeded and outcome.ack_json is None
+    assert statuses([job]) == ["succeeded"]
+
+
+def test_a_dropped_connection_costs_the_batch_nothing(caplog):
+    caplog.set_level(logging.WARNING, logger="django_jobguard.worker")
+    jobs = [tasks.add.enqueue(n) for n in range(3)]
+    rt = batching_runtime()
+    settled = [(held, pipeline.run(held, rt)) for held in claim(3)]
+    # The database drops this thread's connection under Django (a restart, an idle timeout).
+    connections[ALIAS].ensure_connection()
+    connections[ALIAS].connection.close()
+
+    rt.completer.settle_many(settled)
+
+    assert statuses(jobs) == ["succeeded"] * 3
+    assert [r for r in caplog.records if r.getMessage().startswith("ack_batch_failed")]
+
+
+def test_acks_handed_over_are_written_when_the_worker_closes_them():
+    jobs = [tasks.add.enqueue(n) for n in range(4)]
+    rt = batching_runtime()
+    for held in claim(4):
+        rt.completer.settle(held, pipeline.run(held, rt))  # handed over: no ack thread runs here
+    assert statuses(jobs) == ["running"] * 4
+    rt.completer.close_acks(None, timeout=5)
+    assert statuses(jobs) == ["succeeded"] * 4
