@@ -100,6 +100,8 @@ def test_workers_running_maintenance_at_once_reap_dead_letter_and_redrive_each_j
     assert Job.objects.count() == EXPIRED + 2 * EXHAUSTED
 
 
+# slow, so the Django 6.x runs skip it: a thread touching a file and SIGSTOP do not depend on Django.
+@pytest.mark.slow
 def test_the_heartbeat_thread_touches_the_liveness_file_and_stops_when_the_worker_freezes(workers, tmp_path):
     alive = tmp_path / "alive"
     proc = workers.start(env={"JOBGUARD_TEST_LIVENESS_FILE": str(alive)})
