@@ -375,7 +375,8 @@ class Jobguard(System):
     def settings(self) -> str:
         return (
             f"{WORKER_PROCESSES} x `manage.py jobguard_worker --concurrency {CONCURRENCY} --burst` "
-            "(threads; batch = 2 x concurrency; LISTEN/NOTIFY with 1 s poll fallback; package defaults); "
+            "(threads; adaptive batch: 2 x concurrency, up to 64 for short jobs; "
+            "LISTEN/NOTIFY with 1 s poll fallback; package defaults); "
             "headline task `@task(atomic=True)`, fencing always on, metrics on (prometheus_client installed)"
             + "".join(
                 f"; EXPERIMENT {name}={os.environ[name]}"
