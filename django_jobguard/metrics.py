@@ -47,6 +47,7 @@ __all__ = [
     "QueueCollector",
     "WorkerMetricsServer",
     "metrics_view",
+    "multiprocess_collector",
     "reference_table",
     "register_queue_collector",
     "serve_worker_metrics",
@@ -532,23 +533,49 @@ def multiprocess_mode() -> bool:
     return "PROMETHEUS_MULTIPROC_DIR" in os.environ or "prometheus_multiproc_dir" in os.environ
 
 
+def _holds_values(path: str) -> bool:
+    try:
+        return os.path.getsize(path) > 0
+    except OSError:  # gone since the directory was listed: it holds nothing now
+        return False
+
+
+def multiprocess_collector(registry: Any = None, path: str | None = None) -> Any:
+    """prometheus_client's ``MultiProcessCollector``, skipping files no process has written yet.
+
+    A process creates its file empty and sizes it a moment later. prometheus_client reads an
+    empty file as corrupt and fails the whole scrape (client_python#1199), and a process
+    killed in that moment leaves the empty file behind, failing every scrape until the
+    directory is emptied. Such a file holds no value, so it is left out. ``path`` defaults to
+    ``PROMETHEUS_MULTIPROC_DIR``; registers with ``registry`` when one is given.
+    """
+    from prometheus_client import multiprocess
+
+    class Collector(multiprocess.MultiProcessCollector):
+        @staticmethod
+        def merge(files: Any, accumulate: bool = True) -> Any:
+            written = [name for name in files if _holds_values(name)]
+            return multiprocess.MultiProcessCollector.merge(written, accumulate)
+
+    return Collector(registry, path=path)
+
+
 def metrics_view(request: Any) -> Any:
     """A ``/metrics`` view that also works in prometheus_client's multiprocess mode.
 
     Without multiprocess mode it serves the default registry, like django-prometheus's
     view. In multiprocess mode django-prometheus's view serves only what the processes
     wrote to ``PROMETHEUS_MULTIPROC_DIR``; this one adds the queue gauges, which are
-    computed at scrape time and never written there.
+    computed at scrape time and never written there, and reads the directory with
+    :func:`multiprocess_collector`, which survives a process killed as it started.
     """
     from django.http import HttpResponse
 
     if prometheus_client is None:
         return HttpResponse("prometheus_client is not installed\n", status=501, content_type="text/plain")
     if multiprocess_mode():
-        from prometheus_client import multiprocess
-
         registry = prometheus_client.CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        multiprocess_collector(registry)
         registry.register(QueueCollector())
     else:
         registry = prometheus_client.REGISTRY

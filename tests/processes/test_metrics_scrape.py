@@ -11,6 +11,8 @@ import datetime
 import os
 import signal
 import socket
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterable
 
@@ -330,6 +332,27 @@ def test_multiprocess_mode_gathers_worker_counters_and_our_view_adds_the_gauges(
     assert not [key for key in theirs if key[0].startswith("jobguard_queue_")]
     assert value(ours, "jobguard_queue_dead_letters", queue="default") == 1
     assert value(ours, "jobguard_queue_stats_up") == 1
+
+
+def test_multiprocess_view_serves_every_other_file_when_a_process_left_its_own_empty(tmp_path, monkeypatch):
+    # A process creates its file empty and sizes it next; killed in between, it leaves the
+    # empty file for good. prometheus_client's own collector fails every scrape on it.
+    directory = tmp_path / "prometheus"
+    directory.mkdir()
+    subprocess.run(
+        [sys.executable, "-c", "import prometheus_client as p; p.Counter('probe', 'A probe.').inc(2)"],
+        env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)},
+        check=True,
+    )
+    assert list(directory.glob("counter_*.db"))
+    (directory / "histogram_4194304.db").touch()  # what the killed process left
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
+
+    response = metrics_view(RequestFactory().get("/metrics"))
+    assert response.status_code == 200
+    samples = parse(response.content.decode())
+    assert value(samples, "probe_total") == 2
+    assert value(samples, "jobguard_queue_stats_up") == 1
 
 
 def test_metrics_port_out_of_range_is_refused(workers):

@@ -37,10 +37,10 @@ GAUGES = {
 def counters(directory):
     """Every counter summed over all worker processes, dead ones included."""
     from prometheus_client import CollectorRegistry
-    from prometheus_client.multiprocess import MultiProcessCollector
 
     registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(directory))
+    # The view's collector: a worker killed as it created a file leaves that file empty.
+    metrics.multiprocess_collector(registry, path=str(directory))
     totals = collections.Counter()
     for family in registry.collect():
         if family.type == "counter":
