@@ -319,7 +319,8 @@ def oldest_due_ages(alias: str) -> dict[str, float]:
     On PostgreSQL a skip scan of the due index: its cost grows with the number of (queue,
     priority) pairs, not with the number of queued jobs.
     """
-    return dict(_db(alias).oldest_due_ages(alias))
+    ages: dict[str, float] = _db(alias).oldest_due_ages(alias)
+    return ages
 
 
 def observed_durations(alias: str, since: float, queue: str | None = None) -> list[DurationRow]:

@@ -407,19 +407,20 @@ def durations_sql(since: float, queue: str | None) -> tuple[str, list[Any]]:
 # each (queue, priority) is its earliest run_after, and the next pair is found by one index
 # descent. A grouped min over every queued row read the whole due set instead (about 200 ms
 # of scan with a million queued, once a minute from every worker and at each worker's start).
+# The first due-index entry of a set of queued rows: kept in step with jobguard_job_due_idx.
+_FIRST_QUEUED = (
+    f"(SELECT queue_name, priority, run_after FROM {TABLE} WHERE status = 'queued' %s "
+    "ORDER BY queue_name, priority DESC, run_after, id LIMIT 1)"
+)
 _OLDEST_DUE = (
     "WITH RECURSIVE heads(queue_name, priority, run_after) AS ("
-    f"(SELECT queue_name, priority, run_after FROM {TABLE} WHERE status = 'queued' "
-    "ORDER BY queue_name, priority DESC, run_after, id LIMIT 1) "
-    "UNION ALL "
-    "SELECT n.queue_name, n.priority, n.run_after FROM heads h, LATERAL ("
-    f"(SELECT queue_name, priority, run_after FROM {TABLE} WHERE status = 'queued' "
-    "AND queue_name = h.queue_name AND priority < h.priority "
-    "ORDER BY queue_name, priority DESC, run_after, id LIMIT 1) "
-    "UNION ALL "
-    f"(SELECT queue_name, priority, run_after FROM {TABLE} WHERE status = 'queued' "
-    "AND queue_name > h.queue_name ORDER BY queue_name, priority DESC, run_after, id LIMIT 1) "
-    "LIMIT 1) AS n) "
+    + _FIRST_QUEUED % ""
+    + " UNION ALL SELECT n.queue_name, n.priority, n.run_after FROM heads h, LATERAL ("
+    + _FIRST_QUEUED % "AND queue_name = h.queue_name AND priority < h.priority"
+    + " UNION ALL "
+    + _FIRST_QUEUED % "AND queue_name > h.queue_name"
+    + " LIMIT 1) AS n) "
+    # Both NOWs are the one statement_timestamp(), so no due row's age is below 0.
     f"SELECT queue_name, EXTRACT(EPOCH FROM {NOW} - min(run_after))::float8 FROM heads "
     f"WHERE run_after <= {NOW} GROUP BY queue_name"
 )

@@ -337,6 +337,8 @@ def oldest_due_ages(alias: str) -> dict[str, float]:
     # A grouped min over the due rows: SQLite installs are small, and it has no LATERAL.
     with connections[alias].cursor() as cursor:
         cursor.execute(_OLDEST_DUE, [])
+        # julianday('now') is read apart from the WHERE's now: a row due this instant could
+        # come out a few microseconds below 0.
         return {queue: max(0.0, float(age)) for queue, age in cursor.fetchall()}
 
 
