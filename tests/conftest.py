@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -107,6 +108,14 @@ def workers(tmp_path: Path) -> Iterator[WorkerProcesses]:
     pool = WorkerProcesses(tmp_path)
     yield pool
     pool.stop_all()
+
+
+def statuses(jobs: list[Any]) -> list[str]:
+    """Each job's status as the database holds it now, in the order of ``jobs``."""
+    from django_jobguard.models import Job
+
+    by_id = dict(Job.objects.filter(pk__in=[job.pk for job in jobs]).values_list("pk", "status"))
+    return [by_id[job.pk] for job in jobs]
 
 
 def wait_for(

@@ -68,8 +68,6 @@ class Completer:
         #: Seconds an ack waits for others to be written with; 0: each is written on its own.
         self.ack_window = ack_window
         self.ack_batch_size = max(1, ack_batch_size)
-        #: Whether the pipeline leaves non-atomic acks to :meth:`run_acks`.
-        self.batches_acks = ack_window > 0
         self._pending: queue.SimpleQueue[tuple[Held, Succeeded] | None] = queue.SimpleQueue()
         #: Guards the tally and the held jobs' states (the worker's own lock).
         self.lock = lock or threading.Lock()
@@ -84,6 +82,11 @@ class Completer:
             Dead: self._dead,
             Stale: self._stale,
         }
+
+    @property
+    def batches_acks(self) -> bool:
+        """Whether the pipeline leaves non-atomic acks to :meth:`run_acks`."""
+        return self.ack_window > 0
 
     def count(self, tally: Tally) -> None:
         with self.lock:

@@ -19,6 +19,7 @@ from django_jobguard.outcome import HeldState, Succeeded
 from django_jobguard.worker import pipeline
 from django_jobguard.worker.completer import Completer
 from django_jobguard.worker.held import Held
+from tests.conftest import statuses
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,11 +43,6 @@ def batching_runtime() -> pipeline.Runtime:
 def lost_leases(job: Job) -> float:
     labels = {"queue": job.queue_name, "task": job.task_name, "operation": "ack"}
     return REGISTRY.get_sample_value("jobguard_lease_lost_total", labels) or 0.0
-
-
-def statuses(jobs: list[Job]) -> list[str]:
-    by_id = dict(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("pk", "status"))
-    return [by_id[j.pk] for j in jobs]
 
 
 def test_the_handler_returns_before_its_ack_which_a_batch_then_writes_in_one_statement():

@@ -5,17 +5,11 @@ import signal
 
 import pytest
 
-from django_jobguard.models import Job
-from tests.conftest import wait_for
+from tests.conftest import statuses, wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
-
-
-def statuses(jobs):
-    by_id = dict(Job.objects.filter(pk__in=[job.pk for job in jobs]).values_list("pk", "status"))
-    return [by_id[job.pk] for job in jobs]
 
 
 def test_acks_waiting_in_the_window_are_written_before_the_worker_exits(workers):
