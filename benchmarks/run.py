@@ -63,6 +63,7 @@ from benchmarks._workloads import (  # noqa: E402
     QUICK,
     SAFETY_CONFIGS,
     WORKLOADS,
+    Sizes,
     bulk_run,
     deep_run,
     enqueue_bound_run,
@@ -200,6 +201,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="queued jobs of the deep workload's deep due set (1,000,000)",
     )
+    parser.add_argument(
+        "--deep-jobs",
+        type=int,
+        default=0,
+        help="jobs the deep workload drains per run, and so the shallow due set's depth (5,000); "
+        "more gives longer drains, steadier on a busy host",
+    )
     parser.add_argument("--memory-jobs", type=int, default=0, help="jobs of the memory workload (1,000,000)")
     parser.add_argument("--profile", action="store_true", help="profile django-jobguard's worker instead")
     parser.add_argument(
@@ -246,8 +254,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def sizes_for(args: argparse.Namespace) -> Sizes:
+    """The workloads' sizes: the full or quick set, with the command line's overrides."""
     sizes = dataclasses.replace(QUICK if args.quick else FULL)
     if args.sizes:
         sizes.throughput = [int(x) for x in args.sizes.split(",")]
@@ -257,8 +265,18 @@ def main(argv: list[str] | None = None) -> int:
         sizes.backlog_rows = args.backlog_rows
     if args.deep_depth:
         sizes.deep_depths = (sizes.deep_depths[0], args.deep_depth)
+    if args.deep_jobs:
+        # The shallow run drains its whole due set, as with the defaults.
+        sizes.deep_jobs = args.deep_jobs
+        sizes.deep_depths = (args.deep_jobs, sizes.deep_depths[1])
     if args.memory_jobs:
         sizes.memory_jobs = args.memory_jobs
+    return sizes
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = sizes_for(args)
     for option, variable in ((args.jobguard, "BENCH_JOBGUARD"), (args.db_options, "BENCH_DB_OPTIONS")):
         if option:
             json.loads(option)  # fail here, not in every worker

@@ -164,3 +164,11 @@ def test_compare_reports_medians_and_each_rounds_own_ratio(tmp_path) -> None:
     assert "1.100 [0.900-1.100]" in row
     figures = {(d["config"], d["metric"]): d for d in data}
     assert figures[("non-atomic", "worker_cpu_ms_per_job")]["ratio_of_medians"] == 1.0
+
+
+def test_deep_jobs_drains_more_per_run_and_the_shallow_set_is_that_deep() -> None:
+    from benchmarks.run import parse_args, sizes_for
+
+    sizes = sizes_for(parse_args(["--deep-jobs", "20000"]))
+    assert (sizes.deep_jobs, sizes.deep_depths) == (20_000, (20_000, 1_000_000))
+    assert sizes_for(parse_args([])).deep_depths == (5_000, 1_000_000)
