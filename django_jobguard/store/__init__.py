@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import threading
 from collections.abc import Iterable, Sequence
 from types import ModuleType
 from typing import Any
@@ -67,6 +68,7 @@ __all__ = [
     "complete_many",
     "database_now",
     "discard_queued",
+    "guard_statements",
     "heartbeat",
     "insert_jobs",
     "insert_key",
@@ -109,6 +111,17 @@ def _forget_aliases(*, setting: str, **kwargs: Any) -> None:
 
 
 setting_changed.connect(_forget_aliases, dispatch_uid="jobguard_store_aliases")
+
+
+def guard_statements(alias: str) -> threading.RLock | None:
+    """On SQLite, a lock this thread's connection holds while any cursor of it is open.
+
+    Shutdown closes a running job's connection from the worker's main thread (SQLite,
+    see ``writes_while_busy``), which is safe only while it holds this lock. None on
+    PostgreSQL, where nothing does.
+    """
+    guard: threading.RLock | None = _db(alias).guard_statements(alias)
+    return guard
 
 
 def writes_while_busy(alias: str) -> bool:

@@ -57,6 +57,10 @@ def writes_while_busy(alias: str) -> bool:
     return True  # row locks: an open job transaction blocks only the rows it wrote
 
 
+def guard_statements(alias: str) -> None:
+    return None  # nothing closes a job's connection from another thread here
+
+
 def database_now(alias: str) -> datetime.datetime:
     with connections[alias].cursor() as cursor:
         cursor.execute(f"SELECT {NOW}", [])

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import datetime
 import math
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 from django.db import connections, transaction
+from django.db.backends.sqlite3.base import SQLiteCursorWrapper
 
 from ._common import (
     FINISHED,
@@ -53,6 +55,58 @@ _HISTORY_DROPPED = (
 
 def writes_while_busy(alias: str) -> bool:
     return False  # an open write transaction holds the whole database
+
+
+class _GuardedCursor(SQLiteCursorWrapper):
+    """Holds its connection's guard (``guard_statements``) from its creation to its close."""
+
+    _guard: threading.RLock | None = None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._let_go()
+
+    def __del__(self) -> None:
+        # Django drops some cursors unclosed (the BEGIN of an atomic block on SQLite); freed
+        # at once by their thread, they let go of the guard here.
+        try:
+            self._let_go()
+        except RuntimeError:  # freed by another thread (a reference cycle): the guard stays held
+            pass
+
+    def _let_go(self) -> None:
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            guard.release()
+
+
+def guard_statements(alias: str) -> threading.RLock:
+    """Make this thread's connection hold the returned lock while any cursor of it is open.
+
+    Another thread holding the lock may close the connection: nothing of this thread is
+    using it then. A connection closed while another thread runs a statement on it crashes
+    the process (sqlite3 reads the closed handle as the statement returns), and one closed
+    under a cursor with rows left to fetch keeps that statement's lock until the cursor is
+    freed. Every cursor the connection makes from now on is guarded, whatever raw connection
+    it opens; a cursor kept open keeps the lock (a cut then waits, and gives up).
+    """
+    connection = connections[alias]
+    guard = threading.RLock()
+
+    def create_cursor(name: str | None = None) -> Any:
+        guard.acquire()
+        try:
+            cursor = connection.connection.cursor(factory=_GuardedCursor)
+        except BaseException:
+            guard.release()
+            raise
+        cursor._guard = guard
+        return cursor
+
+    connection.create_cursor = create_cursor  # type: ignore[method-assign]
+    return guard
 
 
 def database_now(alias: str) -> datetime.datetime:

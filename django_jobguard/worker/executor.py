@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, InterfaceError, connections
 
+from .. import store
 from ..log import job_fields
 from ..outcome import HandBack, HeldState
 from . import pipeline
@@ -32,6 +33,7 @@ def hand_back(held: Held) -> HandBack:
 
 def run_executor(worker: Worker) -> None:
     """Run jobs from the worker's ready queue until a None arrives or this thread is replaced."""
+    guard = store.guard_statements(worker.alias)  # so shutdown can cut its connection (SQLite)
     try:
         while True:
             idle_since = time.monotonic()
@@ -40,6 +42,7 @@ def run_executor(worker: Worker) -> None:
                 return
             if time.monotonic() - idle_since >= CONNECTION_CHECK_AFTER_IDLE_SECONDS:
                 _drop_unusable_connection(worker)
+            held.statement_guard = guard
             if _run_one(worker, held):
                 return
     finally:

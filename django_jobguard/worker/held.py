@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from typing import Any
 
 from .. import store
@@ -34,3 +35,5 @@ class Held:
     lease_lost: bool = False
     #: The executor thread's connection while the job runs, so shutdown can cut it (SQLite).
     connection: Any = None
+    #: Held by that connection while a cursor is open (SQLite; ``store.guard_statements``).
+    statement_guard: threading.RLock | None = None

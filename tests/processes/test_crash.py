@@ -124,6 +124,27 @@ def test_every_running_job_is_handed_back_when_one_holds_an_open_transaction(wor
     assert workers.log(proc).count("job_handed_back") == 2
 
 
+def test_a_job_cut_off_between_its_statements_is_handed_back_and_the_worker_exits_zero(workers, tmp_path):
+    # At the end of the grace period a SQLite worker closes each running job's connection
+    # from its main thread. Closed under a statement the job's thread is running, sqlite3
+    # crashes the process (SIGSEGV), so the close waits for the job to be between statements.
+    # This handler is almost never between them: each round is one more chance to crash.
+    for round_ in range(5):
+        marker = f"cut-{round_}"
+        job = tasks.writes_until.enqueue(marker, path=str(tmp_path / f"never-{round_}"))
+        proc = workers.start("--shutdown-grace", "0.2")
+        wait_for(
+            lambda marker=marker: Execution.objects.filter(marker=marker).count() >= 20,
+            message="the handler to be writing",
+        )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, workers.log(proc)[-2000:]
+        job.refresh_from_db()
+        assert (job.status, job.attempts, job.lease_token) == ("queued", 0, None)
+        assert "job_handed_back" in workers.log(proc)
+        job.delete()  # the next round's worker runs only that round's job
+
+
 def test_double_sigint_skips_the_grace_period(workers):
     job = tasks.short_lease.enqueue("impatient", seconds=30)
     proc = workers.start("--shutdown-grace", "600")

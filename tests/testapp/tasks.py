@@ -161,6 +161,16 @@ def blocks_plain(context, marker: str, path: str) -> int:
     return os.getpid()
 
 
+@task(takes_context=True)
+def writes_until(context, marker: str, path: str) -> int:
+    """Not atomic: one short write after another, each committed at once, until ``path`` exists."""
+    with open(f"{path}.started", "w"):
+        pass
+    while not os.path.exists(path):
+        Execution.objects.create(marker=marker, job_id=context.job_id, attempt=context.attempt)
+    return os.getpid()
+
+
 from . import tasks_cache, tasks_dlq, tasks_faults, tasks_idem, tasks_locks  # noqa: E402, F401
 
 
