@@ -21,6 +21,7 @@ name: bounded by configuration). Never a job id or a key.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -549,6 +550,12 @@ def multiprocess_collector(registry: Any = None, path: str | None = None) -> Any
     directory is emptied. Such a file holds no value, so it is left out. ``path`` defaults to
     ``PROMETHEUS_MULTIPROC_DIR``; registers with ``registry`` when one is given.
     """
+    return _skipping_collector_class()(registry, path=path)
+
+
+@functools.cache
+def _skipping_collector_class() -> Any:
+    """The collector class, built once: prometheus_client is imported only when asked for."""
     from prometheus_client import multiprocess
 
     class Collector(multiprocess.MultiProcessCollector):
@@ -557,7 +564,7 @@ def multiprocess_collector(registry: Any = None, path: str | None = None) -> Any
             written = [name for name in files if _holds_values(name)]
             return multiprocess.MultiProcessCollector.merge(written, accumulate)
 
-    return Collector(registry, path=path)
+    return Collector
 
 
 def metrics_view(request: Any) -> Any:

@@ -41,7 +41,7 @@ from ..outcome import (
     Succeeded,
     Tally,
 )
-from .held import LOGGER_NAME, Held
+from .held import LOGGER_NAME, Held, reset_after_db_error
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -224,15 +224,9 @@ class Completer:
             try:
                 done |= self._commit_acks([pair])
             except (DatabaseError, InterfaceError):
-                # The job keeps its lease until it expires; the reaper gives it back.
                 failed.add(held.job.id)
-                logger.warning(
-                    "job_db_error job_id=%s; its ack was not written, it will run again",
-                    held.job.id,
-                    exc_info=True,
-                    extra=job_fields(held.job, self.worker_id, outcome="db_error"),
-                )
-                connections[self.alias].close()
+                consequence = "its ack was not written, it will run again"
+                reset_after_db_error(held, self.worker_id, self.alias, consequence)
         return done, failed
 
     def settle(self, held: Held, outcome: Outcome) -> None:

@@ -12,7 +12,7 @@ from .. import store
 from ..log import job_fields
 from ..outcome import HandBack, HeldState
 from . import pipeline
-from .held import LOGGER_NAME, Held
+from .held import LOGGER_NAME, Held, reset_after_db_error
 
 if TYPE_CHECKING:
     from .loop import Worker
@@ -65,14 +65,7 @@ def _run_one(worker: Worker, held: Held) -> bool:
         elif held.state is HeldState.WAITING:
             worker.completer.settle(held, hand_back(held))
     except (DatabaseError, InterfaceError):
-        # The job keeps its lease until it expires; the reaper gives it back.
-        logger.warning(
-            "job_db_error job_id=%s; connection reset",
-            held.job.id,
-            exc_info=True,
-            extra=job_fields(held.job, worker.worker_id, outcome="db_error"),
-        )
-        connections[worker.alias].close()
+        reset_after_db_error(held, worker.worker_id, worker.alias, "connection reset")
     except Exception:
         logger.exception(
             "job_crashed job_id=%s",

@@ -7,11 +7,14 @@ import logging
 import threading
 from typing import Any
 
+from django.db import connections
+
 from .. import store
 from ..context import JobContext
+from ..log import job_fields
 from ..outcome import HeldState
 
-__all__ = ["LOGGER_NAME", "Held"]
+__all__ = ["LOGGER_NAME", "Held", "reset_after_db_error"]
 
 #: Every module of the worker logs under the one name the worker always used.
 LOGGER_NAME = "django_jobguard.worker"
@@ -37,3 +40,19 @@ class Held:
     connection: Any = None
     #: Held by that connection while a cursor is open (SQLite; ``store.guard_statements``).
     statement_guard: threading.RLock | None = None
+
+
+def reset_after_db_error(held: Held, worker_id: str, alias: str, consequence: str) -> None:
+    """Log the database error being handled for this job, and close the thread's connection.
+
+    The next query reconnects. The job keeps its lease until it expires, and the reaper
+    gives it back. Call from the ``except`` block, so the log line carries the traceback.
+    """
+    logger.warning(
+        "job_db_error job_id=%s; %s",
+        held.job.id,
+        consequence,
+        exc_info=True,
+        extra=job_fields(held.job, worker_id, outcome="db_error"),
+    )
+    connections[alias].close()
