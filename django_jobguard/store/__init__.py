@@ -240,9 +240,15 @@ def heartbeat(
     return {row[0] for row in rows}
 
 
-def complete(alias: str, job_id: int, lease_token: str, result_json: str) -> bool:
-    """Mark the job succeeded with its JSON result, if the lease is still ours."""
-    return bool(_db(alias).complete(alias, job_id, lease_token, result_json))
+def complete(alias: str, job_id: int, lease_token: str, result_json: str, *, commit: bool = False) -> bool:
+    """Mark the job succeeded with its JSON result, if the lease is still ours.
+
+    ``commit=True``: the ack is the last statement of the outermost atomic block, so on
+    PostgreSQL it may commit that transaction in the same round trip (the block's exit then
+    has nothing left to send). When the lease is lost nothing commits: returns False, and the
+    caller raises :class:`LeaseLost` so the block rolls back.
+    """
+    return bool(_db(alias).complete(alias, job_id, lease_token, result_json, commit=commit))
 
 
 def complete_many(alias: str, acks: Sequence[tuple[int, str, str]]) -> set[int]:

@@ -13,7 +13,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import DataError, connections, transaction
 
 from ..conf import get_settings
 from ._common import (
@@ -33,6 +33,14 @@ from ._common import (
     row_values,
     sqlite_datetime,
 )
+
+_SIMPLE_QUERY_CURSORS: tuple[type, ...]
+try:
+    from psycopg import ClientCursor
+
+    _SIMPLE_QUERY_CURSORS = (ClientCursor,)
+except ImportError:  # psycopg 2, or a project on SQLite only
+    _SIMPLE_QUERY_CURSORS = ()
 
 NOW = "statement_timestamp()"
 _RETURNING_J = ", ".join(f"j.{column}" for column in RETURNING.split(", "))
@@ -260,10 +268,45 @@ _COMPLETE = (
 )
 
 
-def complete(alias: str, job_id: int, lease_token: str, result_json: str) -> bool:
-    with connections[alias].cursor() as cursor:
+# The fenced ack and the COMMIT of its transaction in one query string: one round trip, not
+# two. When no row matches (the lease is lost) the division by count(*) fails, the error
+# aborts the transaction and PostgreSQL skips the rest of the string: the COMMIT never runs,
+# so the job's writes roll back instead of committing beside a stale ack.
+_COMPLETE_AND_COMMIT = f"WITH acked AS ({_COMPLETE} RETURNING 1) SELECT 1 / count(*) FROM acked; COMMIT"
+_LEASE_LOST_SQLSTATE = "22012"  # division_by_zero: nothing else in that string can raise it
+
+
+def complete(alias: str, job_id: int, lease_token: str, result_json: str, *, commit: bool = False) -> bool:
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        if commit and _commits_here(connection, cursor):
+            try:
+                cursor.execute(_COMPLETE_AND_COMMIT, [result_json, job_id, lease_token])
+            except DataError as exc:
+                if getattr(exc.__cause__, "sqlstate", None) == _LEASE_LOST_SQLSTATE:
+                    return False  # the caller raises LeaseLost, and the atomic block rolls back
+                raise
+            # Django's commit on leaving the block finds no transaction open: psycopg sends
+            # nothing, and the block's on_commit callbacks run as they would have.
+            return True
         cursor.execute(_COMPLETE, [result_json, job_id, lease_token])
         return bool(cursor.rowcount == 1)
+
+
+def _commits_here(connection: Any, cursor: Any) -> bool:
+    """Whether the ack may send the COMMIT of the atomic block it is the last statement of.
+
+    Only for the one outermost block, which commits on exit (not inside a caller's
+    transaction or a test's), with psycopg 3's client-side binding, Django's default: its
+    simple-query protocol is what takes two statements in one string with parameters.
+    """
+    return (
+        isinstance(cursor.cursor, _SIMPLE_QUERY_CURSORS)
+        and len(connection.atomic_blocks) == 1
+        and not connection.savepoint_ids
+        and connection.commit_on_exit
+        and not connection.needs_rollback
+    )
 
 
 # One UPDATE for a batch of acks: the arrays pair each id with its token and result.

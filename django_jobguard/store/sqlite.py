@@ -228,7 +228,8 @@ _COMPLETE = (
 )
 
 
-def complete(alias: str, job_id: int, lease_token: str, result_json: str) -> bool:
+def complete(alias: str, job_id: int, lease_token: str, result_json: str, *, commit: bool = False) -> bool:
+    # commit: the transaction's own COMMIT does it; SQLite has no round trip to save.
     with connections[alias].cursor() as cursor:
         cursor.execute(_COMPLETE, [result_json, job_id, lease_token])
         return bool(cursor.rowcount == 1)

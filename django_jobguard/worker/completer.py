@@ -94,17 +94,20 @@ class Completer:
 
     # -- writes ------------------------------------------------------------------------
 
-    def write_ack(self, held: Held, scope: str, result: Any, result_json: str) -> None:
+    def write_ack(
+        self, held: Held, scope: str, result: Any, result_json: str, *, commit: bool = False
+    ) -> None:
         """Mark the job succeeded (and its idempotency key), fenced by the lease token.
 
         Called by the pipeline inside the job's transaction; raises LeaseLost if refused.
+        ``commit=True``: nothing follows in that transaction (see :func:`store.complete`).
         """
         job = held.job
         if scope and job.idempotency_key:
             idempotency.record_success(self.alias, scope, job.idempotency_key, job.id, result)
         if _faults.ENABLED:
             _faults.maybe_crash("in_complete")
-        if not store.complete(self.alias, job.id, job.lease_token, result_json):
+        if not store.complete(self.alias, job.id, job.lease_token, result_json, commit=commit):
             raise LeaseLost(f"job {job.id}: lease lost before the ack")
 
     def settle_many(self, settled: Iterable[tuple[Held, Outcome]]) -> None:

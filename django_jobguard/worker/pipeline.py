@@ -263,7 +263,7 @@ def _invoke_and_ack(
             result = invoke(task, context, job)
             if _faults.ENABLED:
                 _faults.maybe_crash("after_effect")
-            ack(rt, held, scope, result)
+            ack(rt, held, scope, result, commit=True)  # the block's last statement
         return result, None
     result = invoke(task, context, job)
     if _faults.ENABLED:
@@ -273,7 +273,7 @@ def _invoke_and_ack(
         return result, result_json
     if scope:
         with transaction.atomic(using=rt.alias):
-            ack(rt, held, scope, result)
+            ack(rt, held, scope, result, commit=True)
     else:
         ack(rt, held, scope, result)
     return result, None
@@ -291,10 +291,13 @@ def invoke(task: Any, context: JobContext | None, job: store.ClaimedJob) -> Any:
     return task.func(*args, **job.kwargs)
 
 
-def ack(rt: Runtime, held: Held, scope: str, result: Any) -> None:
-    """Check the lease and the lock are still ours and the result is JSON, then write the ack."""
+def ack(rt: Runtime, held: Held, scope: str, result: Any, *, commit: bool = False) -> None:
+    """Check the lease and the lock are still ours and the result is JSON, then write the ack.
+
+    ``commit=True`` when the ack ends the job's atomic block: it may send the COMMIT too.
+    """
     result, result_json = checked_result(rt, held, result)
-    rt.completer.write_ack(held, scope, result, result_json)
+    rt.completer.write_ack(held, scope, result, result_json, commit=commit)
 
 
 def checked_result(rt: Runtime, held: Held, result: Any) -> tuple[Any, str]:
