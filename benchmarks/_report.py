@@ -347,7 +347,42 @@ class Report:
             f"### Deep backlog: {self.sizes.deep_jobs:,} jobs drained (`--max-jobs`) from a due set that "
             f"stays this deep ({OURS}); claim plans in benchmarks/results/explain-*.txt\n\n"
             + table(headers, rows)
+            + "\n\nWhat PostgreSQL did per job, and where its backends' time went (shares of "
+            "`pg_stat_activity` samples every 10 ms; client: waiting for the worker):\n\n"
+            + self._deep_server_work(labels)
         )
+
+    def _deep_server_work(self, labels: list[str]) -> str:
+        def median(label: str, metric: str) -> float | None:
+            return self.results.median("deep", "jobguard", label, metric)
+
+        def share(label: str, category: str) -> str:
+            value = median(label, f"wait_{category}")
+            return "-" if value is None else f"{value:.0%}"
+
+        categories = ("cpu", "wal", "data_io", "lock", "client", "other")
+        rows = [
+            [
+                label,
+                fmt(median(label, "wal_bytes_per_job"), 0),
+                fmt(median(label, "wal_fpi_per_job"), 2),
+                fmt(median(label, "blocks_hit_per_job"), 1),
+                fmt(median(label, "blocks_read_per_job"), 2),
+                fmt(median(label, "backend_writes_per_job"), 2),
+                *(share(label, c) for c in categories),
+            ]
+            for label in labels
+        ]
+        headers = [
+            "due set",
+            "WAL bytes/job",
+            "full-page images/job",
+            "buffer hits/job",
+            "blocks read/job",
+            "writes by backends/job",
+            *(f"{c.replace('_', ' ')} %" for c in categories),
+        ]
+        return table(headers, rows)
 
     def memory(self) -> str:
         r = self.results

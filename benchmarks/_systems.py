@@ -205,6 +205,111 @@ class BackendCpu:
         return ticks / os.sysconf("SC_CLK_TCK")
 
 
+class ServerWork:
+    """What PostgreSQL did for one database over a window: WAL, buffer reads, waits.
+
+    Counters are read before and after (``pg_stat_wal`` and ``pg_stat_bgwriter`` are the
+    whole server's, so other databases must be idle; ``pg_statio_user_tables`` is the job
+    table's). A thread samples ``pg_stat_activity`` every ``INTERVAL`` seconds and counts, per
+    backend of the database, what it was doing: on the CPU (``active``, no wait event), a wait
+    event (``WALSync``, ``DataFileRead``, a lock...) or waiting for its client (``idle``,
+    ``ClientRead``). The shares say where a backend's time went, not only its CPU.
+    """
+
+    INTERVAL = 0.01
+
+    _COUNTERS = (
+        "SELECT w.wal_records, w.wal_fpi, w.wal_bytes, b.buffers_backend, b.buffers_clean, "
+        "b.checkpoints_timed + b.checkpoints_req, "
+        "coalesce(sum(t.heap_blks_read + coalesce(t.idx_blks_read, 0)), 0), "
+        "coalesce(sum(t.heap_blks_hit + coalesce(t.idx_blks_hit, 0)), 0) "
+        "FROM pg_stat_wal w, pg_stat_bgwriter b LEFT JOIN pg_statio_user_tables t "
+        "ON t.relname = 'jobguard_job' GROUP BY 1, 2, 3, 4, 5, 6"
+    )
+    _FIELDS = ("wal_records", "wal_fpi", "wal_bytes", "backend_writes", "bgwriter_writes", "checkpoints")
+
+    def __init__(self, servers: Servers, dbname: str) -> None:
+        self.servers = servers
+        self.dbname = dbname
+        self.waits: collections.Counter[str] = collections.Counter()
+        self.delta: dict[str, float] = {}
+        self._before: tuple[Any, ...] = ()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _counters(self) -> tuple[Any, ...]:
+        conn = self.servers.psycopg.connect(self.servers.url(self.dbname), autocommit=True)
+        try:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            return tuple(conn.execute(self._COUNTERS).fetchone())
+        finally:
+            conn.close()
+
+    def __enter__(self) -> ServerWork:
+        self._before = self._counters()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        # Backends report their table counters as they exit; the workers' have by now.
+        after = self._counters()
+        names = (*self._FIELDS, "blocks_read", "blocks_hit")
+        pairs = zip(names, after, self._before, strict=True)
+        self.delta = {name: float(a) - float(b) for name, a, b in pairs}
+
+    def _run(self) -> None:
+        conn = self.servers.psycopg.connect(self.servers.url(self.dbname), autocommit=True)
+        try:
+            query = (
+                "SELECT state, wait_event_type, wait_event FROM pg_stat_activity "
+                "WHERE datname = %s AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            )
+            while not self._stop.wait(self.INTERVAL):
+                for state, kind, event in conn.execute(query, [self.dbname]).fetchall():
+                    self.waits[self.category(state, kind, event)] += 1
+                conn.execute("SELECT pg_stat_clear_snapshot()")
+        finally:
+            conn.close()
+
+    def per_job(self, jobs: int) -> dict[str, float]:
+        """Per job: WAL bytes and full-page images, blocks read and found, writes by backends."""
+        d = self.delta
+        return {
+            "wal_bytes_per_job": d["wal_bytes"] / jobs,
+            "wal_fpi_per_job": d["wal_fpi"] / jobs,
+            "blocks_read_per_job": d["blocks_read"] / jobs,
+            "blocks_hit_per_job": d["blocks_hit"] / jobs,
+            "backend_writes_per_job": d["backend_writes"] / jobs,
+            "checkpoints": d["checkpoints"],
+        }
+
+    #: What a sampled backend was doing, in the categories the report shows.
+    CATEGORIES = ("cpu", "wal", "data_io", "lock", "client", "other")
+
+    @staticmethod
+    def category(state: str | None, kind: str | None, event: str | None) -> str:
+        if state in ("idle", "idle in transaction") or kind == "Client":
+            return "client"  # between statements: the worker has the next move
+        if state != "active":
+            return "other"
+        if event is None:
+            return "cpu"
+        if event.startswith("WAL"):  # IO: WALSync / WALWrite, LWLock: WALWrite / WALInsert
+            return "wal"
+        if kind == "IO":
+            return "data_io"
+        if kind in ("Lock", "LWLock"):
+            return "lock"
+        return "other"
+
+    def wait_shares(self) -> dict[str, float]:
+        """Each category's share of the backends' samples (``wait_<category>``), 0 when unseen."""
+        total = sum(self.waits.values()) or 1
+        return {f"wait_{name}": self.waits[name] / total for name in self.CATEGORIES}
+
+
 @dataclasses.dataclass
 class Record:
     """What the data store says about one job after a run."""

@@ -26,6 +26,7 @@ from benchmarks._systems import (
     BenchError,
     Jobguard,
     Servers,
+    ServerWork,
     System,
     Workers,
     enqueue,
@@ -377,11 +378,12 @@ def deep_run(
     capture.unlink(missing_ok=True)
     workers = Workers(system, workdir, burst=True)
     backends = BackendCpu(system.dbname)
+    work = ServerWork(system.servers, system.dbname)
     old = os.environ.pop("BENCH_CAPTURE_SQL", None)
     if explain:
         os.environ["BENCH_CAPTURE_SQL"] = str(capture)
     try:
-        with backends:
+        with backends, work:
             workers.start()
             try:
                 workers.wait_exit(timeout=STARTUP_TIMEOUT_SECONDS + n / 20)
@@ -408,6 +410,8 @@ def deep_run(
         "processing_rate": total / float(rows[2]),
         "worker_cpu_ms_per_job": workers.cpu_seconds() * 1000 / total,
         "postgres_cpu_ms_per_job": backends.seconds * 1000 / total,
+        **work.per_job(total),
+        **work.wait_shares(),
     }
     if explain and capture.exists():
         # Planned against the rows still queued: depth - n, the depth the run ended at.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks._report import Report, Results
-from benchmarks._systems import BenchError, Record, System, verify
+from benchmarks._systems import BenchError, Record, ServerWork, System, verify
 from benchmarks._workloads import QUICK, percentile
 
 
@@ -172,3 +172,36 @@ def test_deep_jobs_drains_more_per_run_and_the_shallow_set_is_that_deep() -> Non
     sizes = sizes_for(parse_args(["--deep-jobs", "20000"]))
     assert (sizes.deep_jobs, sizes.deep_depths) == (20_000, (20_000, 1_000_000))
     assert sizes_for(parse_args([])).deep_depths == (5_000, 1_000_000)
+
+
+@pytest.mark.parametrize(
+    ("state", "kind", "event", "category"),
+    [
+        ("active", None, None, "cpu"),
+        ("active", "IO", "WALSync", "wal"),
+        ("active", "LWLock", "WALWrite", "wal"),
+        ("active", "IO", "DataFileRead", "data_io"),
+        ("active", "Lock", "transactionid", "lock"),
+        ("active", "LWLock", "BufferMapping", "lock"),
+        ("idle", "Client", "ClientRead", "client"),
+        ("idle in transaction", "Client", "ClientRead", "client"),
+        ("active", "Timeout", "PgSleep", "other"),
+    ],
+)
+def test_deep_runs_sort_backend_samples_into_what_the_backend_was_doing(state, kind, event, category) -> None:
+    assert ServerWork.category(state, kind, event) == category
+
+
+def test_deep_report_shows_the_server_work_per_job_beside_the_rates() -> None:
+    results = Results()
+    shallow, _ = QUICK.deep_depths
+    base = f"{shallow:,} queued, 1 queue"
+    results.add(
+        "deep",
+        "jobguard",
+        base,
+        {"processing_rate": 1000.0, "wal_bytes_per_job": 812.4, "wal_fpi_per_job": 0.25, "wait_wal": 0.4},
+    )
+    text = Report(results, QUICK, ["jobguard"]).build(["deep"])
+    row = next(line for line in text.splitlines() if line.startswith(f"| {base}") and "812" in line)
+    assert "| 0.25 " in row and "| 40% " in row
