@@ -347,8 +347,9 @@ class Report:
             f"### Deep backlog: {self.sizes.deep_jobs:,} jobs drained (`--max-jobs`) from a due set that "
             f"stays this deep ({OURS}); claim plans in benchmarks/results/explain-*.txt\n\n"
             + table(headers, rows)
-            + "\n\nWhat PostgreSQL did per job, and where its backends' time went (shares of "
-            "`pg_stat_activity` samples every 10 ms; client: waiting for the worker):\n\n"
+            + "\n\nWhat PostgreSQL did per job, and where the time of its backends' transactions went "
+            "(shares of `pg_stat_activity` samples every 10 ms of backends active or idle in a "
+            "transaction; client: inside a transaction, waiting for the worker's next statement):\n\n"
             + self._deep_server_work(labels)
         )
 

@@ -210,10 +210,11 @@ class ServerWork:
 
     Counters are read before and after (``pg_stat_wal`` and ``pg_stat_bgwriter`` are the
     whole server's, so other databases must be idle; ``pg_statio_user_tables`` is the job
-    table's). A thread samples ``pg_stat_activity`` every ``INTERVAL`` seconds and counts, per
-    backend of the database, what it was doing: on the CPU (``active``, no wait event), a wait
-    event (``WALSync``, ``DataFileRead``, a lock...) or waiting for its client (``idle``,
-    ``ClientRead``). The shares say where a backend's time went, not only its CPU.
+    table's). A thread samples ``pg_stat_activity`` every ``INTERVAL`` seconds and counts, for
+    each backend of the database that is working on a transaction, what it was doing: on the
+    CPU (``active``, no wait event), a wait event (``WALSync``, ``DataFileRead``, a lock...) or
+    waiting for its client in the middle of the transaction (``idle in transaction``). The shares
+    say where the time of the database's work went, not only its CPU.
     """
 
     INTERVAL = 0.01
@@ -268,7 +269,9 @@ class ServerWork:
             )
             while not self._stop.wait(self.INTERVAL):
                 for state, kind, event in conn.execute(query, [self.dbname]).fetchall():
-                    self.waits[self.category(state, kind, event)] += 1
+                    category = self.category(state, kind, event)
+                    if category is not None:
+                        self.waits[category] += 1
                 conn.execute("SELECT pg_stat_clear_snapshot()")
         finally:
             conn.close()
@@ -289,9 +292,12 @@ class ServerWork:
     CATEGORIES = ("cpu", "wal", "data_io", "lock", "client", "other")
 
     @staticmethod
-    def category(state: str | None, kind: str | None, event: str | None) -> str:
-        if state in ("idle", "idle in transaction") or kind == "Client":
-            return "client"  # between statements: the worker has the next move
+    def category(state: str | None, kind: str | None, event: str | None) -> str | None:
+        """What a sampled backend was doing; None when idle outside a transaction (no work)."""
+        if state == "idle":
+            return None  # a connection with nothing to do (a listener, a heartbeat between beats)
+        if state == "idle in transaction" or kind == "Client":
+            return "client"  # inside a transaction, the worker has the next move
         if state != "active":
             return "other"
         if event is None:

@@ -183,7 +183,7 @@ def test_deep_jobs_drains_more_per_run_and_the_shallow_set_is_that_deep() -> Non
         ("active", "IO", "DataFileRead", "data_io"),
         ("active", "Lock", "transactionid", "lock"),
         ("active", "LWLock", "BufferMapping", "lock"),
-        ("idle", "Client", "ClientRead", "client"),
+        ("idle", "Client", "ClientRead", None),
         ("idle in transaction", "Client", "ClientRead", "client"),
         ("active", "Timeout", "PgSleep", "other"),
     ],
