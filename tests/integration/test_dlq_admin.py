@@ -432,3 +432,24 @@ def test_idempotency_key_now_describes_the_dead_letters_own_replay_as_its_replay
     content = client.get(page(letter)).content.decode()
     assert f"succeeded (job #{job.pk}, this dead letter&#x27;s replay): the replay ran the action" in content
     assert "acked as a duplicate" not in content
+
+
+def breadcrumbs(html):
+    return html.split('<div class="breadcrumbs">', 1)[1].split("</div>", 1)[0]
+
+
+def test_the_replay_pages_carry_the_models_breadcrumbs_and_the_form_styles(client, people):
+    letter = dead_charge(order_id=8, amount=0)
+    client.force_login(people.requester)
+    response = client.get(replay_url(letter, "request"))
+    html = response.content.decode()
+    crumbs = breadcrumbs(html)
+    # Home, the list, this dead letter, then the page's title, in that order.
+    links = (reverse("admin:index"), reverse(CHANGELIST), page(letter))
+    places = [crumbs.index(f'href="{link}"') for link in links]
+    assert places == sorted(places)
+    assert crumbs.rstrip().endswith(str(response.context["title"]))
+    assert "admin/css/forms.css" in html and 'class="module aligned"' in html
+    refused = client.post(replay_url(letter, "approve"), {"reason": "mine"})  # rita may not approve
+    assert refused.status_code == 403
+    assert f'href="{reverse(CHANGELIST)}"' in breadcrumbs(refused.content.decode())
