@@ -6,7 +6,7 @@ import collections
 import statistics
 from typing import Any
 
-from benchmarks._systems import CONCURRENCY, SYSTEM_LABELS, WORKER_PROCESSES
+from benchmarks._systems import CONCURRENCY, SYSTEM_LABELS, WORKER_PROCESSES, ServerWork
 from benchmarks._workloads import SAFETY_CONFIGS, Sizes
 
 
@@ -361,7 +361,7 @@ class Report:
             value = median(label, f"wait_{category}")
             return "-" if value is None else f"{value:.0%}"
 
-        categories = ("cpu", "wal", "data_io", "lock", "client", "other")
+        categories = ServerWork.CATEGORIES
         rows = [
             [
                 label,

@@ -220,14 +220,13 @@ class ServerWork:
     INTERVAL = 0.01
 
     _COUNTERS = (
-        "SELECT w.wal_records, w.wal_fpi, w.wal_bytes, b.buffers_backend, b.buffers_clean, "
-        "b.checkpoints_timed + b.checkpoints_req, "
+        "SELECT w.wal_fpi, w.wal_bytes, b.buffers_backend, b.checkpoints_timed + b.checkpoints_req, "
         "coalesce(sum(t.heap_blks_read + coalesce(t.idx_blks_read, 0)), 0), "
         "coalesce(sum(t.heap_blks_hit + coalesce(t.idx_blks_hit, 0)), 0) "
         "FROM pg_stat_wal w, pg_stat_bgwriter b LEFT JOIN pg_statio_user_tables t "
-        "ON t.relname = 'jobguard_job' GROUP BY 1, 2, 3, 4, 5, 6"
+        "ON t.relname = 'jobguard_job' GROUP BY 1, 2, 3, 4"
     )
-    _FIELDS = ("wal_records", "wal_fpi", "wal_bytes", "backend_writes", "bgwriter_writes", "checkpoints")
+    _FIELDS = ("wal_fpi", "wal_bytes", "backend_writes", "checkpoints", "blocks_read", "blocks_hit")
 
     def __init__(self, servers: Servers, dbname: str) -> None:
         self.servers = servers
@@ -239,12 +238,8 @@ class ServerWork:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _counters(self) -> tuple[Any, ...]:
-        conn = self.servers.psycopg.connect(self.servers.url(self.dbname), autocommit=True)
-        try:
-            conn.execute("SELECT pg_stat_clear_snapshot()")
-            return tuple(conn.execute(self._COUNTERS).fetchone())
-        finally:
-            conn.close()
+        # An autocommit statement is a transaction of its own: it reads fresh statistics.
+        return self.servers.query(self.dbname, self._COUNTERS)[0]
 
     def __enter__(self) -> ServerWork:
         self._before = self._counters()
@@ -256,11 +251,11 @@ class ServerWork:
         self._thread.join()
         # Backends report their table counters as they exit; the workers' have by now.
         after = self._counters()
-        names = (*self._FIELDS, "blocks_read", "blocks_hit")
-        pairs = zip(names, after, self._before, strict=True)
+        pairs = zip(self._FIELDS, after, self._before, strict=True)
         self.delta = {name: float(a) - float(b) for name, a, b in pairs}
 
     def _run(self) -> None:
+        # A connection of its own: the main thread's (Servers.conn) is not shared across threads.
         conn = self.servers.psycopg.connect(self.servers.url(self.dbname), autocommit=True)
         try:
             query = (
@@ -272,7 +267,6 @@ class ServerWork:
                     category = self.category(state, kind, event)
                     if category is not None:
                         self.waits[category] += 1
-                conn.execute("SELECT pg_stat_clear_snapshot()")
         finally:
             conn.close()
 
