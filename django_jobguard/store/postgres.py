@@ -8,12 +8,15 @@ another one is taking instead of queueing behind it.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
+import re
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DataError, connections, transaction
+from django.db import DatabaseError, DataError, connections, transaction
 
 from ..conf import get_settings
 from ._common import (
@@ -59,6 +62,81 @@ def _history_failed(column: str = "attempt_history") -> str:
         f"jsonb_set({column}, '{{-1}}', COALESCE({column} -> -1, '{{}}'::jsonb) || jsonb_build_object("
         f"'finished_at', {NOW}, 'error_class', %s::text, 'error', %s::text, 'traceback', %s::text))"
     )
+
+
+# -- prepared statements -------------------------------------------------------------------
+
+# Errors that say a connection's prepared statements are not what we think: gone (DISCARD
+# ALL, DEALLOCATE ALL) or planned for another shape of the table (a migration ran).
+_STALE_PREPARED_SQLSTATES = frozenset({"26000", "0A000"})
+
+
+@dataclass
+class _Prepared:
+    """What one connection has prepared: names, and a generation that renames them all."""
+
+    names: set[str] = field(default_factory=set)
+    generation: int = 0
+
+
+_prepared_by_connection: weakref.WeakKeyDictionary[Any, _Prepared] = weakref.WeakKeyDictionary()
+
+
+class Statement:
+    """A statement the worker sends for every job: parsed and planned once per connection.
+
+    Django's default client-side binding sends each statement as text, which PostgreSQL
+    parses and plans every time. A worker's ack, batch ack and lease renewal are prepared
+    with SQL ``PREPARE`` on their first use on a connection and sent as ``EXECUTE
+    name(values)`` after that: still one simple query, so the ack can still carry its
+    ``COMMIT`` and Django's cursor wrappers still see every statement. Where a client's
+    server session can change under it (a transaction-mode pooler, ``POOLED_DATABASES``)
+    or with server-side binding, the statement is sent as it is.
+    """
+
+    def __init__(self, sql: str) -> None:
+        self.sql = sql
+        count = sql.count("%s")
+        numbers = iter(range(1, count + 1))
+        self._body = re.sub("%s", lambda _: f"${next(numbers)}", sql)
+        self._name = "jobguard_" + hashlib.blake2s(sql.encode(), digest_size=6).hexdigest()
+        self._arguments = f"({', '.join(['%s'] * count)})" if count else ""
+
+    def execute(self, alias: str, cursor: Any, params: Sequence[Any], then: str = "") -> None:
+        """Run the statement on ``cursor`` (of ``alias``), followed by ``then`` in the same string."""
+        prepared = self._prepared(alias, cursor)
+        if prepared is None:
+            cursor.execute(self.sql + then, params)
+            return
+        name = f"{self._name}_{prepared.generation}"
+        if name not in prepared.names:
+            cursor.execute(f"PREPARE {name} AS {self._body}")
+            prepared.names.add(name)
+        try:
+            cursor.execute(f"EXECUTE {name}{self._arguments}{then}", params)
+        except DatabaseError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) not in _STALE_PREPARED_SQLSTATES:
+                raise
+            # Prepare afresh under new names (an old name may still exist). Outside a
+            # transaction nothing was lost, so run it again now; inside one, the failed
+            # statement aborted it, and the error goes to the caller like any other.
+            prepared.names.clear()
+            prepared.generation += 1
+            if connections[alias].in_atomic_block:
+                raise
+            self.execute(alias, cursor, params, then)
+
+    @staticmethod
+    def _prepared(alias: str, cursor: Any) -> _Prepared | None:
+        simple_query = isinstance(cursor.cursor, _SIMPLE_QUERY_CURSORS)
+        if not simple_query or alias in get_settings().pooled_databases:
+            return None
+        raw = cursor.cursor.connection
+        prepared = _prepared_by_connection.get(raw)
+        if prepared is None:
+            # Each thread has its own connection, so no two threads touch one entry.
+            prepared = _prepared_by_connection.setdefault(raw, _Prepared())
+        return prepared
 
 
 def writes_while_busy(alias: str) -> bool:
@@ -250,7 +328,7 @@ def _claim(
 # -- leases --------------------------------------------------------------------------------
 
 # Tokens are random per claim, so matching id and token sets is exact enough.
-_HEARTBEAT = (
+_HEARTBEAT = Statement(
     f"UPDATE {TABLE} SET lease_expires_at = {NOW} + visibility_timeout * interval '1 second' "
     "WHERE id = ANY(%s) AND lease_token = ANY(%s) RETURNING id, cancel_requested"
 )
@@ -258,21 +336,22 @@ _HEARTBEAT = (
 
 def heartbeat(alias: str, ids: list[int], tokens: list[str]) -> list[tuple[int, bool]]:
     with connections[alias].cursor() as cursor:
-        cursor.execute(_HEARTBEAT, [ids, tokens])
+        _HEARTBEAT.execute(alias, cursor, [ids, tokens])
         return cursor.fetchall()  # type: ignore[no-any-return]
 
 
-_COMPLETE = (
+_COMPLETE_SQL = (
     f"UPDATE {TABLE} SET status = 'succeeded', finished_at = {NOW}, lease_token = NULL, "
     "lease_expires_at = NULL, result = %s::jsonb WHERE id = %s AND lease_token = %s"
 )
+_COMPLETE = Statement(_COMPLETE_SQL)
 
 
 # The fenced ack and the COMMIT of its transaction in one query string: one round trip, not
 # two. When no row matches (the lease is lost) the division by count(*) fails, the error
 # aborts the transaction and PostgreSQL skips the rest of the string: the COMMIT never runs,
 # so the job's writes roll back instead of committing beside a stale ack.
-_COMPLETE_AND_COMMIT = f"WITH acked AS ({_COMPLETE} RETURNING 1) SELECT 1 / count(*) FROM acked; COMMIT"
+_COMPLETE_CHECKED = Statement(f"WITH acked AS ({_COMPLETE_SQL} RETURNING 1) SELECT 1 / count(*) FROM acked")
 _LEASE_LOST_SQLSTATE = "22012"  # division_by_zero: nothing else in that string can raise it
 
 
@@ -281,7 +360,7 @@ def complete(alias: str, job_id: int, lease_token: str, result_json: str, *, com
     with connection.cursor() as cursor:
         if commit and _commits_here(connection, cursor):
             try:
-                cursor.execute(_COMPLETE_AND_COMMIT, [result_json, job_id, lease_token])
+                _COMPLETE_CHECKED.execute(alias, cursor, [result_json, job_id, lease_token], then="; COMMIT")
             except DataError as exc:
                 if getattr(exc.__cause__, "sqlstate", None) == _LEASE_LOST_SQLSTATE:
                     return False  # the caller raises LeaseLost, and the atomic block rolls back
@@ -289,7 +368,7 @@ def complete(alias: str, job_id: int, lease_token: str, result_json: str, *, com
             # Django's commit on leaving the block finds no transaction open: psycopg sends
             # nothing, and the block's on_commit callbacks run as they would have.
             return True
-        cursor.execute(_COMPLETE, [result_json, job_id, lease_token])
+        _COMPLETE.execute(alias, cursor, [result_json, job_id, lease_token])
         return bool(cursor.rowcount == 1)
 
 
@@ -310,7 +389,7 @@ def _commits_here(connection: Any, cursor: Any) -> bool:
 
 
 # One UPDATE for a batch of acks: the arrays pair each id with its token and result.
-_COMPLETE_MANY = (
+_COMPLETE_MANY = Statement(
     f"UPDATE {TABLE} AS j SET status = 'succeeded', finished_at = {NOW}, lease_token = NULL, "
     "lease_expires_at = NULL, result = v.result::jsonb "
     "FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS v(id, token, result) "
@@ -321,7 +400,7 @@ _COMPLETE_MANY = (
 def complete_many(alias: str, acks: Sequence[tuple[int, str, str]]) -> list[int]:
     ids, tokens, results = (list(column) for column in zip(*acks, strict=True))
     with connections[alias].cursor() as cursor:
-        cursor.execute(_COMPLETE_MANY, [ids, tokens, results])
+        _COMPLETE_MANY.execute(alias, cursor, [ids, tokens, results])
         return [row[0] for row in cursor.fetchall()]
 
 
@@ -416,7 +495,7 @@ def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], li
 
 # -- idempotency keys ----------------------------------------------------------------------
 
-_KEY_SUCCEEDED = (
+_KEY_SUCCEEDED = Statement(
     f"UPDATE jobguard_idempotencykey SET status = 'succeeded', result = %s, updated_at = {NOW} "
     "WHERE scope = %s AND key = %s AND job_id = %s"
 )
@@ -424,7 +503,7 @@ _KEY_SUCCEEDED = (
 
 def record_key_success(alias: str, scope: str, key: str, job_id: int, result_json: str | None) -> bool:
     with connections[alias].cursor() as cursor:
-        cursor.execute(_KEY_SUCCEEDED, [result_json, scope, key, job_id])
+        _KEY_SUCCEEDED.execute(alias, cursor, [result_json, scope, key, job_id])
         return bool(cursor.rowcount > 0)
 
 
