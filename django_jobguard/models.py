@@ -484,8 +484,8 @@ class Schedule(models.Model):
 class QueueState(models.Model):
     """Whether a queue is paused, and who paused it when and why: one row per queue ever paused.
 
-    Workers read the paused rows before each claim, so a pause reaches every host within
-    one poll. A queue without a row is running.
+    Every claim reads the paused rows (on PostgreSQL, inside the claim statement), so a pause
+    reaches every host within one poll. A queue without a row is running.
     """
 
     queue_name = models.CharField(_("queue"), max_length=100, primary_key=True)

@@ -1,10 +1,10 @@
 """Queue pause and resume: the one home of the rule, for the admin, the command and the API.
 
 A paused queue keeps accepting jobs; workers stop claiming from it at their next poll
-(they read :func:`paused_queues` before every claim: one indexed query over the few
-paused rows), and jobs already running finish. A claim that had read the paused set just
-before the pause committed may still take that queue's jobs, once. The state is a row per queue in the
-database, so every worker on every host sees the same thing, and each change appends a
+(every claim leaves paused queues alone: on PostgreSQL the claim statement reads the few
+paused rows itself, on SQLite the worker reads them just before it), and jobs already
+running finish. On PostgreSQL a claim that started before the pause committed may still
+take that queue's jobs, once. The state is a row per queue in the database, so every worker on every host sees the same thing, and each change appends a
 :class:`~django_jobguard.models.QueueEvent` (who, when, why).
 """
 

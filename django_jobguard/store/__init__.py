@@ -209,17 +209,21 @@ def claim(
     """Lease up to ``limit`` due jobs of ``queues`` (all queues if None) in one statement.
 
     ``exclude`` names queues to leave alone when ``queues`` is None (every other queue: the
-    worker's ``--exclude-queues`` and the paused ones); with a list of queues, leave them out
-    of the list instead.
+    worker's ``--exclude-queues``); with a list of queues, leave them out of the list
+    instead. Paused queues are never claimed from: on PostgreSQL the claim statement reads
+    them itself, elsewhere they are read just before it.
     """
     if limit <= 0:
         return []
+    db = _db(alias)
+    if not db.CLAIM_READS_PAUSES:
+        exclude = sorted({*exclude, *paused_queue_names(alias)})
     if queues:
         queues = [name for name in queues if name not in exclude]
         if not queues:
             return []
         exclude = ()
-    jobs: list[ClaimedJob] = _db(alias).claim(alias, queues, limit, worker_id, exclude)
+    jobs: list[ClaimedJob] = db.claim(alias, queues, limit, worker_id, exclude)
     jobs.sort(key=lambda job: (-job.priority, job.id))
     return jobs
 

@@ -162,8 +162,8 @@ def _job_layout() -> tuple[list[str], dict[str, Any]]:
 
 
 def paused_queue_names(alias: str) -> set[str]:
-    """The paused queues' names: a raw read, as it runs before every claim (measured: the
-    ORM query it replaces cost the claim loop more than the claim statement itself)."""
+    """The paused queues' names: a raw read, as it runs before every claim on SQLite (measured:
+    the ORM query it replaces cost the claim loop more than the claim statement itself)."""
     with connections[alias].cursor() as cursor:
         # The same condition as the partial index of paused rows, on both databases.
         cursor.execute("SELECT queue_name FROM jobguard_queuestate WHERE paused = %s", [True])

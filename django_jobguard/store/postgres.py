@@ -139,6 +139,10 @@ class Statement:
         return prepared
 
 
+#: The claim statement leaves paused queues alone by itself (see _picked).
+CLAIM_READS_PAUSES = True
+
+
 def writes_while_busy(alias: str) -> bool:
     return True  # row locks: an open job transaction blocks only the rows it wrote
 
@@ -278,31 +282,38 @@ _DUE = f"status = 'queued' AND run_after <= {NOW} AND attempts < max_attempts"
 _ORDER = "ORDER BY priority DESC, run_after, id"
 
 
+_PAUSED = "SELECT queue_name FROM jobguard_queuestate WHERE paused"
+
+
 def _picked(queues: Sequence[str] | None, limit: int, exclude: Sequence[str]) -> tuple[str, list[Any]]:
     """The SELECT of the rows to claim, and its parameters.
 
     Each shape walks a partial index on queued rows in claim order and stops after
     ``limit`` rows, so its cost depends on neither the backlog nor the finished history.
     (``queue_name = ANY(...)`` would sort every due row instead, hence one LATERAL index
-    walk per queue for several queues.)
+    walk per queue for several queues.) Paused queues are read by the same statement, so a
+    pause committed before the claim starts is always seen, and it costs no round trip of
+    its own: a paused queue's walk is never started (one queue, several), or its rows are
+    skipped over on the one walk (all queues, as for ``exclude``).
     """
-    if not queues and exclude:
-        # A filter on the same index walk: the excluded queues' rows are skipped over.
-        return (
-            f"SELECT id FROM {TABLE} WHERE {_DUE} AND queue_name <> ALL(%s) {_ORDER} "
-            "LIMIT %s FOR UPDATE SKIP LOCKED"
-        ), [list(exclude), limit]
     if not queues:
-        return f"SELECT id FROM {TABLE} WHERE {_DUE} {_ORDER} LIMIT %s FOR UPDATE SKIP LOCKED", [limit]
-    if len(queues) == 1:
+        # A filter on the same index walk: the excluded and the paused queues' rows are skipped over.
+        excluded = "AND queue_name <> ALL(%s) " if exclude else ""
         return (
-            f"SELECT id FROM {TABLE} WHERE queue_name = %s AND {_DUE} {_ORDER} "
+            f"SELECT id FROM {TABLE} WHERE {_DUE} {excluded}AND queue_name NOT IN ({_PAUSED}) {_ORDER} "
             "LIMIT %s FOR UPDATE SKIP LOCKED"
-        ), [queues[0], limit]
+        ), [*([list(exclude)] if exclude else []), limit]
+    if len(queues) == 1:
+        # The paused check does not depend on the row: PostgreSQL runs it once, before the walk.
+        return (
+            f"SELECT id FROM {TABLE} WHERE queue_name = %s AND {_DUE} "
+            f"AND NOT EXISTS ({_PAUSED} AND queue_name = %s) {_ORDER} LIMIT %s FOR UPDATE SKIP LOCKED"
+        ), [queues[0], queues[0], limit]
     return (
         "SELECT c.id FROM unnest(%s::text[]) AS q(name), LATERAL ("
         f"SELECT id, priority, run_after FROM {TABLE} WHERE queue_name = q.name AND {_DUE} {_ORDER} "
-        "LIMIT %s FOR UPDATE SKIP LOCKED) AS c ORDER BY c.priority DESC, c.run_after, c.id LIMIT %s"
+        f"LIMIT %s FOR UPDATE SKIP LOCKED) AS c WHERE q.name NOT IN ({_PAUSED}) "
+        "ORDER BY c.priority DESC, c.run_after, c.id LIMIT %s"
     ), [list(queues), limit, limit]
 
 

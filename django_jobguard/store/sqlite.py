@@ -52,6 +52,9 @@ _HISTORY_DROPPED = (
     "THEN json_remove(attempt_history, '$[#-1]') ELSE attempt_history END"
 )
 
+#: The paused queues are read before each claim (store.claim), not by the claim statement.
+CLAIM_READS_PAUSES = False
+
 
 def writes_while_busy(alias: str) -> bool:
     return False  # an open write transaction holds the whole database

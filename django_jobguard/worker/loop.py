@@ -38,7 +38,6 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, connections
 
 from .. import _faults, beats, store
-from .. import queues as queue_states  # `queue` is the stdlib module here
 from ..conf import WORKER_ID_MAX_LENGTH, get_settings
 from ..maintenance import Maintenance
 from ..outcome import Tally
@@ -356,15 +355,8 @@ class Worker:
                 listener.wait(max(0.0, min(wait, until)))
 
     def _claim(self, limit: int) -> int:
-        # Paused queues are read before every claim, so a pause reaches us within one poll.
-        paused = queue_states.paused_queues(self.alias)
-        wanted = self.queues
-        if paused and wanted:
-            wanted = [name for name in wanted if name not in paused]
-            if not wanted:
-                return 0
-        exclude = sorted({*self.exclude_queues, *paused})
-        jobs = store.claim(self.alias, wanted, limit, self.worker_id, exclude)
+        # Every claim leaves the paused queues alone, so a pause reaches us within one poll.
+        jobs = store.claim(self.alias, self.queues, limit, self.worker_id, self.exclude_queues)
         if not jobs:
             return 0
         if _faults.ENABLED:

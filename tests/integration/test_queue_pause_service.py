@@ -78,11 +78,20 @@ def test_a_paused_queue_keeps_accepting_jobs_and_the_claim_skips_it():
     queues.pause("paused", actor="x", reason="why")
     held = tasks.add.using(queue_name="paused").enqueue(1)
     free = tasks.add.using(queue_name="free").enqueue(2)
+    other = tasks.add.using(queue_name="other").enqueue(3)
     assert Job.objects.get(pk=held.pk).status == "queued"
-    # A worker of every queue gets the paused ones as `skip`.
-    claimed = store.claim("default", None, 10, "w", exclude=["paused"])
-    assert [job.id for job in claimed] == [free.pk]
+    # Every shape of claim leaves it alone: one queue, several, all of them.
+    assert store.claim("default", ["paused"], 10, "w") == []
+    assert [job.id for job in store.claim("default", ["paused", "free"], 10, "w")] == [free.pk]
+    with CaptureQueriesContext(connection) as queries:
+        claimed = store.claim("default", None, 10, "w")
+    assert [job.id for job in claimed] == [other.pk]
+    # PostgreSQL reads the pauses in the claim statement itself; SQLite just before it.
+    assert len(queries) == (1 if connection.vendor == "postgresql" else 2)
     assert Job.objects.get(pk=held.pk).status == "queued"
+    # Resumed, it is claimed at the next poll.
+    queues.resume("paused", actor="x")
+    assert [job.id for job in store.claim("default", ["paused"], 10, "w")] == [held.pk]
 
 
 def test_queue_stats_show_the_paused_queue_in_one_more_query():
