@@ -4,7 +4,8 @@ A paused queue keeps accepting jobs; workers stop claiming from it at their next
 (every claim leaves paused queues alone: on PostgreSQL the claim statement reads the few
 paused rows itself, on SQLite the worker reads them just before it), and jobs already
 running finish. On PostgreSQL a claim that started before the pause committed may still
-take that queue's jobs, once. The state is a row per queue in the database, so every worker on every host sees the same thing, and each change appends a
+take that queue's jobs, once. The state is a row per queue in the database, so every
+worker on every host sees the same thing, and each change appends a
 :class:`~django_jobguard.models.QueueEvent` (who, when, why).
 """
 
