@@ -468,7 +468,11 @@ def main(argv: list[str] | None = None) -> int:
                 ours = systems["jobguard"]
                 assert isinstance(ours, Jobguard)
                 ours.configure(*HEADLINE)
-                for concurrency in (0, *sizes.concurrencies):
+                # Rotated each round: the first slot runs just after another workload's writes
+                # (a checkpoint, autovacuum), and must not always be the same configuration.
+                order = (0, *sizes.concurrencies)
+                shift = r % len(order)
+                for concurrency in order[shift:] + order[:shift]:
                     ours.concurrency = concurrency
                     label = f"--concurrency {concurrency}" if concurrency else "no flags"
                     measure(
