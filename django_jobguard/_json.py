@@ -85,7 +85,9 @@ def _scalar(value: Any, what: str) -> tuple[Any, int]:
         return value, _MAX_FLOAT_CHARS
     hint = " (pass value.isoformat())" if isinstance(value, datetime.date | datetime.time) else ""
     raise InvalidArgumentsError(
-        f"{what}: {type(value).__module__}.{type(value).__qualname__} is not JSON-serialisable{hint}."
+        # "Unsupported type" is Django's own wording (django.tasks): code that matches on it keeps working.
+        f"{what}: Unsupported type: {type(value).__module__}.{type(value).__qualname__} is not "
+        f"JSON-serialisable{hint}."
     )
 
 
@@ -135,7 +137,8 @@ def _walk(
             if is_dict:
                 if type(key) is not str and not isinstance(key, str):
                     raise InvalidArgumentsError(
-                        f"{_path(where, node)}: key {key!r} is not a string; JSON objects need string keys."
+                        f"{_path(where, node)}: Unsupported type: key {key!r} is not a string; JSON objects "
+                        "need string keys."
                     )
                 if "\x00" in key or not key.isascii():
                     _check_string(key, f"{_path(where, node, key)}: the key")

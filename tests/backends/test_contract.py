@@ -21,7 +21,7 @@ if not getattr(settings, "TASKS_ROOT", None):
         allow_module_level=True,
     )
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
 from django.core.checks import run_checks
 from django.db import connections
 from django.test import override_settings
@@ -248,8 +248,15 @@ def test_validation_uses_djangos_messages_and_exception():
 
 
 def test_non_json_arguments_are_refused_at_enqueue_and_write_nothing():
-    with pytest.raises(TypeError, match="not JSON-serialisable"):
+    # Django's own suite matches "Unsupported type"; ours adds the argument and the fix.
+    with pytest.raises(TypeError, match=r"args\[0\]: Unsupported type: datetime\.date is not JSON-serialisable"):
         tasks_django.add.enqueue(datetime.date(2030, 1, 1), 1)
+    assert not Job.objects.exists()
+
+
+def test_non_json_arguments_are_refused_by_aenqueue_in_djangos_words():
+    with pytest.raises(TypeError, match="Unsupported type"):
+        async_to_sync(tasks_django.add.aenqueue)({1, 2}, 1)
     assert not Job.objects.exists()
 
 

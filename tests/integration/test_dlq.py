@@ -193,7 +193,7 @@ def test_correcting_a_payload_needs_the_view_payload_permission(people):
         (
             None,
             {"order_id": 8, "amount": {1, 2}},
-            r"kwargs\['amount'\]: builtins\.set is not JSON-serialisable",
+            r"kwargs\['amount'\]: Unsupported type: builtins\.set is not JSON-serialisable",
         ),
         ("8", None, "args must be a JSON array, not str"),
         (None, ["order_id"], "kwargs must be a JSON object, not list"),
