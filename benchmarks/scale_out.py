@@ -4,6 +4,10 @@
     python benchmarks/scale_out.py [--database-url postgres://postgres@127.0.0.1:5432/jobguard_h10]
                                    [--jobs 3000] [--runs 3] [--workers 2,4,8] [--markdown FILE]
 
+The undeclared column runs the same workers with Django's pooling settings but without
+``JOBGUARD["POOLED_DATABASES"]``: each process finds the pooler at its first lost prepared
+statement and sends text from then on.
+
 Uses the test suite's settings and tasks (tests/settings.py, tests/testapp) on the given
 database (migrated here; its job tables are emptied between runs) and a private pgbouncer
 (tests/pgbouncer.py, pool of 10 server connections). Prints two tables:
@@ -63,11 +67,12 @@ def main() -> None:
         with connection.cursor() as cursor:
             cursor.execute("TRUNCATE jobguard_job, jobguard_idempotencykey, jobguard_deadletter CASCADE")
 
-    def env(pooled: bool, listen: bool = True) -> dict[str, str]:
+    def env(pooled: bool, listen: bool = True, declared: bool = True) -> dict[str, str]:
         extra = dict(os.environ)
         if pooled:
             extra["JOBGUARD_TEST_PGBOUNCER_PORT"] = str(bouncer.port)
             extra["JOBGUARD_TEST_LISTEN_DIRECT"] = "1" if listen else "0"
+            extra["JOBGUARD_TEST_PGBOUNCER_UNDECLARED"] = "0" if declared else "1"
         return extra
 
     def worker(*args: str, environment: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -79,10 +84,13 @@ def main() -> None:
             stderr=subprocess.DEVNULL,
         )
 
-    def rate(processes: int, pooled: bool) -> float:
+    def rate(processes: int, pooled: bool, declared: bool = True) -> float:
         reset()
         tasks.noop.bulk_enqueue([((), {})] * options.jobs)
-        procs = [worker("--burst", "--concurrency", "2", environment=env(pooled)) for _ in range(processes)]
+        procs = [
+            worker("--burst", "--concurrency", "2", environment=env(pooled, declared=declared))
+            for _ in range(processes)
+        ]
         for proc in procs:
             proc.wait(timeout=1800)
         with connection.cursor() as cursor:
@@ -120,16 +128,26 @@ def main() -> None:
         f"Processing rate ({options.jobs} no-op jobs, `--concurrency 2` per process, "
         f"median of {options.runs} [min-max], jobs/s):",
         "",
-        "| worker processes | through PgBouncer | direct |",
-        "| --- | --- | --- |",
+        "| worker processes | through PgBouncer | through PgBouncer, undeclared | undeclared / declared "
+        "| direct |",
+        "| --- | --- | --- | --- | --- |",
     ]
     try:
         for processes in [int(n) for n in options.workers.split(",")]:
             cells = []
-            for pooled in (True, False):
-                runs = [rate(processes, pooled) for _ in range(options.runs)]
-                cells.append(f"{statistics.median(runs):,.0f} [{min(runs):,.0f}-{max(runs):,.0f}]")
-            lines.append(f"| {processes} | {cells[0]} | {cells[1]} |")
+            medians = []
+            # Declared, undeclared (the pooler found at run time) and direct, interleaved per run.
+            setups = ((True, True), (True, False), (False, True))
+            runs: dict[tuple[bool, bool], list[float]] = {setup: [] for setup in setups}
+            for _ in range(options.runs):
+                for pooled, declared in setups:
+                    runs[(pooled, declared)].append(rate(processes, pooled, declared))
+            for setup in setups:
+                values = runs[setup]
+                medians.append(statistics.median(values))
+                cells.append(f"{medians[-1]:,.0f} [{min(values):,.0f}-{max(values):,.0f}]")
+            ratio = f"{medians[1] / medians[0]:.2f}x"
+            lines.append(f"| {processes} | {cells[0]} | {cells[1]} | {ratio} | {cells[2]} |")
             print(lines[-1], flush=True)
         lines += [
             "",

@@ -188,7 +188,10 @@ if os.environ.get("JOBGUARD_TEST_SCHEDULES"):
 
     JOBGUARD["SCHEDULES"] = _json.loads(os.environ["JOBGUARD_TEST_SCHEDULES"])
 if os.environ.get("JOBGUARD_TEST_PGBOUNCER_PORT"):
-    JOBGUARD["POOLED_DATABASES"] = ["default"]
+    # JOBGUARD_TEST_PGBOUNCER_UNDECLARED=1: Django's pooling settings, but the alias left out
+    # of POOLED_DATABASES (jobguard must find the pooler itself).
+    if os.environ.get("JOBGUARD_TEST_PGBOUNCER_UNDECLARED") != "1":
+        JOBGUARD["POOLED_DATABASES"] = ["default"]
     if os.environ.get("JOBGUARD_TEST_LISTEN_DIRECT", "1") == "1":
         JOBGUARD["LISTEN_DATABASE"] = "direct"
 if os.environ.get("JOBGUARD_TEST_ACK_WINDOW"):

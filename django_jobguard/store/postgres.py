@@ -10,7 +10,9 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import logging
 import re
+import threading
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,6 +47,8 @@ try:
 except ImportError:  # psycopg 2, or a project on SQLite only
     _SIMPLE_QUERY_CURSORS = ()
 
+logger = logging.getLogger(__name__)
+
 NOW = "statement_timestamp()"
 _RETURNING_J = ", ".join(f"j.{column}" for column in RETURNING.split(", "))
 # The attempt history with a new entry (parameter: the worker id), in the claim.
@@ -66,9 +70,38 @@ def _history_failed(column: str = "attempt_history") -> str:
 
 # -- prepared statements -------------------------------------------------------------------
 
-# Errors that say a connection's prepared statements are not what we think: gone (DISCARD
-# ALL, DEALLOCATE ALL) or planned for another shape of the table (a migration ran).
-_STALE_PREPARED_SQLSTATES = frozenset({"26000", "0A000"})
+# A statement planned for another shape of the table (a migration ran): prepare it afresh.
+_REPLANNED_SQLSTATE = "0A000"
+# A name we prepared is missing (26000), or a name this client never prepared already exists
+# (42P05): the client's server session changed under it, which is what a transaction-mode
+# pooler does. The alias is then taken as pooled for the life of the process.
+_POOLER_SQLSTATES = frozenset({"26000", "42P05"})
+_STALE_PREPARED_SQLSTATES = _POOLER_SQLSTATES | {_REPLANNED_SQLSTATE}
+
+#: Aliases found behind a pooler at run time (not declared in ``POOLED_DATABASES``).
+_detected_pooled: set[str] = set()
+_detected_lock = threading.Lock()
+
+
+def detected_pooled_databases() -> frozenset[str]:
+    """Aliases this process stopped preparing statements on, because a pooler was detected."""
+    return frozenset(_detected_pooled)
+
+
+def _pooler_detected(alias: str, exc: DatabaseError) -> None:
+    with _detected_lock:
+        if alias in _detected_pooled:
+            return
+        _detected_pooled.add(alias)
+    logger.warning(
+        "prepared statements vanished on database alias=%s (%s): it looks like a transaction-mode "
+        "pooler, so this process sends its statements as text on it from now on. Add %r to "
+        'JOBGUARD["POOLED_DATABASES"] so no statement fails first (docs/how-to/scale-out.md).',
+        alias,
+        str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+        alias,
+        extra={"database_alias": alias},
+    )
 
 
 @dataclass
@@ -91,7 +124,9 @@ class Statement:
     name(values)`` after that: still one simple query, so the ack can still carry its
     ``COMMIT`` and Django's cursor wrappers still see every statement. Where a client's
     server session can change under it (a transaction-mode pooler, ``POOLED_DATABASES``)
-    or with server-side binding, the statement is sent as it is.
+    or with server-side binding, the statement is sent as it is. An undeclared pooler is
+    detected at the first statement it loses (a prepared name missing, or one that already
+    exists): the process sends text on that alias from then on and logs one warning.
     """
 
     def __init__(self, sql: str) -> None:
@@ -109,19 +144,23 @@ class Statement:
             cursor.execute(self.sql + then, params)
             return
         name = f"{self._name}_{prepared.generation}"
-        if name not in prepared.names:
-            cursor.execute(f"PREPARE {name} AS {self._body}")
-            prepared.names.add(name)
         try:
+            if name not in prepared.names:
+                cursor.execute(f"PREPARE {name} AS {self._body}")
+                prepared.names.add(name)
             cursor.execute(f"EXECUTE {name}{self._arguments}{then}", params)
         except DatabaseError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) not in _STALE_PREPARED_SQLSTATES:
+            sqlstate = getattr(exc.__cause__, "sqlstate", None)
+            if sqlstate not in _STALE_PREPARED_SQLSTATES:
                 raise
-            # Prepare afresh under new names (an old name may still exist). Outside a
-            # transaction nothing was lost, so run it again now; inside one, the failed
-            # statement aborted it, and the error goes to the caller like any other.
-            prepared.names.clear()
-            prepared.generation += 1
+            if sqlstate in _POOLER_SQLSTATES:
+                _pooler_detected(alias, exc)
+            else:  # re-planned: prepare afresh under new names (an old name may still exist)
+                prepared.names.clear()
+                prepared.generation += 1
+            # Outside a transaction nothing was lost, so run it again now (as text on a
+            # pooled alias); inside one, the failed statement aborted it, and the error goes
+            # to the caller like any other.
             if connections[alias].in_atomic_block:
                 raise
             self.execute(alias, cursor, params, then)
@@ -129,7 +168,7 @@ class Statement:
     @staticmethod
     def _prepared(alias: str, cursor: Any) -> _Prepared | None:
         simple_query = isinstance(cursor.cursor, _SIMPLE_QUERY_CURSORS)
-        if not simple_query or alias in get_settings().pooled_databases:
+        if not simple_query or alias in _detected_pooled or alias in get_settings().pooled_databases:
             return None
         raw = cursor.cursor.connection
         prepared = _prepared_by_connection.get(raw)

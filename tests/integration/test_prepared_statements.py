@@ -5,6 +5,7 @@ and the lease renewal run for every job, so each connection prepares them on fir
 sends ``EXECUTE`` after that.
 """
 
+import logging
 import re
 
 import pytest
@@ -14,6 +15,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from django_jobguard import store
+from django_jobguard.store import postgres
 from django_jobguard.models import Job
 from tests.testapp import tasks
 
@@ -75,23 +77,63 @@ def test_a_batch_ack_and_a_lease_renewal_are_prepared_too():
     assert statuses(jobs) == ["succeeded"] * 4
 
 
-def test_statements_dropped_under_a_connection_are_prepared_again():
+@pytest.fixture(autouse=True)
+def _no_pooler_detected_yet():
+    # Detection lasts for the life of the process: each test starts without it.
+    postgres._detected_pooled.clear()
+    yield
+    postgres._detected_pooled.clear()
+
+
+def pooler_warnings(caplog):
+    return [r for r in caplog.records if r.levelno == logging.WARNING and "POOLED_DATABASES" in r.getMessage()]
+
+
+def test_statements_that_vanish_under_a_connection_mark_the_alias_pooled_and_text_is_sent(caplog):
     first, second, third = claimed(3)
     assert store.complete("default", first.id, first.lease_token, "1")
-    with connection.cursor() as cursor:
-        cursor.execute("DEALLOCATE ALL")  # what a pooler's reset query (DISCARD ALL) does too
-    # Outside a transaction nothing is lost: it is prepared again and run.
-    assert store.complete("default", second.id, second.lease_token, "2")
     assert len(prepared_here()) == 1
     with connection.cursor() as cursor:
-        cursor.execute("DEALLOCATE ALL")
-    # Inside one, the failed statement aborted the transaction: the caller sees the error
-    # (a job's ack: the job runs again), and the next statement prepares afresh.
-    with pytest.raises(DatabaseError, match="does not exist"), transaction.atomic():
-        store.complete("default", third.id, third.lease_token, "3")
-    assert Job.objects.get(pk=third.id).status == "running"
-    assert store.complete("default", third.id, third.lease_token, "3")
+        cursor.execute("DEALLOCATE ALL")  # what a transaction-mode pooler's other session looks like
+    # Outside a transaction nothing is lost: it runs again, as text, and the alias is marked.
+    assert store.complete("default", second.id, second.lease_token, "2")
+    assert postgres.detected_pooled_databases() == {"default"}
+    with CaptureQueriesContext(connection) as queries:
+        assert store.complete("default", third.id, third.lease_token, "3")
+    assert sent(queries) == [("UPDATE", None)]
+    assert prepared_here() == []
+    (warning,) = pooler_warnings(caplog)
+    assert "alias=default" in warning.getMessage()
     assert statuses([first, second, third]) == ["succeeded"] * 3
+
+
+def test_inside_a_transaction_the_lost_statement_fails_once_and_text_is_sent_after(caplog):
+    first, second = claimed(2)
+    assert store.complete("default", first.id, first.lease_token, "1")
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")
+    # The failed statement aborted the transaction: the caller sees the error (a job's ack:
+    # the job runs again), and every statement after it on this alias is text.
+    with pytest.raises(DatabaseError, match="does not exist"), transaction.atomic():
+        store.complete("default", second.id, second.lease_token, "2")
+    assert Job.objects.get(pk=second.id).status == "running"
+    assert store.complete("default", second.id, second.lease_token, "2")
+    assert len(pooler_warnings(caplog)) == 1
+    assert statuses([first, second]) == ["succeeded"] * 2
+
+
+def test_a_name_another_client_prepared_on_the_session_marks_the_alias_pooled(caplog):
+    # Behind a pooler a server session may already hold a name another client prepared:
+    # PREPARE then fails with "already exists" (42P05).
+    (job,) = claimed(1)
+    connection.close()
+    with connection.cursor() as cursor:
+        cursor.execute(f"PREPARE {postgres._COMPLETE._name}_0 AS SELECT 1")
+    assert store.complete("default", job.id, job.lease_token, "7")
+    assert postgres.detected_pooled_databases() == {"default"}
+    (warning,) = pooler_warnings(caplog)
+    assert "already exists" in warning.getMessage()
+    assert statuses([job]) == ["succeeded"]
 
 
 def test_behind_a_transaction_mode_pooler_statements_are_sent_as_text():

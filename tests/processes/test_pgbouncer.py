@@ -106,6 +106,31 @@ def test_workers_through_pgbouncer_run_every_job_exactly_once_and_leave_no_sessi
     assert_clean_logs(workers, procs)
 
 
+def test_an_undeclared_pooler_is_detected_once_per_worker_and_every_job_runs_once(bouncer, workers):
+    # Django's pooling settings are followed, but the alias is not in POOLED_DATABASES: each
+    # worker finds the pooler at its first lost prepared statement and sends text after it.
+    count = 300
+    tasks.record.bulk_enqueue([((f"ledger:{index}",), {}) for index in range(count // 2)])
+    tasks.record_plain.bulk_enqueue([((f"plain:{index}",), {}) for index in range(count // 2)])
+    env = {**pooled(bouncer), "JOBGUARD_TEST_PGBOUNCER_UNDECLARED": "1"}
+    procs = [workers.start("--concurrency", "4", env=env) for _ in range(2)]
+    wait_for(
+        lambda: Job.objects.filter(status="succeeded").count() == count,
+        timeout=600,
+        interval=0.5,
+        message=f"all {count} jobs to succeed through an undeclared PgBouncer",
+    )
+    # Nothing lost, no atomic effect doubled (an ack that failed inside its transaction rolled
+    # the effect back with it), nothing dead.
+    assert LedgerEntry.objects.count() == count // 2
+    assert not DeadLetter.objects.exists()
+    warnings = [workers.log(proc).count('JOBGUARD["POOLED_DATABASES"]') for proc in procs]
+    assert max(warnings) == 1, warnings
+    assert all(count <= 1 for count in warnings), warnings
+    for proc in procs:
+        assert "Traceback" not in workers.log(proc), workers.log(proc)[-3000:]
+
+
 def test_a_worker_killed_behind_pgbouncer_is_recovered_by_another(bouncer, workers):
     env = pooled(bouncer)
     job = tasks.short_lease.enqueue("crash", seconds=30)
