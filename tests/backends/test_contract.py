@@ -249,7 +249,8 @@ def test_validation_uses_djangos_messages_and_exception():
 
 def test_non_json_arguments_are_refused_at_enqueue_and_write_nothing():
     # Django's own suite matches "Unsupported type"; ours adds the argument and the fix.
-    with pytest.raises(TypeError, match=r"args\[0\]: Unsupported type: datetime\.date is not JSON-serialisable"):
+    expected = r"args\[0\]: Unsupported type: datetime\.date is not JSON-serialisable"
+    with pytest.raises(TypeError, match=expected):
         tasks_django.add.enqueue(datetime.date(2030, 1, 1), 1)
     assert not Job.objects.exists()
 

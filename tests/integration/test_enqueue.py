@@ -47,7 +47,8 @@ def test_arguments_that_do_not_bind_raise_and_write_nothing():
 
 def test_non_json_arguments_name_the_offending_part_and_write_nothing():
     with pytest.raises(
-        InvalidArgumentsError, match=r"kwargs\['b'\]: Unsupported type: datetime.datetime is not JSON-serialisable"
+        InvalidArgumentsError,
+        match=r"kwargs\['b'\]: Unsupported type: datetime.datetime is not JSON-serialisable",
     ):
         tasks.add.enqueue(1, b=timezone.now())
     with pytest.raises(InvalidArgumentsError, match=r"args\[0\]\['k'\]\[1\]"):

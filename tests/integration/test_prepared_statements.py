@@ -15,8 +15,8 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from django_jobguard import store
-from django_jobguard.store import postgres
 from django_jobguard.models import Job
+from django_jobguard.store import postgres
 from tests.testapp import tasks
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -86,7 +86,11 @@ def _no_pooler_detected_yet():
 
 
 def pooler_warnings(caplog):
-    return [r for r in caplog.records if r.levelno == logging.WARNING and "POOLED_DATABASES" in r.getMessage()]
+    return [
+        record
+        for record in caplog.records
+        if record.levelno == logging.WARNING and "POOLED_DATABASES" in record.getMessage()
+    ]
 
 
 def test_statements_that_vanish_under_a_connection_mark_the_alias_pooled_and_text_is_sent(caplog):
