@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 PYTEST_ARGS ?=
 
-.PHONY: example console test lint docs bench clean
+.PHONY: example console test test-stress lint docs bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ console: $(PY)
 test: $(PY)
 	$(PIP) install -e ".[all]" --group test
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The process, reliability and browser tiers 5 times in a row while busy processes hog every
+# core; prints failures per test (STRESS_ARGS="--runs 1 --tiers processes" narrows it).
+test-stress: $(PY)
+	$(PIP) install -e ".[all]" --group test --group browser
+	$(PY) tests/stress.py $(STRESS_ARGS)
 
 lint: $(PY)
 	$(PIP) install -e ".[all]" --group lint

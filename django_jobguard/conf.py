@@ -179,6 +179,10 @@ DEFAULTS: dict[str, Any] = {
         "ENQUEUE_THROTTLE_RATE": "600/minute",
         # DRF throttle rate of the other REST API writes (cancel, retry, replay steps) per user.
         "OPERATE_THROTTLE_RATE": "120/minute",
+        # Seconds before now a run_after sent to the REST API may lie (older is refused, 400).
+        "RUN_AFTER_PAST": 24 * 3600.0,
+        # Seconds after now a run_after sent to the REST API may lie (later is refused, 400).
+        "RUN_AFTER_FUTURE": 365 * 24 * 3600.0,
     },
     # Recurring jobs declared in settings: {"name": {"task": "app.tasks.f", "cron": "0 2 * * *",
     # "timezone": "UTC", "args": [], "kwargs": {}, "queue_name": None, "missed": "run_once"}}.
@@ -379,6 +383,8 @@ class ApiSettings:
     max_page_size: int
     enqueue_throttle_rate: str | None
     operate_throttle_rate: str | None
+    run_after_past: float
+    run_after_future: float
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -804,6 +810,8 @@ def _api_settings(api: Mapping[str, Any], page_size: int, max_page_size: int) ->
         max_page_size=max_page_size,
         enqueue_throttle_rate=_rate(api["ENQUEUE_THROTTLE_RATE"], ("API", "ENQUEUE_THROTTLE_RATE")),
         operate_throttle_rate=_rate(api["OPERATE_THROTTLE_RATE"], ("API", "OPERATE_THROTTLE_RATE")),
+        run_after_past=_number(api["RUN_AFTER_PAST"], ("API", "RUN_AFTER_PAST")),
+        run_after_future=_number(api["RUN_AFTER_FUTURE"], ("API", "RUN_AFTER_FUTURE")),
     )
 
 

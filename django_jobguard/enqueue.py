@@ -18,7 +18,7 @@ from ._json import normalize_json, validate_payload
 from .conf import get_settings
 from .exceptions import IdempotencyConflict, InvalidArgumentsError, TaskNotExposedError, UnknownQueueError
 from .registry import registry
-from .task import plug_enqueue_service
+from .task import MAX_IDEMPOTENCY_KEY_LENGTH, plug_enqueue_service
 
 if TYPE_CHECKING:
     from .models import Job
@@ -35,6 +35,8 @@ __all__ = [
 ]
 
 MAX_QUEUE_NAME_LENGTH = 100
+#: Keys sent through the API are stored as ``api:<caller>:<key>``, apart from the application's.
+API_KEY_PREFIX = "api:"
 
 
 def prepare(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -88,8 +90,16 @@ def enqueue_exposed(
     priority: int | None = None,
     run_after: datetime.datetime | None = None,
     idempotency_key: str | None = None,
+    caller: str | None = None,
 ) -> tuple[Job, bool]:
     """Enqueue a task by name for a caller outside this code (the REST API): ``(job, created)``.
+
+    Keys: a task whose ``@task(idempotency_key=...)`` template derives its key from the
+    arguments always keys by that template; a caller's ``idempotency_key`` must then equal
+    the rendered key (or be left out), else :class:`InvalidArgumentsError`. For any other task
+    the caller's key is kept in the caller's own namespace (``api:<caller>:<key>``), so it can
+    never claim a key the application derives, nor meet another caller's. A repeat onto a
+    job that has not run yet must also ask for the same ``run_after``.
 
     Only tasks declared ``@task(api=True)`` are accepted (:class:`UnknownTaskError` for a
     name not registered, :class:`TaskNotExposedError` for one not opted in). ``created`` is
@@ -107,10 +117,15 @@ def enqueue_exposed(
         raise InvalidArgumentsError(f"args must be a JSON array, not {type(args).__name__}.")
     if not isinstance(kwargs, Mapping):
         raise InvalidArgumentsError(f"kwargs must be a JSON object, not {type(kwargs).__name__}.")
-    call = task.using(
-        queue_name=queue_name, priority=priority, run_after=run_after, idempotency_key=idempotency_key
-    )
-    job, created = _enqueue(call, args, kwargs)
+    key = _api_key(task, args, kwargs, idempotency_key, caller)
+    call = task.using(queue_name=queue_name, priority=priority, run_after=run_after, idempotency_key=key)
+    try:
+        job, created = _enqueue(call, args, kwargs)
+    except IdempotencyConflict as exc:
+        if key is None or key == idempotency_key:
+            raise
+        # Name the key the caller sent, not its namespaced form.
+        raise IdempotencyConflict(str(idempotency_key), exc.scope) from None
     wanted = (call.queue_name or get_settings().default_queue, call.priority)
     if not created and (job.queue_name, job.priority) != wanted:
         raise IdempotencyConflict(
@@ -118,7 +133,51 @@ def enqueue_exposed(
             idempotency.scope_of(task),
             f"for job #{job.pk} on queue {job.queue_name!r} with priority {job.priority}",
         )
+    if not created and job.attempts == 0 and job.status == "queued" and not _same_run_after(job, run_after):
+        # Before its first run the job's run_after is still the one it was asked for; after
+        # it, retries move it, so only a job not yet run can be compared.
+        raise IdempotencyConflict(
+            str(idempotency_key),
+            idempotency.scope_of(task),
+            f"for job #{job.pk}, which is to run after {job.run_after.isoformat()}",
+        )
     return job, created
+
+
+#: A repeat asked for no run_after matches a job due within this many seconds of its enqueue.
+_UNSCHEDULED_SLACK_SECONDS = 1.0
+
+
+def _same_run_after(job: Job, run_after: datetime.datetime | None) -> bool:
+    if run_after is None:
+        return (job.run_after - job.enqueued_at).total_seconds() <= _UNSCHEDULED_SLACK_SECONDS
+    return job.run_after == run_after
+
+
+def _api_key(
+    task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any], key: str | None, caller: str | None
+) -> str | None:
+    """The idempotency key an API call enqueues with (see :func:`enqueue_exposed`)."""
+    if key is None:
+        return None
+    if task.idempotency_key_template is not None:
+        rendered = task.idempotency_key_for(task.bind(args, kwargs))
+        if key != rendered:
+            raise InvalidArgumentsError(
+                f"idempotency_key: {task.name} derives its key from its arguments "
+                f"({task.idempotency_key_template!r}); send no Idempotency-Key, or exactly the key "
+                "those arguments give."
+            )
+        return None  # the template applies, as for every other enqueue of this task
+    if caller is None:
+        return key
+    scoped = f"{API_KEY_PREFIX}{caller}:{key}"
+    if len(scoped) > MAX_IDEMPOTENCY_KEY_LENGTH:
+        raise InvalidArgumentsError(
+            f"idempotency_key: at most {MAX_IDEMPOTENCY_KEY_LENGTH - len(scoped) + len(key)} characters "
+            "for this caller (the key is stored in the caller's own namespace)."
+        )
+    return scoped
 
 
 def _enqueue(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Job, bool]:

@@ -64,6 +64,9 @@ __all__ = [
 
 #: Rounds a decision is retried when the key row vanished under it (pruned meanwhile).
 MAX_ROUNDS = 5
+#: A duplicate folded onto a job due later than this many seconds from now is logged at WARNING:
+#: the caller asked for work now and gets a job that will not run for a long time.
+FAR_FUTURE_DUPLICATE_SECONDS = 3600.0
 #: Keys deleted per statement when pruning, so no statement holds many row locks.
 PRUNE_BATCH_SIZE = 1000
 #: With JOBGUARD["IDEMPOTENCY"]["PRUNE_IN_WORKER"]: seconds between a worker's prune passes,
@@ -200,10 +203,25 @@ def enqueue_once(
             raise outcome  # raised out here, so the caller's transaction is not marked for rollback
         if outcome is not None:
             if not outcome[1]:
+                _warn_if_far_off(outcome[0], task, scope, key)
                 # Counted when the duplicate count on the row commits, so both agree.
                 transaction.on_commit(partial(metrics.duplicate_prevented, task.name, "enqueue"), using=alias)
             return outcome
     raise RuntimeError(f"idempotency key {key!r} (scope {scope!r}) kept vanishing during enqueue")
+
+
+def _warn_if_far_off(job: Job, task: Task[Any, Any], scope: str, key: str) -> None:
+    ahead = (job.run_after - timezone.now()).total_seconds()
+    if job.status == JobStatus.QUEUED and ahead > FAR_FUTURE_DUPLICATE_SECONDS:
+        logger.warning(
+            "duplicate_onto_scheduled_job job_id=%s task=%s scope=%s due_in=%.0fs; the repeat "
+            "enqueue will not run before then",
+            job.pk,
+            task.name,
+            scope,
+            ahead,
+            extra={"job_id": job.pk, "task_name": task.name, "idempotency_key": key},
+        )
 
 
 def _enqueue_round(

@@ -81,6 +81,31 @@ def _template_fields(template: str) -> list[str]:
     return fields
 
 
+#: The earliest and latest times a job may be scheduled at: a day inside what Python's
+#: datetime holds, so the value reads back and shows in any time zone (the admin's lists).
+EARLIEST_DATETIME = datetime.datetime.min.replace(tzinfo=datetime.UTC) + datetime.timedelta(days=1)
+LATEST_DATETIME = datetime.datetime.max.replace(tzinfo=datetime.UTC) - datetime.timedelta(days=1)
+
+
+def valid_datetime(value: datetime.datetime) -> bool:
+    """Whether an aware datetime lies within [EARLIEST_DATETIME, LATEST_DATETIME] in UTC.
+
+    Raises ``OverflowError`` when its offset takes it outside Python's range altogether.
+    """
+    return EARLIEST_DATETIME <= value.astimezone(datetime.UTC) <= LATEST_DATETIME
+
+
+def _valid_run_after(value: datetime.datetime | datetime.timedelta) -> bool:
+    try:
+        if isinstance(value, datetime.timedelta):
+            return abs(value) <= LATEST_DATETIME - EARLIEST_DATETIME and valid_datetime(
+                datetime.datetime.now(datetime.UTC) + value
+            )
+        return valid_datetime(value)
+    except OverflowError:
+        return False
+
+
 @dataclasses.dataclass(frozen=True)
 class Task(Generic[P, R]):
     """A function registered to run in a worker. Create with :func:`task`."""
@@ -288,6 +313,11 @@ class Task(Generic[P, R]):
                 )
             if isinstance(run_after, datetime.datetime) and run_after.tzinfo is None:
                 raise InvalidArgumentsError("run_after must be an aware datetime (or a timedelta).")
+            if not _valid_run_after(run_after):
+                raise InvalidArgumentsError(
+                    f"run_after {run_after!r} is out of range: it must lie between the years 1 and 9999 "
+                    "in UTC, with a day to spare for any time zone it is shown in."
+                )
             changes["run_after"] = run_after
         if idempotency_key is not None:
             if not isinstance(idempotency_key, str):

@@ -7,16 +7,18 @@ arguments bind, the replay states and permissions) are the service layer's.
 
 from __future__ import annotations
 
+import datetime
 import json
 from typing import Any
 
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from rest_framework import serializers
 
 from .. import dlq
 from ..conf import get_settings
 from ..models import DeadLetter, Job, JobStatus, ReplayEvent
-from ..task import MAX_PRIORITY, MIN_PRIORITY
+from ..task import MAX_PRIORITY, MIN_PRIORITY, valid_datetime
 from .problems import json_depth
 
 __all__ = [
@@ -81,6 +83,7 @@ class AwareDateTimeField(serializers.DateTimeField):
     default_error_messages = {
         "invalid": "Must be an ISO 8601 datetime, such as 2030-01-01T12:00:00Z.",
         "naive": "Must include a UTC offset (Z or +01:00): a naive datetime is ambiguous.",
+        "out_of_range": "Must be a time between the years 1 and 9999 in UTC.",
     }
 
     def to_internal_value(self, value: Any) -> Any:
@@ -95,6 +98,38 @@ class AwareDateTimeField(serializers.DateTimeField):
             raise AssertionError  # unreachable: fail() raises; tells mypy parsed is set below
         if parsed.tzinfo is None or parsed.utcoffset() is None:
             self.fail("naive")
+        try:
+            out_of_range = not valid_datetime(parsed)
+        except OverflowError:
+            out_of_range = True
+        if out_of_range:
+            self.fail("out_of_range")
+        return parsed
+
+
+class RunAfterField(AwareDateTimeField):
+    """A ``run_after`` within ``JOBGUARD["API"]``'s window around now (past and future bounds)."""
+
+    default_error_messages = {
+        **AwareDateTimeField.default_error_messages,
+        "window": "Must lie between {earliest} and {latest}: at most {past} seconds before now and "
+        "{future} seconds after (JOBGUARD['API']['RUN_AFTER_PAST'] and ['RUN_AFTER_FUTURE']).",
+    }
+
+    def to_internal_value(self, value: Any) -> Any:
+        parsed = super().to_internal_value(value)
+        api = get_settings().api
+        now = timezone.now()
+        earliest = now - datetime.timedelta(seconds=api.run_after_past)
+        latest = now + datetime.timedelta(seconds=api.run_after_future)
+        if not earliest <= parsed <= latest:
+            self.fail(
+                "window",
+                earliest=earliest.isoformat(timespec="seconds"),
+                latest=latest.isoformat(timespec="seconds"),
+                past=f"{api.run_after_past:g}",
+                future=f"{api.run_after_future:g}",
+            )
         return parsed
 
 
@@ -190,9 +225,7 @@ class EnqueueSerializer(serializers.Serializer):
     priority = serializers.IntegerField(
         min_value=MIN_PRIORITY, max_value=MAX_PRIORITY, required=False, help_text="Higher runs first."
     )
-    run_after = AwareDateTimeField(
-        required=False, help_text="Not before this time: ISO 8601 with a UTC offset."
-    )
+    run_after = RunAfterField(required=False, help_text="Not before this time: ISO 8601 with a UTC offset.")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         check_payload(attrs.get("args"), attrs.get("kwargs"))

@@ -261,13 +261,18 @@ class JobListView(JobguardView):
                 priority=data.get("priority"),
                 run_after=data.get("run_after"),
                 idempotency_key=key,
+                caller=f"user:{request.user.pk}",
             )
         except (UnknownTaskError, TaskNotExposedError) as exc:
             code = "unknown_task" if type(exc) is UnknownTaskError else "not_exposed"
             raise exceptions.ValidationError({"task": [str(exc)]}, code=code) from None
         except (InvalidArgumentsError, InvalidTaskError) as exc:
             raise _arguments_error(exc) from None
-        return Response(self.get_serializer(job).data, status=201 if created else 200)
+        status = 201 if created else 200
+        if not request.user.has_perm("jobguard.view_job"):
+            # May enqueue, may not read jobs: the id and state, never arguments or a result.
+            return Response({"id": job.pk, "status": job.status}, status=status)
+        return Response(self.get_serializer(job).data, status=status)
 
 
 class _JobObjectView(JobguardView):

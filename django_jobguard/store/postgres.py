@@ -83,6 +83,11 @@ _detected_pooled: set[str] = set()
 _detected_lock = threading.Lock()
 
 
+def _pooled(alias: str) -> bool:
+    """Whether ``alias`` goes through a transaction-mode pooler: declared, or detected here."""
+    return alias in _detected_pooled or alias in get_settings().pooled_databases
+
+
 def detected_pooled_databases() -> frozenset[str]:
     """Aliases this process stopped preparing statements on, because a pooler was detected."""
     return frozenset(_detected_pooled)
@@ -168,7 +173,7 @@ class Statement:
     @staticmethod
     def _prepared(alias: str, cursor: Any) -> _Prepared | None:
         simple_query = isinstance(cursor.cursor, _SIMPLE_QUERY_CURSORS)
-        if not simple_query or alias in _detected_pooled or alias in get_settings().pooled_databases:
+        if not simple_query or _pooled(alias):
             return None
         raw = cursor.cursor.connection
         prepared = _prepared_by_connection.get(raw)
@@ -306,7 +311,7 @@ def _tune_for_claims(alias: str) -> None:
 def claim(
     alias: str, queues: Sequence[str] | None, limit: int, worker_id: str, exclude: Sequence[str]
 ) -> list[ClaimedJob]:
-    if alias in get_settings().pooled_databases:
+    if _pooled(alias):
         # Behind a transaction-mode pooler a session SET would land on whichever server
         # connection served it, and stay there for other clients: scope it to a transaction.
         with transaction.atomic(using=alias):

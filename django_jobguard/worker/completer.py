@@ -48,6 +48,8 @@ logger = logging.getLogger(LOGGER_NAME)
 __all__ = ["Completer"]
 
 _STALE_ACK = Stale("ack")
+#: Outcomes that spend an attempt: dropped for a job shutdown has taken over (see settle).
+_FAILURES = frozenset({Retry, Dead})
 
 
 class Completer:
@@ -236,8 +238,23 @@ class Completer:
         """Write what the outcome says to the store, then its metric, log line and signal."""
         if type(outcome) is Succeeded:  # the hot path first
             self._succeeded(held, outcome)
-        else:
-            self._settlers[type(outcome)](held, outcome)
+            return
+        if type(outcome) in _FAILURES and self._abandoned(held):
+            # Shutdown took this job over after its grace period and hands it back with
+            # its attempt refunded; on SQLite it cut the job's connection, so this failure
+            # is the worker's doing, not the job's. Writing it first would spend an attempt.
+            logger.info(
+                "outcome_dropped job_id=%s outcome=%s; the job is being handed back",
+                held.job.id,
+                type(outcome).__name__,
+                extra=job_fields(held.job, self.worker_id, outcome="handed_back"),
+            )
+            return
+        self._settlers[type(outcome)](held, outcome)
+
+    def _abandoned(self, held: Held) -> bool:
+        with self.lock:
+            return held.state is HeldState.ABANDONED
 
     # -- one method per outcome --------------------------------------------------------
 

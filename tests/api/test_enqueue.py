@@ -8,10 +8,12 @@ import threading
 import pytest
 from django.db import connection
 from django.test import override_settings
+from django.utils import timezone
 
 from django_jobguard.models import IdempotencyKey, Job
 from tests.api.support import BASE, as_user, client_for
 from tests.conftest import ON_POSTGRES
+from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -42,7 +44,8 @@ def assert_problem(response, status: int, field: str, *words: str) -> None:
 
 
 def test_enqueue_creates_the_job_with_201(producer):
-    run_after = "2031-01-02T03:04:05+01:00"
+    when = (timezone.now() + datetime.timedelta(days=30)).replace(microsecond=0)
+    run_after = when.astimezone(datetime.timezone(datetime.timedelta(hours=1))).isoformat()
     response = post(
         producer,
         {
@@ -63,11 +66,9 @@ def test_enqueue_creates_the_job_with_201(producer):
         "slow",
         7,
     )
-    assert job.run_after == datetime.datetime(2031, 1, 2, 2, 4, 5, tzinfo=datetime.UTC)
-    body = response.json()
-    assert body["id"] == job.pk and body["status"] == "queued"
-    # The producer may enqueue, not read payloads back.
-    assert "args" not in body and "kwargs" not in body
+    assert job.run_after == when
+    # The producer may enqueue, not read jobs back: the id and the state, nothing else.
+    assert response.json() == {"id": job.pk, "status": "queued"}
 
 
 def test_a_task_without_api_true_is_refused_naming_the_task(producer):
@@ -162,7 +163,9 @@ def test_the_same_key_and_body_return_the_same_job_with_200(producer):
     again = post(producer, {"task": ADD, "kwargs": {"a": 1, "b": 2}}, **{"Idempotency-Key": "order-7"})
     assert (first.status_code, again.status_code) == (201, 200)
     assert first.json()["id"] == again.json()["id"]
-    assert Job.objects.get().idempotency_key == "order-7"
+    # Kept in the caller's own namespace, apart from the keys the application derives.
+    user_id = first.wsgi_request.user.pk
+    assert Job.objects.get().idempotency_key == f"api:user:{user_id}:order-7"
     assert IdempotencyKey.objects.get().duplicates == 1
 
 
@@ -244,5 +247,79 @@ def _check_one_job(answers: list[tuple[int, int]]) -> None:
     assert sorted(code for code, _ in answers) == [200] * 7 + [201], answers
     assert len({job_id for _, job_id in answers}) == 1
     job = Job.objects.get()
-    assert job.idempotency_key == "pay:5"
-    assert IdempotencyKey.objects.get(key="pay:5").duplicates == 7
+    assert job.idempotency_key.endswith(":pay:5") and job.idempotency_key.startswith("api:user:")
+    assert IdempotencyKey.objects.get(key=job.idempotency_key).duplicates == 7
+
+
+KEYED = "tests.testapp.tasks.api_charge"
+
+
+def test_a_header_cannot_override_a_tasks_key_template(producer):
+    # Three retries with fresh header values: one job, keyed by the template.
+    body = {"task": KEYED, "kwargs": {"order_id": 7}}
+    first = post(producer, body)
+    assert first.status_code == 201, first.content
+    for header in ("retry-1", "retry-2", "retry-3"):
+        assert_problem_kept(post(producer, body, **{"Idempotency-Key": header}), "Idempotency-Key", "charge:")
+    again = post(producer, body, **{"Idempotency-Key": "charge:order:7"})
+    assert again.status_code == 200, again.content
+    assert again.json()["id"] == first.json()["id"]
+    assert list(Job.objects.values_list("idempotency_key", flat=True)) == ["charge:order:7"]
+
+
+def assert_problem_kept(response, field, *words):
+    """A 400 naming ``field`` that wrote nothing new."""
+    assert response.status_code == 400, response.content
+    message = " ".join(response.json()["errors"][field])
+    for word in words:
+        assert word in message, message
+
+
+def test_a_caller_cannot_claim_a_key_the_application_derives_later(producer):
+    post(producer, {"task": ADD, "args": [1]}, **{"Idempotency-Key": "receipt:order:9"})
+    job = tasks.api_add.using(idempotency_key="receipt:order:9").enqueue(1)
+    # The application's own enqueue is its own job, not the caller's.
+    assert Job.objects.count() == 2
+    assert job.idempotency_key == "receipt:order:9"
+
+
+def test_two_callers_keys_never_meet():
+    alice, _ = as_user("alice", "add_job", "view_job")
+    bob, _ = as_user("bob", "add_job")
+    first = post(alice, {"task": ADD, "args": [1]}, **{"Idempotency-Key": "k"})
+    second = post(bob, {"task": ADD, "args": [1]}, **{"Idempotency-Key": "k"})
+    assert (first.status_code, second.status_code) == (201, 201)
+    assert first.json()["id"] != second.json()["id"]
+    assert "task_name" in first.json()  # alice may read jobs
+    assert set(second.json()) == {"id", "status"}  # bob may not
+
+
+def test_run_after_is_part_of_an_idempotent_requests_identity(producer):
+    later = (timezone.now() + datetime.timedelta(days=200)).isoformat()
+    assert (
+        post(producer, {"task": ADD, "args": [1], "run_after": later}, **{"Idempotency-Key": "r"}).status_code
+        == 201
+    )
+    response = post(producer, {"task": ADD, "args": [1]}, **{"Idempotency-Key": "r"})
+    assert response.status_code == 409, response.content
+    assert "run after" in response.json()["detail"]
+    assert Job.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "9999-12-31T23:59:59-23:59",
+        "0001-01-01T00:00:00+23:59",
+        "2999-01-01T00:00:00Z",
+        "2000-01-01T00:00:00Z",
+    ],
+)
+def test_run_after_outside_the_window_is_400_naming_the_field(producer, value):
+    assert_problem(post(producer, {"task": ADD, "args": [1], "run_after": value}), 400, "run_after")
+
+
+@override_settings(JOBGUARD={"API": {"RUN_AFTER_FUTURE": 5 * 365 * 24 * 3600.0}})
+def test_the_run_after_window_is_configurable(producer):
+    later = (timezone.now() + datetime.timedelta(days=3 * 365)).isoformat()
+    assert post(producer, {"task": ADD, "args": [1], "run_after": later}).status_code == 201

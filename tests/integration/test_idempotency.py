@@ -1,6 +1,7 @@
 """Idempotency keys at enqueue and at execution (the worker runs in this process, burst mode)."""
 
 import datetime
+import logging
 import time
 
 import pytest
@@ -367,3 +368,18 @@ def test_a_scoped_key_is_marked_failed_when_the_reaper_dead_letters_its_job():
     )
     key = IdempotencyKey.objects.get(key="charge:order:9")
     assert (key.scope, key.status, key.job_id) == ("payments", "failed", job.pk)
+
+
+def test_a_duplicate_folded_onto_a_job_due_far_ahead_is_logged_at_warning(caplog):
+    later = timezone.now() + datetime.timedelta(days=30)
+    first = tasks.add.using(idempotency_key="far:1", run_after=later).enqueue(1)
+    with caplog.at_level(logging.WARNING, logger="django_jobguard.idempotency"):
+        again = tasks.add.using(idempotency_key="far:1").enqueue(1)
+    assert again.pk == first.pk
+    (record,) = [r for r in caplog.records if "duplicate_onto_scheduled_job" in r.getMessage()]
+    assert f"job_id={first.pk}" in record.getMessage()
+    with caplog.at_level(logging.WARNING, logger="django_jobguard.idempotency"):
+        caplog.clear()
+        tasks.add.using(idempotency_key="near:1").enqueue(1)
+        tasks.add.using(idempotency_key="near:1").enqueue(1)
+    assert not [r for r in caplog.records if "duplicate_onto_scheduled_job" in r.getMessage()]

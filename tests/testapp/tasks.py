@@ -209,6 +209,12 @@ def api_notify(user_id: int, *, channel: str = "email", items: list | None = Non
     return f"{user_id}:{channel}"
 
 
+@task(api=True, idempotency_key="charge:order:{order_id}")
+def api_charge(order_id: int) -> int:
+    """Exposed to the REST API, keyed by its own template."""
+    return order_id
+
+
 @task(api=True, name="tests.api_anything")
 def api_anything(*args: object, **kwargs: object) -> None:
     """Takes any arguments, so the API fuzzing reaches the insert with whatever JSON it makes up."""
