@@ -56,6 +56,9 @@ DEFAULTS: dict[str, Any] = {
     # Bytes a job's args and kwargs may take together as compact UTF-8 JSON (1 MiB); checked
     # at enqueue and replay, before anything is written.
     "MAX_PAYLOAD_BYTES": DEFAULT_MAX_PAYLOAD_BYTES,
+    # Characters of an error message and of a traceback stored per attempt (on the job, its
+    # attempt history and its dead letter); longer ones keep their head and tail.
+    "MAX_ERROR_CHARS": 8192,
     # Levels of nesting one argument, a result or a checkpoint may have ([] is one level).
     "MAX_PAYLOAD_DEPTH": DEFAULT_MAX_PAYLOAD_DEPTH,
     # Seconds a claimed job stays invisible to other workers without a heartbeat.
@@ -448,6 +451,7 @@ class Settings:
     allow_undeclared_queues: bool
     max_payload_bytes: int
     max_payload_depth: int
+    max_error_chars: int
 
     @property
     def known_queues(self) -> list[str]:
@@ -655,6 +659,7 @@ def parse(raw: Any) -> Settings:
         allow_undeclared_queues=_boolean(merged["ALLOW_UNDECLARED_QUEUES"], ("ALLOW_UNDECLARED_QUEUES",)),
         max_payload_bytes=_integer(merged["MAX_PAYLOAD_BYTES"], ("MAX_PAYLOAD_BYTES",), minimum=1),
         max_payload_depth=_depth(merged["MAX_PAYLOAD_DEPTH"]),
+        max_error_chars=_integer(merged["MAX_ERROR_CHARS"], ("MAX_ERROR_CHARS",), minimum=256),
         tuning=_tuning_settings(tuning),
         schedules=_schedules(merged["SCHEDULES"]),
         scheduler=_scheduler_settings(scheduler),

@@ -9,6 +9,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from .. import _dispatch, exceptions, idempotency, metrics, signals, store
+from .._text import clip
+from ..conf import get_settings
 from ..exceptions import LeaseLost
 from ..models import DeadLetter, Job
 
@@ -33,6 +35,8 @@ def dead_letter(
     Raises :class:`LeaseLost` (and writes nothing) if the lease moved on. The job's
     idempotency key, if any, is marked failed, so an approved replay may use it again.
     """
+    limit = get_settings().max_error_chars
+    error_message, traceback = clip(error_message, limit), clip(traceback, limit)
     summary = f"{error_class}: {error_message}" if error_class else error_message
     with transaction.atomic(using=alias):
         attempt_error = (_class_path(error_class), error_message, traceback)

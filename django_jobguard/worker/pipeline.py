@@ -20,6 +20,7 @@ from django.db import transaction
 
 from .. import _dispatch, _faults, idempotency, locks, retry, signals, store
 from .._json import normalize_json
+from .._text import clip
 from ..conf import RetryPolicy, get_settings
 from ..context import JobContext
 from ..exceptions import InvalidArgumentsError, LeaseLost, LockNotAcquired, LockUnavailable
@@ -360,8 +361,9 @@ def classify(
         retry.TRANSIENT if isinstance(exc, _LockLostError) else retry.classify(exc, task)
     )
     error_class = f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins.")
-    message = str(exc)
-    tb = "".join(traceback.format_exception(exc))
+    limit = get_settings().max_error_chars
+    message = clip(str(exc), limit)
+    tb = clip("".join(traceback.format_exception(exc)), limit)
     if category == retry.PERMANENT or job.attempts >= job.max_attempts:
         default = (
             DeadLetterReason.PERMANENT_ERROR

@@ -14,7 +14,7 @@ from django_jobguard.exceptions import (
 )
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job, ReplayEvent
 from tests.dlq_support import dead_charge, make_user, replay_jobs, run_burst
-from tests.testapp import tasks_dlq
+from tests.testapp import tasks, tasks_dlq
 from tests.testapp.models import Execution, LedgerEntry
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -451,3 +451,20 @@ def test_redrive_takes_the_oldest_approvals_first_and_honours_a_limit(people):
     letters = approve_many(people, 3)
     [job] = dlq.redrive(limit=1)
     assert job.replayed_from == letters[0]
+
+
+def test_error_text_that_echoes_a_big_payload_is_capped_everywhere_it_is_stored():
+    limit = 8192
+    job = tasks.echoes_payload.enqueue("B" * 240_000)
+    run_burst()
+    job.refresh_from_db()
+    assert job.status == "dead"
+    assert len(job.last_error) <= limit + 100  # the error class name is put before it
+    for entry in job.attempt_history:
+        assert len(entry["error"]) <= limit and len(entry["traceback"]) <= limit
+        assert "characters cut" in entry["error"]
+    letter = DeadLetter.objects.get(job=job)
+    assert len(letter.error_message) <= limit and len(letter.traceback) <= limit
+    # The head says what failed, the tail keeps the traceback's last line.
+    assert letter.error_message.startswith("could not parse BBB") and letter.error_message.endswith("BBB")
+    assert letter.traceback.startswith("Traceback") and letter.traceback.rstrip().endswith("BBB")

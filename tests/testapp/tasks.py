@@ -209,6 +209,12 @@ def api_notify(user_id: int, *, channel: str = "email", items: list | None = Non
     return f"{user_id}:{channel}"
 
 
+@task(max_attempts=2, retry={"base": 0.0, "max": 0.0, "jitter": 0.0})
+def echoes_payload(blob: str) -> None:
+    """Fails with an error that echoes its whole argument, as many real errors do."""
+    raise ValueError(f"could not parse {blob}")
+
+
 @task(api=True, idempotency_key="charge:order:{order_id}")
 def api_charge(order_id: int) -> int:
     """Exposed to the REST API, keyed by its own template."""
