@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import datetime
 import logging
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.dateparse import parse_datetime
@@ -220,6 +222,10 @@ def resolve_task(name: str) -> JobguardTask[Any, Any] | None:
     twin = registry.find(name)
     if twin is not None:
         return twin
+    if not _importable_task_path(name):
+        # A row's task name is data: importing an arbitrary module runs its top-level code.
+        logger.warning("task_refused task=%s; its module is neither loaded nor in an installed app", name)
+        return None
     try:
         found = import_string(name)
     except Exception:  # an unimportable path is an unknown task, whatever the import raised
@@ -241,3 +247,17 @@ def resolve_task(name: str) -> JobguardTask[Any, Any] | None:
     except InvalidTaskError:
         logger.warning("task_refused task=%s; its options are invalid", name, exc_info=True)
         return None
+
+
+def _importable_task_path(name: str) -> bool:
+    """Whether the module of dotted path ``name`` may be imported to find a task.
+
+    Only a module that is already loaded, or one inside an installed app's package, where
+    Django's tasks live: a job row can never make the worker import anything else.
+    """
+    module = name.rpartition(".")[0]
+    if not module:
+        return False
+    if module in sys.modules:
+        return True
+    return any(module == app.name or module.startswith(app.name + ".") for app in apps.get_app_configs())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import re
+import sys
 import time
 
 import pytest
@@ -270,6 +271,17 @@ def test_a_stored_path_that_is_not_a_task_is_refused_never_run(tmp_path, monkeyp
     assert letter.reason == "unknown_task"
     assert "tests.testapp.tasks_django.not_a_task" in letter.error_message
     assert not (tmp_path / "not_a_task.ran").exists()
+
+
+def test_a_stored_path_outside_the_installed_apps_is_never_imported(tmp_path, monkeypatch):
+    monkeypatch.setenv("JOBGUARD_TEST_MARKER", str(tmp_path))
+    result = tasks_django.add.enqueue(1, 1)
+    Job.objects.filter(pk=int(result.id)).update(task_name="tests.import_side_effect.anything", args=[])
+    run_burst()
+    letter = DeadLetter.objects.get(job_id=int(result.id))
+    assert letter.reason == "unknown_task"
+    assert "tests.import_side_effect" not in sys.modules
+    assert not (tmp_path / "imported").exists()
 
 
 # -- async -------------------------------------------------------------------------------
