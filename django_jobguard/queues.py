@@ -22,7 +22,7 @@ from . import store
 from .conf import get_settings
 from .dlq import User
 from .exceptions import QueueError, QueuePermissionDenied
-from .models import QueueAction, QueueEvent, QueueState
+from .models import Job, QueueAction, QueueEvent, QueueState
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +98,19 @@ def _validated_name(queue: str) -> str:
     return name
 
 
+#: The longest reason a pause or resume may carry (it is shown on the health page).
+MAX_REASON_LENGTH = 500
+
+
+def _exists(name: str, alias: str) -> bool:
+    """Whether ``name`` is a queue: declared, or it has jobs, or it was paused before."""
+    if name in get_settings().known_queues:
+        return True
+    if QueueState.objects.using(alias).filter(queue_name=name).exists():
+        return True
+    return Job.objects.using(alias).filter(queue_name=name).exists()
+
+
 def _change(
     queue: str, paused: bool, *, user: User | None, actor: str, reason: str, using: str | None
 ) -> QueueChange:
@@ -109,7 +122,15 @@ def _change(
     reason = (reason or "").strip()
     if paused and not reason:
         raise QueueError("A reason is required to pause a queue: it goes into the audit trail.")
+    if len(reason) > MAX_REASON_LENGTH:
+        raise QueueError(f"A reason is at most {MAX_REASON_LENGTH} characters, not {len(reason)}.")
     alias = using or get_settings().database_alias
+    if paused and not _exists(name, alias):
+        known = ", ".join(get_settings().known_queues)
+        raise QueueError(
+            f"Queue {name!r} does not exist: it is not declared in JOBGUARD['QUEUES'] and no job was "
+            f"ever enqueued to it. Known queues: {known}. Check the spelling."
+        )
     who = (user.get_username() if user is not None else actor or "system")[:150]
     actor_pk = user.pk if user is not None and user.is_authenticated else None
     with transaction.atomic(using=alias):

@@ -3,10 +3,12 @@
 import io
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from django_jobguard import queues, stats, store
@@ -16,6 +18,14 @@ from django_jobguard.models import Job, QueueEvent, QueueState
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _payments_is_a_queue():
+    # Only queues that exist can be paused: these tests pause "payments" and "paused".
+    queues_ = {**settings.JOBGUARD["QUEUES"], "payments": {}, "paused": {}}
+    with override_settings(JOBGUARD={**settings.JOBGUARD, "QUEUES": queues_}):
+        yield
 
 
 def operator(name="ops", *, may_pause=True):
@@ -152,3 +162,21 @@ def test_the_paused_gauge_is_one_for_a_paused_queue_and_zero_otherwise(client):
         if sample.name == "jobguard_queue_paused"
     }
     assert samples["payments"] == 1.0 and samples["default"] == 0.0
+
+
+def test_a_queue_that_does_not_exist_cannot_be_paused_and_nothing_is_written():
+    with pytest.raises(CommandError, match=r"Queue 'paymnets' does not exist.*Known queues: .*payments"):
+        command("pause", "paymnets", "--reason", "typo")
+    with pytest.raises(QueueError, match="does not exist"):
+        queues.pause("<b>x</b>", actor="x", reason="why")
+    assert not QueueState.objects.exists() and not QueueEvent.objects.exists()
+
+
+def test_an_undeclared_queue_with_jobs_can_be_paused_when_free_form_names_are_allowed():
+    tasks.add.using(queue_name="adhoc").enqueue(1)
+    assert queues.pause("adhoc", actor="x", reason="why").changed
+
+
+def test_a_reason_longer_than_the_cap_is_refused():
+    with pytest.raises(QueueError, match="at most 500 characters"):
+        queues.pause("payments", actor="x", reason="r" * 501)

@@ -1,5 +1,7 @@
 """A real worker stops claiming from a paused queue at its next poll and resumes when told."""
 
+import datetime
+
 import pytest
 
 from django_jobguard import queues
@@ -18,6 +20,8 @@ def status_of(job):
 def test_a_paused_queue_gets_no_claims_while_a_sibling_queue_runs_then_runs_after_resume(workers, queue_args):
     worker = workers.start("--worker-id", "w1", "--poll-interval", "0.2", *queue_args)
     workers.wait_started(worker)
+    # Only a queue that exists can be paused: one with a job (due in an hour, so never run here).
+    tasks.add.using(queue_name="held", run_after=datetime.timedelta(hours=1)).enqueue(0)
     queues.pause("held", actor="test", reason="dependency degraded")
     # A claim already under way when the pause commits may have read the paused set just
     # before it; once a job enqueued after the pause is done, every later claim sees it.
