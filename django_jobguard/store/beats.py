@@ -30,14 +30,17 @@ def upsert_worker_beat(
     started_at: datetime.datetime,
     jobs_in_hand: int,
 ) -> None:
-    """Insert the worker's row, or move its last beat to the database's now (one statement)."""
+    """Insert the worker's row, or update it to this process and its last beat to now (one statement)."""
     connection = connections[alias]
     table = _tables()[0]
     sql = (
         f"INSERT INTO {table} (worker_id, host, pid, queues, concurrency, started_at, last_beat_at, "
         "jobs_in_hand) VALUES (%s, %s, %s, %s, %s, %s, CURRENT_TIMESTAMP, %s) "
+        # The identity too: a worker id reused by a restarted process (WORKER_ID from a pod
+        # name, --worker-id) must show the process that beats now, not the first one.
         "ON CONFLICT (worker_id) DO UPDATE SET last_beat_at = CURRENT_TIMESTAMP, "
-        "jobs_in_hand = excluded.jobs_in_hand"
+        "jobs_in_hand = excluded.jobs_in_hand, host = excluded.host, pid = excluded.pid, "
+        "queues = excluded.queues, concurrency = excluded.concurrency, started_at = excluded.started_at"
     )
     params: list[Any] = [
         worker_id,
