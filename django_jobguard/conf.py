@@ -56,6 +56,14 @@ DEFAULTS: dict[str, Any] = {
     # Bytes a job's args and kwargs may take together as compact UTF-8 JSON (1 MiB); checked
     # at enqueue and replay, before anything is written.
     "MAX_PAYLOAD_BYTES": DEFAULT_MAX_PAYLOAD_BYTES,
+    # Seconds the queue gauges of one /metrics scrape are reused by the next ones: one set of
+    # queries per interval however many scrapers ask (their cost grows with the backlog). 0
+    # computes them at every scrape.
+    "METRICS_CACHE_SECONDS": 5.0,
+    # Queue names not declared in QUEUES that one process gives a metric label of their own;
+    # past that they are counted under queue="other", so free-form names cannot grow the
+    # series without bound.
+    "METRICS_MAX_UNDECLARED_QUEUES": 20,
     # Characters of an error message and of a traceback stored per attempt (on the job, its
     # attempt history and its dead letter); longer ones keep their head and tail.
     "MAX_ERROR_CHARS": 8192,
@@ -452,6 +460,8 @@ class Settings:
     max_payload_bytes: int
     max_payload_depth: int
     max_error_chars: int
+    metrics_cache_seconds: float
+    metrics_max_undeclared_queues: int
 
     @property
     def known_queues(self) -> list[str]:
@@ -660,6 +670,10 @@ def parse(raw: Any) -> Settings:
         max_payload_bytes=_integer(merged["MAX_PAYLOAD_BYTES"], ("MAX_PAYLOAD_BYTES",), minimum=1),
         max_payload_depth=_depth(merged["MAX_PAYLOAD_DEPTH"]),
         max_error_chars=_integer(merged["MAX_ERROR_CHARS"], ("MAX_ERROR_CHARS",), minimum=256),
+        metrics_cache_seconds=_number(merged["METRICS_CACHE_SECONDS"], ("METRICS_CACHE_SECONDS",)),
+        metrics_max_undeclared_queues=_integer(
+            merged["METRICS_MAX_UNDECLARED_QUEUES"], ("METRICS_MAX_UNDECLARED_QUEUES",), minimum=0
+        ),
         tuning=_tuning_settings(tuning),
         schedules=_schedules(merged["SCHEDULES"]),
         scheduler=_scheduler_settings(scheduler),

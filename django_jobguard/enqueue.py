@@ -117,6 +117,14 @@ def enqueue_exposed(
         raise InvalidArgumentsError(f"args must be a JSON array, not {type(args).__name__}.")
     if not isinstance(kwargs, Mapping):
         raise InvalidArgumentsError(f"kwargs must be a JSON object, not {type(kwargs).__name__}.")
+    known = get_settings().known_queues
+    if queue_name is not None and queue_name != task.queue_name and queue_name not in known:
+        # Even where Python code may name queues freely: a caller's free-form names would
+        # each add metric series and health-page rows.
+        raise InvalidArgumentsError(
+            f"queue_name: {queue_name!r} is not a declared queue. Through the API a job goes to its "
+            f"task's queue or to one of: {', '.join(known)}."
+        )
     key = _api_key(task, args, kwargs, idempotency_key, caller)
     call = task.using(queue_name=queue_name, priority=priority, run_after=run_after, idempotency_key=key)
     try:

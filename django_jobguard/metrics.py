@@ -30,6 +30,8 @@ from collections.abc import Iterator
 from contextlib import nullcontext
 from typing import Any
 
+from django.core.signals import setting_changed
+
 try:
     import prometheus_client
 except ImportError:  # pragma: no cover - exercised only without the metrics extra
@@ -307,6 +309,41 @@ QUEUE_GAUGE_PREFIX = "jobguard_queue_"
 
 _children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
+#: The label of undeclared queues past JOBGUARD["METRICS_MAX_UNDECLARED_QUEUES"] (per process),
+#: so free-form names (a caller's typo, one queue per tenant) cannot grow the series without bound.
+OTHER_QUEUE_LABEL = "other"
+_queue_labels: dict[str, str] = {}
+_undeclared_labels: set[str] = set()
+_queue_labels_lock = threading.Lock()
+
+
+def queue_label(queue: str) -> str:
+    """The ``queue`` label for ``queue``: its name, or ``"other"`` past the undeclared cap."""
+    label = _queue_labels.get(queue)
+    if label is not None:
+        return label
+    conf = get_settings()
+    with _queue_labels_lock:
+        if queue in conf.queues or queue in (conf.default_queue, conf.cache.queue):
+            label = queue
+        elif queue in _undeclared_labels or len(_undeclared_labels) < conf.metrics_max_undeclared_queues:
+            _undeclared_labels.add(queue)
+            label = queue
+        else:
+            label = OTHER_QUEUE_LABEL
+        _queue_labels[queue] = label
+    return label
+
+
+def _forget_queue_labels(*, setting: str, **kwargs: Any) -> None:
+    if setting == "JOBGUARD":
+        with _queue_labels_lock:
+            _queue_labels.clear()
+            _undeclared_labels.clear()
+
+
+setting_changed.connect(_forget_queue_labels)
+
 
 def _child(metric: Any, *labels: str) -> Any:
     """``metric.labels(*labels)``, remembered: prometheus_client validates and locks on every call."""
@@ -318,48 +355,57 @@ def _child(metric: Any, *labels: str) -> Any:
 
 
 def job_enqueued(queue: str, task: str, count: int = 1) -> None:
-    _child(ENQUEUED, queue, task).inc(count)
+    label = queue_label(queue)
+    _child(ENQUEUED, label, task).inc(count)
 
 
 def job_succeeded(queue: str, task: str, duration: float) -> None:
+    label = queue_label(queue)
     beats.count(queue, "succeeded")
-    _child(SUCCEEDED, queue, task).inc()
-    _child(DURATION, queue, task, "succeeded").observe(duration)
+    _child(SUCCEEDED, label, task).inc()
+    _child(DURATION, label, task, "succeeded").observe(duration)
 
 
 def job_failed(queue: str, task: str, category: str, duration: float | None, *, retried: bool) -> None:
+    label = queue_label(queue)
     beats.count(queue, "failed")
-    FAILED.labels(queue, task, category).inc()
+    FAILED.labels(label, task, category).inc()
     if duration is not None:
-        DURATION.labels(queue, task, "failed").observe(duration)
+        DURATION.labels(label, task, "failed").observe(duration)
     if retried:
         beats.count(queue, "retried")
-        RETRIED.labels(queue, task, category).inc()
+        RETRIED.labels(label, task, category).inc()
 
 
 def job_dead_lettered(queue: str, task: str, reason: str) -> None:
+    label = queue_label(queue)
     beats.count(queue, "dead_lettered")
-    DEAD_LETTERED.labels(queue, task, reason).inc()
+    DEAD_LETTERED.labels(label, task, reason).inc()
 
 
 def replay_transition(queue: str, task: str, action: str) -> None:
-    REPLAYS.labels(queue, task, action).inc()
+    label = queue_label(queue)
+    REPLAYS.labels(label, task, action).inc()
 
 
 def lock_contended(queue: str, task: str) -> None:
-    LOCK_CONTENTION.labels(queue, task).inc()
+    label = queue_label(queue)
+    LOCK_CONTENTION.labels(label, task).inc()
 
 
 def lock_failed(queue: str, task: str, reason: str) -> None:
-    LOCK_FAILURES.labels(queue, task, reason).inc()
+    label = queue_label(queue)
+    LOCK_FAILURES.labels(label, task, reason).inc()
 
 
 def reappeared(queue: str, count: int = 1) -> None:
-    REAPPEARANCES.labels(queue).inc(count)
+    label = queue_label(queue)
+    REAPPEARANCES.labels(label).inc(count)
 
 
 def lease_lost(queue: str, task: str, operation: str) -> None:
-    LEASE_LOST.labels(queue, task, operation).inc()
+    label = queue_label(queue)
+    LEASE_LOST.labels(label, task, operation).inc()
 
 
 def duplicate_prevented(task: str, where: str) -> None:
@@ -368,7 +414,8 @@ def duplicate_prevented(task: str, where: str) -> None:
 
 def unique_conflict(queue: str, task: str) -> None:
     """Count a unique-constraint conflict (handlers that catch their own may call this too)."""
-    UNIQUE_CONFLICTS.labels(queue, task).inc()
+    label = queue_label(queue)
+    UNIQUE_CONFLICTS.labels(label, task).inc()
 
 
 def is_unique_violation(exc: BaseException) -> bool:
@@ -403,7 +450,8 @@ def _family(info: MetricInfo) -> Any:
 
 
 class QueueCollector:
-    """Computes the ``jobguard_queue_*`` gauges from the database at each scrape.
+    """Computes the ``jobguard_queue_*`` gauges from the database, at most once per
+    ``JOBGUARD["METRICS_CACHE_SECONDS"]``.
 
     It runs :func:`django_jobguard.stats.queue_stats` (a fixed, small number of indexed
     queries) on ``alias``. An error (the database is down, or a test forbids database
@@ -413,6 +461,20 @@ class QueueCollector:
 
     def __init__(self, alias: str | None = None) -> None:
         self.alias = alias
+        # (monotonic time, rows) of the last computation; scrapers queue on the lock, so
+        # concurrent scrapes run one set of queries and share it.
+        self._lock = threading.Lock()
+        self._computed: tuple[float, list[Any]] | None = None
+
+    def _queue_stats(self, alias: str) -> list[Any]:
+        ttl = get_settings().metrics_cache_seconds
+        with self._lock:
+            now = time.monotonic()
+            if ttl > 0 and self._computed is not None and now - self._computed[0] < ttl:
+                return self._computed[1]
+            rows = list(queue_stats(alias))
+            self._computed = (time.monotonic(), rows)
+            return rows
 
     def describe(self) -> list[Any]:
         # Registering calls describe(), or collect() if there is none: keep the
@@ -438,10 +500,10 @@ class QueueCollector:
             # poison it; in autocommit a failed query harms nothing.
             guard = transaction.atomic(using=alias) if connection.in_atomic_block else nullcontext()
             with guard:
-                rows = queue_stats(alias)
-            for stats in rows:
+                rows = self._queue_stats(alias)
+            for queue, values in _by_label(rows).items():
                 for family, field in families:
-                    family.add_metric([stats.queue], float(getattr(stats, field)))
+                    family.add_metric([queue], values[field])
         except Exception:
             # Whatever went wrong (database down, no database access at all), the rest of the
             # page must still be served: the scrape reports the gauges as down instead.
@@ -460,6 +522,23 @@ class QueueCollector:
         duration_family = _family(QUEUE_STATS_DURATION)
         duration_family.add_metric([], elapsed)
         yield duration_family
+
+
+def _by_label(rows: list[Any]) -> dict[str, dict[str, float]]:
+    """Each queue's gauge values under its label; queues past the label cap summed as "other"
+    (their oldest age and paused flag: the largest)."""
+    merged: dict[str, dict[str, float]] = {}
+    for stats in rows:
+        values = {field: float(getattr(stats, field)) for _, field in _QUEUE_FIELDS}
+        label = queue_label(stats.queue)
+        if label not in merged:
+            merged[label] = values
+            continue
+        into = merged[label]
+        for field, value in values.items():
+            largest = field in ("oldest_age_seconds", "paused")
+            into[field] = max(into[field], value) if largest else into[field] + value
+    return merged
 
 
 _registered: dict[int, QueueCollector] = {}

@@ -172,6 +172,10 @@ JOBGUARD: dict[str, Any] = {
     "POLL_INTERVAL": 0.2,
     "REAPER_INTERVAL": 0.5,
     "LOCKS": {"CONTENTION_DELAY": 0.1},
+    # Scrapes compare the gauges with the rows a moment later; the cache is tested on its own.
+    "METRICS_CACHE_SECONDS": 0.0,
+    # Tests name a queue each and read its series; the cap is tested with override_settings.
+    "METRICS_MAX_UNDECLARED_QUEUES": 100_000,
 }
 # The suite's purpose-built tasks exercise one behaviour each and are not classified, and
 # some lock with a deliberately short TTL; the checks that say so are tested in

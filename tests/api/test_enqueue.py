@@ -323,3 +323,11 @@ def test_run_after_outside_the_window_is_400_naming_the_field(producer, value):
 def test_the_run_after_window_is_configurable(producer):
     later = (timezone.now() + datetime.timedelta(days=3 * 365)).isoformat()
     assert post(producer, {"task": ADD, "args": [1], "run_after": later}).status_code == 201
+
+
+def test_an_undeclared_queue_is_refused_through_the_api_even_where_python_allows_it(producer):
+    # The suite allows free-form queue names in Python (ALLOW_UNDECLARED_QUEUES).
+    assert_problem(
+        post(producer, {"task": ADD, "args": [1], "queue_name": "tenant-42"}), 400, "queue_name", "slow"
+    )
+    assert post(producer, {"task": ADD, "args": [1], "queue_name": "slow"}).status_code == 201

@@ -290,7 +290,7 @@ def test_an_unreachable_lock_back_end_is_counted_as_a_lock_failure(workers):
 
 def test_metrics_port_that_is_taken_fails_with_a_clear_message(workers):
     with socket.socket() as sock:
-        sock.bind(("0.0.0.0", 0))  # noqa: S104 - the worker's default address
+        sock.bind(("127.0.0.1", 0))  # the worker's default address
         sock.listen()
         port = sock.getsockname()[1]
         result = workers.burst("--metrics-port", str(port), timeout=120)

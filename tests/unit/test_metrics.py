@@ -224,3 +224,15 @@ def test_every_alert_rule_links_a_runbook_that_exists():
         assert rule["alert"] in page.read_text(), f"{page.name} does not mention {rule['alert']}"
         linked.add(page.name)
     assert {"growing-dead-letter-queue.md", "retry-storm.md", "replay.md"} <= linked
+
+
+def test_undeclared_queue_labels_past_the_cap_count_as_other():
+    from django.conf import settings
+    from django.test import override_settings
+
+    with override_settings(JOBGUARD={**settings.JOBGUARD, "METRICS_MAX_UNDECLARED_QUEUES": 3}):
+        labels = [metrics.queue_label(f"tenant-{n}") for n in range(6)]
+        assert labels == ["tenant-0", "tenant-1", "tenant-2", "other", "other", "other"]
+        assert metrics.queue_label("tenant-1") == "tenant-1"  # a name once given keeps it
+        assert metrics.queue_label("default") == "default"  # declared queues always keep theirs
+        assert metrics.queue_label("slow") == "slow"

@@ -100,9 +100,12 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--metrics-addr",
-            default="0.0.0.0",  # noqa: S104 - Prometheus scrapes from another host
+            default="127.0.0.1",
             metavar="ADDR",
-            help="Address the metrics server listens on (default 0.0.0.0).",
+            help=(
+                "Address the metrics server listens on (default 127.0.0.1, this host only; give "
+                "0.0.0.0 or the pod's address for a scraper on another host)."
+            ),
         )
         add_database_argument(parser)
         _add_db_worker_arguments(parser)
