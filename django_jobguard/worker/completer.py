@@ -64,6 +64,7 @@ class Completer:
         note_run_time: Callable[[float], None] | None = None,
         ack_window: float = 0.0,
         ack_batch_size: int = 1,
+        on_acks_written: Callable[[], None] | None = None,
     ) -> None:
         self.alias = alias
         self.worker_id = worker_id
@@ -71,6 +72,10 @@ class Completer:
         self.ack_window = ack_window
         self.ack_batch_size = max(1, ack_batch_size)
         self._pending: queue.SimpleQueue[tuple[Held, Succeeded] | None] = queue.SimpleQueue()
+        #: Jobs whose handler succeeded and whose ack is not written yet: still ``running`` in
+        #: the database, so they count against the worker's prefetch cap (see Worker._loop).
+        self.awaiting_acks = 0
+        self._on_acks_written = on_acks_written or (lambda: None)
         #: Guards the tally and the held jobs' states (the worker's own lock).
         self.lock = lock or threading.Lock()
         self._note_run_time = note_run_time or (lambda seconds: None)
@@ -186,6 +191,15 @@ class Completer:
 
     def _write_acks(self, acks: list[tuple[Held, Succeeded]]) -> None:
         try:
+            self._settle_acks(acks)
+        finally:
+            # Written or not (a failed one runs again after its lease), no longer waiting here.
+            with self.lock:
+                self.awaiting_acks -= len(acks)
+            self._on_acks_written()
+
+    def _settle_acks(self, acks: list[tuple[Held, Succeeded]]) -> None:
+        try:
             done, failed = self._commit_acks(acks), set[int]()
         except (DatabaseError, InterfaceError):
             # One bad moment should not cost the whole batch its acks: retry each alone.
@@ -260,6 +274,8 @@ class Completer:
 
     def _succeeded(self, held: Held, outcome: Succeeded) -> None:
         if outcome.ack_json is not None:
+            with self.lock:
+                self.awaiting_acks += 1
             self._pending.put((held, outcome))  # run_acks writes it, then reports it
             return
         self._report_succeeded(held, outcome)

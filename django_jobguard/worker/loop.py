@@ -155,6 +155,7 @@ class Worker:
             note_run_time=self.note_run_time,
             ack_window=conf.ack_window,
             ack_batch_size=conf.ack_batch_size,
+            on_acks_written=self._slot_freed.set,
         )
         self._acker: threading.Thread | None = None
         #: Outcomes of the jobs this worker finished, for the summary on exit (see summary()).
@@ -326,7 +327,10 @@ class Worker:
             try:
                 self.maintenance.run_due(time.monotonic())
                 capacity = self.capacity_now()
-                free = capacity - len(self._held)
+                # Jobs done but not acked yet are still "running" in the database: they count,
+                # so a completer that falls behind holds the claimer back (a crash re-runs at
+                # most `capacity` jobs).
+                free = capacity - len(self._held) - self.completer.awaiting_acks
                 if self.max_jobs is not None:
                     free = min(free, self.max_jobs - self.claimed)
                     if free <= 0 and not self._held:
