@@ -13,7 +13,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected
 from django.contrib.admin.filters import SimpleListFilter
 from django.contrib.admin.utils import unquote
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -34,6 +34,13 @@ _FILTER_SUFFIXES = ("", "__exact", "__isnull", "__gte", "__lt")
 _HIERARCHY_SUFFIXES = ("__year", "__month", "__day")
 #: Suffix of the generated read-only field that shows a datetime field with seconds and zone.
 TIME_SUFFIX = "_display"
+
+
+def refuse_nul(request: HttpRequest) -> None:
+    """Answer 400 for a NUL character in the query string (PostgreSQL cannot compare text with one)."""
+    for key, values in request.GET.lists():
+        if "\x00" in key or any("\x00" in value for value in values):
+            raise BadRequest(f"The filter {key.replace(chr(0), '')!r} holds a NUL character (%00).")
 
 
 def format_time(value: datetime.datetime | None) -> str:
@@ -101,6 +108,10 @@ class ReadOnlyAdmin(admin.ModelAdmin):
                 name = field.name + TIME_SUFFIX
                 self._times[field.name] = name
                 setattr(self, name, _time_column(field))
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        refuse_nul(request)
+        return super().changelist_view(request, extra_context)
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

@@ -21,7 +21,7 @@ from .. import health, queues
 from ..conf import get_settings
 from ..exceptions import QueueError, QueuePermissionDenied
 from ..models import QueueEvent, QueueState
-from .base import ReadOnlyAdmin, format_time, refusal
+from .base import ReadOnlyAdmin, format_time, refusal, refuse_nul
 from .charts import bar_chart
 
 #: Seconds between two reloads of the health page while it is open.
@@ -62,6 +62,7 @@ class QueueHealthAdmin(admin.ModelAdmin):
         ]
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        refuse_nul(request)
         if not self.has_view_permission(request):
             return refusal(
                 request,
