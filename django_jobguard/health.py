@@ -17,17 +17,19 @@ from django.db.models import Count, Max, Sum
 from django.db.models.functions import Now, TruncMinute
 from django.utils import timezone
 
+from . import beats
 from .conf import get_settings
-from .models import Job, JobStatus, QueueMinute
-from .stats import QUERIES as STATS_QUERIES
+from .models import Job, JobStatus, QueueMinute, WorkerBeat
+from .stats import QUERIES_WITH_RECENT as STATS_QUERIES
 from .stats import QueueStats, queue_stats
 
 __all__ = ["CHART_MINUTES", "QUERIES", "SERIES", "Health", "queue_health"]
 
 #: Minutes the charts cover.
 CHART_MINUTES = 60
-#: Queries :func:`queue_health` runs.
-QUERIES = STATS_QUERIES + 2
+#: Queries :func:`queue_health` runs: the statistics with the last hour's counts, the charts'
+#: two, the live workers and the stuck jobs.
+QUERIES = STATS_QUERIES + 2 + 2
 #: The charted series: key, title, unit.
 SERIES = (
     ("succeeded", "Succeeded per minute", "jobs"),
@@ -43,6 +45,11 @@ class Health:
     """Every queue's figures now, and per-minute series over the last :data:`CHART_MINUTES`."""
 
     queues: list[QueueStats]
+    #: Live workers (a beat within beats.STALE_AFTER_SECONDS) that serve each queue, by name.
+    live_workers: dict[str, int]
+    #: Running jobs whose lease has expired, by queue: no live worker holds them (the reaper
+    #: hands them back; if none runs, nothing does).
+    stuck: dict[str, int]
     #: Start of each charted minute, oldest first (UTC).
     minutes: list[datetime.datetime]
     #: One value per minute for each key of :data:`SERIES` (None: no sample that minute).
@@ -54,7 +61,16 @@ def queue_health(alias: str | None = None, *, queue: str | None = None) -> Healt
     """The health of every queue, and the series of ``queue`` (all queues when None)."""
 
     alias = alias or get_settings().database_alias
-    rows = queue_stats(alias)
+    rows = queue_stats(alias, recent=True)
+    live_workers = _live_workers(alias, [stats.queue for stats in rows])
+    stuck = {
+        item["queue_name"]: item["n"]
+        for item in Job.objects.using(alias)
+        .order_by()
+        .filter(status=JobStatus.RUNNING, lease_expires_at__lt=Now())
+        .values("queue_name")
+        .annotate(n=Count("pk"))
+    }
     now = timezone.now()
     last = now.replace(second=0, microsecond=0)
     minutes = [last - datetime.timedelta(minutes=n) for n in range(CHART_MINUTES - 1, -1, -1)]
@@ -90,7 +106,22 @@ def queue_health(alias: str | None = None, *, queue: str | None = None) -> Healt
         series["failed"][i] = float(item["failed"] or 0)
         series["retried"][i] = float(item["retried"] or 0)
         series["oldest_age_seconds"][i] = item["oldest"]
-    return Health(queues=rows, minutes=minutes, series=series, generated_at=now)
+    return Health(
+        queues=rows, live_workers=live_workers, stuck=stuck, minutes=minutes, series=series, generated_at=now
+    )
+
+
+def _live_workers(alias: str, names: list[str]) -> dict[str, int]:
+    """How many live workers serve each of ``names`` (a worker listing no queue serves all)."""
+    cutoff = Now() - datetime.timedelta(seconds=beats.STALE_AFTER_SECONDS)
+    served = WorkerBeat.objects.using(alias).filter(last_beat_at__gte=cutoff).values_list("queues", flat=True)
+    counts = dict.fromkeys(names, 0)
+    for queues in served:
+        listed = set(queues.split(",")) if queues and queues != "*" else None
+        for name in names:
+            if listed is None or name in listed:
+                counts[name] += 1
+    return counts
 
 
 def _slot(index: dict[datetime.datetime, int], at: Any) -> int | None:

@@ -81,6 +81,8 @@ class QueueHealthAdmin(admin.ModelAdmin):
             rows.append(
                 {
                     "stats": stats,
+                    "live_workers": report.live_workers.get(stats.queue, 0),
+                    "stuck": report.stuck.get(stats.queue, 0),
                     "since": format_time(state.changed_at) if state and stats.paused else "",
                     "by": state.changed_by if state and stats.paused else "",
                     "reason": state.reason if state and stats.paused else "",

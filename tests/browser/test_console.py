@@ -81,7 +81,7 @@ def test_an_operator_pauses_a_queue_sees_it_fill_without_claims_and_resumes_it(
     )
     page.reload()
     assert page.locator("#queue-held .depth").inner_text() == "0"
-    assert "running" in row_text(page, "held")
+    assert "accepting" in row_text(page, "held")
     shot(page, "queue-health")
 
     # The job list fits a 1,366 px laptop screen once the admin's side bar is closed.

@@ -90,9 +90,12 @@ def test_the_page_shows_each_queues_figures_and_state(viewer):
         "scheduled": "2",
         "retrying": "1",
         "in-flight": "0",
+        "stuck": "0",
         "oldest": "0",
         "dead": "0",
         "approvals": "0",
+        "succeeded": "0",
+        "failed": "0",
     }
     assert cells(html, "emails")["dead"] == "1" and cells(html, "emails")["approvals"] == "1"
     emails = re.search(r'<tr id="queue-emails".*?</tr>', html, re.S).group(0)
@@ -220,3 +223,42 @@ def test_a_million_finished_rows_cost_the_same_queries_and_the_buckets_use_the_f
     assert "jobguard_job_finished_idx" in plan, plan
     report = health.queue_health()
     assert sum(report.series["succeeded"]) >= 3000  # one job a second for the last hour, 9 in 10
+
+
+def test_with_every_worker_dead_the_page_says_so_and_shows_the_stuck_jobs(viewer):
+    from django_jobguard.models import WorkerBeat
+
+    job = tasks.add.enqueue(1)
+    # Claimed by a worker that then died: its lease ran out and nobody reaped it.
+    Job.objects.filter(pk=job.pk).update(
+        status="running",
+        worker_id="gone",
+        lease_token="0" * 32,
+        lease_expires_at=timezone.now() - datetime.timedelta(minutes=5),
+    )
+    WorkerBeat.objects.create(
+        worker_id="gone",
+        host="h",
+        pid=1,
+        queues="default",
+        concurrency=1,
+        started_at=timezone.now() - datetime.timedelta(hours=1),
+        last_beat_at=timezone.now() - datetime.timedelta(minutes=10),
+    )
+    html = viewer.get(URL).content.decode()
+    row = re.search(r'<tr id="queue-default".*?</tr>', html, re.S).group(0)
+    assert "no live worker" in row
+    assert re.search(r'class="num stuck alarm">1<', row), row
+    assert "accepting" in row and ">running<" not in row
+    # A live worker serving every queue ("*") counts for this one.
+    WorkerBeat.objects.create(
+        worker_id="alive",
+        host="h",
+        pid=2,
+        queues="*",
+        concurrency=1,
+        started_at=timezone.now(),
+        last_beat_at=timezone.now(),
+    )
+    row = re.search(r'<tr id="queue-default".*?</tr>', viewer.get(URL).content.decode(), re.S).group(0)
+    assert "no live worker" not in row and re.search(r'class="num workers">1<', row), row
