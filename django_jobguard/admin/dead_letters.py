@@ -17,21 +17,26 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import ObjectDoesNotExist
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
 from .. import dlq
 from ..exceptions import InvalidArgumentsError, ReplayError, ReplayPermissionDenied
 from ..models import DeadLetter
+from . import diff
 from .base import ReadOnlyAdmin, admin_link, can_view_payload, format_time, pre, pretty_json, refusal
 from .forms import ReplayDecisionForm, ReplayRequestForm, dumps
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
+
+#: Dead letters a bulk confirmation page lists (it says how many more it stands for).
+BULK_LISTED = 50
 
 _SERVICES: dict[str, Callable[..., DeadLetter]] = {
     dlq.REQUEST: dlq.request_replay,
@@ -332,19 +337,49 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     def _bulk(
         self, request: HttpRequest, queryset: QuerySet[DeadLetter], action: str, name: str
     ) -> HttpResponse | None:
-        """Ask for one reason, then make the transition on each dead letter (original payloads)."""
+        """Ask for one reason, then make the transition on each dead letter.
+
+        "Select all" is carried to the confirmation as the change list's filter (the page
+        posts back to the filtered URL with ``select_across``), never as one field per row,
+        so any number of dead letters fits in the request.
+        """
+        across = request.POST.get("select_across") == "1"
+        corrected_q = Q(replay_args__isnull=False) | Q(replay_kwargs__isnull=False)
+        exclude_corrected = request.POST.get("exclude_corrected") == "1"
+        if exclude_corrected:
+            queryset = queryset.exclude(corrected_q)
         form = ReplayDecisionForm(request.POST if "confirm" in request.POST else None)
+        sees_payloads = dlq.can_view_payload(request.user)
+        corrected = queryset.filter(corrected_q).count() if action == dlq.APPROVE else 0
         if form.is_valid():
+            if corrected and not sees_payloads:
+                self.message_user(
+                    request,
+                    ngettext(
+                        "Not approved: %(n)d of these replays runs a corrected payload, and approving "
+                        "a correction needs the jobguard.view_payload permission to see it. Exclude "
+                        "corrected payloads, or ask someone who may see them.",
+                        "Not approved: %(n)d of these replays run corrected payloads, and approving "
+                        "a correction needs the jobguard.view_payload permission to see it. Exclude "
+                        "corrected payloads, or ask someone who may see them.",
+                        corrected,
+                    )
+                    % {"n": corrected},
+                    messages.ERROR,
+                )
+                return None
             done, failed = 0, []
-            for letter in queryset.order_by("id"):
+            for letter in queryset.order_by("id").iterator(chunk_size=500):
                 try:
                     _SERVICES[action](letter, request.user, form.cleaned_data["reason"])
                 except (ReplayError, InvalidArgumentsError) as exc:
                     failed.append(f"#{letter.pk}: {exc}")
                 else:
                     done += 1
-            if done:
-                self.message_user(request, f"{_LABELS[action]}: {done} done.", messages.SUCCESS)
+            summary = f"{_LABELS[action]}: {done} done"
+            if failed:
+                summary += f", {len(failed)} not changed"
+            self.message_user(request, summary + ".", messages.SUCCESS if done else messages.WARNING)
             for line in failed[:20]:
                 self.message_user(request, line, messages.WARNING)
             if len(failed) > 20:
@@ -352,12 +387,28 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             return None
         count = queryset.count()
         estimate = dlq.redrive_estimate(count) if action in (dlq.REQUEST, dlq.APPROVE) else None
+        shown = list(queryset.order_by("id")[:BULK_LISTED])
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": _LABELS[action],
-            "queryset": queryset,
+            "listed": [
+                {
+                    "letter": letter,
+                    "corrected": letter.replay_args is not None or letter.replay_kwargs is not None,
+                    "review": _stored_review(letter) if sees_payloads else None,
+                }
+                for letter in shown
+            ],
             "count": count,
+            "listed_count": len(shown),
+            "corrected": corrected,
+            "sees_payloads": sees_payloads,
+            "approving": action == dlq.APPROVE,
+            "requesting": action == dlq.REQUEST,
+            "select_across": across,
+            "exclude_corrected": exclude_corrected,
+            "selected_ids": [] if across else [letter.pk for letter in queryset.only("pk")],
             "estimate": estimate,
             "estimate_text": _duration(estimate.seconds) if estimate else "",
             "form": form,
@@ -394,17 +445,23 @@ def _correction_context(request: HttpRequest, review: dlq.CorrectionReview | Non
     if review is None:
         return {"correction": None}
     show_payload = can_view_payload(request)
-    rows = []
+    rows: list[dict[str, str]] = []
     if show_payload:
         absent = str(_("(not given)"))
-        rows = [
-            {
-                "name": change.name,
-                "original": absent if change.original is dlq.ABSENT else dumps(change.original),
-                "corrected": absent if change.corrected is dlq.ABSENT else dumps(change.corrected),
-            }
-            for change in review.changes
-        ]
+        # Only the leaves that changed (a nested qty 2 -> 30 is one row, items[0].qty), so
+        # the reviewer sees exactly what the replay will run differently.
+        rows = []
+        for change in review.changes:
+            original = diff.ABSENT if change.original is dlq.ABSENT else change.original
+            corrected = diff.ABSENT if change.corrected is dlq.ABSENT else change.corrected
+            for leaf in diff.changes(change.name, original, corrected):
+                rows.append(
+                    {
+                        "name": leaf.path,
+                        "original": absent if leaf.original is diff.ABSENT else dumps(leaf.original),
+                        "corrected": absent if leaf.corrected is diff.ABSENT else dumps(leaf.corrected),
+                    }
+                )
     return {"correction": review, "correction_rows": rows, "show_payload": show_payload}
 
 
