@@ -9,11 +9,13 @@ import datetime
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
@@ -386,20 +388,23 @@ class JobAdmin(ReadOnlyAdmin):
         description=_("Cancel selected jobs (queued: at once; running: ask the handler)"),
         permissions=["cancel"],
     )
-    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> TemplateResponse | None:
         if not self.has_cancel_permission(request):
             raise PermissionDenied
+        if request.POST.get("confirm") != "yes":
+            return self._confirm_cancel(request, queryset)
         ids = list(queryset.values_list("pk", flat=True))
         reason = f"by {request.user.get_username()} in the admin"
         cancelled = jobs.cancel(ids, reason=reason)
         asked = jobs.request_cancel(sorted(set(ids) - set(cancelled)), reason=reason)
         skipped = len(ids) - len(cancelled) - len(asked)
-        self.message_user(
-            request,
-            ngettext("%(count)d job cancelled.", "%(count)d jobs cancelled.", len(cancelled))
-            % {"count": len(cancelled)},
-            messages.SUCCESS,
-        )
+        if cancelled or not asked:
+            self.message_user(
+                request,
+                ngettext("%(count)d job cancelled.", "%(count)d jobs cancelled.", len(cancelled))
+                % {"count": len(cancelled)},
+                messages.SUCCESS if cancelled else messages.WARNING,
+            )
         if asked:
             self.message_user(
                 request,
@@ -424,6 +429,30 @@ class JobAdmin(ReadOnlyAdmin):
                 % {"count": skipped},
                 messages.WARNING,
             )
+        return None
+
+    def _confirm_cancel(self, request: HttpRequest, queryset: QuerySet[Job]) -> TemplateResponse:
+        """Say how many jobs a cancel would touch before it does ("Select all" carries the filter)."""
+        across = request.POST.get("select_across") == "1"
+        by_status = dict(
+            queryset.order_by().values_list("status").annotate(n=Count("pk")).values_list("status", "n")
+        )
+        first = queryset.order_by("pk").values_list("pk", flat=True).first()
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Cancel jobs"),
+            "count": sum(by_status.values()),
+            "queued": by_status.get(JobStatus.QUEUED, 0),
+            "running": by_status.get(JobStatus.RUNNING, 0),
+            "select_across": across,
+            # With "Select all" the admin still wants one selected row to take the action.
+            "selected_ids": ([first] if first is not None else [])
+            if across
+            else list(queryset.values_list("pk", flat=True)),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "django_jobguard/admin/job/cancel_confirm.html", context)
 
     @admin.action(description=_("Retry selected waiting jobs now"), permissions=["retry"])
     def retry_jobs_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:

@@ -59,7 +59,9 @@ def test_the_cancel_action_cancels_queued_jobs_and_asks_running_ones(client):
     running = tasks.add.enqueue(2)
     make_running(running)
     response = client.post(
-        JOBS, {"action": "cancel_jobs", "_selected_action": [queued.pk, running.pk]}, follow=True
+        JOBS,
+        {"action": "cancel_jobs", "_selected_action": [queued.pk, running.pk], "confirm": "yes"},
+        follow=True,
     )
     html = response.content.decode()
     assert "1 job cancelled." in html
@@ -108,3 +110,24 @@ def test_the_bulk_replay_confirmation_says_how_many_and_how_long_the_throttle_ta
         url, {"action": "request_replays", "select_across": "1", "_selected_action": [letters[0].pk]}
     )
     assert "these 4 replays" in everything.content.decode()
+
+
+def test_select_all_cancel_asks_first_with_the_count_and_carries_the_filter(client):
+    staff(client, "view_job", "cancel_job")
+    for n in range(1_100):  # more than a request may carry fields for, one per row
+        tasks.add.using(queue_name="bulk-cancel").enqueue(n)
+    kept = tasks.add.using(queue_name="elsewhere").enqueue(0)
+    url = JOBS + "?queue_name=bulk-cancel"
+    first = Job.objects.filter(queue_name="bulk-cancel").order_by("pk").first()
+    confirm = client.post(
+        url, {"action": "cancel_jobs", "select_across": "1", "_selected_action": [first.pk]}
+    )
+    html = confirm.content.decode()
+    assert "Cancel 1100 jobs?" in html and "1100 queued are cancelled at once" in html
+    assert html.count('name="_selected_action"') == 1
+    assert not Job.objects.filter(status="cancelled").exists()
+    client.post(
+        url, {"action": "cancel_jobs", "select_across": "1", "_selected_action": [first.pk], "confirm": "yes"}
+    )
+    assert Job.objects.filter(queue_name="bulk-cancel", status="cancelled").count() == 1_100
+    assert Job.objects.get(pk=kept.pk).status == "queued"

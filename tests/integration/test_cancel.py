@@ -51,7 +51,14 @@ def test_the_admin_action_needs_the_cancel_permission(client):
     operator = make_user("operator", "view_job", "cancel_job")
     client.force_login(operator)
     assert b"cancel_jobs" in client.get(url).content
-    response = client.post(url, {"action": "cancel_jobs", "_selected_action": [job.pk]}, follow=True)
+    # First a confirmation with the count; nothing changes until it is confirmed.
+    confirm = client.post(url, {"action": "cancel_jobs", "_selected_action": [job.pk]})
+    assert "Cancel 1 job?" in confirm.content.decode()
+    job.refresh_from_db()
+    assert job.status == "queued"
+    response = client.post(
+        url, {"action": "cancel_jobs", "_selected_action": [job.pk], "confirm": "yes"}, follow=True
+    )
     job.refresh_from_db()
     assert job.status == "cancelled"
     assert "by operator in the admin" in job.last_error
