@@ -120,6 +120,10 @@ class ReplayError(JobguardError):
     """A replay transition is not allowed (wrong state, missing permission, self-approval)."""
 
 
+class ReplayConflict(ReplayError):  # noqa: N818 - reads as a state, like IdempotencyConflict
+    """The replay's payload changed since the approver reviewed it: nothing was approved."""
+
+
 class ReplayPermissionDenied(ReplayError, PermissionDenied):  # noqa: N818 - after Django's PermissionDenied
     """The user may not make this replay transition; the admin and the API answer 403."""
 

@@ -264,7 +264,13 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                         token = _payload_token(form.payload())
                         if review and review.warnings and request.POST.get("confirm_correction") != token:
                             confirm = token
-                    if not confirm:
+                    if not confirm and action == dlq.APPROVE:
+                        # Bound to the correction this page showed: a change since is refused.
+                        reviewed = request.POST.get("correction_digest") or None
+                        dlq.approve_replay(
+                            letter, request.user, form.cleaned_data["reason"], reviewed=reviewed
+                        )
+                    elif not confirm:
                         _SERVICES[action](letter, request.user, form.cleaned_data["reason"], **form.payload())
                 except ReplayPermissionDenied as exc:
                     return refusal(request, self, f"{_LABELS[action]}: {letter}", str(exc))
@@ -298,6 +304,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             "opts": self.opts,
             "original": letter,
             "form": form,
+            "correction_digest": dlq.correction_digest(letter) if action == dlq.APPROVE else "",
             "action": action,
             "title": f"{_LABELS[action]}: {letter}",
             "button": _LABELS[action],

@@ -29,6 +29,7 @@ from ..exceptions import (
     IdempotencyConflict,
     InvalidArgumentsError,
     InvalidTaskError,
+    ReplayConflict,
     ReplayError,
     ReplayPermissionDenied,
 )
@@ -144,6 +145,8 @@ def _translate(exc: Exception) -> Exception:
     """The service layer's errors as API exceptions (the service's message kept word for word)."""
     if isinstance(exc, ReplayPermissionDenied):
         return exceptions.PermissionDenied(str(exc))
+    if isinstance(exc, ReplayConflict):
+        return Conflict(str(exc), code="payload_changed")
     if isinstance(exc, ReplayError):
         return Conflict(str(exc), code="invalid_state")
     if isinstance(exc, IdempotencyConflict):

@@ -319,10 +319,20 @@ class DeadLetterDetailSerializer(DeadLetterSerializer):
 
     replay_events = serializers.SerializerMethodField()
     available_actions = serializers.SerializerMethodField()
+    correction_digest = serializers.SerializerMethodField()
 
     class Meta(DeadLetterSerializer.Meta):
-        fields = [*DeadLetterSerializer.Meta.fields, "replay_events", "available_actions"]
-        read_only_fields = [*_LETTER_FIELDS, "replay_events", "available_actions"]
+        fields = [
+            *DeadLetterSerializer.Meta.fields,
+            "replay_events",
+            "available_actions",
+            "correction_digest",
+        ]
+        read_only_fields = [*_LETTER_FIELDS, "replay_events", "available_actions", "correction_digest"]
+
+    def get_correction_digest(self, letter: DeadLetter) -> str:
+        """What a replay would run, digested: send it back with an approval to bind it to this review."""
+        return dlq.correction_digest(letter)
 
     def get_replay_events(self, letter: DeadLetter) -> list[dict[str, Any]]:
         """Every step of the replay, oldest first."""
@@ -338,6 +348,17 @@ class ReasonSerializer(serializers.Serializer):
     """``approve/`` and ``reject/``: the reason goes into the audit trail."""
 
     reason = serializers.CharField(max_length=10_000, help_text="Why; required, kept in the audit trail.")
+
+
+class ApproveSerializer(ReasonSerializer):
+    """``approve/``: a reason, and the correction digest the approver reviewed."""
+
+    correction_digest = serializers.CharField(
+        max_length=64,
+        required=False,
+        help_text="The dead letter's correction_digest as you reviewed it: if the payload changed "
+        "since, the approval is refused (409, code payload_changed).",
+    )
 
 
 class ReplayRequestSerializer(ReasonSerializer):

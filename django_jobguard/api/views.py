@@ -496,9 +496,11 @@ class ReplayApproveView(_LetterObjectView):
     )
     def post(self, request: Request, letter_id: int) -> Response:
         """Approve a requested replay (``jobguard.approve_replay``, not by its requester)."""
-        data = self.validated(s.ReasonSerializer, request.data)
+        data = self.validated(s.ApproveSerializer, request.data)
         try:
-            dlq.approve_replay(self.letter(letter_id), request.user, data["reason"])
+            dlq.approve_replay(
+                self.letter(letter_id), request.user, data["reason"], reviewed=data.get("correction_digest")
+            )
         except InvalidArgumentsError as exc:
             raise _arguments_error(exc) from None
         return self.answer(letter_id)

@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import hashlib
 import inspect
+import json
 import logging
 from typing import Any, Protocol
 
@@ -23,7 +25,7 @@ from django.db.models.functions import Now
 from .. import _dispatch, idempotency, metrics, signals
 from .._json import validate_payload
 from ..conf import get_settings
-from ..exceptions import InvalidArgumentsError, ReplayError, ReplayPermissionDenied
+from ..exceptions import InvalidArgumentsError, ReplayConflict, ReplayError, ReplayPermissionDenied
 from ..models import (
     DeadLetter,
     IdempotencyKey,
@@ -247,6 +249,10 @@ def _key_held_elsewhere(alias: str, letter: DeadLetter, row: IdempotencyKey, rep
 # -- transitions ---------------------------------------------------------------------------------
 
 
+#: Hex characters of a correction digest: enough to tell two reviews apart, short to show.
+CORRECTION_DIGEST_LENGTH = 16
+
+
 def request_replay(
     dead_letter: DeadLetter | int,
     user: User,
@@ -296,10 +302,26 @@ def request_replay(
     return _refreshed(alias, dead_letter, letter)
 
 
-def approve_replay(dead_letter: DeadLetter | int, user: User, reason: str) -> DeadLetter:
+def correction_digest(letter: DeadLetter) -> str:
+    """A short digest of the payload a replay of ``letter`` would run (its correction, if any).
+
+    An approver's page or client reads it with the correction it shows, and hands it back
+    with the approval, so an approval is bound to what was reviewed.
+    """
+    payload = {"args": letter.replay_args, "kwargs": letter.replay_kwargs}
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:CORRECTION_DIGEST_LENGTH]
+
+
+def approve_replay(
+    dead_letter: DeadLetter | int, user: User, reason: str, *, reviewed: str | None = None
+) -> DeadLetter:
     """Approve the requested replay; a worker redrives it within the throttle.
 
-    The payload is checked against the handler again: the code may have changed since the request.
+    The payload is checked against the handler again: the code may have changed since the
+    request. ``reviewed`` is the :func:`correction_digest` the approver saw: if the
+    correction changed since, :class:`ReplayConflict` is raised and nothing changes (the
+    admin always sends it; an API client should).
     """
     reason = _reason(reason, APPROVE)
     alias = get_settings().database_alias
@@ -307,6 +329,12 @@ def approve_replay(dead_letter: DeadLetter | int, user: User, reason: str) -> De
         letter = _locked(alias, dead_letter)
         check_permission(letter, user, APPROVE)
         _check_state(letter, APPROVE)
+        digest = correction_digest(letter)
+        if reviewed is not None and reviewed != digest:
+            raise ReplayConflict(
+                f"The replay's payload changed since you reviewed it (digest {reviewed}, now {digest}): "
+                "review it again before approving."
+            )
         _validated_payload(letter, letter.replay_args, letter.replay_kwargs)
         _transition(
             alias,
@@ -314,7 +342,10 @@ def approve_replay(dead_letter: DeadLetter | int, user: User, reason: str) -> De
             APPROVE,
             user,
             reason,
-            {"payload_corrected": letter.replay_args is not None or letter.replay_kwargs is not None},
+            {
+                "payload_corrected": letter.replay_args is not None or letter.replay_kwargs is not None,
+                "correction_digest": digest,
+            },
             replay_decided_by=user,
             replay_decided_at=Now(),
         )

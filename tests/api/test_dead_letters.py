@@ -186,3 +186,20 @@ def test_the_list_filters_and_costs_constant_queries(people):
             assert len(client.get(f"{BASE}dead-letters/", {"page_size": size}).json()["results"]) == size
         counts.append(len(queries.captured_queries))
     assert counts[0] == counts[1], counts
+
+
+def test_an_approval_with_a_stale_correction_digest_is_409_and_changes_nothing():
+    letter = dead_charge(order_id=77, amount=0)
+    requester = make_user("req77", "request_replay", "view_payload", "view_deadletter")
+    dlq.request_replay(letter, requester, "fix", kwargs={"order_id": 77, "amount": 5})
+    client = client_for(make_user("appr77", "approve_replay", "view_deadletter"))
+    detail = client.get(f"{BASE}dead-letters/{letter.pk}/").json()
+    reviewed = detail["correction_digest"]
+    DeadLetter.objects.filter(pk=letter.pk).update(replay_kwargs={"order_id": 77, "amount": 500})
+    url = f"{BASE}dead-letters/{letter.pk}/approve/"
+    refused = client.post(url, {"reason": "ok", "correction_digest": reviewed}, format="json")
+    assert refused.status_code == 409, refused.content
+    assert refused.json()["code"] == "payload_changed"
+    assert DeadLetter.objects.get(pk=letter.pk).replay_state == "requested"
+    fresh = client.get(f"{BASE}dead-letters/{letter.pk}/").json()["correction_digest"]
+    assert client.post(url, {"reason": "ok", "correction_digest": fresh}, format="json").status_code == 200

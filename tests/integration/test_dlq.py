@@ -468,3 +468,21 @@ def test_error_text_that_echoes_a_big_payload_is_capped_everywhere_it_is_stored(
     # The head says what failed, the tail keeps the traceback's last line.
     assert letter.error_message.startswith("could not parse BBB") and letter.error_message.endswith("BBB")
     assert letter.traceback.startswith("Traceback") and letter.traceback.rstrip().endswith("BBB")
+
+
+def test_an_approval_is_bound_to_the_correction_the_approver_reviewed(people):
+    from django_jobguard.exceptions import ReplayConflict
+
+    letter = dead_charge(order_id=3, amount=0)
+    dlq.request_replay(letter, people.requester, "fix", kwargs={"order_id": 3, "amount": 100})
+    reviewed = dlq.correction_digest(DeadLetter.objects.get(pk=letter.pk))
+    # The payload changes after the approver looked at it (by the requester, or by hand).
+    DeadLetter.objects.filter(pk=letter.pk).update(replay_kwargs={"order_id": 3, "amount": 100_000})
+    with pytest.raises(ReplayConflict, match="changed since you reviewed it"):
+        dlq.approve_replay(letter.pk, people.approver, "looks right", reviewed=reviewed)
+    assert DeadLetter.objects.get(pk=letter.pk).replay_state == "requested"
+    now = dlq.correction_digest(DeadLetter.objects.get(pk=letter.pk))
+    approved = dlq.approve_replay(letter.pk, people.approver, "checked again", reviewed=now)
+    assert approved.replay_state == "approved"
+    event = ReplayEvent.objects.filter(dead_letter_id=letter.pk, action="approved").get()
+    assert event.data["correction_digest"] == now != reviewed
