@@ -252,23 +252,30 @@ class Completer:
         """Write what the outcome says to the store, then its metric, log line and signal."""
         if type(outcome) is Succeeded:  # the hot path first
             self._succeeded(held, outcome)
-            return
-        if type(outcome) in _FAILURES and self._abandoned(held):
-            # Shutdown took this job over after its grace period and hands it back with
-            # its attempt refunded; on SQLite it cut the job's connection, so this failure
-            # is the worker's doing, not the job's. Writing it first would spend an attempt.
-            logger.info(
-                "outcome_dropped job_id=%s outcome=%s; the job is being handed back",
-                held.job.id,
-                type(outcome).__name__,
-                extra=job_fields(held.job, self.worker_id, outcome="handed_back"),
-            )
-            return
-        self._settlers[type(outcome)](held, outcome)
+        else:
+            self._settlers[type(outcome)](held, outcome)
 
-    def _abandoned(self, held: Held) -> bool:
-        with self.lock:
-            return held.state is HeldState.ABANDONED
+    def settle_run(self, held: Held, outcome: Outcome) -> None:
+        """Settle the outcome a job's own thread reached, unless the worker took the job over.
+
+        Once the watchdog (hard timeout) or shutdown (grace period over) abandoned a job, they
+        settle it themselves: the watchdog as a failed attempt, shutdown as a hand-back with
+        the attempt refunded. A failure the job's thread reports after that is their doing
+        (on SQLite shutdown cut the job's connection), and writing it first would spend an
+        attempt.
+        """
+        if type(outcome) in _FAILURES:
+            with self.lock:
+                taken_over = held.state is HeldState.ABANDONED
+            if taken_over:
+                logger.info(
+                    "outcome_dropped job_id=%s outcome=%s; the worker took the job over",
+                    held.job.id,
+                    type(outcome).__name__,
+                    extra=job_fields(held.job, self.worker_id, outcome="abandoned"),
+                )
+                return
+        self.settle(held, outcome)
 
     # -- one method per outcome --------------------------------------------------------
 

@@ -61,7 +61,7 @@ def _run_one(worker: Worker, held: Held) -> bool:
             start = True
     try:
         if start:
-            worker.completer.settle(held, pipeline.run(held, worker.runtime))
+            worker.completer.settle_run(held, pipeline.run(held, worker.runtime))
         elif held.state is HeldState.WAITING:
             worker.completer.settle(held, hand_back(held))
     except (DatabaseError, InterfaceError):
