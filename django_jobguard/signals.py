@@ -1,4 +1,4 @@
-"""Signals django-jobguard sends. Definitions only; our own receivers live in receivers.py.
+"""Signals django-jobguard sends. Definitions only: the package connects no receiver of its own.
 
 Every signal is sent with ``sender=None`` and keyword arguments named in its comment.
 Receivers run in the sending thread: keep them short, and never let them raise.
