@@ -348,7 +348,8 @@ class Worker:
                 self._wake.wait(backoff)
                 backoff = min(backoff * 2, DB_ERROR_BACKOFF_MAX_SECONDS)
                 continue
-            if self.burst and claimed == 0 and not self._held:
+            # Not when there was no room to ask (acks still being written): that is not "drained".
+            if self.burst and asked and claimed == 0 and not self._held:
                 return
             if not asked or claimed == asked or self.burst:
                 # Full (or draining in burst mode): wait for an executor to free a slot.
