@@ -459,9 +459,7 @@ def _correction_context(request: HttpRequest, review: dlq.CorrectionReview | Non
         # the reviewer sees exactly what the replay will run differently.
         rows = []
         for change in review.changes:
-            original = diff.ABSENT if change.original is dlq.ABSENT else change.original
-            corrected = diff.ABSENT if change.corrected is dlq.ABSENT else change.corrected
-            for leaf in diff.changes(change.name, original, corrected):
+            for leaf in diff.changes(change.name, change.original, change.corrected):
                 rows.append(
                     {
                         "name": leaf.path,

@@ -6,16 +6,13 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
+from .. import dlq
+
 __all__ = ["ABSENT", "Change", "changes"]
 
-
-class _Absent:
-    def __repr__(self) -> str:
-        return "ABSENT"
-
-
-#: The value on the side of a change where the key or item does not exist.
-ABSENT: Any = _Absent()
+# The replay review's marker for "this payload has no such argument" stands for a missing
+# key or item here too, so a review's values go in unchanged.
+ABSENT = dlq.ABSENT
 
 
 @dataclasses.dataclass(frozen=True)
