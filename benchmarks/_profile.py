@@ -183,8 +183,8 @@ def _frame(frame: str) -> str:
 def _thread_role(frames: list[str], thread: str) -> str:
     for frame in frames:
         for marker, role in (
-            ("run_executor", "executor threads"),
-            ("run_heartbeat", "heartbeat thread"),
+            ("Executor.run", "executor threads"),
+            ("Heartbeat.run", "heartbeat thread"),
             ("Worker._loop", "main thread: claim loop"),
             ("Worker.run", "main thread: start/stop"),
         ):

@@ -1,8 +1,16 @@
 """App configuration: wires settings reloads, system checks, task discovery and the queue gauges."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from django.apps import AppConfig
+from django.conf import settings
 from django.core.signals import setting_changed
 from django.utils.translation import gettext_lazy as _
+
+if TYPE_CHECKING:
+    from .task import Task
 
 
 class JobguardConfig(AppConfig):
@@ -19,5 +27,23 @@ class JobguardConfig(AppConfig):
 
         setting_changed.connect(conf.reload, dispatch_uid="jobguard_settings_reload")
         registry.autodiscover()
+        registry.registry.add_resolver(resolve_django_task)
         # Queries run only when /metrics is scraped; the worker's own server leaves it out.
         metrics.register_queue_collector()
+
+
+def resolve_django_task(name: str) -> Task[Any, Any] | None:
+    """The registry's resolver for Django tasks on a ``JobGuardBackend``, found by module path.
+
+    Only while ``TASKS`` configures such a backend (read per call, so settings overridden in
+    tests count), and the Tasks framework is imported only then: a project without it never
+    loads ``django_jobguard.backends``.
+    """
+    backends = getattr(settings, "TASKS", None) or {}
+    if not any(
+        str(config.get("BACKEND", "")).startswith("django_jobguard.backends") for config in backends.values()
+    ):
+        return None
+    from .backends.backend import resolve_task
+
+    return resolve_task(name)

@@ -210,7 +210,8 @@ DEFAULTS: dict[str, Any] = {
     },
 }
 
-_QUEUE_OPTIONS = {"visibility_timeout", "max_attempts", "retry", "recoverable_retry"}
+#: The options a queue in JOBGUARD["QUEUES"] may set (QueueConfig's fields but its name).
+QUEUE_OPTIONS = {"visibility_timeout", "max_attempts", "retry", "recoverable_retry"}
 _RETRY_KEYS = {"base", "max", "jitter"}
 _CLASSIFICATIONS = {"transient", "permanent"}
 _LOCK_BACKENDS = {"database", "redis"}
@@ -711,7 +712,7 @@ def _queues(
         path = ("QUEUES", str(name))
         _string(name, path)
         options = _mapping(options, path)
-        _unknown(options, _QUEUE_OPTIONS, path)
+        _unknown(options, QUEUE_OPTIONS, path)
         queues[name] = QueueConfig(
             name=name,
             visibility_timeout=_number(

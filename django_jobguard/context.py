@@ -13,7 +13,16 @@ from .exceptions import InvalidTaskError, LeaseLost
 if TYPE_CHECKING:
     from .task import Task
 
-__all__ = ["JobContext"]
+__all__ = ["JobContext", "RunSignals"]
+
+
+@dataclasses.dataclass(eq=False)
+class RunSignals:
+    """What the worker learns about a running job and tells its handler (set by the heartbeat)."""
+
+    lease_lost: threading.Event = dataclasses.field(default_factory=threading.Event)
+    lock_lost: threading.Event = dataclasses.field(default_factory=threading.Event)
+    cancel_requested: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 
 @dataclasses.dataclass(eq=False)
@@ -40,9 +49,8 @@ class JobContext:
     _lease_token: str | None = dataclasses.field(default=None, repr=False)
     _alias: str = dataclasses.field(default="default", repr=False)
     _checkpoints: dict[str, Any] | None = dataclasses.field(default=None, repr=False)
-    _lease_lost: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
-    _lock_lost: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
-    _cancel_requested: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
+    #: Set by the worker while the handler runs; read through the properties below.
+    signals: RunSignals = dataclasses.field(default_factory=RunSignals, repr=False)
 
     @classmethod
     def detached(cls, task: Task[Any, Any]) -> JobContext:
@@ -62,7 +70,7 @@ class JobContext:
     @property
     def lease_lost(self) -> bool:
         """True once the worker learnt that this job's lease expired and moved on."""
-        return self._lease_lost.is_set()
+        return self.signals.lease_lost.is_set()
 
     @property
     def cancel_requested(self) -> bool:
@@ -71,12 +79,12 @@ class JobContext:
         Nothing stops the handler: a long one checks this between steps and returns (or
         raises :class:`~django_jobguard.PermanentError`) where stopping is safe.
         """
-        return self._cancel_requested.is_set()
+        return self.signals.cancel_requested.is_set()
 
     @property
     def lock_lost(self) -> bool:
         """True once the worker failed to renew this job's lock."""
-        return self._lock_lost.is_set()
+        return self.signals.lock_lost.is_set()
 
     @property
     def is_last_attempt(self) -> bool:
@@ -111,6 +119,6 @@ class JobContext:
         current[name] = data
         if self.job_id is not None:
             if not store.write_checkpoints(self._alias, self.job_id, self._lease_token, current):
-                self._lease_lost.set()
+                self.signals.lease_lost.set()
                 raise LeaseLost(f"job {self.job_id}: lease lost before checkpoint {name!r}")
         self._checkpoints = current

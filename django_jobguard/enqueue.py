@@ -18,7 +18,7 @@ from ._json import normalize_json, validate_payload
 from .conf import get_settings
 from .exceptions import IdempotencyConflict, InvalidArgumentsError, TaskNotExposedError, UnknownQueueError
 from .registry import registry
-from .task import MAX_IDEMPOTENCY_KEY_LENGTH, plug_enqueue_service
+from .task import MAX_IDEMPOTENCY_KEY_LENGTH
 
 if TYPE_CHECKING:
     from .models import Job
@@ -231,6 +231,3 @@ def bulk_enqueue(task: Task[Any, Any], calls: Iterable[tuple[Sequence[Any], Mapp
         for job in jobs:
             _dispatch.send(signals.job_enqueued, job=job)
     return jobs
-
-
-plug_enqueue_service(enqueue, bulk_enqueue)  # see task.py: Task.enqueue() calls these

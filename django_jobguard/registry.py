@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .exceptions import InvalidTaskError, UnknownTaskError
@@ -10,7 +11,11 @@ from .exceptions import InvalidTaskError, UnknownTaskError
 if TYPE_CHECKING:
     from .task import Task
 
-__all__ = ["TaskRegistry", "autodiscover", "registry"]
+__all__ = ["Resolver", "TaskRegistry", "autodiscover", "registry"]
+
+#: Finds a task the registry does not hold by name, or None: for example the Django Tasks
+#: backend, which finds a Django task by its module path (``backends.backend.resolve_task``).
+Resolver = Callable[[str], "Task | None"]
 
 
 class TaskRegistry:
@@ -18,6 +23,7 @@ class TaskRegistry:
 
     def __init__(self) -> None:
         self._tasks: dict[str, Task] = {}
+        self._resolvers: list[Resolver] = []
         self._lock = threading.Lock()
 
     def register(self, task: Task) -> None:
@@ -43,7 +49,33 @@ class TaskRegistry:
             raise UnknownTaskError(f"No task is registered as {name!r} in this process.") from None
 
     def find(self, name: str) -> Task | None:
+        """The task registered as ``name``, or None (resolvers are not asked)."""
         return self._tasks.get(name)
+
+    def add_resolver(self, resolver: Resolver) -> None:
+        """Let :meth:`resolve` ask ``resolver`` for names no task is registered under (once)."""
+        with self._lock:
+            if resolver not in self._resolvers:
+                self._resolvers.append(resolver)
+
+    def remove_resolver(self, resolver: Resolver) -> None:
+        with self._lock:
+            if resolver in self._resolvers:
+                self._resolvers.remove(resolver)
+
+    def resolve(self, name: str) -> Task | None:
+        """The task the worker runs for a job named ``name``: registered, or found by a resolver.
+
+        None means no task: the worker dead-letters the job as unknown and never runs it.
+        """
+        task = self._tasks.get(name)
+        if task is not None:
+            return task
+        for resolver in list(self._resolvers):
+            task = resolver(name)
+            if task is not None:
+                return task
+        return None
 
     def names(self) -> list[str]:
         return sorted(self._tasks)

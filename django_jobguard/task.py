@@ -39,26 +39,18 @@ ExceptionTypes = tuple[type[BaseException], ...]
 EnqueueOne = Callable[["Task[Any, Any]", Sequence[Any], Mapping[str, Any]], "Job"]
 EnqueueMany = Callable[["Task[Any, Any]", Iterable[tuple[Sequence[Any], Mapping[str, Any]]]], "list[Job]"]
 
-# Task.enqueue() hands the call to the enqueue service (django_jobguard.enqueue), which sits
-# layers above this module: it needs idempotency, the store and the metrics, and they (like
-# nearly everything) import Task. Importing the service here would close an import circle,
-# so the service plugs itself in here when it is imported, which the app's ready() ensures.
-_enqueue_service: tuple[EnqueueOne, EnqueueMany] | None = None
-
-
-def plug_enqueue_service(enqueue: EnqueueOne, bulk_enqueue: EnqueueMany) -> None:
-    """Make :meth:`Task.enqueue` and :meth:`Task.bulk_enqueue` call these (done by ``enqueue``)."""
-    global _enqueue_service
-    _enqueue_service = (enqueue, bulk_enqueue)
-
 
 def _service() -> tuple[EnqueueOne, EnqueueMany]:
-    if _enqueue_service is None:
-        raise ImproperlyConfigured(
-            "django_jobguard is not ready: add it to INSTALLED_APPS and call django.setup() "
-            "before enqueueing (its ready() loads the enqueue service)."
-        )
-    return _enqueue_service
+    """The enqueue service (``django_jobguard.enqueue``), imported at the first call.
+
+    It sits layers above this module: it needs idempotency, the store and the metrics, which
+    (like nearly everything) import Task. Imported at module level it would close an import
+    circle; imported here, it loads once the app registry is ready. This is the one import up
+    the layers (the contract in pyproject.toml lists it).
+    """
+    from . import enqueue
+
+    return enqueue.enqueue, enqueue.bulk_enqueue
 
 
 def _exception_types(value: Any, option: str) -> ExceptionTypes:

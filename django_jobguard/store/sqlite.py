@@ -63,7 +63,7 @@ def writes_while_busy(alias: str) -> bool:
 class _GuardedCursor(SQLiteCursorWrapper):
     """Holds its connection's guard (``guard_statements``) from its creation to its close."""
 
-    _guard: threading.RLock | None = None
+    guard: threading.RLock | None = None
 
     def close(self) -> None:
         try:
@@ -80,7 +80,7 @@ class _GuardedCursor(SQLiteCursorWrapper):
             pass
 
     def _let_go(self) -> None:
-        guard, self._guard = self._guard, None
+        guard, self.guard = self.guard, None
         if guard is not None:
             guard.release()
 
@@ -105,7 +105,7 @@ def guard_statements(alias: str) -> threading.RLock:
         except BaseException:
             guard.release()
             raise
-        cursor._guard = guard
+        cursor.guard = guard
         return cursor
 
     connection.create_cursor = create_cursor  # type: ignore[method-assign]

@@ -32,7 +32,6 @@ from ..outcome import (
     Dead,
     Duplicate,
     HandBack,
-    HeldState,
     Outcome,
     PutBack,
     PutBackCause,
@@ -42,6 +41,7 @@ from ..outcome import (
     Tally,
 )
 from .held import LOGGER_NAME, Held, reset_after_db_error
+from .slots import Slots
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -60,7 +60,7 @@ class Completer:
         alias: str,
         worker_id: str,
         *,
-        lock: threading.Lock | None = None,
+        slots: Slots | None = None,
         note_run_time: Callable[[float], None] | None = None,
         ack_window: float = 0.0,
         ack_batch_size: int = 1,
@@ -76,8 +76,10 @@ class Completer:
         #: the database, so they count against the worker's prefetch cap (see Worker._loop).
         self.awaiting_acks = 0
         self._on_acks_written = on_acks_written or (lambda: None)
-        #: Guards the tally and the held jobs' states (the worker's own lock).
-        self.lock = lock or threading.Lock()
+        #: The worker's held jobs: a hand-back or a take-over changes a job's state there.
+        self.slots = slots or Slots()
+        #: Guards the tally and the count of acks awaited.
+        self.lock = threading.Lock()
         self._note_run_time = note_run_time or (lambda seconds: None)
         #: Outcomes of the jobs settled, for the summary on exit (see Worker.summary()).
         self.outcomes: dict[str, int] = {tally.value: 0 for tally in Tally}
@@ -265,9 +267,7 @@ class Completer:
         attempt.
         """
         if type(outcome) in _FAILURES:
-            with self.lock:
-                taken_over = held.state is HeldState.ABANDONED
-            if taken_over:
+            if self.slots.taken_over(held):
                 logger.info(
                     "outcome_dropped job_id=%s outcome=%s; the worker took the job over",
                     held.job.id,
@@ -480,8 +480,7 @@ class Completer:
                 outcome.started,
                 extra=job_fields(job, self.worker_id, outcome="handed_back"),
             )
-        with self.lock:
-            held.state = HeldState.HANDED_BACK
+        self.slots.handed_back(held)
 
     def _stale(self, held: Held, outcome: Stale) -> None:
         job = held.job

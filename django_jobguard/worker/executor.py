@@ -15,11 +15,13 @@ from . import pipeline
 from .held import LOGGER_NAME, Held, reset_after_db_error
 
 if TYPE_CHECKING:
-    from .loop import Worker
+    from .completer import Completer
+    from .pipeline import Runtime
+    from .slots import Slots
 
 logger = logging.getLogger(LOGGER_NAME)
 
-__all__ = ["CONNECTION_CHECK_AFTER_IDLE_SECONDS", "hand_back", "run_executor"]
+__all__ = ["CONNECTION_CHECK_AFTER_IDLE_SECONDS", "Executor", "hand_back"]
 
 #: An executor idle this long checks its connection before the next job, so a connection
 #: the database dropped meanwhile (restart, failover, idle timeout) costs that job no attempt.
@@ -31,63 +33,55 @@ def hand_back(held: Held) -> HandBack:
     return HandBack(started=held.state in (HeldState.RUNNING, HeldState.ABANDONED))
 
 
-def run_executor(worker: Worker) -> None:
-    """Run jobs from the worker's ready queue until a None arrives or this thread is replaced."""
-    guard = store.guard_statements(worker.alias)  # so shutdown can cut its connection (SQLite)
-    try:
-        while True:
-            idle_since = time.monotonic()
-            held = worker._ready.get()
-            if held is None:
-                return
-            if time.monotonic() - idle_since >= CONNECTION_CHECK_AFTER_IDLE_SECONDS:
-                _drop_unusable_connection(worker)
-            held.statement_guard = guard
-            if _run_one(worker, held):
-                return
-    finally:
-        connections.close_all()
+class Executor:
+    """One executor thread's work: jobs from the slots, run through the pipeline, settled."""
 
+    def __init__(self, slots: Slots, completer: Completer, runtime: Runtime) -> None:
+        self.slots = slots
+        self.completer = completer
+        self.runtime = runtime
+        self.alias = runtime.alias
+        self.worker_id = runtime.worker_id
 
-def _run_one(worker: Worker, held: Held) -> bool:
-    """Run (or hand back) one held job and settle it; whether this thread was replaced meanwhile."""
-    with worker._lock:
-        if worker._stopping or held.state is not HeldState.WAITING:
-            start = False
-        else:
-            held.state = HeldState.RUNNING
-            held.started_at = time.monotonic()
-            held.connection = connections[worker.alias]
-            start = True
-    try:
-        if start:
-            worker.completer.settle_run(held, pipeline.run(held, worker.runtime))
-        elif held.state is HeldState.WAITING:
-            worker.completer.settle(held, hand_back(held))
-    except (DatabaseError, InterfaceError):
-        reset_after_db_error(held, worker.worker_id, worker.alias, "connection reset")
-    except Exception:
-        logger.exception(
-            "job_crashed job_id=%s",
-            held.job.id,
-            extra=job_fields(held.job, worker.worker_id, outcome="crashed"),
-        )
-    finally:
-        with worker._lock:
-            # An abandoned job's slot went to a replacement thread already.
-            replaced = held.state is HeldState.ABANDONED
-            if not replaced:
-                if held.state in (HeldState.WAITING, HeldState.RUNNING):
-                    held.state = HeldState.DONE
-                worker._held.pop(held.job.id, None)
-                worker.processed += 1
-        worker._slot_freed.set()
-    return replaced
+    def run(self) -> None:
+        """Run jobs until the slots say to exit or this thread is replaced."""
+        guard = store.guard_statements(self.alias)  # so shutdown can cut its connection (SQLite)
+        try:
+            while True:
+                idle_since = time.monotonic()
+                held = self.slots.next()
+                if held is None:
+                    return
+                if time.monotonic() - idle_since >= CONNECTION_CHECK_AFTER_IDLE_SECONDS:
+                    self._drop_unusable_connection()
+                held.statement_guard = guard
+                if self._run_one(held):
+                    return
+        finally:
+            connections.close_all()
 
+    def _run_one(self, held: Held) -> bool:
+        """Run (or hand back) one held job and settle it; whether this thread was replaced meanwhile."""
+        try:
+            if self.slots.start(held, connections[self.alias]):
+                self.completer.settle_run(held, pipeline.run(held, self.runtime))
+            elif held.state is HeldState.WAITING:
+                self.completer.settle(held, hand_back(held))
+        except (DatabaseError, InterfaceError):
+            reset_after_db_error(held, self.worker_id, self.alias, "connection reset")
+        except Exception:
+            logger.exception(
+                "job_crashed job_id=%s",
+                held.job.id,
+                extra=job_fields(held.job, self.worker_id, outcome="crashed"),
+            )
+        finally:
+            replaced = self.slots.finish(held)
+        return replaced
 
-def _drop_unusable_connection(worker: Worker) -> None:
-    """Close this thread's connection if the database dropped it; the next query reconnects."""
-    connection = connections[worker.alias]
-    if connection.connection is not None and not connection.is_usable():
-        logger.info("connection_reset worker_id=%s; the database had dropped it", worker.worker_id)
-        connection.close()
+    def _drop_unusable_connection(self) -> None:
+        """Close this thread's connection if the database dropped it; the next query reconnects."""
+        connection = connections[self.alias]
+        if connection.connection is not None and not connection.is_usable():
+            logger.info("connection_reset worker_id=%s; the database had dropped it", self.worker_id)
+            connection.close()

@@ -9,21 +9,22 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from .. import _faults, metrics, store
+from .. import _faults, beats, metrics, store
 from ..conf import get_settings
 from ..exceptions import LockUnavailable
 from ..log import job_fields
-from ..outcome import HeldState
 from .held import LOGGER_NAME, Held
 
 if TYPE_CHECKING:
-    from .loop import Worker
+    from .slots import Slots
+    from .watchdog import Watchdog
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -31,10 +32,9 @@ __all__ = [
     "HEARTBEAT_FRACTION",
     "HEARTBEAT_TICK_SECONDS",
     "LIVENESS_TOUCH_SECONDS",
+    "Heartbeat",
     "LeaseKeeper",
     "renew_lock",
-    "run_heartbeat",
-    "tick",
 ]
 
 #: How often the heartbeat thread wakes to see whose lease or lock needs renewing.
@@ -43,8 +43,6 @@ HEARTBEAT_TICK_SECONDS = 0.25
 HEARTBEAT_FRACTION = 1 / 3
 #: Seconds between two touches of JOBGUARD["LIVENESS_FILE"] by the heartbeat thread.
 LIVENESS_TOUCH_SECONDS = 1.0
-
-_ACTIVE = (HeldState.WAITING, HeldState.RUNNING)
 
 
 def renew_lock(held: Held, now: float, worker_id: str) -> None:
@@ -64,8 +62,7 @@ def renew_lock(held: Held, now: float, worker_id: str) -> None:
     if held.lock is not handle or held.lock_lost:
         return  # released by the executor meanwhile, or already reported
     held.lock_lost = True
-    if held.context is not None:
-        held.context._lock_lost.set()
+    held.signals.lock_lost.set()
     metrics.lock_failed(held.job.queue_name, held.job.task_name, "lost")
     logger.warning(
         "lock_lost job_id=%s lock_key=%s; the job will not be acked: %s",
@@ -83,11 +80,6 @@ class LeaseKeeper:
         self.alias = alias
         self.worker_id = worker_id
         self._liveness_touched_at = -LIVENESS_TOUCH_SECONDS
-
-    @staticmethod
-    def active(held: Iterable[Held]) -> list[Held]:
-        """The jobs whose leases and locks are still to keep (not finished nor handed back)."""
-        return [h for h in held if h.state in _ACTIVE]
 
     def renew_locks(self, active: Sequence[Held], now: float) -> None:
         """Renew the locks due, even of jobs whose lease is lost: their handlers still run."""
@@ -115,16 +107,15 @@ class LeaseKeeper:
         for h in due:
             if h.job.id in renewed:
                 h.renewed_at = now
-                if h.job.id in cancels and h.context is not None:
-                    h.context._cancel_requested.set()
+                if h.job.id in cancels:
+                    h.signals.cancel_requested.set()
             else:
                 self._lost(h)
         return held
 
     def _lost(self, h: Held) -> None:
         h.lease_lost = True
-        if h.context is not None:
-            h.context._lease_lost.set()
+        h.signals.lease_lost.set()
         metrics.lease_lost(h.job.queue_name, h.job.task_name, "heartbeat")
         logger.warning(
             "lease_lost job_id=%s; another worker may run it now",
@@ -146,31 +137,43 @@ class LeaseKeeper:
             logger.warning("liveness_file_failed worker_id=%s path=%s", self.worker_id, path, exc_info=True)
 
 
-def run_heartbeat(worker: Worker) -> None:
-    """The heartbeat thread: a tick every :data:`HEARTBEAT_TICK_SECONDS` until the worker stops."""
-    try:
-        while not worker._heartbeat_stop.wait(HEARTBEAT_TICK_SECONDS):
-            try:
-                tick(worker)
-                worker.lease_keeper.touch_liveness_file()
-            except (DatabaseError, InterfaceError):
-                logger.warning("heartbeat_failed worker_id=%s", worker.worker_id, exc_info=True)
-                connections[worker.alias].close()
-            except Exception:
-                logger.exception("heartbeat_crashed worker_id=%s", worker.worker_id)
-    finally:
-        connections.close_all()
+class Heartbeat:
+    """The heartbeat thread: a :meth:`tick` every :data:`HEARTBEAT_TICK_SECONDS` until stopped."""
 
+    def __init__(self, slots: Slots, keeper: LeaseKeeper, watchdog: Watchdog, beat: beats.Beat) -> None:
+        self.slots = slots
+        self.keeper = keeper
+        self.watchdog = watchdog
+        self.beat = beat
+        self.alias = keeper.alias
+        self.worker_id = keeper.worker_id
+        self._stop = threading.Event()
 
-def tick(worker: Worker) -> None:
-    """Renew the locks and leases due, fail jobs past their hard timeout, write the beat row."""
-    now = time.monotonic()
-    with worker._lock:
-        active = LeaseKeeper.active(worker._held.values())
-    # Locks first, and even for jobs whose lease is lost: the handler still runs, so its
-    # resource stays locked until it returns. A database error below must not stop them.
-    worker.lease_keeper.renew_locks(active, now)
-    held = worker.lease_keeper.renew_leases(active, now)
-    worker.watchdog.check(held, now)
-    # The worker's own row and the outcome counts: one upsert each per beat interval.
-    worker._beat.maybe_beat(now, len(active))
+    def run(self) -> None:
+        try:
+            while not self._stop.wait(HEARTBEAT_TICK_SECONDS):
+                try:
+                    self.tick()
+                    self.keeper.touch_liveness_file()
+                except (DatabaseError, InterfaceError):
+                    logger.warning("heartbeat_failed worker_id=%s", self.worker_id, exc_info=True)
+                    connections[self.alias].close()
+                except Exception:
+                    logger.exception("heartbeat_crashed worker_id=%s", self.worker_id)
+        finally:
+            connections.close_all()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def tick(self) -> None:
+        """Renew the locks and leases due, fail jobs past their hard timeout, write the beat row."""
+        now = time.monotonic()
+        active = self.slots.active()
+        # Locks first, and even for jobs whose lease is lost: the handler still runs, so its
+        # resource stays locked until it returns. A database error below must not stop them.
+        self.keeper.renew_locks(active, now)
+        held = self.keeper.renew_leases(active, now)
+        self.watchdog.check(held, now)
+        # The worker's own row and the outcome counts: one upsert each per beat interval.
+        self.beat.maybe_beat(now, len(active))

@@ -10,7 +10,7 @@ from typing import Any
 from django.db import connections
 
 from .. import store
-from ..context import JobContext
+from ..context import JobContext, RunSignals
 from ..log import job_fields
 from ..outcome import HeldState
 
@@ -36,6 +36,8 @@ class Held:
     lock_renewed_at: float = 0.0
     lock_lost: bool = False
     lease_lost: bool = False
+    #: What the heartbeat tells the handler (its context reads them).
+    signals: RunSignals = dataclasses.field(default_factory=RunSignals)
     #: The executor thread's connection while the job runs, so shutdown can cut it (SQLite).
     connection: Any = None
     #: Held by that connection while a cursor is open (SQLite; ``store.guard_statements``).

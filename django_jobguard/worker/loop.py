@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import signal
 import socket
 import threading
@@ -41,12 +40,13 @@ from .. import _faults, beats, store
 from ..conf import WORKER_ID_MAX_LENGTH, get_settings
 from ..maintenance import Maintenance
 from ..outcome import Tally
-from . import shutdown
 from .completer import Completer
-from .executor import run_executor
-from .heartbeat import LeaseKeeper, run_heartbeat
-from .held import LOGGER_NAME, Held
+from .executor import Executor
+from .heartbeat import Heartbeat, LeaseKeeper
+from .held import LOGGER_NAME
 from .pipeline import Runtime
+from .shutdown import Shutdown
+from .slots import Slots
 from .watchdog import Watchdog
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -77,9 +77,9 @@ EXIT_THREAD_DIED = 1
 ACK_FLUSH_TIMEOUT_SECONDS = 30.0
 
 
-def _run_acks(worker: Worker) -> None:
+def _run_acks(completer: Completer) -> None:
     try:
-        worker.completer.run_acks()
+        completer.run_acks()
     finally:
         connections.close_all()
 
@@ -133,47 +133,55 @@ class Worker:
         self._setup_runtime()
 
     def _setup_runtime(self) -> None:
-        self._lock = threading.Lock()
-        self._held: dict[int, Held] = {}
-        self._ready: queue.SimpleQueue[Held | None] = queue.SimpleQueue()
-        self._slot_freed = threading.Event()
+        #: The jobs this worker holds; every change of their state goes through it.
+        self.slots = Slots()
         self._wake = threading.Event()
         self._stopping = False
         self._forced = False
-        self._heartbeat_stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._abandoned = 0
         self._listener: store.Listener | None = None
         self.exit_code = 0
         self.claimed = 0
-        self.processed = 0
         conf = get_settings()
         self.completer = Completer(
             self.alias,
             self.worker_id,
-            lock=self._lock,
+            slots=self.slots,
             note_run_time=self.note_run_time,
             ack_window=conf.ack_window,
             ack_batch_size=conf.ack_batch_size,
-            on_acks_written=self._slot_freed.set,
+            on_acks_written=self.slots.freed,
         )
         self._acker: threading.Thread | None = None
         #: Outcomes of the jobs this worker finished, for the summary on exit (see summary()).
         self.outcomes: dict[str, int] = self.completer.outcomes
         self.runtime = Runtime(self.alias, self.worker_id, self.completer)
         self.lease_keeper = LeaseKeeper(self.alias, self.worker_id)
-        self.watchdog = Watchdog(self)
+        self.watchdog = Watchdog(
+            self.slots,
+            self.completer,
+            self.worker_id,
+            replace_executor=lambda: self._start_executor(len(self._threads)),
+            stop_worker=self.stop,
+        )
         self.maintenance = Maintenance(
             self.alias, self.worker_id, reaper_interval=self.reaper_interval, run_scheduler=self.run_scheduler
         )
         self._started_at: float | None = None
-        self._beat = beats.Beat(
+        beat = beats.Beat(
             worker_id=self.worker_id,
             alias=self.alias,
             queues=self.queues,
             concurrency=self.concurrency,
             pid=os.getpid(),
         )
+        self.heartbeat = Heartbeat(self.slots, self.lease_keeper, self.watchdog, beat)
+        self._shutdown = Shutdown(self.slots, self.completer, self.alias, self.worker_id)
+
+    @property
+    def processed(self) -> int:
+        """Jobs this worker's executors finished (run, or handed back before starting)."""
+        return self.slots.finished
 
     # -- public ------------------------------------------------------------------------
 
@@ -195,19 +203,21 @@ class Worker:
             extra={"worker_id": self.worker_id},
         )
         if self.completer.batches_acks:
-            self._acker = self._spawn(_run_acks, "jobguard-acker")
+            completer = self.completer
+            self._acker = self._spawn(lambda: _run_acks(completer), "jobguard-acker")
         for index in range(self.concurrency):
             self._start_executor(index)
-        heartbeat = self._spawn(run_heartbeat, "jobguard-heartbeat")
+        heartbeat = self._spawn(self.heartbeat.run, "jobguard-heartbeat")
         try:
             self._loop(listener)
         finally:
             listener.close()
             self.maintenance.resign()
-            abandoned = shutdown.shut_down(self)
+            self._stopping = True
+            abandoned = self._shutdown.run(self._threads, self.shutdown_grace, lambda: self._forced)
             # Every ack handed over is written before the worker exits.
             self.completer.close_acks(self._acker, timeout=ACK_FLUSH_TIMEOUT_SECONDS)
-            self._heartbeat_stop.set()
+            self.heartbeat.stop()
             heartbeat.join(timeout=5)
             connections.close_all()
         logger.info(
@@ -236,6 +246,7 @@ class Worker:
         """Stop claiming and shut down (what SIGTERM does); ``force`` skips the grace period."""
         self._forced = self._forced or force or self._stopping
         self._stopping = True
+        self.slots.close()
         self._wake_waiters()
 
     def capacity_now(self) -> int:
@@ -270,16 +281,16 @@ class Worker:
 
     def _wake_waiters(self) -> None:
         self._wake.set()
-        self._slot_freed.set()
+        self.slots.freed()
         if self._listener is not None:
             self._listener.wake()
 
-    def _spawn(self, target: Callable[[Worker], None], name: str) -> threading.Thread:
+    def _spawn(self, target: Callable[[], None], name: str) -> threading.Thread:
         """Start an internal thread; if it dies of an exception, the whole worker stops, loudly."""
 
         def guarded() -> None:
             try:
-                target(self)
+                target()
             except BaseException:
                 logger.critical(
                     "worker_thread_died worker_id=%s thread=%s; stopping the worker",
@@ -299,7 +310,8 @@ class Worker:
         return thread
 
     def _start_executor(self, index: int) -> None:
-        self._threads.append(self._spawn(run_executor, f"jobguard-exec-{index}"))
+        executor = Executor(self.slots, self.completer, self.runtime)
+        self._threads.append(self._spawn(executor.run, f"jobguard-exec-{index}"))
 
     def _install_signal_handlers(self) -> None:
         def handle(signum: int, frame: Any) -> None:
@@ -309,6 +321,7 @@ class Worker:
             # short-lived thread sets the Events.
             self._forced = self._forced or self._stopping
             self._stopping = True
+            self.slots.close()
             logger.info("worker_stopping worker_id=%s signal=%s", self.worker_id, signal.Signals(signum).name)
             if self._listener is not None:
                 self._listener.wake()
@@ -323,21 +336,21 @@ class Worker:
         backoff = DB_ERROR_BACKOFF_SECONDS
         wait = self.poll_interval
         while not self._stopping:
-            self._slot_freed.clear()
+            self.slots.clear_freed()
             try:
                 self.maintenance.run_due(time.monotonic())
                 capacity = self.capacity_now()
                 # Jobs done but not acked yet are still "running" in the database: they count,
                 # so a completer that falls behind holds the claimer back (a crash re-runs at
                 # most `capacity` jobs).
-                free = capacity - len(self._held) - self.completer.awaiting_acks
+                free = capacity - len(self.slots) - self.completer.awaiting_acks
                 if self.max_jobs is not None:
                     free = min(free, self.max_jobs - self.claimed)
-                    if free <= 0 and not self._held:
+                    if free <= 0 and not self.slots:
                         return
                 # Refill in batches: one claim per half a batch of room, not one per freed slot
                 # (measured: a third less CPU per job, in the worker and in PostgreSQL).
-                asked = free if free >= max(1, capacity // 2) or (free > 0 and not self._held) else 0
+                asked = free if free >= max(1, capacity // 2) or (free > 0 and not self.slots) else 0
                 claimed = self._claim(asked) if asked else 0
                 backoff = DB_ERROR_BACKOFF_SECONDS
             except (DatabaseError, InterfaceError):
@@ -349,11 +362,11 @@ class Worker:
                 backoff = min(backoff * 2, DB_ERROR_BACKOFF_MAX_SECONDS)
                 continue
             # Not when there was no room to ask (acks still being written): that is not "drained".
-            if self.burst and asked and claimed == 0 and not self._held:
+            if self.burst and asked and claimed == 0 and not self.slots:
                 return
             if not asked or claimed == asked or self.burst:
                 # Full (or draining in burst mode): wait for an executor to free a slot.
-                self._slot_freed.wait(wait)
+                self.slots.wait_freed(wait)
             else:
                 # Nothing more is due: sleep until a NOTIFY, the next maintenance pass or a poll.
                 until = self.maintenance.next_at - time.monotonic()
@@ -366,11 +379,6 @@ class Worker:
             return 0
         if _faults.ENABLED:
             _faults.maybe_crash("after_claim")
-        now = time.monotonic()
-        with self._lock:
-            for job in jobs:
-                held = Held(job=job, renewed_at=now)
-                self._held[job.id] = held
-                self._ready.put(held)
-        self.claimed += len(jobs)
-        return len(jobs)
+        added = self.slots.add(jobs, time.monotonic())
+        self.claimed += added
+        return added

@@ -28,6 +28,7 @@ from ..log import job_fields
 from ..models import DeadLetterReason
 from ..outcome import Dead, Duplicate, HeldState, Outcome, PutBack, PutBackCause, Retry, Stale, Succeeded
 from ..registry import registry
+from ..task import Task
 from .completer import Completer
 from .heartbeat import renew_lock
 from .held import Held, logger
@@ -92,31 +93,13 @@ def run(held: Held, rt: Runtime) -> Outcome:
 # -- steps before the handler ------------------------------------------------------------
 
 
-def resolve_task(name: str) -> Any:
-    """The registered task, or a Django task on a ``JobGuardBackend``; None if neither."""
-    return registry.find(name) or _django_task(name)
-
-
-def _django_task(name: str) -> Any:
-    """The jobguard twin of a Django task on a ``JobGuardBackend``, imported by module path.
-
-    Only when ``TASKS`` configures such a backend; a path that imports but is not a Django
-    task resolves to None, so the job is dead-lettered as an unknown task and never run.
-    """
-    from django.conf import settings
-
-    backends = getattr(settings, "TASKS", None) or {}
-    if not any(
-        str(config.get("BACKEND", "")).startswith("django_jobguard.backends") for config in backends.values()
-    ):
-        return None
-    from ..backends.backend import resolve_task as resolve_django_task
-
-    return resolve_django_task(name)
+def resolve_task(name: str) -> Task[Any, Any] | None:
+    """The task to run for this name: registered, or found by a resolver (see the registry)."""
+    return registry.resolve(name)
 
 
 def validate_payload(
-    job: store.ClaimedJob, task: Any, valid_shapes: set[tuple[str, int, tuple[str, ...]]]
+    job: store.ClaimedJob, task: Task[Any, Any], valid_shapes: set[tuple[str, int, tuple[str, ...]]]
 ) -> Dead | None:
     """Dead-letter arguments the handler cannot take (a permanent failure); None if they bind.
 
@@ -152,7 +135,7 @@ def validate_payload(
     return None
 
 
-def check_idempotency(rt: Runtime, job: store.ClaimedJob, task: Any, scope: str) -> Outcome | None:
+def check_idempotency(rt: Runtime, job: store.ClaimedJob, task: Task[Any, Any], scope: str) -> Outcome | None:
     """A keyed job whose action succeeded already, is owned by another job, or conflicts; None to run."""
     key = job.idempotency_key or ""  # run() calls this for keyed jobs only
     decision = idempotency.begin_execution(rt.alias, task, job.id, key, job.args, job.kwargs)
@@ -172,7 +155,7 @@ def check_idempotency(rt: Runtime, job: store.ClaimedJob, task: Any, scope: str)
     return Duplicate(decision.result, scope)
 
 
-def take_lock(held: Held, task: Any) -> Outcome | None:
+def take_lock(held: Held, task: Task[Any, Any]) -> Outcome | None:
     """Acquire the job's lock (None); on contention or outage, the job goes back unrun.
 
     Neither case uses up an attempt: the handler did not run.
@@ -209,7 +192,7 @@ def take_lock(held: Held, task: Any) -> Outcome | None:
 # -- the handler, its transaction and its ack ---------------------------------------------
 
 
-def run_handler(rt: Runtime, held: Held, task: Any, scope: str) -> Outcome:
+def run_handler(rt: Runtime, held: Held, task: Task[Any, Any], scope: str) -> Outcome:
     """Run the handler (in a transaction when atomic) and ack; release the lock; classify errors."""
     job = held.job
     if task.timeout:
@@ -235,7 +218,7 @@ def run_handler(rt: Runtime, held: Held, task: Any, scope: str) -> Outcome:
     return Succeeded(result, time.perf_counter() - began, ack_json, scope)
 
 
-def _context(rt: Runtime, held: Held, task: Any) -> JobContext:
+def _context(rt: Runtime, held: Held, task: Task[Any, Any]) -> JobContext:
     job = held.job
     held.context = JobContext(
         task=task,
@@ -247,6 +230,7 @@ def _context(rt: Runtime, held: Held, task: Any) -> JobContext:
         lock_key=job.lock_key,
         fencing_token=getattr(held.lock, "fencing_token", None),
         worker_id=rt.worker_id,
+        signals=held.signals,
         _lease_token=job.lease_token,
         _alias=rt.alias,
     )
@@ -254,7 +238,7 @@ def _context(rt: Runtime, held: Held, task: Any) -> JobContext:
 
 
 def _invoke_and_ack(
-    rt: Runtime, held: Held, task: Any, context: JobContext | None, scope: str
+    rt: Runtime, held: Held, task: Task[Any, Any], context: JobContext | None, scope: str
 ) -> tuple[Any, str | None]:
     """The handler's result, and its JSON when the ack is left to the completer's batch."""
     job = held.job
@@ -280,7 +264,7 @@ def _invoke_and_ack(
     return result, None
 
 
-def invoke(task: Any, context: JobContext | None, job: store.ClaimedJob) -> Any:
+def invoke(task: Task[Any, Any], context: JobContext | None, job: store.ClaimedJob) -> Any:
     """Call the handler in this executor thread; a coroutine handler runs to completion here.
 
     ``async_to_sync`` keeps the executor thread blocked for the whole coroutine, so the
@@ -349,7 +333,7 @@ def release_lock(held: Held, worker_id: str) -> None:
 
 def classify(
     job: store.ClaimedJob,
-    task: Any,
+    task: Task[Any, Any] | None,
     exc: BaseException,
     duration: float | None,
     *,

@@ -8,24 +8,26 @@ holds the database's only write lock, so its connection is cut first (see :func:
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, InterfaceError
 
 from .. import store
 from ..log import job_fields
-from ..outcome import HeldState
 from .executor import hand_back
 from .held import LOGGER_NAME, Held
 from .pipeline import release_lock
 
 if TYPE_CHECKING:
-    from .loop import Worker
+    from .completer import Completer
+    from .slots import Slots
 
 logger = logging.getLogger(LOGGER_NAME)
 
-__all__ = ["cut_connections", "shut_down"]
+__all__ = ["Shutdown", "cut_connections"]
 
 #: The longest shutdown waits for the statements of abandoned jobs to stop (SQLite).
 CUT_WAIT_SECONDS = 10.0
@@ -33,78 +35,77 @@ CUT_WAIT_SECONDS = 10.0
 CUT_TURN_SECONDS = 0.05
 
 
-def shut_down(worker: Worker) -> bool:
-    """Hand back what did not start, wait for the rest; True if threads had to be abandoned."""
-    worker._stopping = True
-    for _ in worker._threads:
-        worker._ready.put(None)
-    deadline = time.monotonic() + (0 if worker._forced else worker.shutdown_grace)
-    cut = not store.writes_while_busy(worker.alias)
-    deferred: list[Held] = []
-    while True:
-        with worker._lock:
-            running = [h for h in worker._held.values() if h.state is HeldState.RUNNING]
-            waiting = [h for h in worker._held.values() if h.state is HeldState.WAITING]
+class Shutdown:
+    """Gives back what a stopping worker holds: waiting jobs at once, running ones after the grace."""
+
+    def __init__(self, slots: Slots, completer: Completer, alias: str, worker_id: str) -> None:
+        self.slots = slots
+        self.completer = completer
+        self.alias = alias
+        self.worker_id = worker_id
+
+    def run(self, executors: Sequence[threading.Thread], grace: float, forced: Callable[[], bool]) -> bool:
+        """Hand back what did not start, wait for the rest; True if threads had to be abandoned.
+
+        ``forced()`` turns true on a second signal: the grace period ends there.
+        """
+        slots = self.slots
+        slots.close()
+        slots.release_executors(len(executors))
+        deadline = time.monotonic() + (0 if forced() else grace)
+        cut = not store.writes_while_busy(self.alias)
+        deferred: list[Held] = []
+        while True:
+            running, waiting = slots.drain()
+            if cut and running:
+                # SQLite: a running job's transaction would make these hand-backs wait for the
+                # write lock (and fail after the busy timeout): hand them back once it is gone.
+                deferred += waiting
+                waiting = []
+            elif deferred:
+                waiting, deferred = waiting + deferred, []
             for h in waiting:
-                h.state = HeldState.HANDING_BACK
-        if cut and running:
-            # SQLite: a running job's transaction would make these hand-backs wait for the
-            # write lock (and fail after the busy timeout): hand them back once it is gone.
-            deferred += waiting
-            waiting = []
-        elif deferred:
-            waiting, deferred = waiting + deferred, []
-        for h in waiting:
-            _hand_back(worker, h)
-            with worker._lock:
-                worker._held.pop(h.job.id, None)
-        if not running:
-            break
-        if time.monotonic() >= deadline or worker._forced:
-            _abandon_running(worker, running, cut)
-            for h in deferred:
-                _hand_back(worker, h)
-            return True
-        worker._slot_freed.wait(0.1)
-        worker._slot_freed.clear()
-    for thread in worker._threads:
-        thread.join(timeout=1)
-    return worker._abandoned > 0
+                self._hand_back(h)
+                slots.remove(h)
+            if not running:
+                break
+            if time.monotonic() >= deadline or forced():
+                self._abandon_running(running, cut)
+                for h in deferred:
+                    self._hand_back(h)
+                return True
+            slots.wait_freed(0.1)
+            slots.clear_freed()
+        for thread in executors:
+            thread.join(timeout=1)
+        return slots.abandoned > 0
 
+    def _hand_back(self, held: Held) -> None:
+        try:
+            self.completer.settle(held, hand_back(held))
+        except (DatabaseError, InterfaceError):
+            logger.warning("hand_back_failed job_id=%s; its lease will expire", held.job.id)
 
-def _hand_back(worker: Worker, held: Held) -> None:
-    try:
-        worker.completer.settle(held, hand_back(held))
-    except (DatabaseError, InterfaceError):
-        logger.warning("hand_back_failed job_id=%s; its lease will expire", held.job.id)
-
-
-def _abandon_running(worker: Worker, running: list[Held], cut: bool) -> None:
-    """The grace period is over: hand back the jobs still running, their threads left behind."""
-    abandoned = []
-    for h in running:
-        with worker._lock:
-            if h.state is not HeldState.RUNNING:
-                continue
-            h.state = HeldState.ABANDONED
-        abandoned.append(h)
-    if cut:
-        # SQLite: a running job's open transaction (an atomic task's, or one its handler
-        # opened) holds the database's only write lock, so no hand-back could commit while
-        # it lives. Closing the jobs' connections rolls those transactions back (nothing of
-        # the attempt is kept, as if the process had died) and leaves the handlers no way to
-        # write; then the jobs are handed back like on PostgreSQL, instead of waiting for
-        # their leases.
-        cut_connections(worker, abandoned)
-    for h in abandoned:
-        _hand_back(worker, h)
+    def _abandon_running(self, running: list[Held], cut: bool) -> None:
+        """The grace period is over: hand back the jobs still running, their threads left behind."""
+        abandoned = [h for h in running if self.slots.abandon(h)]
         if cut:
-            release_lock(h, worker.worker_id)  # its handler can no longer write: free the resource
-        # Otherwise its lock stays with the handler, which runs until the process
-        # exits; the TTL frees it after that.
+            # SQLite: a running job's open transaction (an atomic task's, or one its handler
+            # opened) holds the database's only write lock, so no hand-back could commit while
+            # it lives. Closing the jobs' connections rolls those transactions back (nothing of
+            # the attempt is kept, as if the process had died) and leaves the handlers no way to
+            # write; then the jobs are handed back like on PostgreSQL, instead of waiting for
+            # their leases.
+            cut_connections(abandoned, self.worker_id)
+        for h in abandoned:
+            self._hand_back(h)
+            if cut:
+                release_lock(h, self.worker_id)  # its handler can no longer write: free the resource
+            # Otherwise its lock stays with the handler, which runs until the process
+            # exits; the TTL frees it after that.
 
 
-def cut_connections(worker: Worker, helds: list[Held]) -> None:
+def cut_connections(helds: list[Held], worker_id: str) -> None:
     """Close the database connections of jobs' executor threads from this thread (SQLite).
 
     Each open transaction is rolled back and the handler's next query fails. Django lets
@@ -119,7 +120,7 @@ def cut_connections(worker: Worker, helds: list[Held]) -> None:
     pending = [h for h in helds if getattr(h.connection, "connection", None) is not None]
     deadline = time.monotonic() + CUT_WAIT_SECONDS
     while pending:
-        pending = [h for h in pending if not _cut_between_statements(worker, h)]
+        pending = [h for h in pending if not _cut_between_statements(h, worker_id)]
         if not pending:
             return
         if time.monotonic() >= deadline:
@@ -127,12 +128,12 @@ def cut_connections(worker: Worker, helds: list[Held]) -> None:
                 logger.warning(
                     "connection_cut_skipped job_id=%s; its statement did not stop, its lease will expire",
                     h.job.id,
-                    extra=job_fields(h.job, worker.worker_id),
+                    extra=job_fields(h.job, worker_id),
                 )
             return
 
 
-def _cut_between_statements(worker: Worker, held: Held) -> bool:
+def _cut_between_statements(held: Held, worker_id: str) -> bool:
     """Close the job's connection unless a statement is running on it; whether it is done."""
     raw, guard = held.connection.connection, held.statement_guard
     if raw is None or guard is None:
@@ -154,6 +155,6 @@ def _cut_between_statements(worker: Worker, held: Held) -> bool:
     logger.info(
         "job_connection_closed job_id=%s; its transaction rolled back so it can be handed back",
         held.job.id,
-        extra=job_fields(held.job, worker.worker_id, outcome="handed_back"),
+        extra=job_fields(held.job, worker_id, outcome="handed_back"),
     )
     return True

@@ -8,7 +8,7 @@ executor takes the slot. Past :data:`MAX_ABANDONED_THREADS` the worker exits to 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from .. import retry
@@ -19,7 +19,8 @@ from . import pipeline
 from .held import LOGGER_NAME, Held
 
 if TYPE_CHECKING:
-    from .loop import Worker
+    from .completer import Completer
+    from .slots import Slots
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -32,8 +33,20 @@ MAX_ABANDONED_THREADS = 16
 class Watchdog:
     """Fails the running jobs of one worker that are past their hard timeout."""
 
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
+    def __init__(
+        self,
+        slots: Slots,
+        completer: Completer,
+        worker_id: str,
+        *,
+        replace_executor: Callable[[], None],
+        stop_worker: Callable[[], None],
+    ) -> None:
+        self.slots = slots
+        self.completer = completer
+        self.worker_id = worker_id
+        self._replace_executor = replace_executor
+        self._stop_worker = stop_worker
 
     def check(self, held: Sequence[Held], now: float) -> int:
         """Abandon the running jobs past their deadline; how many it abandoned."""
@@ -45,25 +58,19 @@ class Watchdog:
 
     def abandon(self, held: Held) -> bool:
         """Fail a job past its hard timeout and replace the thread stuck in it."""
-        worker = self.worker
-        with worker._lock:
-            if held.state is not HeldState.RUNNING:
-                return False
-            held.state = HeldState.ABANDONED
-            worker._held.pop(held.job.id, None)
-            worker._abandoned += 1
+        if not self.slots.abandon(held):
+            return False
         task = registry.find(held.job.task_name)
         timeout = task.timeout if task else None
         error = TimeoutError(f"the handler ran past its hard timeout of {timeout}s; its thread was abandoned")
         outcome = pipeline.classify(
             held.job, task, error, None, forced_category=retry.TRANSIENT, reason=DeadLetterReason.HARD_TIMEOUT
         )
-        worker.completer.settle(held, outcome)
+        self.completer.settle(held, outcome)
         # The lock stays with the stuck handler; without renewals its TTL frees it.
-        worker._slot_freed.set()
-        if worker._abandoned > MAX_ABANDONED_THREADS:
-            logger.error("too_many_abandoned_threads worker_id=%s; stopping for a restart", worker.worker_id)
-            worker.stop()
+        if self.slots.abandoned > MAX_ABANDONED_THREADS:
+            logger.error("too_many_abandoned_threads worker_id=%s; stopping for a restart", self.worker_id)
+            self._stop_worker()
             return True
-        worker._start_executor(len(worker._threads))
+        self._replace_executor()
         return True

@@ -144,11 +144,11 @@ class QueueOptionsDirective(_GeneratedDirective):
 
         self.depends_on(conf)
         options = [f.name for f in dataclasses.fields(conf.QueueConfig) if f.name != "name"]
-        if set(options) != set(conf._QUEUE_OPTIONS):
+        if set(options) != set(conf.QUEUE_OPTIONS):
             logger.warning(
-                "conf.QueueConfig fields %s differ from conf._QUEUE_OPTIONS %s",
+                "conf.QueueConfig fields %s differ from conf.QUEUE_OPTIONS %s",
                 sorted(options),
-                sorted(conf._QUEUE_OPTIONS),
+                sorted(conf.QUEUE_OPTIONS),
             )
         task_options = {f.name for f in dataclasses.fields(Task)}
         out: list[str] = []

@@ -20,12 +20,12 @@ SCRIPT = textwrap.dedent(
     worker._install_signal_handlers()
     # A signal that lands while the main thread is inside Event.clear() (it holds the
     # Event's lock): the handler must return, and the Events must still be set.
-    with worker._slot_freed._cond:
+    with worker.slots._freed._cond:
         signal.raise_signal(signal.SIGINT)
     with worker._wake._cond:
         signal.raise_signal(signal.SIGINT)
-    assert worker._stopping and worker._forced
-    assert worker._slot_freed.wait(10) and worker._wake.wait(10)
+    assert worker._stopping and worker._forced and worker.slots.closed
+    assert worker.slots.wait_freed(10) and worker._wake.wait(10)
     print("ok")
     """
 )
