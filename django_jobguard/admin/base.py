@@ -94,6 +94,8 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     #: What may be deleted here; ``None``: nothing.
     deletion: Deletion | None = None
+    #: Why rows of an admin without a :attr:`deletion` rule are never deleted here.
+    undeletable = "They change only through the worker and the service layer, never by hand."
 
     #: Lookups allowed besides the filters' (links from other admin pages).
     extra_lookups: Sequence[str] = ()
@@ -137,10 +139,32 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> HttpResponse:
         obj = self.get_object(request, unquote(object_id))
-        if obj is not None and self.deletion is not None and not self.has_delete_permission(request, obj):
+        if obj is not None and not self.has_delete_permission(request, obj):
+            # Django's bare 403 would not say why: the refusal names the rule.
+            title = f"Delete {obj}"
+            if self.deletion is None:
+                name = str(self.opts.verbose_name_plural).capitalize()
+                return refusal(request, self, title, f"{name} are not deleted by hand. {self.undeletable}")
             if super().has_delete_permission(request, obj):  # allowed in general, not this row
-                return refusal(request, self, f"Delete {obj}", self.deletion.rule)
+                return refusal(request, self, title, self.deletion.rule)
+            return refusal(request, self, title, f"{self._needs(request, 'delete')} {self.deletion.rule}")
         return super().delete_view(request, object_id, extra_context)
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> HttpResponse:
+        obj = self.get_object(request, unquote(object_id))
+        if obj is not None and not self.has_view_or_change_permission(request, obj):
+            return refusal(request, self, str(obj), self._needs(request, "view"))
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def _needs(self, request: HttpRequest, action: str) -> str:
+        """Who may not do ``action`` here, and the permission it takes (for a refusal page)."""
+        opts = self.opts
+        return (
+            f"{request.user.get_username()} may not {action} {opts.verbose_name_plural}: "
+            f"that needs the {opts.app_label}.{action}_{opts.model_name} permission."
+        )
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
         self._rule().delete([obj.pk])
@@ -228,15 +252,20 @@ def can_view_payload(request: HttpRequest) -> bool:
     return dlq.can_view_payload(request.user)
 
 
-def refusal(request: HttpRequest, admin: admin.ModelAdmin, title: str, message: str) -> TemplateResponse:
-    """A 403 admin page that says why (instead of Django's bare "403 Forbidden")."""
+def refusal(
+    request: HttpRequest, admin: admin.ModelAdmin, title: str, message: str, *, status: int = 403
+) -> TemplateResponse:
+    """A 403 admin page that says why (instead of Django's bare "403 Forbidden").
+
+    ``status=409`` for an action the object's state does not allow now.
+    """
     context = {
         **admin.admin_site.each_context(request),
         "opts": admin.opts,
         "title": title,
         "message": message,
     }
-    return TemplateResponse(request, "django_jobguard/admin/refused.html", context, status=403)
+    return TemplateResponse(request, "django_jobguard/admin/refused.html", context, status=status)
 
 
 def pretty_json(value: Any) -> SafeString:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Sequence
 
 from django.utils import timezone
@@ -18,10 +19,28 @@ BOTTOM = 16
 TOP = 6
 
 
+#: Round axis maxima: the first of these times a power of ten at or above the largest value.
+NICE_STEPS = (1.0, 2.0, 2.5, 5.0, 10.0)
+
+
 def _label(value: float, unit: str) -> str:
+    """At most three significant digits, so a label fits the axis and a tooltip reads at a glance."""
     if unit == "seconds" and value >= 60:
         return f"{value / 60:.0f}m" if value < 3600 else f"{value / 3600:.1f}h"
-    return f"{value:g}" if value < 1000 else f"{value / 1000:.1f}k"
+    if value >= 1000:
+        return f"{value / 1000:.3g}k"
+    return f"{value:.3g}"
+
+
+def nice_ceiling(value: float) -> float:
+    """The axis maximum for a largest value: 1, 2, 2.5 or 5 times a power of ten, at or above it."""
+    if value <= 0:
+        return 1.0
+    magnitude = 10.0 ** math.floor(math.log10(value))
+    for step in NICE_STEPS:
+        if step * magnitude >= value * (1 - 1e-9):
+            return step * magnitude
+    return 10 * magnitude
 
 
 def bar_chart(
@@ -32,13 +51,14 @@ def bar_chart(
     unit: str = "",
     css_class: str = "",
 ) -> SafeString:
-    """One bar per minute (a missing sample draws nothing), with a max label and time ticks.
+    """One bar per minute (a missing sample draws nothing), a round max label, and time ticks.
 
     Every number and label is escaped; each bar carries a ``<title>`` tooltip
     ("09:41 UTC: 12 jobs") that screen readers also read.
     """
     known = [value for value in values if value is not None]
-    peak = max(known, default=0.0) or 1.0
+    # A round maximum labels the axis: "5" rather than a clipped "4.00735".
+    peak = nice_ceiling(max(known, default=0.0))
     plot_w = WIDTH - LEFT
     plot_h = HEIGHT - BOTTOM - TOP
     step = plot_w / max(1, len(values))

@@ -59,6 +59,10 @@ _PAYLOAD_KEYS = dlq.PAYLOAD_EVENT_KEYS
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(ReadOnlyAdmin):
+    undeletable = (
+        "They are the record of jobs that failed for good, kept for the audit: request a "
+        "replay, or reject one."
+    )
     list_display = [
         "id",
         "task_name",
@@ -248,6 +252,11 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             dlq.check_permission(letter, request.user, action)
         except ReplayPermissionDenied as exc:
             return refusal(request, self, f"{_LABELS[action]}: {letter}", str(exc))
+        # A form that could only fail (the state moved on, the corrected payload no longer
+        # fits) is not shown: the reason is.
+        blocked = dlq.refusal_reason(letter, request.user, action)
+        if blocked is not None:
+            return refusal(request, self, f"{_LABELS[action]}: {letter}", blocked, status=409)
         show_payload = action == dlq.REQUEST and can_view_payload(request)
         form_class = ReplayRequestForm if show_payload else ReplayDecisionForm
         review = None if action == dlq.REQUEST else _stored_review(letter)

@@ -45,7 +45,12 @@ class ReplayRequestForm(ReplayDecisionForm):
         if not text:
             return empty
         try:
-            value = json.loads(text)
+            value = json.loads(text, object_pairs_hook=_unique_keys)
+        except _DuplicateKeyError as exc:
+            raise forms.ValidationError(
+                _("The key %(key)s appears twice; JSON keeps only the last, so say which one you mean."),
+                params={"key": json.dumps(exc.key)},
+            ) from None
         except ValueError as exc:
             raise forms.ValidationError(_("Not valid JSON: %(error)s"), params={"error": exc}) from None
         except RecursionError:
@@ -70,6 +75,22 @@ class ReplayRequestForm(ReplayDecisionForm):
 
 
 _KINDS: dict[type, str] = {list: "array", dict: "object"}
+
+
+class _DuplicateKeyError(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's dict, refusing a key given twice (json.loads would keep the last)."""
+    value: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in value:
+            raise _DuplicateKeyError(key)
+        value[key] = item
+    return value
 
 
 def dumps(value: Any) -> str:

@@ -71,6 +71,20 @@ class LockAdmin(ReadOnlyAdmin):
     show_full_result_count = False
     change_form_template = "django_jobguard/admin/lock/change_form.html"
 
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        if get_settings().locks.backend != "database":
+            # These rows are the database back end's; the live locks are elsewhere.
+            messages.info(
+                request,
+                _(
+                    "Locks are held in Redis (JOBGUARD['LOCKS']['BACKEND'] is 'redis'): this list "
+                    "shows only rows left by the database back end, not the live locks. See them "
+                    "with redis-cli (SCAN for the key prefix %(prefix)s) or the lock metrics."
+                )
+                % {"prefix": get_settings().locks.prefix},
+            )
+        return super().changelist_view(request, extra_context)
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[Lock]:
         # The holder, by the lock key the running job carries: one subquery per column, in
         # the list's own query (no query per row).

@@ -26,6 +26,8 @@ from .charts import bar_chart
 
 #: Seconds between two reloads of the health page while it is open.
 REFRESH_SECONDS = 15
+#: The bounds of ``?refresh=N``, the page's reload interval in seconds.
+REFRESH_MIN_SECONDS, REFRESH_MAX_SECONDS = 2, 600
 #: Pauses and resumes listed under the table.
 RECENT_EVENTS = 10
 
@@ -101,7 +103,7 @@ class QueueHealthAdmin(admin.ModelAdmin):
             "chart_queue": wanted,
             "events": [(event, format_time(event.created_at)) for event in events],
             "generated_at": format_time(report.generated_at),
-            "refresh_seconds": REFRESH_SECONDS,
+            "refresh_seconds": _refresh_seconds(request),
             "can_pause": queues.can_pause(request.user),
             **(extra_context or {}),
         }
@@ -139,3 +141,12 @@ class QueueEventAdmin(ReadOnlyAdmin):
     list_filter = ["action", "queue_name"]
     search_fields = ["queue_name", "actor_name", "reason"]
     show_full_result_count = False
+
+
+def _refresh_seconds(request: HttpRequest) -> int:
+    """The reload interval: ``?refresh=N`` within its bounds, else the default."""
+    try:
+        wanted = int(request.GET.get("refresh", REFRESH_SECONDS))
+    except ValueError:
+        return REFRESH_SECONDS
+    return min(max(wanted, REFRESH_MIN_SECONDS), REFRESH_MAX_SECONDS)

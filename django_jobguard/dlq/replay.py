@@ -23,6 +23,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from .. import _dispatch, idempotency, metrics, signals
+from .._annotations import mismatches
 from .._json import validate_payload
 from ..conf import get_settings
 from ..exceptions import InvalidArgumentsError, ReplayConflict, ReplayError, ReplayPermissionDenied
@@ -193,6 +194,18 @@ def replay_actions(dead_letter: DeadLetter, user: User | None) -> dict[str, str 
         else:
             result[action.value] = None
     return result
+
+
+def refusal_reason(dead_letter: DeadLetter, user: User | None, action: str) -> str | None:
+    """Why ``user`` cannot make ``action`` on the dead letter now (its state included); None if they can.
+
+    The admin shows this instead of a form that could only fail.
+    """
+    try:
+        _check_state(dead_letter, Transition(action))
+    except ReplayError as exc:
+        return str(exc)
+    return replay_actions(dead_letter, user).get(action)
 
 
 # -- the idempotency key -------------------------------------------------------------------------
@@ -423,7 +436,13 @@ def _validated_payload(
         raise InvalidArgumentsError(f"kwargs must be a JSON object, not {type(kwargs).__name__}.")
     # The same checks as an enqueue (types, unstorable strings, depth, cycles, size).
     clean_args, clean_kwargs = validate_payload(args, kwargs)
-    task.lock_key_for(task.bind(clean_args, clean_kwargs))
+    bound = task.bind(clean_args, clean_kwargs)
+    # A value that binds can still be the wrong type for the handler (it would only fail
+    # when the replay runs): checked where JSON can tell.
+    wrong = mismatches(task.func, bound.arguments)
+    if wrong:
+        raise InvalidArgumentsError(f"Arguments do not fit {task.name}'s annotations: {'; '.join(wrong)}.")
+    task.lock_key_for(bound)
     return clean_args, clean_kwargs
 
 

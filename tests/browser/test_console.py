@@ -97,3 +97,29 @@ def test_an_operator_pauses_a_queue_sees_it_fill_without_claims_and_resumes_it(
     )
     assert page.locator(".state-live").count() == 1
     shot(page, "workers")
+
+
+def test_the_health_page_does_not_reload_over_a_half_typed_reason(live_server, browser_page):
+    operator = User.objects.create_user("typist", password="console-test", is_staff=True)  # noqa: S106
+    for codename in ("view_job", "pause_queue"):
+        operator.user_permissions.add(Permission.objects.get(codename=codename))
+    tasks.add.using(queue_name="typed", run_after=datetime.timedelta(hours=1)).enqueue(0)
+    page = browser_page
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/")
+    page.fill("#id_username", "typist")
+    page.fill("#id_password", "console-test")
+    follow(page, "input[type=submit]")
+    page.goto(f"{live_server.url}/admin/jobguard/queuestate/?refresh=2")
+    stamp = page.inner_text("#as-of")
+
+    page.fill("#queue-typed input[name=reason]", "half a reas")
+    # The reload came due and waited: the note says so, and the text is still there.
+    page.wait_for_selector("#refresh-note", state="visible", timeout=60_000)
+    assert page.input_value("#queue-typed input[name=reason]") == "half a reas"
+    assert page.inner_text("#as-of") == stamp
+
+    # Once the field is empty and has no focus, the page reloads on its own.
+    with page.expect_navigation(timeout=60_000):
+        page.fill("#queue-typed input[name=reason]", "")
+        page.locator("#queue-typed input[name=reason]").blur()
+    assert page.locator("#refresh-note").is_hidden()

@@ -200,8 +200,36 @@ def test_a_wrong_state_is_explained_not_forbidden(client, people):
     dlq.request_replay(letter, people.requester, "first")
     client.force_login(people.requester)
     response = client.post(replay_url(letter, "request"), {"reason": "again", "args": "[]", "kwargs": "{}"})
-    assert response.status_code == 200
+    assert response.status_code == 409
     assert "its replay is requested" in response.content.decode()
+    # Asking for the page shows the reason, not a form that could only fail.
+    response = client.get(replay_url(letter, "request"))
+    assert response.status_code == 409
+    assert "its replay is requested" in response.content.decode()
+    assert 'name="reason"' not in response.content.decode()
+
+
+def test_approving_a_letter_nobody_asked_to_replay_shows_why_instead_of_a_form(client, people):
+    letter = dead_charge(order_id=19, amount=0)
+    client.force_login(people.approver)
+    response = client.get(replay_url(letter, "approve"))
+    assert response.status_code == 409
+    page = response.content.decode()
+    assert "its replay is none" in page or "allowed from requested" in page
+    assert 'name="reason"' not in page
+
+
+def test_a_corrected_value_of_the_wrong_type_is_refused_before_it_is_requested(client, people):
+    letter = dead_charge(order_id=20, amount=0)
+    before = state(letter)
+    client.force_login(people.requester)
+    response = client.post(
+        replay_url(letter, "request"),
+        {"reason": "fix", "args": "[]", "kwargs": '{"order_id": "twenty", "amount": 5}'},
+    )
+    assert response.status_code == 200
+    assert "order_id=&#x27;twenty&#x27; is not int" in response.content.decode()
+    assert state(letter) == before
 
 
 def test_bulk_actions_ask_for_one_reason_then_apply_it_to_each_selected_letter(client, people):
@@ -453,3 +481,31 @@ def test_the_replay_pages_carry_the_models_breadcrumbs_and_the_form_styles(clien
     refused = client.post(replay_url(letter, "approve"), {"reason": "mine"})  # rita may not approve
     assert refused.status_code == 403
     assert f'href="{reverse(CHANGELIST)}"' in breadcrumbs(refused.content.decode())
+
+
+def test_delete_and_change_pages_refused_say_why(client, people):
+    letter = dead_charge(order_id=21, amount=0)
+    client.force_login(people.approver)
+    url = reverse("admin:jobguard_deadletter_delete", args=[letter.pk])
+    response = client.get(url)
+    assert response.status_code == 403
+    assert "Dead letters are not deleted by hand" in response.content.decode()
+    assert DeadLetter.objects.filter(pk=letter.pk).exists()
+    outsider = make_user("olga", "view_job")
+    client.force_login(outsider)
+    response = client.get(reverse("admin:jobguard_deadletter_change", args=[letter.pk]))
+    assert response.status_code == 403
+    assert "needs the jobguard.view_deadletter permission" in response.content.decode()
+
+
+def test_a_corrected_payload_with_a_key_given_twice_is_refused(client, people):
+    letter = dead_charge(order_id=22, amount=0)
+    before = state(letter)
+    client.force_login(people.requester)
+    response = client.post(
+        replay_url(letter, "request"),
+        {"reason": "fix", "args": "[]", "kwargs": '{"order_id": 22, "amount": 5, "amount": 0}'},
+    )
+    assert response.status_code == 200
+    assert "The key &quot;amount&quot; appears twice" in response.content.decode()
+    assert state(letter) == before

@@ -89,3 +89,12 @@ def test_lock_times_show_seconds_and_their_zone(operator):
             assert "p.m." not in content
     content = operator.get(reverse("admin:jobguard_lock_changelist")).content.decode()
     assert "2026-12-01 06:52:03 UTC" in content
+
+
+def test_with_the_redis_back_end_the_list_says_the_live_locks_are_in_redis(operator, settings):
+    url = reverse("admin:jobguard_lock_changelist")
+    locks = settings.JOBGUARD.get("LOCKS", {})
+    settings.JOBGUARD = {**settings.JOBGUARD, "LOCKS": {**locks, "BACKEND": "database"}}
+    assert "Locks are held in Redis" not in operator.get(url).content.decode()
+    settings.JOBGUARD = {**settings.JOBGUARD, "LOCKS": {**locks, "BACKEND": "redis"}}
+    assert "Locks are held in Redis" in operator.get(url).content.decode()
