@@ -26,10 +26,20 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from .. import dlq
+from ..conf import get_settings
 from ..exceptions import InvalidArgumentsError, ReplayError, ReplayPermissionDenied
 from ..models import DeadLetter
 from . import diff
-from .base import ReadOnlyAdmin, admin_link, can_view_payload, format_time, pre, pretty_json, refusal
+from .base import (
+    ReadOnlyAdmin,
+    admin_link,
+    can_view_payload,
+    format_time,
+    log_to_history,
+    pre,
+    pretty_json,
+    refusal,
+)
 from .forms import ReplayDecisionForm, ReplayRequestForm, dumps
 
 if TYPE_CHECKING:
@@ -288,6 +298,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                 else:
                     if confirm:
                         return self._replay_form(request, letter, action, form, review, show_payload, confirm)
+                    self.log_change(request, letter, f"{_LABELS[action]}: {form.cleaned_data['reason']}")
                     self.message_user(request, _DONE[action], messages.SUCCESS)
                     url = reverse(
                         f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[letter.pk]
@@ -384,14 +395,18 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                     messages.ERROR,
                 )
                 return None
-            done, failed = 0, []
+            moved: list[int] = []
+            failed = []
             for letter in queryset.order_by("id").iterator(chunk_size=500):
                 try:
                     _SERVICES[action](letter, request.user, form.cleaned_data["reason"])
                 except (ReplayError, InvalidArgumentsError) as exc:
                     failed.append(f"#{letter.pk}: {exc}")
                 else:
-                    done += 1
+                    moved.append(letter.pk)
+            done = len(moved)
+            message = f"{_LABELS[action]} (bulk): {form.cleaned_data['reason']}"
+            log_to_history(request, DeadLetter, moved, message, using=get_settings().database_alias)
             summary = f"{_LABELS[action]}: {done} done"
             if failed:
                 summary += f", {len(failed)} not changed"

@@ -29,7 +29,7 @@ from ..conf import get_settings
 from ..models import TERMINAL_STATUSES, IdempotencyKey, Job, JobQuerySet, JobStatus
 from ..registry import registry
 from . import timeline
-from .base import Deletion, ReadOnlyAdmin, admin_link, can_view_payload, pretty_json
+from .base import Deletion, ReadOnlyAdmin, admin_link, can_view_payload, log_to_history, pretty_json
 
 #: The job list counts the jobs that match up to this many; past it, it says "more than".
 COUNT_CAP = 10_000
@@ -398,6 +398,9 @@ class JobAdmin(ReadOnlyAdmin):
         cancelled = jobs.cancel(ids, reason=reason)
         asked = jobs.request_cancel(sorted(set(ids) - set(cancelled)), reason=reason)
         skipped = len(ids) - len(cancelled) - len(asked)
+        alias = get_settings().database_alias
+        log_to_history(request, Job, cancelled, "Cancelled in the admin.", using=alias)
+        log_to_history(request, Job, asked, "Asked to stop (cancel requested) in the admin.", using=alias)
         if cancelled or not asked:
             self.message_user(
                 request,
@@ -460,6 +463,9 @@ class JobAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         ids = list(queryset.values_list("pk", flat=True))
         made_due = jobs.retry_now(ids, reason=f"by {request.user.get_username()} in the admin")
+        log_to_history(
+            request, Job, made_due, "Made due now in the admin.", using=get_settings().database_alias
+        )
         self.message_user(
             request,
             ngettext("%(count)d job is due now.", "%(count)d jobs are due now.", len(made_due))

@@ -127,6 +127,12 @@ class QueueHealthAdmin(admin.ModelAdmin):
             self.message_user(request, str(exc), messages.ERROR)
         else:
             if result.changed:
+                state = (
+                    QueueState.objects.using(get_settings().database_alias).filter(pk=result.queue).first()
+                )
+                if state is not None:
+                    reason = request.POST.get("reason", "")
+                    self.log_change(request, state, f"{title}d: {reason}" if reason else f"{title}d.")
                 self.message_user(request, f"Queue {result.queue!r} {verb}.", messages.SUCCESS)
             else:
                 self.message_user(request, f"Queue {result.queue!r} was already {verb}.", messages.WARNING)

@@ -73,6 +73,8 @@ OUTCOMES = tuple(tally.value for tally in Tally)
 EXIT_THREAD_DIED = 1
 
 
+#: How often the worker looks for paused queues it serves, to log a pause or resume it sees.
+PAUSED_LOOK_SECONDS = 5.0
 #: How long the exit waits for the ack thread to write what it holds.
 ACK_FLUSH_TIMEOUT_SECONDS = 30.0
 
@@ -142,6 +144,8 @@ class Worker:
         self._listener: store.Listener | None = None
         self.exit_code = 0
         self.claimed = 0
+        self._paused_seen: set[str] = set()
+        self._paused_looked_at = -PAUSED_LOOK_SECONDS
         conf = get_settings()
         self.completer = Completer(
             self.alias,
@@ -339,6 +343,7 @@ class Worker:
             self.slots.clear_freed()
             try:
                 self.maintenance.run_due(time.monotonic())
+                self._look_for_paused_queues()
                 capacity = self.capacity_now()
                 # Jobs done but not acked yet are still "running" in the database: they count,
                 # so a completer that falls behind holds the claimer back (a crash re-runs at
@@ -371,6 +376,37 @@ class Worker:
                 # Nothing more is due: sleep until a NOTIFY, the next maintenance pass or a poll.
                 until = self.maintenance.next_at - time.monotonic()
                 listener.wait(max(0.0, min(wait, until)))
+
+    def _look_for_paused_queues(self) -> None:
+        """Log the queues this worker serves that were paused or resumed since it last looked.
+
+        The claim skips paused queues without a word (on PostgreSQL inside its statement), so
+        an operator reading this worker's log learns here why a queue it serves sits still.
+        """
+        now = time.monotonic()
+        if now - self._paused_looked_at < PAUSED_LOOK_SECONDS:
+            return
+        self._paused_looked_at = now
+        paused = {
+            name
+            for name in store.paused_queue_names(self.alias)
+            if (self.queues is None or name in self.queues) and name not in self.exclude_queues
+        }
+        for name in sorted(paused - self._paused_seen):
+            logger.info(
+                "queue_paused_skipped worker_id=%s queue=%s; no job of it is claimed until it is resumed",
+                self.worker_id,
+                name,
+                extra={"worker_id": self.worker_id, "queue": name},
+            )
+        for name in sorted(self._paused_seen - paused):
+            logger.info(
+                "queue_resumed_seen worker_id=%s queue=%s; its jobs are claimed again",
+                self.worker_id,
+                name,
+                extra={"worker_id": self.worker_id, "queue": name},
+            )
+        self._paused_seen = paused
 
     def _claim(self, limit: int) -> int:
         # Every claim leaves the paused queues alone, so a pause reaches us within one poll.

@@ -3,6 +3,7 @@
 import datetime
 
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.test import override_settings
 from django.urls import reverse
@@ -131,3 +132,26 @@ def test_select_all_cancel_asks_first_with_the_count_and_carries_the_filter(clie
     )
     assert Job.objects.filter(queue_name="bulk-cancel", status="cancelled").count() == 1_100
     assert Job.objects.get(pk=kept.pk).status == "queued"
+
+
+@pytest.mark.django_db(transaction=True)  # dead_charge runs a worker in this process
+def test_cancels_and_replays_reach_djangos_admin_log(client):
+    person = staff(client, "view_job", "cancel_job", "view_deadletter", "request_replay", "view_payload")
+    queued = [tasks.add.enqueue(n) for n in range(3)]
+    running = tasks.add.enqueue(9)
+    make_running(running)
+    ids = [job.pk for job in [*queued, running]]
+    client.post(JOBS, {"action": "cancel_jobs", "_selected_action": ids, "confirm": "yes"})
+    logged = dict(LogEntry.objects.filter(user=person).values_list("object_id", "change_message"))
+    assert logged == {
+        **{str(job.pk): "Cancelled in the admin." for job in queued},
+        str(running.pk): "Asked to stop (cancel requested) in the admin.",
+    }
+    letter = dead_charge(order_id=5, amount=0)
+    url = reverse("admin:jobguard_deadletter_changelist")
+    client.post(
+        url,
+        {"action": "request_replays", "_selected_action": [letter.pk], "confirm": "yes", "reason": "fixed"},
+    )
+    entry = LogEntry.objects.get(object_id=str(letter.pk), content_type__model="deadletter")
+    assert entry.change_message == "Request replay (bulk): fixed"

@@ -4,6 +4,7 @@ import datetime
 import re
 
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -152,6 +153,10 @@ def test_an_operator_pauses_and_resumes_with_the_buttons(operator):
     assert "Queue &#x27;default&#x27; paused." in html and 'name="resume"' in html
     operator.post(reverse("admin:jobguard_queuestate_resume"), {"queue": "default"})
     assert queues.paused_queues() == set()
+    # Django's own admin log has both, for the queue's History and Recent actions.
+    entries = LogEntry.objects.filter(object_id="default").order_by("pk")
+    assert [e.change_message for e in entries] == ["Paused: db slow", "Resumed."]
+    assert {e.user.get_username() for e in entries} == {"operator"}
 
 
 def test_a_pause_without_a_reason_says_so_and_writes_nothing(operator):

@@ -35,6 +35,18 @@ def test_a_paused_queue_gets_no_claims_while_a_sibling_queue_runs_then_runs_afte
         wait_for(lambda free=free: status_of(free) == "succeeded", timeout=60, message="the free queue's job")
         held.refresh_from_db()
         assert (held.status, held.attempts, held.worker_id) == ("queued", 0, "")
+    # The worker's log says why the queue sits still, and when it moves again.
+    wait_for(
+        lambda: "queue_paused_skipped worker_id=w1 queue=held" in workers.log(worker),
+        timeout=60,
+        message="the worker to log the paused queue",
+    )
     queues.resume("held", actor="test")
     wait_for(lambda: status_of(held) == "succeeded", timeout=60, message="the resumed queue's job")
     assert (held.result, held.worker_id) == (2, "w1")
+    wait_for(
+        lambda: "queue_resumed_seen worker_id=w1 queue=held" in workers.log(worker),
+        timeout=60,
+        message="the worker to log the resumed queue",
+    )
+    assert workers.log(worker).count("queue_paused_skipped") == 1, "logged once per pause, not per poll"
