@@ -82,3 +82,8 @@ def scoped_refund(order_id: int) -> None:
 def ship(order_id: int, carrier: str = "post") -> None:
     """Locks its order and always fails for good: a dead letter whose correction may move the lock."""
     raise PermanentError(f"order {order_id}: no delivery address")
+
+
+@task
+def fulfil(order_id: int, order: dict) -> None:
+    """Takes a nested order: the console's diff of a nested correction reads its dead letters."""
