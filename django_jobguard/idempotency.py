@@ -22,16 +22,19 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import hashlib
+import hmac
 import json
 import logging
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef
 from django.db.models.functions import Now
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 from . import metrics, store
 from ._json import normalize_json
@@ -47,6 +50,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "CONFLICT",
     "DUPLICATE",
+    "FINGERPRINT_SALT",
     "RUN",
     "WAIT",
     "Decision",
@@ -58,6 +62,7 @@ __all__ = [
     "prune_expired",
     "record_failure",
     "record_success",
+    "same_call",
     "scope_of",
     "stored_result",
 ]
@@ -116,13 +121,43 @@ def _canonical(value: Any) -> Any:
     return value
 
 
+#: The salt of the keyed fingerprint (with Django's SECRET_KEY): a stored fingerprint tells
+#: nothing about the arguments to someone without the secret, however few values they could be.
+FINGERPRINT_SALT = "django_jobguard.idempotency.fingerprint"
+
+
 def fingerprint(task: Task[Any, Any], args: Any, kwargs: Any) -> str:
-    """SHA-256 of the task name and the call's arguments by parameter name.
+    """HMAC-SHA256 (keyed with ``SECRET_KEY``) of the task name and the call's arguments by name.
 
     ``f(1)``, ``f(a=1)`` and ``f(1, b=0)`` (where ``b`` defaults to 0) agree. The task name
     is part of it, so two tasks sharing an ``idempotency_scope`` cannot pass one key
-    between them unnoticed.
+    between them unnoticed. Keyed, because a plain hash of a low-entropy argument (an
+    amount, an order number) is reversed by trying every value.
     """
+    return _keyed(_canonical_call(task, args, kwargs))
+
+
+def same_call(stored: str, digest: str, task: Task[Any, Any], args: Any, kwargs: Any) -> bool:
+    """Whether a key's stored fingerprint is this call's.
+
+    Keys written before fingerprints were keyed hold the plain SHA-256: they still match
+    until they expire (``IDEMPOTENCY["TTL"]``). So does a key written under a former
+    ``SECRET_KEY`` only if it is also in ``SECRET_KEY_FALLBACKS``.
+    """
+    if hmac.compare_digest(stored, digest):
+        return True
+    canonical = _canonical_call(task, args, kwargs)
+    legacy = hashlib.sha256(canonical.encode()).hexdigest()
+    return hmac.compare_digest(stored, legacy) or any(
+        hmac.compare_digest(stored, _keyed(canonical, secret)) for secret in settings.SECRET_KEY_FALLBACKS
+    )
+
+
+def _keyed(canonical: str, secret: str | bytes | None = None) -> str:
+    return salted_hmac(FINGERPRINT_SALT, canonical, secret=secret, algorithm="sha256").hexdigest()
+
+
+def _canonical_call(task: Task[Any, Any], args: Any, kwargs: Any) -> str:
     bound = task.bind(args, kwargs)
     given = set(bound.arguments)
     bound.apply_defaults()
@@ -135,8 +170,7 @@ def fingerprint(task: Task[Any, Any], args: Any, kwargs: Any) -> str:
                 raise
             # A default that is not JSON (a sentinel object) cannot come from a payload.
     payload = {"task": task.name, "arguments": _canonical(arguments)}
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"))
 
 
 def _expiry() -> datetime.datetime:
@@ -246,7 +280,7 @@ def _enqueue_round(
         return None  # pruned since our insert met it: try again
     live = existing.expires_at > timezone.now()
     if live or _is_active(existing.job):
-        if existing.fingerprint != digest:
+        if not same_call(existing.fingerprint, digest, task, fields["args"], fields["kwargs"]):
             return _conflict(task, existing, key, scope)
         if existing.job is None:
             # The key is live but its job row was deleted (by hand): a new job carries it,
@@ -300,7 +334,7 @@ def begin_execution(
     digest = fingerprint(task, args, kwargs)
     existing = IdempotencyKey.objects.using(alias).select_related("job").filter(scope=scope, key=key).first()
     if existing is not None:
-        decision = _decide(alias, task, existing, job_id, digest, key, scope)
+        decision = _decide(alias, task, existing, job_id, digest, key, scope, (args, kwargs))
         if decision is not None:
             return decision
     for _ in range(MAX_ROUNDS):
@@ -314,7 +348,7 @@ def begin_execution(
             existing = _locked_key(alias, scope, key)
             if existing is None:
                 continue  # pruned meanwhile
-            decision = _decide(alias, task, existing, job_id, digest, key, scope)
+            decision = _decide(alias, task, existing, job_id, digest, key, scope, (args, kwargs))
             if decision is not None:
                 return decision
             _take_over(alias, existing, job_id, digest, existing.expires_at > timezone.now())
@@ -323,7 +357,14 @@ def begin_execution(
 
 
 def _decide(
-    alias: str, task: Task[Any, Any], existing: IdempotencyKey, job_id: int, digest: str, key: str, scope: str
+    alias: str,
+    task: Task[Any, Any],
+    existing: IdempotencyKey,
+    job_id: int,
+    digest: str,
+    key: str,
+    scope: str,
+    call: tuple[Any, Any],
 ) -> Decision | None:
     """The decision for a job given its key's row; None when the job should take the key over."""
     if existing.job_id == job_id and existing.status != IdempotencyStatus.SUCCEEDED:
@@ -333,7 +374,7 @@ def _decide(
         # payload: if that action succeeded meanwhile, the replay is a duplicate. Any other
         # job with other arguments under a succeeded key is a mistake worth a dead letter.
         if (
-            existing.fingerprint != digest
+            not same_call(existing.fingerprint, digest, task, *call)
             and not DeadLetter.objects.using(alias).filter(replay_job_id=job_id).exists()
         ):
             return Decision(CONFLICT, message=str(_conflict(task, existing, key, scope)))
@@ -517,4 +558,4 @@ def replay_fingerprint(task: Task[Any, Any] | None, task_name: str, args: Any, k
     canonical = json.dumps(
         {"task": task_name, "args": args, "kwargs": kwargs}, sort_keys=True, separators=(",", ":")
     )
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return _keyed(canonical)

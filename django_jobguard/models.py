@@ -205,7 +205,9 @@ class IdempotencyKey(models.Model):
     id = models.BigAutoField(primary_key=True)
     key = models.CharField(max_length=255)
     scope = models.CharField(max_length=255, help_text=_("The task name unless configured otherwise."))
-    fingerprint = models.CharField(max_length=64, help_text=_("SHA-256 of the canonical arguments."))
+    fingerprint = models.CharField(
+        max_length=64, help_text=_("HMAC-SHA256 (keyed with SECRET_KEY) of the canonical arguments.")
+    )
     status = models.CharField(
         max_length=16, choices=IdempotencyStatus.choices, default=IdempotencyStatus.IN_PROGRESS
     )

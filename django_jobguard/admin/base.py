@@ -102,6 +102,10 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     extra_lookups: Sequence[str] = ()
     #: Searched only for users who may see payloads.
     payload_search_fields: Sequence[str] = ()
+    #: Fields whose text can carry payload values (a key rendered from the arguments, an
+    #: error that echoes them): left out of lists, pages and lookups for users without
+    #: ``jobguard.view_payload``. Search leaves them out through payload_search_fields.
+    payload_derived_fields: Sequence[str] = ()
 
     def __init__(self, model: type[models.Model], admin_site: admin.AdminSite) -> None:
         super().__init__(model, admin_site)
@@ -154,9 +158,10 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
     ) -> HttpResponse:
-        obj = self.get_object(request, unquote(object_id))
-        if obj is not None and not self.has_view_or_change_permission(request, obj):
-            return refusal(request, self, str(obj), self._needs(request, "view"))
+        # Without the object: the page would load it again, and its name may be payload.
+        if not self.has_view_or_change_permission(request):
+            title = str(self.opts.verbose_name).capitalize()
+            return refusal(request, self, title, self._needs(request, "view"))
         return super().change_view(request, object_id, form_url, extra_context)
 
     def _needs(self, request: HttpRequest, action: str) -> str:
@@ -215,10 +220,22 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return [(title, {**opts, "fields": self.with_times(opts["fields"])}) for title, opts in fieldsets]
 
     def get_list_display(self, request: HttpRequest) -> list[Any]:
-        return self.with_times(super().get_list_display(request))
+        return self.with_times(self._visible(request, super().get_list_display(request)))
+
+    def visible_fieldsets(self, request: HttpRequest, fieldsets: Any) -> list[Any]:
+        """``fieldsets`` as this user may see them: payload-derived fields out, times formatted."""
+        shown = [
+            (title, {**opts, "fields": self._visible(request, opts["fields"])}) for title, opts in fieldsets
+        ]
+        return self.with_times_in_fieldsets([(title, opts) for title, opts in shown if opts["fields"]])
+
+    def _visible(self, request: HttpRequest, names: Sequence[Any]) -> list[Any]:
+        if not self.payload_derived_fields or can_view_payload(request):
+            return list(names)
+        return [name for name in names if name not in self.payload_derived_fields]
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
-        return self.with_times_in_fieldsets(super().get_fieldsets(request, obj))
+        return self.visible_fieldsets(request, super().get_fieldsets(request, obj))
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [*super().get_readonly_fields(request, obj), *self._times.values()]
@@ -239,6 +256,8 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return offered
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
+        if lookup.split("__")[0] in self.payload_derived_fields and not can_view_payload(request):
+            return False  # a filter by key would tell whether a guessed value exists
         return lookup in self.offered_lookups(request) and super().lookup_allowed(lookup, value, request)
 
     def get_search_fields(self, request: HttpRequest) -> list[str]:

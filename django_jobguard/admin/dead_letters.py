@@ -93,8 +93,9 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         "error_class",
         "created_at",
     ]
-    search_fields = ["=id", "task_name", "error_class", "error_message", "idempotency_key"]
-    payload_search_fields = ["args", "kwargs", "traceback"]
+    search_fields = ["=id", "task_name", "error_class", "lock_key"]
+    payload_search_fields = ["error_message", "idempotency_key", "args", "kwargs", "traceback"]
+    payload_derived_fields = ["error_message", "idempotency_key"]
     date_hierarchy = "created_at"
     ordering = ["-id"]
     show_full_result_count = False
@@ -169,7 +170,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         if can_view_payload(request):
             payload = ["payload_json", "replay_payload_json", "traceback_text"]
             fieldsets.insert(1, (_("Payload and traceback"), {"fields": payload}))
-        return self.with_times_in_fieldsets(fieldsets)
+        return self.visible_fieldsets(request, fieldsets)
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None

@@ -14,7 +14,7 @@ from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import Count, QuerySet
 from django.db.models.functions import Now
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.functional import cached_property
@@ -29,7 +29,15 @@ from ..conf import get_settings
 from ..models import TERMINAL_STATUSES, IdempotencyKey, Job, JobQuerySet, JobStatus
 from ..registry import registry
 from . import timeline
-from .base import Deletion, ReadOnlyAdmin, admin_link, can_view_payload, log_to_history, pretty_json
+from .base import (
+    Deletion,
+    ReadOnlyAdmin,
+    admin_link,
+    can_view_payload,
+    log_to_history,
+    pretty_json,
+    refusal,
+)
 
 #: The job list counts the jobs that match up to this many; past it, it says "more than".
 COUNT_CAP = 10_000
@@ -211,8 +219,9 @@ class JobAdmin(ReadOnlyAdmin):
     change_list_template = "django_jobguard/admin/job/change_list.html"
     change_form_template = "django_jobguard/admin/job/change_form.html"
     list_filter = [StateFilter, QueueFilter, TaskFilter, EnqueuedFilter]
-    search_fields = ["=id", "task_name", "idempotency_key", "lock_key"]
-    payload_search_fields = ["args", "kwargs"]
+    search_fields = ["=id", "task_name", "lock_key"]
+    payload_search_fields = ["idempotency_key", "args", "kwargs"]
+    payload_derived_fields = ["idempotency_key", "last_error", "error_preview"]
     # The lock admin links to the running jobs holding a lock key.
     # The workers page links to a worker's jobs.
     extra_lookups = ["lock_key", "idempotency_key", "status__exact", "worker_id"]
@@ -300,7 +309,7 @@ class JobAdmin(ReadOnlyAdmin):
         ]
         if can_view_payload(request):
             fieldsets.insert(1, _PAYLOAD)
-        return self.with_times_in_fieldsets(fieldsets)
+        return self.visible_fieldsets(request, fieldsets)
 
     @admin.display(description=_("state"), ordering="status")
     def state_badge(self, obj: Job) -> SafeString:
@@ -495,10 +504,28 @@ class JobAdmin(ReadOnlyAdmin):
 class IdempotencyKeyAdmin(ReadOnlyAdmin):
     list_display = ["key", "scope", "status", "duplicates", "job", "created_at", "expires_at"]
     list_filter = ["status", "scope"]
-    search_fields = ["key"]
+    search_fields = ()
+    payload_search_fields = ["key"]
     raw_id_fields = ["job"]
     readonly_fields = ["result_json"]
     deletion = Deletion(retention.deletable_keys, retention.delete_keys, retention.KEY_DELETION_RULE)
+
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
+        shown = super().get_list_display(request)
+        # A key is rendered from the call's arguments (charge:order:42): it is payload.
+        return shown if can_view_payload(request) else ["withheld_key" if f == "key" else f for f in shown]
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> HttpResponse:
+        if not can_view_payload(request):
+            # The page is titled with its key.
+            why = (
+                f"{request.user.get_username()} may not open an idempotency key's page: a key is made "
+                "of the call's arguments, which needs the jobguard.view_payload permission."
+            )
+            return refusal(request, self, str(_("Idempotency key")), why)
+        return super().change_view(request, object_id, form_url, extra_context)
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         fields = ["key", "scope", "fingerprint", "status", "job", "duplicates"]
@@ -506,6 +533,10 @@ class IdempotencyKeyAdmin(ReadOnlyAdmin):
         if can_view_payload(request):
             fields.append("result_json")
         return self.with_times_in_fieldsets([(None, {"fields": fields})])
+
+    @admin.display(description=_("key"))
+    def withheld_key(self, obj: IdempotencyKey) -> str:
+        return str(_("key #%(pk)s (hidden: needs the view payload permission)") % {"pk": obj.pk})
 
     @admin.display(description=_("stored result"))
     def result_json(self, obj: IdempotencyKey) -> SafeString:

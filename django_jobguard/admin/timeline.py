@@ -188,11 +188,12 @@ def _attempt_steps(
         error_class = str(entry.get("error_class") or "")
         if error_class:
             step.outcome = "lease_expired" if error_class == LEASE_LOST else "failed"
-            step.error = f"{error_class}: {entry.get('error', '')}"
+            # The message can echo the payload: its class alone without view_payload.
+            step.error = f"{error_class}: {entry.get('error', '')}" if show_traceback else error_class
             if show_traceback:
                 step.traceback = str(entry.get("traceback") or "")
         elif last:
-            finished = _settle_last(job, step, now)
+            finished = _settle_last(job, step, now, show_traceback)
         else:
             step.outcome = "unknown"
         step.end = format_time(finished)
@@ -205,7 +206,7 @@ def _attempt_steps(
     return steps
 
 
-def _settle_last(job: Job, step: Step, now: datetime.datetime) -> datetime.datetime | None:
+def _settle_last(job: Job, step: Step, now: datetime.datetime, show_error: bool) -> datetime.datetime | None:
     """The outcome of the last attempt, which the history leaves open unless it failed: the row says."""
     if job.status == JobStatus.RUNNING:
         stuck = job.lease_expires_at is not None and job.lease_expires_at < now
@@ -220,7 +221,7 @@ def _settle_last(job: Job, step: Step, now: datetime.datetime) -> datetime.datet
         step.outcome = "cancelled"
     elif job.status == JobStatus.DEAD:
         step.outcome = "dead"
-        step.error = _first_line(job.last_error)
+        step.error = _first_line(job.last_error) if show_error else ""
     else:
         step.outcome = "unknown"
         return None

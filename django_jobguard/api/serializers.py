@@ -1,5 +1,6 @@
-"""What goes in and out of the API. Payload fields (args, kwargs, results, tracebacks) are
-left out of every response unless the user holds ``jobguard.view_payload``.
+"""What goes in and out of the API. Payload fields (args, kwargs, results, tracebacks, and what
+is made of them or echoes them: idempotency keys and error messages) are left out of every response unless
+the user holds ``jobguard.view_payload``.
 
 The input serializers only parse and bound the request; the rules (which task, whether the
 arguments bind, the replay states and permissions) are the service layer's.
@@ -190,9 +191,14 @@ class _PayloadHiding(serializers.Serializer):
 
 
 class JobSerializer(_PayloadHiding, serializers.ModelSerializer):
-    """A job; ``args``, ``kwargs`` and ``result`` only with ``jobguard.view_payload``."""
+    """A job; payload fields only with ``jobguard.view_payload``.
 
-    payload_fields = ("args", "kwargs", "result")
+    Besides ``args``, ``kwargs`` and ``result``, the idempotency key (made of the arguments)
+    and the last error (which often echoes them). The lock key names a resource, as the locks
+    admin does: it stays.
+    """
+
+    payload_fields = ("args", "kwargs", "result", "idempotency_key", "last_error")
 
     args = serializers.ListField(child=serializers.JSONField(), required=False)
     kwargs = serializers.DictField(child=serializers.JSONField(), required=False)
@@ -290,9 +296,17 @@ _LETTER_FIELDS = [
 
 
 class DeadLetterSerializer(_PayloadHiding, serializers.ModelSerializer):
-    """A dead letter; payloads and the traceback only with ``jobguard.view_payload``."""
+    """A dead letter; payloads, keys, error message and traceback only with ``jobguard.view_payload``."""
 
-    payload_fields = ("args", "kwargs", "replay_args", "replay_kwargs", "traceback")
+    payload_fields = (
+        "args",
+        "kwargs",
+        "replay_args",
+        "replay_kwargs",
+        "traceback",
+        "error_message",
+        "idempotency_key",
+    )
 
     job_id = serializers.IntegerField(read_only=True, allow_null=True)
     replay_job_id = serializers.IntegerField(read_only=True, allow_null=True)

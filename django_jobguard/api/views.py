@@ -224,6 +224,11 @@ class JobListView(JobguardView):
     def get(self, request: Request) -> Response:
         """Jobs, newest first, one page at a time (follow ``next`` / ``previous``)."""
         filters = _query_filters(self, s.JobFilterSerializer)
+        if "idempotency_key" in filters and not can_view_payload(request):
+            # Keys are made of call arguments: a filter by key would confirm a guessed payload.
+            raise exceptions.PermissionDenied(
+                "Filtering by idempotency_key needs the jobguard.view_payload permission."
+            )
         queryset = self.get_queryset().filter(**filters)
         page = self.paginate_queryset(queryset)
         return self.get_paginated_response(self.get_serializer(page, many=True).data)

@@ -136,9 +136,23 @@ def test_search_reaches_payloads_only_for_users_who_may_see_them(client, rows, v
 
 def test_the_search_of_non_payload_fields_works_for_everyone(client, rows, viewer):
     client.force_login(viewer)
-    assert client.get(changelist("job"), {"q": "charge:secret"}).context["cl"].result_count == 1
-    assert client.get(changelist("deadletter"), {"q": "positive number"}).context["cl"].result_count == 1
-    assert client.get(changelist("idempotencykey"), {"q": "refund:1"}).context["cl"].result_count == 1
+    assert client.get(changelist("job"), {"q": "tasks_dlq.charge"}).context["cl"].result_count == 1
+    assert client.get(changelist("deadletter"), {"q": "PermanentError"}).context["cl"].result_count == 1
+
+
+@pytest.mark.parametrize(
+    ("model", "term"),
+    # Keys are made of the arguments; error messages echo them.
+    [("job", "charge:secret"), ("deadletter", "positive number"), ("deadletter", "charge:secret")],
+)
+def test_keys_and_error_messages_are_searched_only_for_users_who_may_see_payloads(
+    client, rows, viewer, reader, model, term
+):
+    client.force_login(viewer)
+    response = client.get(changelist(model), {"q": term})
+    assert response.status_code == 200 and response.context["cl"].result_count == 0
+    client.force_login(reader)
+    assert client.get(changelist(model), {"q": term}).context["cl"].result_count == 1
 
 
 # -- what a superuser may delete ------------------------------------------------------------------
@@ -282,3 +296,19 @@ def test_bulk_deletion_of_keys_deletes_nothing_when_one_selected_key_guards_an_a
     superuser.post(url, {**bulk, "_selected_action": [failed.pk]})
     assert list(IdempotencyKey.objects.values_list("key", flat=True)) == ["refund:1"]
     assert_audit_clean()
+
+
+def test_idempotency_keys_are_hidden_and_unsearchable_without_view_payload(client, rows, viewer, reader):
+    client.force_login(viewer)
+    url = changelist("idempotencykey")
+    html = client.get(url).content.decode()
+    assert "refund:1" not in html and "charge:secret" not in html
+    assert "hidden: needs the view payload permission" in html
+    assert 'id="searchbar"' not in html  # nothing left to search
+    key = IdempotencyKey.objects.get(key="refund:1")
+    key_page = reverse("admin:jobguard_idempotencykey_change", args=[key.pk])
+    refused = client.get(key_page)
+    assert refused.status_code == 403 and "refund:1" not in refused.content.decode()
+    client.force_login(reader)
+    assert client.get(url, {"q": "refund:1"}).context["cl"].result_count == 1
+    assert "refund:1" in client.get(key_page).content.decode()

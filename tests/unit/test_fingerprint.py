@@ -1,11 +1,12 @@
 """Argument fingerprints: equal for the same call however it is spelled, different otherwise."""
 
+import hashlib
 import json
 
 import pytest
 
 from django_jobguard import InvalidArgumentsError
-from django_jobguard.idempotency import fingerprint, scope_of
+from django_jobguard.idempotency import fingerprint, same_call, scope_of
 from tests.testapp import tasks, tasks_idem
 
 
@@ -38,3 +39,36 @@ def test_a_json_round_trip_of_the_arguments_keeps_the_fingerprint():
 def test_arguments_that_do_not_bind_raise_naming_the_problem():
     with pytest.raises(InvalidArgumentsError, match="missing a required argument: 'a'"):
         fingerprint(tasks.add, (), {"b": 1})
+
+
+def _plain(task, args, kwargs):
+    """The unkeyed SHA-256 fingerprints were before they were keyed with SECRET_KEY."""
+    arguments = dict(task.bind(args, kwargs).arguments)
+    canonical = json.dumps({"task": task.name, "arguments": arguments}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def test_a_low_entropy_argument_cannot_be_recovered_without_the_secret_key(settings):
+    # An attacker who knows the task and tries every amount from 0 to 10,000 against a plain
+    # hash finds it at once; against the keyed digest, none of the tries matches.
+    stored = fingerprint(tasks.add, [4242], {"b": 0})
+    guesses = {_plain(tasks.add, [n], {"b": 0}) for n in range(10_000)}
+    assert _plain(tasks.add, [4242], {"b": 0}) in guesses  # the attack works on plain hashes
+    assert stored not in guesses
+    settings.SECRET_KEY = "another-secret-" + "x" * 40
+    assert fingerprint(tasks.add, [4242], {"b": 0}) != stored
+
+
+def test_a_key_stored_with_a_plain_or_a_fallback_fingerprint_still_matches_its_call(settings):
+    digest = fingerprint(tasks.add, [1], {"b": 2})
+    assert same_call(digest, digest, tasks.add, [1], {"b": 2})
+    assert same_call(_plain(tasks.add, [1], {"b": 2}), digest, tasks.add, [1], {"b": 2})
+    assert not same_call(_plain(tasks.add, [1], {"b": 3}), digest, tasks.add, [1], {"b": 2})
+    # SECRET_KEY rotated: keys written under the old one match while it is a fallback.
+    old, old_secret = digest, settings.SECRET_KEY
+    settings.SECRET_KEY = "rotated-" + "y" * 50
+    settings.SECRET_KEY_FALLBACKS = []
+    fresh = fingerprint(tasks.add, [1], {"b": 2})
+    assert not same_call(old, fresh, tasks.add, [1], {"b": 2})
+    settings.SECRET_KEY_FALLBACKS = [old_secret]
+    assert same_call(old, fresh, tasks.add, [1], {"b": 2})
