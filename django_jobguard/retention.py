@@ -1,4 +1,4 @@
-"""Retention: delete expired idempotency keys and old finished jobs, in batches.
+"""Retention: delete expired idempotency keys and old finished jobs, trim old attempt history, in batches.
 
 ``manage.py jobguard_prune`` calls :func:`prune`; the worker prunes keys on its own when
 ``JOBGUARD["IDEMPOTENCY"]["PRUNE_IN_WORKER"]`` is on. Nothing that a queued or running job
@@ -14,7 +14,7 @@ import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -32,6 +32,7 @@ __all__ = [
     "delete_keys",
     "prunable_jobs",
     "prune",
+    "prune_attempt_history",
     "prune_finished_jobs",
 ]
 
@@ -46,6 +47,8 @@ class PruneReport:
     keys: int
     jobs: int | None
     dry_run: bool
+    #: Finished jobs whose attempt history was trimmed (None: not asked for).
+    histories: int | None = None
 
 
 #: The rule of :func:`deletable_jobs`, for the surfaces that refuse a deletion.
@@ -148,14 +151,64 @@ def prune_finished_jobs(
             return deleted
 
 
+def _long_histories(alias: str, finished_before: datetime.datetime) -> Any:
+    # More than one attempt, or one that still carries its traceback: what trimming shrinks.
+    return Job.objects.using(alias).filter(
+        Q(attempt_history__1__isnull=False) | Q(attempt_history__0__traceback__isnull=False),
+        status__in=TERMINAL_STATUSES,
+        finished_at__lt=finished_before,
+    )
+
+
+def prune_attempt_history(
+    alias: str | None = None,
+    *,
+    older_than: datetime.timedelta,
+    batch_size: int = JOB_BATCH_SIZE,
+    dry_run: bool = False,
+) -> int:
+    """Trim the attempt history of jobs finished more than ``older_than`` ago; how many jobs.
+
+    Each keeps its last attempt (worker, times, error class and message) without the
+    traceback: every attempt's error text is stored in the row, so a job that failed many
+    times, kept for its dead letter (which has its own copy of the last error and traceback),
+    would otherwise hold them all forever. The job's timeline then shows that last attempt.
+    """
+    alias = alias or get_settings().database_alias
+    finished_before = timezone.now() - older_than
+    if dry_run:
+        return int(_long_histories(alias, finished_before).count())
+    trimmed = 0
+    while True:
+        rows = list(
+            _long_histories(alias, finished_before)
+            .order_by("pk")
+            .values_list("pk", "attempt_history")[:batch_size]
+        )
+        if not rows:
+            return trimmed
+        with transaction.atomic(using=alias):
+            for pk, history in rows:
+                last = {key: value for key, value in history[-1].items() if key != "traceback"}
+                # Only while still finished: a job replayed or re-queued since keeps its history.
+                trimmed += (
+                    Job.objects.using(alias)
+                    .filter(pk=pk, status__in=TERMINAL_STATUSES)
+                    .update(attempt_history=[last])
+                )
+        if len(rows) < batch_size:
+            return trimmed
+
+
 def prune(
     alias: str | None = None,
     *,
     jobs_older_than: datetime.timedelta | None = None,
+    history_older_than: datetime.timedelta | None = None,
     batch_size: int | None = None,
     dry_run: bool = False,
 ) -> PruneReport:
-    """Delete expired idempotency keys, then (if ``jobs_older_than`` is given) old finished jobs."""
+    """Delete expired idempotency keys, then old finished jobs and old attempt history if asked."""
     alias = alias or get_settings().database_alias
     keys = idempotency.prune_expired(
         alias, batch_size=batch_size or idempotency.PRUNE_BATCH_SIZE, dry_run=dry_run
@@ -165,7 +218,12 @@ def prune(
         jobs = prune_finished_jobs(
             alias, older_than=jobs_older_than, batch_size=batch_size or JOB_BATCH_SIZE, dry_run=dry_run
         )
-    return PruneReport(keys=keys, jobs=jobs, dry_run=dry_run)
+    histories = None
+    if history_older_than is not None:
+        histories = prune_attempt_history(
+            alias, older_than=history_older_than, batch_size=batch_size or JOB_BATCH_SIZE, dry_run=dry_run
+        )
+    return PruneReport(keys=keys, jobs=jobs, dry_run=dry_run, histories=histories)
 
 
 SCHEDULE_DELETION_RULE = (

@@ -169,3 +169,61 @@ def test_the_worker_prunes_at_most_once_per_interval():
         assert remaining_keys() == {"second"}
         worker.maintenance.pruner.tick(1000.0 + WORKER_PRUNE_INTERVAL_SECONDS)
         assert remaining_keys() == set()
+
+
+def attempts(count, *, traceback="Traceback (most recent call last):\n  ..."):
+    return [
+        {
+            "worker_id": f"w-{n}",
+            "started_at": "2026-11-01T00:00:00+00:00",
+            "ended_at": "2026-11-01T00:00:01+00:00",
+            "error_class": "builtins.ValueError",
+            "error": f"failure {n} " + "x" * 2000,
+            "traceback": traceback,
+        }
+        for n in range(count)
+    ]
+
+
+def finished_with_history(count, *, status="dead", finished_ago=datetime.timedelta(days=40)):
+    job = tasks.add.enqueue(1)
+    changes = {"attempt_history": attempts(count), "attempts": count, "max_attempts": count, "status": status}
+    if status in ("succeeded", "dead", "cancelled"):
+        changes["finished_at"] = timezone.now() - finished_ago
+    if status == "running":
+        changes.update(lease_token="t" * 32, lease_expires_at=timezone.now() + datetime.timedelta(minutes=5))
+    Job.objects.filter(pk=job.pk).update(**changes)
+    return job
+
+
+def history_of(job):
+    return Job.objects.get(pk=job.pk).attempt_history
+
+
+def test_old_attempt_history_is_trimmed_to_its_last_attempt_without_traceback():
+    old_dead = finished_with_history(25)
+    old_single = finished_with_history(1, status="succeeded")
+    recent = finished_with_history(5, finished_ago=datetime.timedelta(days=1))
+    running = finished_with_history(5, status="running")
+    week = datetime.timedelta(days=30)
+    assert retention.prune_attempt_history(older_than=week, dry_run=True) == 2
+    assert len(history_of(old_dead)) == 25
+
+    assert retention.prune_attempt_history(older_than=week, batch_size=1) == 2
+    (last,) = history_of(old_dead)
+    assert last["worker_id"] == "w-24" and last["error"].startswith("failure 24")
+    assert "traceback" not in last
+    assert history_of(old_single) == [{k: v for k, v in attempts(1)[0].items() if k != "traceback"}]
+    assert len(history_of(recent)) == 5 and len(history_of(running)) == 5
+    # Trimmed once: nothing left to trim.
+    assert retention.prune_attempt_history(older_than=week) == 0
+
+
+def test_jobguard_prune_trims_history_when_asked():
+    finished_with_history(3)
+    out = io.StringIO()
+    call_command("jobguard_prune", "--history-older-than", "30d", stdout=out)
+    assert out.getvalue().splitlines() == [
+        "Deleted 0 expired idempotency key(s).",
+        "Trimmed the attempt history of 1 job(s) finished more than 30 days, 0:00:00 ago.",
+    ]

@@ -28,6 +28,16 @@ class Command(BaseCommand):
             ),
         )
         parser.add_argument(
+            "--history-older-than",
+            type=duration,
+            default=None,
+            metavar="AGE",
+            help=(
+                "Also trim the attempt history of jobs that finished more than AGE ago (those kept, "
+                "such as dead jobs) to their last attempt, without its traceback. Default: keep it."
+            ),
+        )
+        parser.add_argument(
             "--batch-size",
             type=positive_int,
             default=None,
@@ -42,6 +52,7 @@ class Command(BaseCommand):
         report = prune(
             database_alias(options),
             jobs_older_than=options["jobs_older_than"],
+            history_older_than=options["history_older_than"],
             batch_size=options["batch_size"],
             dry_run=options["dry_run"],
         )
@@ -50,4 +61,10 @@ class Command(BaseCommand):
         if report.jobs is not None:
             self.stdout.write(
                 f"{verb} {report.jobs} finished job(s) older than {options['jobs_older_than']}."
+            )
+        if report.histories is not None:
+            trim = "Would trim" if report.dry_run else "Trimmed"
+            self.stdout.write(
+                f"{trim} the attempt history of {report.histories} job(s) finished more than "
+                f"{options['history_older_than']} ago."
             )
