@@ -77,3 +77,30 @@ def test_tasks_are_not_exposed_to_the_api_unless_they_say_so():
     assert tasks.add.api is False
     assert tasks.api_add.api is True
     assert tasks.api_add.using(priority=3).api is True
+
+
+def test_api_true_opens_neither_the_queue_nor_a_higher_priority():
+    assert (tasks.api_notify.api_queue_name, tasks.api_notify.api_max_priority) == (False, None)
+    assert (tasks.api_add.api_queue_name, tasks.api_add.api_max_priority) == (True, 100)
+    assert (tasks.api_report.api, tasks.api_report.api_queue_name, tasks.api_report.api_max_priority) == (
+        True,
+        False,
+        10,
+    )
+
+
+@pytest.mark.parametrize(
+    ("api", "message"),
+    [
+        ({"queue": True}, "api has no option 'queue'; options: queue_name, max_priority."),
+        ({"queue_name": "yes"}, "api['queue_name'] must be True or False, not 'yes'."),
+        ({"max_priority": 101}, "api['max_priority'] must be an integer from the task's priority (5) to 100"),
+        ({"max_priority": 4}, "api['max_priority'] must be an integer from the task's priority (5) to 100"),
+        ({"max_priority": True}, "api['max_priority'] must be an integer"),
+        ("yes", "api must be True, False or a dict"),
+    ],
+)
+def test_bad_api_options_are_refused_at_declaration(api, message):
+    with pytest.raises(InvalidTaskError) as refused:
+        task(name="tests.bad_api", priority=5, api=api)(lambda: None)
+    assert str(refused.value).startswith(message)
