@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
 
-from .conf import MAX_SCHEDULE_NAME_LENGTH, RetryOverrides, RetryPolicy
+from .conf import MAX_SCHEDULE_NAME_LENGTH, RetryOverrides, RetryPolicy, get_settings
 from .context import JobContext
 from .exceptions import InvalidArgumentsError, InvalidTaskError
 from .registry import registry
@@ -33,6 +33,12 @@ MIN_PRIORITY = -100
 MAX_PRIORITY = 100
 #: The length of ``Job.idempotency_key``.
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
+#: The length of ``Job.lock_key`` and of the database lock back end's key column, which holds
+#: the key behind ``JOBGUARD["LOCKS"]["PREFIX"]``.
+MAX_LOCK_KEY_LENGTH = 255
+#: Lock keys may not end with this: the Redis lock back end keeps a key's fencing counter there
+#: (``locks.base.RESERVED_SUFFIX``; that module sits layers above this one).
+_RESERVED_LOCK_SUFFIX = ":fencing"
 
 ExceptionTypes = tuple[type[BaseException], ...]
 
@@ -250,9 +256,25 @@ class Task(Generic[P, R]):
         if self.lock is None:
             return ""
         try:
-            return self.lock.format_map(self._arguments(bound))
+            key = self.lock.format_map(self._arguments(bound))
         except (KeyError, IndexError, AttributeError) as exc:
             raise InvalidArgumentsError(f"lock template {self.lock!r} cannot be formatted: {exc}") from None
+        # Refused here, before anything is written: a longer key failed the insert (a 500
+        # through the API on PostgreSQL), or was stored (SQLite) and dead-lettered by the
+        # worker, which cannot take such a lock; an empty one would run the job unlocked.
+        limit = MAX_LOCK_KEY_LENGTH - len(get_settings().locks.prefix)
+        if not key or len(key) > limit:
+            raise InvalidArgumentsError(
+                f"lock template {self.lock!r} gave a key of {len(key)} characters; a lock key must "
+                f"have 1 to {limit} (the {MAX_LOCK_KEY_LENGTH} of the lock key column, less "
+                'JOBGUARD["LOCKS"]["PREFIX"]).'
+            )
+        if key.endswith(_RESERVED_LOCK_SUFFIX):
+            raise InvalidArgumentsError(
+                f"lock template {self.lock!r} gave a key ending with {_RESERVED_LOCK_SUFFIX!r}, "
+                "which the lock back ends reserve."
+            )
+        return key
 
     def idempotency_key_for(self, bound: inspect.BoundArguments) -> str | None:
         """The idempotency key of a call: ``using(idempotency_key=...)``, else the template's.

@@ -371,3 +371,28 @@ def test_a_task_may_open_priorities_up_to_its_max_priority(producer):
     assert post(producer, {"task": REPORT, "args": ["2030-01"]}).status_code == 201
     assert post(producer, {"task": REPORT, "args": ["2030-02"], "priority": 10}).status_code == 201
     assert sorted(Job.objects.values_list("priority", flat=True)) == [2, 10]
+
+
+# -- lock keys made from what the caller sends ------------------------------------------------------
+
+RENDER = "tests.testapp.tasks.api_render"  # @task(api=True, lock="document:{document_id}")
+
+
+@pytest.mark.parametrize(
+    ("document_id", "words"),
+    [
+        ("x" * 300, ["309 characters", "1 to 241"]),
+        ("a:fencing", ["':fencing'"]),
+    ],
+)
+def test_a_lock_key_the_lock_cannot_hold_is_400_naming_the_arguments(producer, document_id, words):
+    # Before, a key over the column's 255 characters failed the INSERT on PostgreSQL: a 500.
+    response = post(producer, {"task": RENDER, "kwargs": {"document_id": document_id}})
+    assert_problem(response, 400, "kwargs", "lock template 'document:{document_id}'", *words)
+    assert response.json()["errors"]["args"] == response.json()["errors"]["kwargs"]
+
+
+def test_a_lock_key_at_the_limit_is_accepted(producer):
+    longest = "x" * (255 - len("jobguard:lock:") - len("document:"))
+    assert post(producer, {"task": RENDER, "kwargs": {"document_id": longest}}).status_code == 201
+    assert Job.objects.get().lock_key == f"document:{longest}"

@@ -209,6 +209,12 @@ def api_report(month: str) -> str:
     return month
 
 
+@task(api=True, lock="document:{document_id}")
+def api_render(document_id: str) -> str:
+    """Exposed to the REST API, locked per document: the lock key comes from the caller."""
+    return document_id
+
+
 @task(api=True, queue_name="slow")
 def api_notify(user_id: int, *, channel: str = "email", items: list | None = None) -> str:
     """Exposed to the REST API, with keyword-only parameters."""

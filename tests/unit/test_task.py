@@ -104,3 +104,23 @@ def test_bad_api_options_are_refused_at_declaration(api, message):
     with pytest.raises(InvalidTaskError) as refused:
         task(name="tests.bad_api", priority=5, api=api)(lambda: None)
     assert str(refused.value).startswith(message)
+
+
+@pytest.mark.parametrize("value", ["x" * 238, "a:fencing"])
+def test_a_lock_key_the_lock_cannot_hold_is_refused(value):
+    bound = tasks.locked_interval.bind([value], {})
+    with pytest.raises(InvalidArgumentsError, match=r"lock template 'res:\{resource\}' gave a key"):
+        tasks.locked_interval.lock_key_for(bound)
+    # 255 characters with the prefix "jobguard:lock:" and "res:" fit.
+    assert (
+        tasks.locked_interval.lock_key_for(tasks.locked_interval.bind(["x" * 237], {})) == "res:" + "x" * 237
+    )
+
+
+def test_an_empty_lock_key_is_refused_rather_than_run_unlocked():
+    bare = task(name="tests.bare_lock", lock="{name}")(lambda name: None)
+    try:
+        with pytest.raises(InvalidArgumentsError, match="gave a key of 0 characters"):
+            bare.lock_key_for(bare.bind([""], {}))
+    finally:
+        registry.unregister(bare.name)
