@@ -5,13 +5,17 @@ example project) turns them into searchable keys: ``job_id``, ``job_type`` (the 
 ``queue``, ``attempt``, ``idempotency_key``, ``lock_key`` / ``resource_id``, ``worker_id``,
 ``duration`` (seconds the handler ran, when it ran) and ``outcome``. Every key is always
 present, None where it does not apply, so formatters and log queries need no special cases.
+
+For plain text logs, :class:`TextFormatter` keeps every record on one line.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Any, Protocol
 
-__all__ = ["JOB_LOG_FIELDS", "OUTCOMES", "job_fields"]
+__all__ = ["JOB_LOG_FIELDS", "OUTCOMES", "TextFormatter", "escape_controls", "job_fields"]
 
 JOB_LOG_FIELDS = (
     "job_id",
@@ -72,3 +76,32 @@ def job_fields(job: _JobLike, worker_id: str = "", **more: Any) -> dict[str, Any
     }
     fields.update(more)
     return fields
+
+
+# C0 and C1 control characters, DEL, and the separators some log viewers break lines at.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return _NAMED_ESCAPES.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` on one line: line breaks and other control characters written as escapes."""
+    return _CONTROLS.sub(_escape, text)
+
+
+class TextFormatter(logging.Formatter):
+    """A :class:`logging.Formatter` that writes each record on exactly one line.
+
+    Task names, keys and error messages come from users (an API caller, a payload), and a
+    newline in one of them would start a line that reads as a record of its own; an ANSI
+    escape could rewrite the terminal. Everything the record formats to (message, fields,
+    traceback) has its control characters escaped (``\\n``, ``\\r``, ``\\x1b``), so a traceback
+    is one line too. Takes the arguments of :class:`logging.Formatter`.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        return escape_controls(super().format(record))
