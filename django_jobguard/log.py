@@ -15,6 +15,8 @@ import logging
 import re
 from typing import Any, Protocol
 
+from ._redact import payload_secrets, redact
+
 __all__ = ["JOB_LOG_FIELDS", "OUTCOMES", "TextFormatter", "escape_controls", "job_fields"]
 
 JOB_LOG_FIELDS = (
@@ -57,19 +59,31 @@ class _JobLike(Protocol):
     attempts: int
     idempotency_key: str | None
     lock_key: str
+    args: Any
+    kwargs: Any
 
 
 def job_fields(job: _JobLike, worker_id: str = "", **more: Any) -> dict[str, Any]:
-    """The ``extra=`` dict for a log record about ``job``; ``more`` sets duration, outcome..."""
+    """The ``extra=`` dict for a log record about ``job``; ``more`` sets duration, outcome...
+
+    Keys are made from the payload, so values under ``JOBGUARD["REDACT"]`` names are replaced
+    in them; a message that names a key takes it from here (``fields["lock_key"]``).
+    """
+    idempotency_key, lock_key = job.idempotency_key, job.lock_key or None
+    if idempotency_key or lock_key:
+        secrets = payload_secrets(job)
+        if secrets:
+            idempotency_key = idempotency_key and redact(idempotency_key, secrets)
+            lock_key = lock_key and redact(lock_key, secrets)
     fields: dict[str, Any] = {
         "job_id": job.id,
         "job_type": job.task_name,
         "queue": job.queue_name,
         "attempt": job.attempts,
-        "idempotency_key": job.idempotency_key,
-        "lock_key": job.lock_key or None,
+        "idempotency_key": idempotency_key,
+        "lock_key": lock_key,
         # The resource a lock key guards ("order:123"), for dashboards that group by it.
-        "resource_id": job.lock_key or None,
+        "resource_id": lock_key,
         "worker_id": worker_id,
         "duration": None,
         "outcome": None,
