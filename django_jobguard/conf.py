@@ -67,6 +67,12 @@ DEFAULTS: dict[str, Any] = {
     # Characters of an error message and of a traceback stored per attempt (on the job, its
     # attempt history and its dead letter); longer ones keep their head and tail.
     "MAX_ERROR_CHARS": 8192,
+    # Argument names whose values are kept out of logs and stored error text: a keyword
+    # argument (or a key of a dict at any depth of the payload) with one of these names, in any
+    # case, has each of its values replaced by "[redacted]" in the error messages and
+    # tracebacks stored on jobs, attempts and dead letters, and in the keys log records carry.
+    # Best effort: it replaces the values' text wherever it appears. Payloads are kept as sent.
+    "REDACT": [],
     # Levels of nesting one argument, a result or a checkpoint may have ([] is one level).
     "MAX_PAYLOAD_DEPTH": DEFAULT_MAX_PAYLOAD_DEPTH,
     # Seconds a claimed job stays invisible to other workers without a heartbeat.
@@ -461,6 +467,8 @@ class Settings:
     max_payload_bytes: int
     max_payload_depth: int
     max_error_chars: int
+    #: ``REDACT``, lower-cased.
+    redact: frozenset[str]
     metrics_cache_seconds: float
     metrics_max_undeclared_queues: int
 
@@ -516,6 +524,12 @@ def _aliases(value: Any, path: tuple[str, ...]) -> frozenset[str]:
     if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
         raise _fail(path, f"must be a list of database aliases, not {value!r}.")
     return frozenset(_string(alias, path) for alias in value)
+
+
+def _redact(value: Any) -> frozenset[str]:
+    if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
+        raise _fail(("REDACT",), f"must be a list of argument names such as ['card_number'], not {value!r}.")
+    return frozenset(_string(name, ("REDACT",)).lower() for name in value)
 
 
 def _database_alias(value: Any, path: tuple[str, ...]) -> str:
@@ -671,6 +685,7 @@ def parse(raw: Any) -> Settings:
         max_payload_bytes=_integer(merged["MAX_PAYLOAD_BYTES"], ("MAX_PAYLOAD_BYTES",), minimum=1),
         max_payload_depth=_depth(merged["MAX_PAYLOAD_DEPTH"]),
         max_error_chars=_integer(merged["MAX_ERROR_CHARS"], ("MAX_ERROR_CHARS",), minimum=256),
+        redact=_redact(merged["REDACT"]),
         metrics_cache_seconds=_number(merged["METRICS_CACHE_SECONDS"], ("METRICS_CACHE_SECONDS",)),
         metrics_max_undeclared_queues=_integer(
             merged["METRICS_MAX_UNDECLARED_QUEUES"], ("METRICS_MAX_UNDECLARED_QUEUES",), minimum=0

@@ -102,7 +102,9 @@ def enqueue_exposed(
     job that has not run yet must also ask for the same ``run_after``.
 
     Only tasks declared ``@task(api=True)`` are accepted (:class:`UnknownTaskError` for a
-    name not registered, :class:`TaskNotExposedError` for one not opted in). ``created`` is
+    name not registered, :class:`TaskNotExposedError` for one not opted in). A caller's job
+    goes to the task's queue at the task's priority or lower, unless the task opts in to more
+    (``@task(api={"queue_name": True, "max_priority": 50})``). ``created`` is
     False when ``idempotency_key`` already names a job with the same arguments: that job is
     returned. The same key with other arguments, or with another ``queue_name`` or
     ``priority`` than its job, raises :class:`IdempotencyConflict`. Nothing is written on
@@ -117,6 +119,7 @@ def enqueue_exposed(
         raise InvalidArgumentsError(f"args must be a JSON array, not {type(args).__name__}.")
     if not isinstance(kwargs, Mapping):
         raise InvalidArgumentsError(f"kwargs must be a JSON object, not {type(kwargs).__name__}.")
+    _check_api_routing(task, queue_name, priority)
     known = get_settings().known_queues
     if queue_name is not None and queue_name != task.queue_name and queue_name not in known:
         # Even where Python code may name queues freely: a caller's free-form names would
@@ -150,6 +153,26 @@ def enqueue_exposed(
             f"for job #{job.pk}, which is to run after {job.run_after.isoformat()}",
         )
     return job, created
+
+
+def _check_api_routing(task: Task[Any, Any], queue_name: str | None, priority: int | None) -> None:
+    """Refuse a queue or priority the task does not let API callers choose.
+
+    A caller who may enqueue could otherwise put its jobs ahead of everyone's (priority 100)
+    or on a queue served by other workers; both are the task author's to allow.
+    """
+    own_queue = task.queue_name or get_settings().default_queue
+    if queue_name is not None and queue_name != own_queue and not task.api_queue_name:
+        raise InvalidArgumentsError(
+            f"queue_name: {task.name} runs on its own queue, {own_queue!r}; its author has not let "
+            "API callers choose another (@task(api={'queue_name': True}))."
+        )
+    ceiling = task.priority if task.api_max_priority is None else task.api_max_priority
+    if priority is not None and priority > ceiling:
+        raise InvalidArgumentsError(
+            f"priority: at most {ceiling} for {task.name} through the API, not {priority} "
+            "(@task(api={'max_priority': ...}) raises the ceiling)."
+        )
 
 
 #: A repeat asked for no run_after matches a job due within this many seconds of its enqueue.

@@ -5,13 +5,19 @@ example project) turns them into searchable keys: ``job_id``, ``job_type`` (the 
 ``queue``, ``attempt``, ``idempotency_key``, ``lock_key`` / ``resource_id``, ``worker_id``,
 ``duration`` (seconds the handler ran, when it ran) and ``outcome``. Every key is always
 present, None where it does not apply, so formatters and log queries need no special cases.
+
+For plain text logs, :class:`TextFormatter` keeps every record on one line.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Any, Protocol
 
-__all__ = ["JOB_LOG_FIELDS", "OUTCOMES", "job_fields"]
+from ._redact import payload_secrets, redact
+
+__all__ = ["JOB_LOG_FIELDS", "OUTCOMES", "TextFormatter", "escape_controls", "job_fields"]
 
 JOB_LOG_FIELDS = (
     "job_id",
@@ -53,22 +59,63 @@ class _JobLike(Protocol):
     attempts: int
     idempotency_key: str | None
     lock_key: str
+    args: Any
+    kwargs: Any
 
 
 def job_fields(job: _JobLike, worker_id: str = "", **more: Any) -> dict[str, Any]:
-    """The ``extra=`` dict for a log record about ``job``; ``more`` sets duration, outcome..."""
+    """The ``extra=`` dict for a log record about ``job``; ``more`` sets duration, outcome...
+
+    Keys are made from the payload, so values under ``JOBGUARD["REDACT"]`` names are replaced
+    in them; a message that names a key takes it from here (``fields["lock_key"]``).
+    """
+    idempotency_key, lock_key = job.idempotency_key, job.lock_key or None
+    if idempotency_key or lock_key:
+        secrets = payload_secrets(job)
+        if secrets:
+            idempotency_key = idempotency_key and redact(idempotency_key, secrets)
+            lock_key = lock_key and redact(lock_key, secrets)
     fields: dict[str, Any] = {
         "job_id": job.id,
         "job_type": job.task_name,
         "queue": job.queue_name,
         "attempt": job.attempts,
-        "idempotency_key": job.idempotency_key,
-        "lock_key": job.lock_key or None,
+        "idempotency_key": idempotency_key,
+        "lock_key": lock_key,
         # The resource a lock key guards ("order:123"), for dashboards that group by it.
-        "resource_id": job.lock_key or None,
+        "resource_id": lock_key,
         "worker_id": worker_id,
         "duration": None,
         "outcome": None,
     }
     fields.update(more)
     return fields
+
+
+# C0 and C1 control characters, DEL, and the separators some log viewers break lines at.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return _NAMED_ESCAPES.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` on one line: line breaks and other control characters written as escapes."""
+    return _CONTROLS.sub(_escape, text)
+
+
+class TextFormatter(logging.Formatter):
+    """A :class:`logging.Formatter` that writes each record on exactly one line.
+
+    Task names, keys and error messages come from users (an API caller, a payload), and a
+    newline in one of them would start a line that reads as a record of its own; an ANSI
+    escape could rewrite the terminal. Everything the record formats to (message, fields,
+    traceback) has its control characters escaped (``\\n``, ``\\r``, ``\\x1b``), so a traceback
+    is one line too. Takes the arguments of :class:`logging.Formatter`.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        return escape_controls(super().format(record))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
 
-from .conf import MAX_SCHEDULE_NAME_LENGTH, RetryOverrides, RetryPolicy
+from .conf import MAX_SCHEDULE_NAME_LENGTH, RetryOverrides, RetryPolicy, get_settings
 from .context import JobContext
 from .exceptions import InvalidArgumentsError, InvalidTaskError
 from .registry import registry
@@ -33,6 +33,12 @@ MIN_PRIORITY = -100
 MAX_PRIORITY = 100
 #: The length of ``Job.idempotency_key``.
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
+#: The length of ``Job.lock_key`` and of the database lock back end's key column, which holds
+#: the key behind ``JOBGUARD["LOCKS"]["PREFIX"]``.
+MAX_LOCK_KEY_LENGTH = 255
+#: Lock keys may not end with this: the Redis lock back end keeps a key's fencing counter there
+#: (``locks.base.RESERVED_SUFFIX``; that module sits layers above this one).
+_RESERVED_LOCK_SUFFIX = ":fencing"
 
 ExceptionTypes = tuple[type[BaseException], ...]
 
@@ -129,6 +135,11 @@ class Task(Generic[P, R]):
     expected_duration: float | None = None
     #: May be enqueued over HTTP through the REST API (``django_jobguard.api``).
     api: bool = False
+    #: An API caller may send another declared queue than the task's (``api={"queue_name": True}``).
+    api_queue_name: bool = False
+    #: The highest priority an API caller may ask for (``api={"max_priority": n}``); None: the
+    #: task's own, so a caller cannot put its jobs ahead of the task's other jobs.
+    api_max_priority: int | None = None
     #: A cron expression: the scheduler enqueues this task at each of its ticks (UTC).
     schedule: str | None = None
     # Per-call overrides set by using():
@@ -245,9 +256,25 @@ class Task(Generic[P, R]):
         if self.lock is None:
             return ""
         try:
-            return self.lock.format_map(self._arguments(bound))
+            key = self.lock.format_map(self._arguments(bound))
         except (KeyError, IndexError, AttributeError) as exc:
             raise InvalidArgumentsError(f"lock template {self.lock!r} cannot be formatted: {exc}") from None
+        # Refused here, before anything is written: a longer key failed the insert (a 500
+        # through the API on PostgreSQL), or was stored (SQLite) and dead-lettered by the
+        # worker, which cannot take such a lock; an empty one would run the job unlocked.
+        limit = MAX_LOCK_KEY_LENGTH - len(get_settings().locks.prefix)
+        if not key or len(key) > limit:
+            raise InvalidArgumentsError(
+                f"lock template {self.lock!r} gave a key of {len(key)} characters; a lock key must "
+                f"have 1 to {limit} (the {MAX_LOCK_KEY_LENGTH} of the lock key column, less "
+                'JOBGUARD["LOCKS"]["PREFIX"]).'
+            )
+        if key.endswith(_RESERVED_LOCK_SUFFIX):
+            raise InvalidArgumentsError(
+                f"lock template {self.lock!r} gave a key ending with {_RESERVED_LOCK_SUFFIX!r}, "
+                "which the lock back ends reserve."
+            )
+        return key
 
     def idempotency_key_for(self, bound: inspect.BoundArguments) -> str | None:
         """The idempotency key of a call: ``using(idempotency_key=...)``, else the template's.
@@ -405,6 +432,38 @@ def _signature(func: Callable[..., Any], takes_context: bool) -> inspect.Signatu
     return sig
 
 
+#: The keys of ``@task(api={...})``.
+API_OPTIONS = ("queue_name", "max_priority")
+
+
+def _api_options(value: Any, priority: int) -> dict[str, Any]:
+    """The Task fields of ``@task(api=...)``: True, False, or a mapping of :data:`API_OPTIONS`."""
+    if isinstance(value, bool):
+        return {"api": value}
+    if not isinstance(value, Mapping):
+        raise InvalidTaskError(
+            f"api must be True, False or a dict such as {{'queue_name': True, 'max_priority': 10}}, "
+            f"not {value!r}."
+        )
+    unknown = sorted(set(value) - set(API_OPTIONS))
+    if unknown:
+        raise InvalidTaskError(f"api has no option {unknown[0]!r}; options: {', '.join(API_OPTIONS)}.")
+    queue_name = value.get("queue_name", False)
+    if not isinstance(queue_name, bool):
+        raise InvalidTaskError(f"api['queue_name'] must be True or False, not {queue_name!r}.")
+    max_priority = value.get("max_priority")
+    if max_priority is not None and (
+        isinstance(max_priority, bool)
+        or not isinstance(max_priority, int)
+        or not priority <= max_priority <= MAX_PRIORITY
+    ):
+        raise InvalidTaskError(
+            f"api['max_priority'] must be an integer from the task's priority ({priority}) to "
+            f"{MAX_PRIORITY}, not {max_priority!r}."
+        )
+    return {"api": True, "api_queue_name": queue_name, "api_max_priority": max_priority}
+
+
 def _policy(value: Any, option: str) -> RetryPolicy | RetryOverrides | None:
     if value is None or isinstance(value, RetryPolicy | RetryOverrides):
         return value
@@ -446,7 +505,7 @@ def task(
     idempotency_key: str | None = None,
     parallel: bool = True,
     expected_duration: float | None = None,
-    api: bool = False,
+    api: bool | Mapping[str, Any] = False,
     schedule: str | None = None,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
@@ -476,7 +535,7 @@ def task(
     idempotency_key: str | None = None,
     parallel: bool = True,
     expected_duration: float | None = None,
-    api: bool = False,
+    api: bool | Mapping[str, Any] = False,
     schedule: str | None = None,
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a function as a task. Options left unset fall back to the queue, then globals.
@@ -501,7 +560,10 @@ def task(
       ``parallel=False`` (two runs must never overlap: needs ``lock``); ``expected_duration``
       (seconds the author expects a run to take, its p99).
     - ``api``: other systems may enqueue it through the REST API (``POST jobs/``); off by
-      default, so a task is exposed over HTTP only when its author says so.
+      default, so a task is exposed over HTTP only when its author says so. With ``True`` a
+      caller's job goes to the task's queue, at the task's priority or lower; a dict opts in
+      to more: ``{"queue_name": True}`` lets callers pick any declared queue, and
+      ``{"max_priority": 50}`` lets them ask for priorities up to 50.
     - ``schedule``: a cron expression (UTC; six fields for seconds); every worker's scheduler
       enqueues the task once per tick, with no arguments. See docs/how-to/recurring-jobs.md.
     """
@@ -537,7 +599,7 @@ def task(
             idempotency_key_template=idempotency_key,
             parallel=parallel,
             expected_duration=expected_duration,
-            api=bool(api),
+            **_api_options(api, priority),
             schedule=schedule,
         )
         created.signature  # noqa: B018 - validates takes_context against the signature now

@@ -226,10 +226,16 @@ class EnqueueSerializer(serializers.Serializer):
     args = serializers.ListField(child=serializers.JSONField(), required=False, default=list)
     kwargs = serializers.DictField(child=serializers.JSONField(), required=False, default=dict)
     queue_name = serializers.CharField(
-        max_length=100, required=False, help_text="Another queue than the task's own."
+        max_length=100,
+        required=False,
+        help_text="Another declared queue than the task's own, if the task allows it "
+        "(@task(api={'queue_name': True})).",
     )
     priority = serializers.IntegerField(
-        min_value=MIN_PRIORITY, max_value=MAX_PRIORITY, required=False, help_text="Higher runs first."
+        min_value=MIN_PRIORITY,
+        max_value=MAX_PRIORITY,
+        required=False,
+        help_text="Higher runs first: at most the task's own priority, or its api max_priority.",
     )
     run_after = RunAfterField(required=False, help_text="Not before this time: ISO 8601 with a UTC offset.")
 

@@ -26,6 +26,9 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from .. import _dispatch, _faults, dlq, idempotency, metrics, signals, store
+from .._redact import payload_secrets, redact
+from .._text import clip
+from ..conf import get_settings
 from ..exceptions import LeaseLost
 from ..log import job_fields
 from ..outcome import (
@@ -321,11 +324,12 @@ class Completer:
             return
         self.count(Tally.SUCCEEDED)
         metrics.duplicate_prevented(job.task_name, "execution")
+        fields = job_fields(job, self.worker_id, outcome="duplicate")
         logger.info(
             "job_duplicate job_id=%s idempotency_key=%s; stored result returned, handler not run",
             job.id,
-            job.idempotency_key,
-            extra=job_fields(job, self.worker_id, outcome="duplicate"),
+            fields["idempotency_key"],
+            extra=fields,
         )
 
     def _failed_attempt(self, held: Held, error: BaseException, duration: float | None) -> None:
@@ -340,17 +344,14 @@ class Completer:
         if _faults.ENABLED:
             _faults.maybe_crash("in_retry")
         error = outcome.error
+        message, traceback = _redacted(job, outcome.message, outcome.traceback)
         if not store.requeue(
             self.alias,
             job.id,
             job.lease_token,
             delay=outcome.delay,
-            error=f"{outcome.error_class}: {outcome.message}",
-            attempt_error=(
-                f"{type(error).__module__}.{type(error).__qualname__}",
-                outcome.message,
-                outcome.traceback,
-            ),
+            error=f"{outcome.error_class}: {message}",
+            attempt_error=(f"{type(error).__module__}.{type(error).__qualname__}", message, traceback),
         ):
             metrics.lease_lost(job.queue_name, job.task_name, "retry")
             logger.warning(
@@ -389,6 +390,7 @@ class Completer:
             )
         if _faults.ENABLED:
             _faults.maybe_crash("in_dead_letter")
+        message, traceback = _redacted(job, outcome.message, outcome.traceback)
         try:
             dlq.dead_letter(
                 self.alias,
@@ -397,8 +399,8 @@ class Completer:
                 reason=outcome.reason,
                 category=outcome.category,
                 error_class=outcome.error_class,
-                error_message=outcome.message,
-                traceback=outcome.traceback,
+                error_message=message,
+                traceback=traceback,
                 worker_id=self.worker_id,
                 idempotency_scope=outcome.scope,
             )
@@ -426,12 +428,13 @@ class Completer:
         job = held.job
         cause = outcome.cause
         if cause is PutBackCause.IDEMPOTENCY_WAIT:
+            fields = job_fields(job, self.worker_id, outcome="idempotency_wait")
             logger.info(
                 "idempotency_wait job_id=%s idempotency_key=%s; another job owns the key, retry in %.1fs",
                 job.id,
-                job.idempotency_key,
+                fields["idempotency_key"],
                 outcome.delay,
-                extra=job_fields(job, self.worker_id, outcome="idempotency_wait"),
+                extra=fields,
             )
         elif cause is PutBackCause.LOCK_UNAVAILABLE:
             metrics.lock_failed(job.queue_name, job.task_name, "unavailable")
@@ -440,7 +443,7 @@ class Completer:
             job.id,
             job.lease_token,
             delay=outcome.delay,
-            error=outcome.error,
+            error=None if outcome.error is None else _redacted(job, outcome.error)[0],
             refund_attempt=True,
             contention=cause is PutBackCause.LOCK_CONTENDED,
         )
@@ -452,21 +455,23 @@ class Completer:
             self.count(Tally.PUT_BACK)
         if cause is PutBackCause.LOCK_CONTENDED:
             metrics.lock_contended(job.queue_name, job.task_name)
+            fields = job_fields(job, self.worker_id, outcome="lock_contended")
             logger.info(
                 "lock_contended job_id=%s lock_key=%s; retry in %.2fs",
                 job.id,
-                job.lock_key,
+                fields["lock_key"],
                 outcome.delay,
-                extra=job_fields(job, self.worker_id, outcome="lock_contended"),
+                extra=fields,
             )
         elif cause is PutBackCause.LOCK_UNAVAILABLE:
+            fields = job_fields(job, self.worker_id, outcome="lock_unavailable")
             logger.warning(
                 "lock_unavailable job_id=%s lock_key=%s; handler not run, retry in %.2fs: %s",
                 job.id,
-                job.lock_key,
+                fields["lock_key"],
                 outcome.delay,
                 outcome.detail,
-                extra=job_fields(job, self.worker_id, outcome="lock_unavailable"),
+                extra=fields,
             )
 
     def _hand_back(self, held: Held, outcome: HandBack) -> None:
@@ -490,3 +495,16 @@ class Completer:
             job.id,
             extra=job_fields(job, self.worker_id, outcome="stale"),
         )
+
+
+def _redacted(job: store.ClaimedJob, *texts: str) -> list[str]:
+    """``texts`` with the job's ``JOBGUARD["REDACT"]`` values replaced, before they are stored.
+
+    Here, in the one writer of outcomes, so every failure's text passes through it; the
+    result is clipped again because a replacement may be longer than the value it hides.
+    """
+    secrets = payload_secrets(job)
+    if not secrets:
+        return list(texts)
+    limit = get_settings().max_error_chars
+    return [clip(redact(text, secrets), limit) for text in texts]

@@ -64,12 +64,13 @@ def renew_lock(held: Held, now: float, worker_id: str) -> None:
     held.lock_lost = True
     held.signals.lock_lost.set()
     metrics.lock_failed(held.job.queue_name, held.job.task_name, "lost")
+    fields = job_fields(held.job, worker_id, outcome="lock_lost")
     logger.warning(
         "lock_lost job_id=%s lock_key=%s; the job will not be acked: %s",
         held.job.id,
-        held.job.lock_key,
+        fields["lock_key"],
         cause,
-        extra=job_fields(held.job, worker_id, outcome="lock_lost"),
+        extra=fields,
     )
 
 

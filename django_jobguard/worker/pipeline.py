@@ -319,12 +319,13 @@ def release_lock(held: Held, worker_id: str) -> None:
     try:
         handle.release()
     except (LockUnavailable, LockNotAcquired) as exc:
+        fields = job_fields(held.job, worker_id)
         logger.warning(
             "lock_release_failed job_id=%s lock_key=%s: %s",
             held.job.id,
-            held.job.lock_key,
+            fields["lock_key"],
             exc,
-            extra=job_fields(held.job, worker_id),
+            extra=fields,
         )
 
 

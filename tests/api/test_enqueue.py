@@ -331,3 +331,68 @@ def test_an_undeclared_queue_is_refused_through_the_api_even_where_python_allows
         post(producer, {"task": ADD, "args": [1], "queue_name": "tenant-42"}), 400, "queue_name", "slow"
     )
     assert post(producer, {"task": ADD, "args": [1], "queue_name": "slow"}).status_code == 201
+
+
+# -- what a caller may choose: queue and priority are the task author's to open -------------------
+
+NOTIFY = "tests.testapp.tasks.api_notify"  # @task(api=True, queue_name="slow")
+REPORT = "tests.testapp.tasks.api_report"  # @task(api={"max_priority": 10}, priority=2)
+
+
+@pytest.mark.parametrize(
+    ("task_name", "body", "field", "words"),
+    [
+        (NOTIFY, {"queue_name": "default"}, "queue_name", ["'slow'", "queue_name': True"]),
+        (NOTIFY, {"priority": 1}, "priority", ["at most 0", "not 1"]),
+        (NOTIFY, {"priority": 100}, "priority", ["at most 0", "not 100"]),
+        (REPORT, {"priority": 11}, "priority", ["at most 10"]),
+        (REPORT, {"queue_name": "slow"}, "queue_name", ["'default'"]),
+    ],
+)
+def test_a_queue_or_priority_the_task_does_not_open_is_400_naming_the_field(
+    producer, task_name, body, field, words
+):
+    args = [7] if task_name == NOTIFY else ["2030-01"]
+    assert_problem(post(producer, {"task": task_name, "args": args, **body}), 400, field, *words)
+
+
+def test_a_caller_may_keep_the_tasks_queue_and_lower_its_priority(producer):
+    assert post(producer, {"task": NOTIFY, "args": [7], "queue_name": "slow"}).status_code == 201
+    assert post(producer, {"task": NOTIFY, "args": [8], "priority": -20}).status_code == 201
+    assert post(producer, {"task": NOTIFY, "args": [9], "priority": 0}).status_code == 201
+    assert sorted(Job.objects.values_list("queue_name", "priority")) == [
+        ("slow", -20),
+        ("slow", 0),
+        ("slow", 0),
+    ]
+
+
+def test_a_task_may_open_priorities_up_to_its_max_priority(producer):
+    assert post(producer, {"task": REPORT, "args": ["2030-01"]}).status_code == 201
+    assert post(producer, {"task": REPORT, "args": ["2030-02"], "priority": 10}).status_code == 201
+    assert sorted(Job.objects.values_list("priority", flat=True)) == [2, 10]
+
+
+# -- lock keys made from what the caller sends ------------------------------------------------------
+
+RENDER = "tests.testapp.tasks.api_render"  # @task(api=True, lock="document:{document_id}")
+
+
+@pytest.mark.parametrize(
+    ("document_id", "words"),
+    [
+        ("x" * 300, ["309 characters", "1 to 241"]),
+        ("a:fencing", ["':fencing'"]),
+    ],
+)
+def test_a_lock_key_the_lock_cannot_hold_is_400_naming_the_arguments(producer, document_id, words):
+    # Before, a key over the column's 255 characters failed the INSERT on PostgreSQL: a 500.
+    response = post(producer, {"task": RENDER, "kwargs": {"document_id": document_id}})
+    assert_problem(response, 400, "kwargs", "lock template 'document:{document_id}'", *words)
+    assert response.json()["errors"]["args"] == response.json()["errors"]["kwargs"]
+
+
+def test_a_lock_key_at_the_limit_is_accepted(producer):
+    longest = "x" * (255 - len("jobguard:lock:") - len("document:"))
+    assert post(producer, {"task": RENDER, "kwargs": {"document_id": longest}}).status_code == 201
+    assert Job.objects.get().lock_key == f"document:{longest}"

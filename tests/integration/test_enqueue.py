@@ -6,7 +6,7 @@ from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
 
-from django_jobguard import IdempotencyConflict, InvalidArgumentsError, dlq
+from django_jobguard import IdempotencyConflict, InvalidArgumentsError, dlq, lock
 from django_jobguard.exceptions import UnknownQueueError
 from django_jobguard.models import IdempotencyKey, Job, ReplayEvent
 from tests.dlq_support import dead_charge, make_user
@@ -245,6 +245,30 @@ def test_bad_using_options_are_refused_with_an_invalid_arguments_error(options, 
         tasks.add.using(**options).enqueue(1)
     assert str(refused.value).startswith(message)
     nothing_written()
+
+
+@pytest.mark.parametrize("path", ["enqueue", "bulk_enqueue"])
+def test_a_lock_key_longer_than_its_column_is_refused_and_writes_nothing(path):
+    # 255 characters hold the prefix ("jobguard:lock:") and the key: "res:" + 237 fit.
+    longest = tasks.locked_interval.enqueue("x" * 237)
+    # The lock takes it (its own limit is the prefix and the key together, 255).
+    assert lock(longest.lock_key, ttl=5).name == "jobguard:lock:" + longest.lock_key
+    Job.objects.all().delete()
+    with pytest.raises(
+        InvalidArgumentsError, match="gave a key of 242 characters; a lock key must have 1 to 241"
+    ):
+        if path == "enqueue":
+            tasks.locked_interval.enqueue("x" * 238)
+        else:
+            tasks.locked_interval.bulk_enqueue([(("a",), {}), (("x" * 238,), {})])
+    nothing_written()
+
+
+def test_the_lock_key_limit_leaves_room_for_the_configured_prefix(settings):
+    settings.JOBGUARD = {**settings.JOBGUARD, "LOCKS": {**settings.JOBGUARD["LOCKS"], "PREFIX": "p:"}}
+    assert len(tasks.locked_interval.enqueue("x" * 249).lock_key) == 253
+    with pytest.raises(InvalidArgumentsError, match="1 to 253"):
+        tasks.locked_interval.enqueue("x" * 250)
 
 
 # -- queues ------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 from django.utils import timezone
 
 from django_jobguard import lock
-from django_jobguard.log import JOB_LOG_FIELDS, OUTCOMES
+from django_jobguard.log import JOB_LOG_FIELDS, OUTCOMES, TextFormatter, escape_controls
 from django_jobguard.models import Job
 from django_jobguard.worker import Worker
 from tests.testapp import tasks
@@ -162,3 +162,53 @@ def test_the_example_projects_json_formatter_turns_the_fields_into_keys(caplog):
     }
     assert document["outcome"] == "succeeded" and document["lock_key"] is None
     assert document["duration"] > 0
+
+
+FORGED = "\nERROR django_jobguard.worker job_succeeded job_id=1 forged"
+
+
+def test_the_text_formatter_writes_each_record_on_one_line_whatever_users_put_in_fields(caplog):
+    """A newline in a task name, a key or an error started a forged line under a plain formatter."""
+    caplog.set_level(logging.INFO, logger="django_jobguard")
+    keyed = tasks.add.using(idempotency_key=f"key{FORGED}").enqueue(1)
+    unknown = Job.objects.create(task_name=f"shop.tasks.nope{FORGED}", args=[], kwargs={})
+    burst_until_done([keyed.pk, unknown.pk])
+    duplicate = Job.objects.create(task_name=ADD, args=[1], kwargs={}, idempotency_key=keyed.idempotency_key)
+    burst_until_done([duplicate.pk])
+    try:
+        raise ValueError(f"could not parse\r{FORGED}\x1b[2K")
+    except ValueError:
+        logging.getLogger("django_jobguard.worker").exception("job_crashed job_id=%s", 0)
+
+    formatter = TextFormatter("%(levelname)s %(name)s %(message)s idempotency_key=%(idempotency_key)s")
+    records = [r for r in caplog.records if r.name.startswith("django_jobguard")]
+    about_fields = [r for r in records if hasattr(r, "idempotency_key")]
+    assert any("nope\n" in r.getMessage() for r in records)  # the unknown task's record
+    assert any(r.idempotency_key == keyed.idempotency_key for r in about_fields)
+    for record in about_fields:
+        line = formatter.format(record)
+        assert "\n" not in line and "\r" not in line, line
+    crash = TextFormatter("%(levelname)s %(message)s").format(records[-1])
+    assert "\n" not in crash and "\r" not in crash and "\x1b" not in crash
+    assert crash.startswith("ERROR job_crashed job_id=0\\nTraceback")
+    assert "could not parse\\r\\nERROR django_jobguard.worker job_succeeded job_id=1 forged\\x1b[2K" in crash
+    # The plain logging.Formatter, for contrast, lets the forged record start its own line.
+    assert any(
+        line.startswith("ERROR django_jobguard.worker job_succeeded")
+        for record in records
+        for line in logging.Formatter("%(message)s").format(record).splitlines()
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "escaped"),
+    [
+        ("a\nb\r\nc", "a\\nb\\r\\nc"),
+        ("tab\there", "tab\\there"),
+        ("\x1b[31mred\x00", "\\x1b[31mred\\x00"),
+        ("line\u2028sep\x85", "line\\u2028sep\\x85"),
+        ("naïve 日本語 \\n", "naïve 日本語 \\n"),
+    ],
+)
+def test_escape_controls_keeps_printable_text_and_escapes_the_rest(text, escaped):
+    assert escape_controls(text) == escaped

@@ -197,10 +197,22 @@ def until_cancelled(context, seconds_max: float = 120) -> str:
     return "ran out of time"
 
 
-@task(api=True)
+@task(api={"queue_name": True, "max_priority": 100})
 def api_add(a: int, b: int = 0) -> int:
-    """Exposed to the REST API (tests/integration/test_api*.py)."""
+    """Exposed to the REST API; callers may choose its queue and any priority (tests/api)."""
     return a + b
+
+
+@task(api={"max_priority": 10}, priority=2)
+def api_report(month: str) -> str:
+    """Exposed to the REST API; callers may raise its priority up to 10, not change its queue."""
+    return month
+
+
+@task(api=True, lock="document:{document_id}")
+def api_render(document_id: str) -> str:
+    """Exposed to the REST API, locked per document: the lock key comes from the caller."""
+    return document_id
 
 
 @task(api=True, queue_name="slow")

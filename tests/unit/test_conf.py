@@ -54,6 +54,9 @@ def test_queue_options_override_globals_and_fill_missing_keys():
         ({"ACK_WINDOW": 5}, "JOBGUARD['ACK_WINDOW'] must be at most 1.0 seconds"),
         ({"ACK_WINDOW": -0.1}, "JOBGUARD['ACK_WINDOW']"),
         ({"ACK_BATCH_SIZE": 0}, "JOBGUARD['ACK_BATCH_SIZE']"),
+        ({"REDACT": "card_number"}, "JOBGUARD['REDACT'] must be a list of argument names"),
+        ({"REDACT": ["cvv", ""]}, "JOBGUARD['REDACT']"),
+        ({"REDACT": [7]}, "JOBGUARD['REDACT']"),
     ],
 )
 def test_invalid_settings_name_the_key(raw, named):
@@ -82,3 +85,8 @@ def test_the_api_settings_default_to_256_kib_and_accept_none_as_no_throttle():
     api = conf.parse({"API": {"ENQUEUE_THROTTLE_RATE": None, "OPERATE_THROTTLE_RATE": "10/s"}}).api
     assert (api.max_payload_bytes, api.max_depth, api.page_size, api.max_page_size) == (262144, 32, 50, 500)
     assert (api.enqueue_throttle_rate, api.operate_throttle_rate) == (None, "10/s")
+
+
+def test_redact_names_are_matched_in_any_case():
+    assert conf.parse(None).redact == frozenset()
+    assert conf.parse({"REDACT": ["Card_Number", "cvv"]}).redact == {"card_number", "cvv"}

@@ -77,3 +77,50 @@ def test_tasks_are_not_exposed_to_the_api_unless_they_say_so():
     assert tasks.add.api is False
     assert tasks.api_add.api is True
     assert tasks.api_add.using(priority=3).api is True
+
+
+def test_api_true_opens_neither_the_queue_nor_a_higher_priority():
+    assert (tasks.api_notify.api_queue_name, tasks.api_notify.api_max_priority) == (False, None)
+    assert (tasks.api_add.api_queue_name, tasks.api_add.api_max_priority) == (True, 100)
+    assert (tasks.api_report.api, tasks.api_report.api_queue_name, tasks.api_report.api_max_priority) == (
+        True,
+        False,
+        10,
+    )
+
+
+@pytest.mark.parametrize(
+    ("api", "message"),
+    [
+        ({"queue": True}, "api has no option 'queue'; options: queue_name, max_priority."),
+        ({"queue_name": "yes"}, "api['queue_name'] must be True or False, not 'yes'."),
+        ({"max_priority": 101}, "api['max_priority'] must be an integer from the task's priority (5) to 100"),
+        ({"max_priority": 4}, "api['max_priority'] must be an integer from the task's priority (5) to 100"),
+        ({"max_priority": True}, "api['max_priority'] must be an integer"),
+        ("yes", "api must be True, False or a dict"),
+    ],
+)
+def test_bad_api_options_are_refused_at_declaration(api, message):
+    with pytest.raises(InvalidTaskError) as refused:
+        task(name="tests.bad_api", priority=5, api=api)(lambda: None)
+    assert str(refused.value).startswith(message)
+
+
+@pytest.mark.parametrize("value", ["x" * 238, "a:fencing"])
+def test_a_lock_key_the_lock_cannot_hold_is_refused(value):
+    bound = tasks.locked_interval.bind([value], {})
+    with pytest.raises(InvalidArgumentsError, match=r"lock template 'res:\{resource\}' gave a key"):
+        tasks.locked_interval.lock_key_for(bound)
+    # 255 characters with the prefix "jobguard:lock:" and "res:" fit.
+    assert (
+        tasks.locked_interval.lock_key_for(tasks.locked_interval.bind(["x" * 237], {})) == "res:" + "x" * 237
+    )
+
+
+def test_an_empty_lock_key_is_refused_rather_than_run_unlocked():
+    bare = task(name="tests.bare_lock", lock="{name}")(lambda name: None)
+    try:
+        with pytest.raises(InvalidArgumentsError, match="gave a key of 0 characters"):
+            bare.lock_key_for(bare.bind([""], {}))
+    finally:
+        registry.unregister(bare.name)

@@ -1,0 +1,65 @@
+"""JOBGUARD["REDACT"]: which payload values are secret, and how error text loses them."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from django.test import override_settings
+
+from django_jobguard._redact import payload_secrets, redact
+from django_jobguard.log import job_fields
+
+CARD = "4111 1111 1111 1111"
+
+
+def job(task_name: str = "shop.tasks.charge", args=(), kwargs=None, **fields):
+    base = {"id": 1, "queue_name": "default", "attempts": 1, "idempotency_key": None, "lock_key": ""}
+    return SimpleNamespace(task_name=task_name, args=list(args), kwargs=kwargs or {}, **{**base, **fields})
+
+
+@override_settings(JOBGUARD={"REDACT": ["card_number", "CVV"]})
+def test_values_under_a_redacted_name_at_any_depth_are_secret_longest_first():
+    payload = {
+        "order_id": 7,
+        "CVV": 123,
+        "customer": {"cards": [{"Card_Number": CARD, "label": "work"}]},
+        "card_number": {"primary": "4000 0000 0000 0002", "spare": None, "valid": True},
+    }
+    assert payload_secrets(job(kwargs=payload)) == (CARD, "4000 0000 0000 0002", "123")
+
+
+@override_settings(JOBGUARD={"REDACT": ["cvv"]})
+def test_a_positional_argument_is_secret_by_the_parameter_it_binds_to():
+    # tests.testapp.tasks.add(a, b=0): REDACT names "b" here only to have a registered task.
+    with override_settings(JOBGUARD={"REDACT": ["b"]}):
+        assert payload_secrets(job("tests.testapp.tasks.add", args=[1, 2024])) == ("2024",)
+    # Dicts inside positional arguments are searched too, whatever the task.
+    assert payload_secrets(job("not.registered", args=[{"cvv": "987"}])) == ("987",)
+
+
+def test_nothing_is_secret_without_the_setting():
+    assert payload_secrets(job(kwargs={"card_number": CARD})) == ()
+
+
+def test_redact_replaces_every_occurrence():
+    text = f"ValueError: card {CARD} declined\n  card_number={CARD!r}"
+    assert redact(text, (CARD,)) == "ValueError: card [redacted] declined\n  card_number='[redacted]'"
+
+
+@override_settings(JOBGUARD={"REDACT": ["card_number"]})
+def test_log_fields_carry_keys_without_the_secret():
+    fields = job_fields(
+        job(kwargs={"card_number": CARD}, idempotency_key=f"charge:{CARD}", lock_key=f"card:{CARD}")
+    )
+    assert (fields["idempotency_key"], fields["lock_key"], fields["resource_id"]) == (
+        "charge:[redacted]",
+        "card:[redacted]",
+        "card:[redacted]",
+    )
+
+
+@pytest.mark.parametrize("value", [None, True, False, ""])
+@override_settings(JOBGUARD={"REDACT": ["flag"]})
+def test_values_that_read_as_common_words_are_not_secrets(value):
+    assert payload_secrets(job(kwargs={"flag": value})) == ()
