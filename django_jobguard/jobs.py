@@ -5,19 +5,21 @@ The admin and the REST API call these, never the ORM.
 
 from __future__ import annotations
 
+import datetime
 import logging
 from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from .conf import get_settings
 from .models import IdempotencyKey, IdempotencyStatus, Job, JobStatus
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cancel", "request_cancel", "retry_now", "run_now"]
+__all__ = ["cancel", "request_cancel", "requeue_cancelled", "retry_now", "run_now"]
 
 
 def _lock_and_update(
@@ -70,6 +72,48 @@ def cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None
             status=IdempotencyStatus.FAILED, expires_at=Now(), updated_at=Now()
         )
     logger.info("jobs_cancelled count=%d ids=%s reason=%s", len(ids), ids[:20], reason or "-")
+    return ids
+
+
+def requeue_cancelled(job_ids: Iterable[int], *, reason: str = "", using: str | None = None) -> list[int]:
+    """Put cancelled jobs back in their queue, due now; the ids re-queued (undoes :func:`cancel`).
+
+    A cancelled job's idempotency key was released: a job whose key another job has taken
+    since (or that was pruned) stays cancelled, since running it could repeat the action
+    that key now guards. Its own key goes back to in progress, live again. Attempts are kept.
+    """
+
+    alias = using or get_settings().database_alias
+    wanted = list(job_ids)
+    if not wanted:
+        return []
+    with transaction.atomic(using=alias):
+        rows = list(
+            Job.objects.using(alias)
+            .select_for_update()
+            .filter(pk__in=wanted, status=JobStatus.CANCELLED)
+            .values_list("pk", "idempotency_key")
+        )
+        own_keys = set(
+            IdempotencyKey.objects.using(alias)
+            .filter(job_id__in=[pk for pk, key in rows if key])
+            .values_list("job_id", flat=True)
+        )
+        ids = [pk for pk, key in rows if not key or pk in own_keys]
+        if not ids:
+            return []
+        Job.objects.using(alias).filter(pk__in=ids, status=JobStatus.CANCELLED).update(
+            status=JobStatus.QUEUED,
+            run_after=Now(),
+            finished_at=None,
+            cancel_requested=False,
+            last_error=f"re-queued after a cancel: {reason}" if reason else "re-queued after a cancel",
+        )
+        ttl = datetime.timedelta(seconds=get_settings().idempotency.ttl)
+        IdempotencyKey.objects.using(alias).filter(job_id__in=ids).update(
+            status=IdempotencyStatus.IN_PROGRESS, expires_at=timezone.now() + ttl, updated_at=Now()
+        )
+    logger.info("jobs_requeued count=%d ids=%s reason=%s", len(ids), ids[:20], reason or "-")
     return ids
 
 

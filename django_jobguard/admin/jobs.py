@@ -10,6 +10,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.views.main import ORDER_VAR, PAGE_VAR, ChangeList
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import Count, QuerySet
@@ -103,6 +104,21 @@ class CappedCountPaginator(Paginator):
     @property
     def cap_text(self) -> str:
         return f"{COUNT_CAP:,}"
+
+
+class JobChangeList(ChangeList):
+    """The job list, with a link to the jobs older than the page when the count is capped."""
+
+    @property
+    def older_url(self) -> str:
+        """The list from the oldest job on this page on (keyset): the count cap cannot hide any row.
+
+        Only in the default newest-first order, where "older" means a smaller id; empty otherwise.
+        """
+        if ORDER_VAR in self.params or not self.result_list:
+            return ""
+        oldest = min(job.pk for job in self.result_list)
+        return self.get_query_string({"id__lt": oldest}, [PAGE_VAR])
 
 
 class _NamedFilter(admin.SimpleListFilter):
@@ -224,12 +240,16 @@ class JobAdmin(ReadOnlyAdmin):
     payload_derived_fields = ["idempotency_key", "last_error", "error_preview"]
     # The lock admin links to the running jobs holding a lock key.
     # The workers page links to a worker's jobs.
-    extra_lookups = ["lock_key", "idempotency_key", "status__exact", "worker_id"]
+    extra_lookups = ["lock_key", "idempotency_key", "status__exact", "worker_id", "id__lt"]
     deletion = Deletion(retention.deletable_jobs, retention.delete_jobs, retention.JOB_DELETION_RULE)
     ordering = ["-id"]
     show_full_result_count = False  # a count(*) over millions of finished rows is slow
     paginator = CappedCountPaginator
-    actions = ["retry_jobs_now", "cancel_jobs"]
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return JobChangeList
+
+    actions = ["retry_jobs_now", "cancel_jobs", "requeue_cancelled_jobs"]
     readonly_fields = [
         "state_badge",
         "args_json",
@@ -314,13 +334,25 @@ class JobAdmin(ReadOnlyAdmin):
     @admin.display(description=_("state"), ordering="status")
     def state_badge(self, obj: Job) -> SafeString:
         state = job_state(obj)
-        return format_html(
+        badge = format_html(
             '<span class="jobguard-badge state-{}" style="background:{};color:#fff;padding:1px 6px;'
             'border-radius:8px;white-space:nowrap">{}</span>',
             state,
             _BADGE_COLOURS[state],
             _STATE_LABELS[state],
         )
+        if obj.cancel_requested and obj.status == JobStatus.RUNNING:
+            # Asked to stop, still running: the handler sees it at its next heartbeat.
+            return format_html(
+                '{} <span class="jobguard-badge cancel-requested" title="{}" style="border:1px solid {};'
+                'color:{};padding:0 5px;border-radius:8px;white-space:nowrap">{}</span>',
+                badge,
+                _("An operator asked this job to stop; its handler sees it at the next heartbeat."),
+                _BADGE_COLOURS["retrying"],
+                _BADGE_COLOURS["retrying"],
+                _("cancel requested"),
+            )
+        return badge
 
     @admin.display(description=_("task"), ordering="task_name")
     def task_short(self, obj: Job) -> SafeString:
@@ -465,6 +497,44 @@ class JobAdmin(ReadOnlyAdmin):
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "django_jobguard/admin/job/cancel_confirm.html", context)
+
+    @admin.action(description=_("Re-queue selected cancelled jobs (due now)"), permissions=["retry"])
+    def requeue_cancelled_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        if not self.has_retry_permission(request):
+            raise PermissionDenied
+        ids = list(queryset.values_list("pk", flat=True))
+        requeued = jobs.requeue_cancelled(ids, reason=f"by {request.user.get_username()} in the admin")
+        log_to_history(
+            request,
+            Job,
+            requeued,
+            "Re-queued after a cancel in the admin.",
+            using=get_settings().database_alias,
+        )
+        self.message_user(
+            request,
+            ngettext(
+                "%(count)d cancelled job is queued again.",
+                "%(count)d cancelled jobs are queued again.",
+                len(requeued),
+            )
+            % {"count": len(requeued)},
+            messages.SUCCESS if requeued else messages.WARNING,
+        )
+        left = len(ids) - len(requeued)
+        if left:
+            self.message_user(
+                request,
+                ngettext(
+                    "%(count)d job was left alone: not cancelled, or its idempotency key belongs to "
+                    "another job now (running it could repeat that action).",
+                    "%(count)d jobs were left alone: not cancelled, or their idempotency keys belong to "
+                    "other jobs now (running them could repeat those actions).",
+                    left,
+                )
+                % {"count": left},
+                messages.WARNING,
+            )
 
     @admin.action(description=_("Retry selected waiting jobs now"), permissions=["retry"])
     def retry_jobs_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:

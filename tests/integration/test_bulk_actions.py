@@ -10,7 +10,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_jobguard import dlq, jobs
-from django_jobguard.models import DeadLetter, Job
+from django_jobguard.models import DeadLetter, IdempotencyKey, Job
 from tests.dlq_support import dead_charge
 from tests.testapp import tasks
 
@@ -70,6 +70,9 @@ def test_the_cancel_action_cancels_queued_jobs_and_asks_running_ones(client):
     assert Job.objects.get(pk=queued.pk).status == "cancelled"
     running.refresh_from_db()
     assert (running.status, running.cancel_requested) == ("running", True)
+    # The list shows the pending cancel beside the running badge, on that row only.
+    listing = client.get(JOBS).content.decode()
+    assert listing.count('class="jobguard-badge cancel-requested"') == 1
 
 
 def test_the_retry_action_needs_its_permission(client):
@@ -155,3 +158,38 @@ def test_cancels_and_replays_reach_djangos_admin_log(client):
     )
     entry = LogEntry.objects.get(object_id=str(letter.pk), content_type__model="deadletter")
     assert entry.change_message == "Request replay (bulk): fixed"
+
+
+def test_cancelled_jobs_are_requeued_unless_their_key_moved_on(client):
+    person = staff(client, "view_job", "retry_job")
+    plain = tasks.add.enqueue(1)
+    keyed = tasks.add.using(idempotency_key="sum:requeue").enqueue(2)
+    taken = tasks.add.using(idempotency_key="sum:taken").enqueue(3)
+    finished = tasks.add.enqueue(4)
+    Job.objects.filter(pk=finished.pk).update(status="succeeded", finished_at=timezone.now())
+    assert sorted(jobs.cancel([plain.pk, keyed.pk, taken.pk], reason="test")) == sorted(
+        [plain.pk, keyed.pk, taken.pk]
+    )
+    # Once cancelled, the key "sum:taken" is free: another job takes it.
+    newer = tasks.add.using(idempotency_key="sum:taken").enqueue(3)
+    assert newer.pk != taken.pk
+
+    ids = [plain.pk, keyed.pk, taken.pk, finished.pk]
+    client.post(JOBS, {"action": "requeue_cancelled_jobs", "_selected_action": ids})
+    states = dict(Job.objects.filter(pk__in=ids).values_list("pk", "status"))
+    assert states == {plain.pk: "queued", keyed.pk: "queued", taken.pk: "cancelled", finished.pk: "succeeded"}
+    key = IdempotencyKey.objects.get(key="sum:requeue")
+    assert (key.job_id, key.status) == (keyed.pk, "in_progress") and key.expires_at > timezone.now()
+    assert IdempotencyKey.objects.get(key="sum:taken").job_id == newer.pk
+    assert set(Job.objects.due().values_list("pk", flat=True)) >= {plain.pk, keyed.pk}
+    logged = set(LogEntry.objects.filter(user=person).values_list("object_id", flat=True))
+    assert logged == {str(plain.pk), str(keyed.pk)}
+
+
+def test_requeue_needs_the_retry_permission(client):
+    staff(client, "view_job")
+    job = tasks.add.enqueue(1)
+    jobs.cancel([job.pk])
+    assert "requeue_cancelled_jobs" not in client.get(JOBS).content.decode()
+    client.post(JOBS, {"action": "requeue_cancelled_jobs", "_selected_action": [job.pk]})
+    assert Job.objects.get(pk=job.pk).status == "cancelled"

@@ -61,6 +61,31 @@ def test_the_count_stops_at_its_cap_and_the_page_says_so(viewer, monkeypatch):
     assert "More than 3 jobs match" in html
     assert "Select all matching jobs (more than 3)" in html and "Select all 4 jobs" not in html
     assert "More than" not in viewer.get(URL, {"state": "due", "queue_name": "nowhere"}).content.decode()
+    assert "more than 3 jobs" in html and "4 jobs" not in html.split('class="paginator"')[1]
+
+
+def test_older_jobs_past_the_count_cap_are_reached_by_keyset(viewer, monkeypatch):
+    from django_jobguard.admin import jobs as job_admin
+
+    monkeypatch.setattr(job_admin, "COUNT_CAP", 3)
+    monkeypatch.setattr(job_admin.JobAdmin, "list_per_page", 2)
+    made = [tasks.add.enqueue(n).pk for n in range(7)]
+    seen: list[int] = []
+    url = URL
+    for _ in range(10):
+        response = viewer.get(url)
+        html = response.content.decode()
+        older = re.search(r'<a href="(\?[^"]*)" id="older-jobs">', html)
+        if older is None:
+            # Past the last capped page the count is exact again: page numbers reach the rest.
+            cl = response.context["cl"]
+            for number in range(cl.paginator.num_pages):
+                page = viewer.get(url + ("&" if "?" in url else "?") + f"p={number + 1}")
+                seen += sorted(listed_ids(page.content.decode()), reverse=True)
+            break
+        seen += sorted(listed_ids(html), reverse=True)
+        url = URL + older.group(1).replace("&amp;", "&")
+    assert seen == sorted(made, reverse=True)
 
 
 @pytest.mark.postgres
