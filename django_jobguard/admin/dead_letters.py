@@ -443,6 +443,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             "selected_ids": [] if across else [letter.pk for letter in queryset.only("pk")],
             "estimate": estimate,
             "estimate_text": _duration(estimate.seconds) if estimate else "",
+            "ahead_text": _ahead(estimate.ahead) if estimate else "",
             "form": form,
             "action_name": name,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
@@ -498,7 +499,20 @@ def _correction_context(request: HttpRequest, review: dlq.CorrectionReview | Non
 def _duration(seconds: float) -> str:
     """``45 seconds``, ``12 minutes``, ``2.5 hours``: how long a redrive takes, roughly."""
     if seconds < 90:
-        return f"{seconds:.0f} seconds"
+        n = round(seconds)
+        return ngettext("%(n)d second", "%(n)d seconds", n) % {"n": n}
     if seconds < 5400:
-        return f"{seconds / 60:.0f} minutes"
+        n = round(seconds / 60)
+        return ngettext("%(n)d minute", "%(n)d minutes", n) % {"n": n}
     return f"{seconds / 3600:.1f} hours"
+
+
+def _ahead(count: int) -> str:
+    """Who goes first: ``no approved replay waits before``, or how many do."""
+    if count == 0:
+        return str(_("with no approved replay waiting before"))
+    return ngettext(
+        "after the %(n)d approved replay already waiting",
+        "after the %(n)d approved replays already waiting",
+        count,
+    ) % {"n": count}

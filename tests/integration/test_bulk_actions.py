@@ -108,7 +108,7 @@ def test_the_bulk_replay_confirmation_says_how_many_and_how_long_the_throttle_ta
     html = confirm.content.decode()
     assert "3 dead letters selected" in html
     assert "these 3 replays are redriven at most 2 a minute" in html
-    assert "after the 1 approved replays already waiting: about 2 minutes" in html
+    assert "after the 1 approved replay already waiting: about 2 minutes" in html
     # "Select all" of a filter sends select_across: every matching letter, not just the page.
     everything = client.post(
         url, {"action": "request_replays", "select_across": "1", "_selected_action": [letters[0].pk]}
