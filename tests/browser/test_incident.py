@@ -153,3 +153,37 @@ def test_the_health_page_says_no_live_worker_and_counts_the_stuck_job_after_a_ki
     assert re.search(r"\balarm\b", page.get_attribute("#queue-default td.workers", "class") or "")
     assert "alarm" in (page.get_attribute("#queue-default td.stuck", "class") or "")
     shot(page, "queue-health-dead-worker")
+
+
+def test_the_console_pages_fit_common_screen_widths(live_server, browser_page):
+    from django_jobguard.models import WorkerBeat
+
+    person("vera", "view_job", "view_workerbeat", "pause_queue")
+    now = timezone.now()
+    for n in range(3):
+        WorkerBeat.objects.create(
+            worker_id=f"web-{n}.example.internal:{4000 + n}:abcdef",
+            host=f"web-{n}.example.internal",
+            pid=4000 + n,
+            queues="default,emails,payments,reports",
+            concurrency=8,
+            started_at=now,
+            last_beat_at=now,
+        )
+    tasks.add.using(queue_name="payments").enqueue(1)
+    page = browser_page
+    log_in(page, live_server.url, "vera", then="/admin/jobguard/workerbeat/")
+    page.evaluate("localStorage.setItem('django.admin.navSidebarIsOpen', 'false')")
+
+    page.set_viewport_size({"width": 1500, "height": 900})
+    page.goto(f"{live_server.url}/admin/jobguard/workerbeat/")
+    headers = page.locator("#result_list thead th")
+    for n in range(headers.count()):
+        box = headers.nth(n).bounding_box()
+        assert box is not None and box["x"] + box["width"] <= 1500, (n, box)
+
+    page.set_viewport_size({"width": 800, "height": 900})
+    page.goto(f"{live_server.url}/admin/jobguard/queuestate/")
+    # The page itself never scrolls sideways; the wide table scrolls inside its own box.
+    assert page.evaluate("document.documentElement.scrollWidth") <= 800
+    shot(page, "queue-health-800px", full_page=False)
