@@ -3,7 +3,9 @@
 Claim, heartbeat, complete, requeue, dead-mark, reap, the enqueue inserts, checkpoints and
 the LISTEN wake-up; :mod:`.beats` holds the console's worker-beat and per-minute upserts
 (the same SQL on both databases). The functions here take a database alias and hand the call to
-:mod:`.postgres` or :mod:`.sqlite`, looked up once per alias (a dict lookup per call).
+the alias's dialect, :mod:`.postgres` or :mod:`.sqlite`, looked up once per alias (a dict
+lookup per call). Both modules implement the :class:`~.dialect.Dialect` protocol, which
+mypy checks them against.
 
 Every write a worker makes to a job it holds matches ``id AND lease_token``. A claim
 writes a fresh random token, and every path that takes a job away from a worker (the
@@ -26,7 +28,6 @@ import datetime
 import json
 import threading
 from collections.abc import Iterable, Sequence
-from types import ModuleType
 from typing import Any
 
 from django.core.signals import setting_changed
@@ -44,12 +45,11 @@ from ._common import (
     DurationRow,
     Inserted,
     build_job,
-    key_owner,
     paused_queue_names,
     read_checkpoints,
     write_checkpoints,
 )
-from ._common import insert_key as _insert_key
+from .dialect import Dialect
 from .listener import Listener
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "SQLITE_INSERT_CHUNK",
     "AttemptError",
     "ClaimedJob",
+    "Dialect",
     "DurationRow",
     "Listener",
     "build_job",
@@ -67,6 +68,7 @@ __all__ = [
     "complete",
     "complete_many",
     "database_now",
+    "dialect_of",
     "discard_queued",
     "guard_statements",
     "heartbeat",
@@ -86,23 +88,25 @@ __all__ = [
     "writes_while_busy",
 ]
 
-_MODULES = {"postgresql": postgres, "sqlite": sqlite}
-#: alias -> its database's module, filled on first use of each alias.
-_by_alias: dict[str, ModuleType] = {}
+#: vendor -> its dialect. The modules are assigned to the protocol, so mypy checks each
+#: module's functions against :class:`Dialect`.
+_DIALECTS: dict[str, Dialect] = {"postgresql": postgres, "sqlite": sqlite}
+#: alias -> its database's dialect, filled on first use of each alias.
+_by_alias: dict[str, Dialect] = {}
 
 
-def _db(alias: str) -> ModuleType:
-    """The store module of ``alias``'s database (cached: an alias does not change vendor)."""
+def dialect_of(alias: str) -> Dialect:
+    """The dialect of ``alias``'s database (cached: an alias does not change vendor)."""
     try:
         return _by_alias[alias]
     except KeyError:
         pass
     vendor = connections[alias].vendor
-    module = _MODULES.get(vendor)
-    if module is None:
+    found = _DIALECTS.get(vendor)
+    if found is None:
         raise NotImplementedError(f"django-jobguard supports PostgreSQL and SQLite, not {vendor}.")
-    _by_alias[alias] = module
-    return module
+    _by_alias[alias] = found
+    return found
 
 
 def _forget_aliases(*, setting: str, **kwargs: Any) -> None:
@@ -120,8 +124,7 @@ def guard_statements(alias: str) -> threading.RLock | None:
     see ``writes_while_busy``), which is safe only while it holds this lock. None on
     PostgreSQL, where nothing does.
     """
-    guard: threading.RLock | None = _db(alias).guard_statements(alias)
-    return guard
+    return dialect_of(alias).guard_statements(alias)
 
 
 def writes_while_busy(alias: str) -> bool:
@@ -130,13 +133,12 @@ def writes_while_busy(alias: str) -> bool:
     True on PostgreSQL (row locks). False on SQLite, where an open write transaction
     holds the whole database, so a running atomic job blocks every other write.
     """
-    return bool(_db(alias).writes_while_busy(alias))
+    return dialect_of(alias).writes_while_busy(alias)
 
 
 def database_now(alias: str) -> datetime.datetime:
     """The database clock, now (aware): what due times are compared against, never the host's."""
-    value: datetime.datetime = _db(alias).database_now(alias)
-    return value
+    return dialect_of(alias).database_now(alias)
 
 
 # -- enqueue -------------------------------------------------------------------------------
@@ -156,7 +158,7 @@ def insert_jobs(
     """
     if not rows:
         return []
-    results: list[Inserted] = _db(alias).insert_jobs(alias, rows, run_after)
+    results = dialect_of(alias).insert_jobs(alias, rows, run_after)
     if len(results) != len(rows):  # pragma: no cover - the database returned a row per insert
         raise RuntimeError(f"inserted {len(rows)} jobs but got {len(results)} rows back")
     return results
@@ -176,24 +178,28 @@ def insert_keyed_job(
     On PostgreSQL one statement does both (atomic on its own, so it needs no transaction
     around it); on SQLite three, in the caller's transaction or one of their own.
     """
-    result: Inserted | None = _db(alias).insert_keyed_job(
+    return dialect_of(alias).insert_keyed_job(
         alias, row, run_after, scope=scope, fingerprint=fingerprint, expires_at=expires_at
     )
-    return result
 
 
 def insert_key(
     alias: str, scope: str, key: str, digest: str, job_id: int | None = None, *, expires_at: datetime.datetime
 ) -> int | None:
-    """Insert the key unless it exists; the new row's id, or None if it existed (same SQL on both)."""
-    return _insert_key(alias, scope, key, digest, job_id, expires_at=expires_at)
+    """Insert the key unless it exists; the new row's id, or None if it existed."""
+    return dialect_of(alias).insert_key(alias, scope, key, digest, job_id, expires_at=expires_at)
+
+
+def key_owner(alias: str, scope: str, key: str) -> tuple[int | None, str] | None:
+    """``(job id, status)`` of the idempotency key, or None if there is none."""
+    return dialect_of(alias).key_owner(alias, scope, key)
 
 
 def record_key_success(alias: str, scope: str, key: str, job_id: int, result: Any) -> bool:
     """Mark the key succeeded with ``result`` if ``job_id`` owns it; call inside the ack's transaction."""
     # Raw SQL: this runs in every keyed ack, where the ORM's update cost more than the rest.
     result_json = None if result is None else json.dumps(result)
-    return bool(_db(alias).record_key_success(alias, scope, key, job_id, result_json))
+    return dialect_of(alias).record_key_success(alias, scope, key, job_id, result_json)
 
 
 # -- leases --------------------------------------------------------------------------------
@@ -215,7 +221,7 @@ def claim(
     """
     if limit <= 0:
         return []
-    db = _db(alias)
+    db = dialect_of(alias)
     if not db.CLAIM_READS_PAUSES:
         exclude = sorted({*exclude, *paused_queue_names(alias)})
     if queues:
@@ -223,7 +229,7 @@ def claim(
         if not queues:
             return []
         exclude = ()
-    jobs: list[ClaimedJob] = db.claim(alias, queues, limit, worker_id, exclude)
+    jobs = db.claim(alias, queues, limit, worker_id, exclude)
     jobs.sort(key=lambda job: (-job.priority, job.id))
     return jobs
 
@@ -238,7 +244,8 @@ def heartbeat(
     leases = list(leases)
     if not leases:
         return set()
-    rows = _db(alias).heartbeat(alias, [job_id for job_id, _ in leases], [token for _, token in leases])
+    ids, tokens = [job_id for job_id, _ in leases], [token for _, token in leases]
+    rows = dialect_of(alias).heartbeat(alias, ids, tokens)
     if cancel_requested is not None:
         cancel_requested.update(row[0] for row in rows if row[1])
     return {row[0] for row in rows}
@@ -252,7 +259,7 @@ def complete(alias: str, job_id: int, lease_token: str, result_json: str, *, com
     has nothing left to send). When the lease is lost nothing commits: returns False, and the
     caller raises :class:`LeaseLost` so the block rolls back.
     """
-    return bool(_db(alias).complete(alias, job_id, lease_token, result_json, commit=commit))
+    return dialect_of(alias).complete(alias, job_id, lease_token, result_json, commit=commit)
 
 
 def complete_many(alias: str, acks: Sequence[tuple[int, str, str]]) -> set[int]:
@@ -264,7 +271,7 @@ def complete_many(alias: str, acks: Sequence[tuple[int, str, str]]) -> set[int]:
     """
     if not acks:
         return set()
-    return set(_db(alias).complete_many(alias, acks))
+    return set(dialect_of(alias).complete_many(alias, acks))
 
 
 def discard_queued(alias: str, job_id: int) -> None:
@@ -276,7 +283,7 @@ def discard_queued(alias: str, job_id: int) -> None:
     WAL to reach the disk (``synchronous_commit`` off for this statement's transaction
     only): the writer pays one round trip, not a second disk flush.
     """
-    _db(alias).discard_queued(alias, job_id)
+    dialect_of(alias).discard_queued(alias, job_id)
 
 
 def requeue(
@@ -297,17 +304,15 @@ def requeue(
     the handler started refunds it (``refund_attempt``), and drops its history entry, so
     the history holds one entry per counted attempt.
     """
-    return bool(
-        _db(alias).requeue(
-            alias,
-            job_id,
-            lease_token,
-            delay=delay,
-            error=error,
-            refund_attempt=refund_attempt,
-            contention=contention,
-            attempt_error=attempt_error,
-        )
+    return dialect_of(alias).requeue(
+        alias,
+        job_id,
+        lease_token,
+        delay=delay,
+        error=error,
+        refund_attempt=refund_attempt,
+        contention=contention,
+        attempt_error=attempt_error,
     )
 
 
@@ -318,7 +323,7 @@ def mark_dead(
 
     ``attempt_error`` completes the last attempt's history entry (in the same statement).
     """
-    return bool(_db(alias).mark_dead(alias, job_id, lease_token, error, attempt_error))
+    return dialect_of(alias).mark_dead(alias, job_id, lease_token, error, attempt_error)
 
 
 def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
@@ -329,8 +334,7 @@ def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], li
     lease_token)`` of expired jobs with no attempt left, which the caller dead-letters
     (fenced by that token, so a late ack and the reaper cannot both win).
     """
-    result: tuple[list[tuple[int, str]], list[tuple[int, str]]] = _db(alias).reap(alias, limit)
-    return result
+    return dialect_of(alias).reap(alias, limit)
 
 
 # -- reporting -------------------------------------------------------------------------------
@@ -342,8 +346,7 @@ def oldest_due_ages(alias: str) -> dict[str, float]:
     On PostgreSQL a skip scan of the due index: its cost grows with the number of (queue,
     priority) pairs, not with the number of queued jobs.
     """
-    ages: dict[str, float] = _db(alias).oldest_due_ages(alias)
-    return ages
+    return dialect_of(alias).oldest_due_ages(alias)
 
 
 def observed_durations(alias: str, since: float, queue: str | None = None) -> list[DurationRow]:
@@ -353,5 +356,4 @@ def observed_durations(alias: str, since: float, queue: str | None = None) -> li
     many older rows the table keeps. Percentiles are ``percentile_cont``'s (linear
     interpolation between the two nearest ranks) on both databases.
     """
-    rows: list[DurationRow] = _db(alias).observed_durations(alias, since, queue)
-    return rows
+    return dialect_of(alias).observed_durations(alias, since, queue)

@@ -38,6 +38,8 @@ from ._common import (
     row_values,
     sqlite_datetime,
 )
+from ._common import insert_key as insert_key
+from ._common import key_owner as key_owner
 
 _SIMPLE_QUERY_CURSORS: tuple[type, ...]
 try:

@@ -36,7 +36,8 @@ from ._common import (
     row_values,
     sqlite_datetime,
 )
-from ._common import insert_key as _insert_key
+from ._common import insert_key as insert_key
+from ._common import key_owner as key_owner
 
 # Written for a cursor with parameters, so the driver turns %% back into %.
 NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
@@ -172,7 +173,7 @@ def insert_keyed_job(
     # Three statements, in the caller's transaction or one of ours (no savepoint: the key
     # insert cannot fail, it yields to an existing key).
     with transaction.atomic(using=alias, savepoint=False):
-        key_id = _insert_key(alias, scope, row["idempotency_key"], fingerprint, None, expires_at=expires_at)
+        key_id = insert_key(alias, scope, row["idempotency_key"], fingerprint, None, expires_at=expires_at)
         if key_id is None:
             return None
         (inserted,) = insert_jobs(alias, [row], run_after)
