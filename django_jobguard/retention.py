@@ -1,4 +1,4 @@
-"""Retention: delete expired idempotency keys and old finished jobs, in batches.
+"""Retention: delete expired idempotency keys, old finished jobs and idle lock rows, in batches.
 
 ``manage.py jobguard_prune`` calls :func:`prune`; the worker prunes keys on its own when
 ``JOBGUARD["IDEMPOTENCY"]["PRUNE_IN_WORKER"]`` is on. Nothing that a queued or running job
@@ -21,10 +21,12 @@ from django.utils import timezone
 from . import idempotency
 from .conf import get_settings
 from .models import TERMINAL_STATUSES, DeadLetter, IdempotencyKey, IdempotencyStatus, Job, JobStatus, Schedule
+from .store import locks as lock_rows
 
 __all__ = [
     "JOB_DELETION_RULE",
     "KEY_DELETION_RULE",
+    "LOCK_ROWS_KEPT_FOR",
     "PruneReport",
     "deletable_jobs",
     "deletable_keys",
@@ -37,6 +39,9 @@ __all__ = [
 
 #: Jobs deleted per transaction: small enough that no batch holds locks for long.
 JOB_BATCH_SIZE = 500
+#: How long a database lock's row is kept after its release (or its expiry): a key used
+#: again within it reuses its row.
+LOCK_ROWS_KEPT_FOR = datetime.timedelta(days=1)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -46,6 +51,8 @@ class PruneReport:
     keys: int
     jobs: int | None
     dry_run: bool
+    #: Rows of database locks released or expired more than :data:`LOCK_ROWS_KEPT_FOR` ago.
+    locks: int = 0
 
 
 #: The rule of :func:`deletable_jobs`, for the surfaces that refuse a deletion.
@@ -155,17 +162,18 @@ def prune(
     batch_size: int | None = None,
     dry_run: bool = False,
 ) -> PruneReport:
-    """Delete expired idempotency keys, then (if ``jobs_older_than`` is given) old finished jobs."""
+    """Delete expired idempotency keys, idle lock rows, then (with ``jobs_older_than``) old finished jobs."""
     alias = alias or get_settings().database_alias
     keys = idempotency.prune_expired(
         alias, batch_size=batch_size or idempotency.PRUNE_BATCH_SIZE, dry_run=dry_run
     )
+    locks = lock_rows.prune_released(alias, LOCK_ROWS_KEPT_FOR.total_seconds(), dry_run=dry_run)
     jobs = None
     if jobs_older_than is not None:
         jobs = prune_finished_jobs(
             alias, older_than=jobs_older_than, batch_size=batch_size or JOB_BATCH_SIZE, dry_run=dry_run
         )
-    return PruneReport(keys=keys, jobs=jobs, dry_run=dry_run)
+    return PruneReport(keys=keys, jobs=jobs, dry_run=dry_run, locks=locks)
 
 
 SCHEDULE_DELETION_RULE = (

@@ -18,8 +18,8 @@ Lease times come from the database clock only (``statement_timestamp()`` /
 neither expire a live lease early nor start a job before its ``run_after``.
 
 The SQL is raw on purpose: this is the hot path (one statement per claim batch, one per
-ack) and the ORM cannot express ``FOR UPDATE SKIP LOCKED`` inside an ``UPDATE``. Outside
-this package only ``locks/db.py`` writes SQL of its own (for the lock table).
+ack) and the ORM cannot express ``FOR UPDATE SKIP LOCKED`` inside an ``UPDATE``. The
+database lock back end's statements are here too, in :mod:`.locks`.
 """
 
 from __future__ import annotations

@@ -86,6 +86,8 @@ class Clock:
     later: str
     #: The parameter of :attr:`later` for a number of seconds.
     seconds: Callable[[float], Any]
+    #: SQL for the database clock in whole microseconds since the epoch (an integer).
+    epoch_micros: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

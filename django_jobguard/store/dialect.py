@@ -25,7 +25,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ._common import REAP_BATCH, AttemptError, ClaimedJob, DurationRow, Inserted
+from ._common import REAP_BATCH, AttemptError, ClaimedJob, Clock, DurationRow, Inserted
 
 __all__ = ["Dialect"]
 
@@ -35,6 +35,8 @@ class Dialect(Protocol):
 
     #: Whether :meth:`claim` leaves paused queues alone by itself (else the caller reads them first).
     CLAIM_READS_PAUSES: bool
+    #: The database clock's SQL (now, now plus some seconds), for the statements written once for all.
+    CLOCK: Clock
 
     # -- the connection ----------------------------------------------------------------------
 

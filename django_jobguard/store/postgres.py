@@ -79,6 +79,7 @@ CLOCK = Clock(
     now=NOW,
     later=f"{NOW} + %s * interval '1 second'",
     seconds=float,
+    epoch_micros=f"(extract(epoch from {NOW}) * 1000000)::bigint",
 )
 
 

@@ -62,6 +62,11 @@ CLOCK = Clock(
     later="strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)",
     # A fixed-point modifier: repr() could give '1e-05', which SQLite does not parse.
     seconds=lambda seconds: f"{seconds:+.6f} seconds",
+    # Whole seconds, then the milliseconds of %f (SS.SSS): integer arithmetic, no float rounding.
+    epoch_micros=(
+        "(CAST(strftime('%%s', 'now') AS INTEGER) * 1000000 "
+        "+ CAST(substr(strftime('%%f', 'now'), 4) AS INTEGER) * 1000)"
+    ),
 )
 
 #: The paused queues are read before each claim (store.claim), not by the claim statement.
