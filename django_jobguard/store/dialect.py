@@ -1,15 +1,18 @@
-"""The store contract: what one database's module must provide, as a :class:`typing.Protocol`.
+"""The store contract: what one database's module must provide, as :class:`typing.Protocol` s.
 
+:class:`JobStore` is the operations on jobs and keys; :class:`Dialect` adds what only a
+database has (its clock's SQL, for the statements written once in :mod:`.locks`).
 :mod:`.postgres` and :mod:`.sqlite` are *modules* that implement :class:`Dialect`: the
 package assigns them to ``Dialect`` in ``store/__init__.py``, so mypy checks every function
 of each module against the signatures below, and a dialect that drifts (a missing
 function, a renamed parameter, another return type) fails ``make lint``. A new database
 (MariaDB) is one more module that mypy checks here and the contract suite in
-``tests/store_contract/`` runs against.
+``tests/store_contract/`` runs against. The in-memory store (:mod:`.memory`) is a
+:class:`JobStore`, checked the same way.
 
-What each function must do, on every database:
+What each function must do, on every store:
 
-- Lease times come from the database clock only, never the worker's.
+- Lease times come from the store's one clock (a database's, never the worker's).
 - Every write to a job a worker holds matches ``id AND lease_token`` (fencing): with a
   token that is not the current one it changes nothing and reports so (False, or the id
   missing from the result). A claim writes a fresh random token; every path that takes a
@@ -27,16 +30,14 @@ from typing import Any, Protocol
 
 from ._common import REAP_BATCH, AttemptError, ClaimedJob, Clock, DurationRow, Inserted
 
-__all__ = ["Dialect"]
+__all__ = ["Dialect", "JobStore"]
 
 
-class Dialect(Protocol):
-    """One database's store: a module whose functions have these signatures."""
+class JobStore(Protocol):
+    """The operations on jobs and keys: what a database's module, or the in-memory store, provides."""
 
     #: Whether :meth:`claim` leaves paused queues alone by itself (else the caller reads them first).
     CLAIM_READS_PAUSES: bool
-    #: The database clock's SQL (now, now plus some seconds), for the statements written once for all.
-    CLOCK: Clock
 
     # -- the connection ----------------------------------------------------------------------
 
@@ -163,3 +164,10 @@ class Dialect(Protocol):
     def observed_durations(self, alias: str, since: float, queue: str | None) -> list[DurationRow]:
         """Claim-to-ack seconds of recent successes per (queue, task), with percentiles."""
         ...
+
+
+class Dialect(JobStore, Protocol):
+    """One database's store: a module whose functions have the signatures of :class:`JobStore`."""
+
+    #: The database clock's SQL (now, now plus some seconds), for the statements written once for all.
+    CLOCK: Clock
