@@ -1,4 +1,4 @@
-"""Retention: delete expired idempotency keys and old finished jobs, trim old attempt history, in batches.
+"""Retention: delete expired idempotency keys, old finished jobs and idle lock rows, trim old attempt history.
 
 ``manage.py jobguard_prune`` calls :func:`prune`; the worker prunes keys on its own when
 ``JOBGUARD["IDEMPOTENCY"]["PRUNE_IN_WORKER"]`` is on. Nothing that a queued or running job
@@ -21,10 +21,12 @@ from django.utils import timezone
 from . import idempotency
 from .conf import get_settings
 from .models import TERMINAL_STATUSES, DeadLetter, IdempotencyKey, IdempotencyStatus, Job, JobStatus, Schedule
+from .store import locks as lock_rows
 
 __all__ = [
     "JOB_DELETION_RULE",
     "KEY_DELETION_RULE",
+    "LOCK_ROWS_KEPT_FOR",
     "PruneReport",
     "deletable_jobs",
     "deletable_keys",
@@ -38,6 +40,9 @@ __all__ = [
 
 #: Jobs deleted per transaction: small enough that no batch holds locks for long.
 JOB_BATCH_SIZE = 500
+#: How long a database lock's row is kept after its release (or its expiry): a key used
+#: again within it reuses its row.
+LOCK_ROWS_KEPT_FOR = datetime.timedelta(days=1)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -47,6 +52,8 @@ class PruneReport:
     keys: int
     jobs: int | None
     dry_run: bool
+    #: Rows of database locks released or expired more than :data:`LOCK_ROWS_KEPT_FOR` ago.
+    locks: int = 0
     #: Finished jobs whose attempt history was trimmed (None: not asked for).
     histories: int | None = None
 
@@ -208,11 +215,12 @@ def prune(
     batch_size: int | None = None,
     dry_run: bool = False,
 ) -> PruneReport:
-    """Delete expired idempotency keys, then old finished jobs and old attempt history if asked."""
+    """Delete expired keys and idle lock rows, then old finished jobs and attempt history if asked."""
     alias = alias or get_settings().database_alias
     keys = idempotency.prune_expired(
         alias, batch_size=batch_size or idempotency.PRUNE_BATCH_SIZE, dry_run=dry_run
     )
+    locks = lock_rows.prune_released(alias, LOCK_ROWS_KEPT_FOR.total_seconds(), dry_run=dry_run)
     jobs = None
     if jobs_older_than is not None:
         jobs = prune_finished_jobs(
@@ -223,7 +231,7 @@ def prune(
         histories = prune_attempt_history(
             alias, older_than=history_older_than, batch_size=batch_size or JOB_BATCH_SIZE, dry_run=dry_run
         )
-    return PruneReport(keys=keys, jobs=jobs, dry_run=dry_run, histories=histories)
+    return PruneReport(keys=keys, jobs=jobs, dry_run=dry_run, locks=locks, histories=histories)
 
 
 SCHEDULE_DELETION_RULE = (

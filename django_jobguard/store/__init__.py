@@ -3,7 +3,9 @@
 Claim, heartbeat, complete, requeue, dead-mark, reap, the enqueue inserts, checkpoints and
 the LISTEN wake-up; :mod:`.beats` holds the console's worker-beat and per-minute upserts
 (the same SQL on both databases). The functions here take a database alias and hand the call to
-:mod:`.postgres` or :mod:`.sqlite`, looked up once per alias (a dict lookup per call).
+the alias's dialect, :mod:`.postgres` or :mod:`.sqlite`, looked up once per alias (a dict
+lookup per call). Both modules implement the :class:`~.dialect.Dialect` protocol, which
+mypy checks them against.
 
 Every write a worker makes to a job it holds matches ``id AND lease_token``. A claim
 writes a fresh random token, and every path that takes a job away from a worker (the
@@ -16,17 +18,17 @@ Lease times come from the database clock only (``statement_timestamp()`` /
 neither expire a live lease early nor start a job before its ``run_after``.
 
 The SQL is raw on purpose: this is the hot path (one statement per claim batch, one per
-ack) and the ORM cannot express ``FOR UPDATE SKIP LOCKED`` inside an ``UPDATE``. Outside
-this package only ``locks/db.py`` writes SQL of its own (for the lock table).
+ack) and the ORM cannot express ``FOR UPDATE SKIP LOCKED`` inside an ``UPDATE``. The
+database lock back end's statements are here too, in :mod:`.locks`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import threading
-from collections.abc import Iterable, Sequence
-from types import ModuleType
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from django.core.signals import setting_changed
@@ -44,12 +46,11 @@ from ._common import (
     DurationRow,
     Inserted,
     build_job,
-    key_owner,
     paused_queue_names,
     read_checkpoints,
     write_checkpoints,
 )
-from ._common import insert_key as _insert_key
+from .dialect import Dialect, JobStore
 from .listener import Listener
 
 __all__ = [
@@ -60,13 +61,16 @@ __all__ = [
     "SQLITE_INSERT_CHUNK",
     "AttemptError",
     "ClaimedJob",
+    "Dialect",
     "DurationRow",
+    "JobStore",
     "Listener",
     "build_job",
     "claim",
     "complete",
     "complete_many",
     "database_now",
+    "dialect_of",
     "discard_queued",
     "guard_statements",
     "heartbeat",
@@ -82,27 +86,53 @@ __all__ = [
     "reap",
     "record_key_success",
     "requeue",
+    "substitute",
     "write_checkpoints",
     "writes_while_busy",
 ]
 
-_MODULES = {"postgresql": postgres, "sqlite": sqlite}
-#: alias -> its database's module, filled on first use of each alias.
-_by_alias: dict[str, ModuleType] = {}
+#: vendor -> its dialect. The modules are assigned to the protocol, so mypy checks each
+#: module's functions against :class:`Dialect`.
+_DIALECTS: dict[str, Dialect] = {"postgresql": postgres, "sqlite": sqlite}
+#: alias -> what serves its jobs and keys: its database's dialect, filled on first use of
+#: each alias (an alias does not change vendor), or a test's substitute.
+_by_alias: dict[str, JobStore] = {}
 
 
-def _db(alias: str) -> ModuleType:
-    """The store module of ``alias``'s database (cached: an alias does not change vendor)."""
+def dialect_of(alias: str) -> Dialect:
+    """The dialect of ``alias``'s database."""
+    vendor = connections[alias].vendor
+    found = _DIALECTS.get(vendor)
+    if found is None:
+        raise NotImplementedError(f"django-jobguard supports PostgreSQL and SQLite, not {vendor}.")
+    return found
+
+
+def _store(alias: str) -> JobStore:
     try:
         return _by_alias[alias]
     except KeyError:
         pass
-    vendor = connections[alias].vendor
-    module = _MODULES.get(vendor)
-    if module is None:
-        raise NotImplementedError(f"django-jobguard supports PostgreSQL and SQLite, not {vendor}.")
-    _by_alias[alias] = module
-    return module
+    found = _by_alias[alias] = dialect_of(alias)
+    return found
+
+
+@contextlib.contextmanager
+def substitute(alias: str, job_store: JobStore) -> Iterator[JobStore]:
+    """Serve ``alias``'s job and key operations from ``job_store`` inside the block.
+
+    For unit tests with no database: ``with store.substitute("default", MemoryStore()):``.
+    The database lock rows (:mod:`.locks`) and the ORM reads (checkpoints) are not routed.
+    """
+    previous = _by_alias.get(alias)
+    _by_alias[alias] = job_store
+    try:
+        yield job_store
+    finally:
+        if previous is None:
+            _by_alias.pop(alias, None)
+        else:
+            _by_alias[alias] = previous
 
 
 def _forget_aliases(*, setting: str, **kwargs: Any) -> None:
@@ -120,8 +150,7 @@ def guard_statements(alias: str) -> threading.RLock | None:
     see ``writes_while_busy``), which is safe only while it holds this lock. None on
     PostgreSQL, where nothing does.
     """
-    guard: threading.RLock | None = _db(alias).guard_statements(alias)
-    return guard
+    return _store(alias).guard_statements(alias)
 
 
 def writes_while_busy(alias: str) -> bool:
@@ -130,13 +159,12 @@ def writes_while_busy(alias: str) -> bool:
     True on PostgreSQL (row locks). False on SQLite, where an open write transaction
     holds the whole database, so a running atomic job blocks every other write.
     """
-    return bool(_db(alias).writes_while_busy(alias))
+    return _store(alias).writes_while_busy(alias)
 
 
 def database_now(alias: str) -> datetime.datetime:
     """The database clock, now (aware): what due times are compared against, never the host's."""
-    value: datetime.datetime = _db(alias).database_now(alias)
-    return value
+    return _store(alias).database_now(alias)
 
 
 # -- enqueue -------------------------------------------------------------------------------
@@ -156,7 +184,7 @@ def insert_jobs(
     """
     if not rows:
         return []
-    results: list[Inserted] = _db(alias).insert_jobs(alias, rows, run_after)
+    results = _store(alias).insert_jobs(alias, rows, run_after)
     if len(results) != len(rows):  # pragma: no cover - the database returned a row per insert
         raise RuntimeError(f"inserted {len(rows)} jobs but got {len(results)} rows back")
     return results
@@ -176,24 +204,28 @@ def insert_keyed_job(
     On PostgreSQL one statement does both (atomic on its own, so it needs no transaction
     around it); on SQLite three, in the caller's transaction or one of their own.
     """
-    result: Inserted | None = _db(alias).insert_keyed_job(
+    return _store(alias).insert_keyed_job(
         alias, row, run_after, scope=scope, fingerprint=fingerprint, expires_at=expires_at
     )
-    return result
 
 
 def insert_key(
     alias: str, scope: str, key: str, digest: str, job_id: int | None = None, *, expires_at: datetime.datetime
 ) -> int | None:
-    """Insert the key unless it exists; the new row's id, or None if it existed (same SQL on both)."""
-    return _insert_key(alias, scope, key, digest, job_id, expires_at=expires_at)
+    """Insert the key unless it exists; the new row's id, or None if it existed."""
+    return _store(alias).insert_key(alias, scope, key, digest, job_id, expires_at=expires_at)
+
+
+def key_owner(alias: str, scope: str, key: str) -> tuple[int | None, str] | None:
+    """``(job id, status)`` of the idempotency key, or None if there is none."""
+    return _store(alias).key_owner(alias, scope, key)
 
 
 def record_key_success(alias: str, scope: str, key: str, job_id: int, result: Any) -> bool:
     """Mark the key succeeded with ``result`` if ``job_id`` owns it; call inside the ack's transaction."""
     # Raw SQL: this runs in every keyed ack, where the ORM's update cost more than the rest.
     result_json = None if result is None else json.dumps(result)
-    return bool(_db(alias).record_key_success(alias, scope, key, job_id, result_json))
+    return _store(alias).record_key_success(alias, scope, key, job_id, result_json)
 
 
 # -- leases --------------------------------------------------------------------------------
@@ -215,7 +247,7 @@ def claim(
     """
     if limit <= 0:
         return []
-    db = _db(alias)
+    db = _store(alias)
     if not db.CLAIM_READS_PAUSES:
         exclude = sorted({*exclude, *paused_queue_names(alias)})
     if queues:
@@ -223,7 +255,7 @@ def claim(
         if not queues:
             return []
         exclude = ()
-    jobs: list[ClaimedJob] = db.claim(alias, queues, limit, worker_id, exclude)
+    jobs = db.claim(alias, queues, limit, worker_id, exclude)
     jobs.sort(key=lambda job: (-job.priority, job.id))
     return jobs
 
@@ -238,7 +270,8 @@ def heartbeat(
     leases = list(leases)
     if not leases:
         return set()
-    rows = _db(alias).heartbeat(alias, [job_id for job_id, _ in leases], [token for _, token in leases])
+    ids, tokens = [job_id for job_id, _ in leases], [token for _, token in leases]
+    rows = _store(alias).heartbeat(alias, ids, tokens)
     if cancel_requested is not None:
         cancel_requested.update(row[0] for row in rows if row[1])
     return {row[0] for row in rows}
@@ -252,7 +285,7 @@ def complete(alias: str, job_id: int, lease_token: str, result_json: str, *, com
     has nothing left to send). When the lease is lost nothing commits: returns False, and the
     caller raises :class:`LeaseLost` so the block rolls back.
     """
-    return bool(_db(alias).complete(alias, job_id, lease_token, result_json, commit=commit))
+    return _store(alias).complete(alias, job_id, lease_token, result_json, commit=commit)
 
 
 def complete_many(alias: str, acks: Sequence[tuple[int, str, str]]) -> set[int]:
@@ -264,7 +297,7 @@ def complete_many(alias: str, acks: Sequence[tuple[int, str, str]]) -> set[int]:
     """
     if not acks:
         return set()
-    return set(_db(alias).complete_many(alias, acks))
+    return set(_store(alias).complete_many(alias, acks))
 
 
 def discard_queued(alias: str, job_id: int) -> None:
@@ -276,7 +309,7 @@ def discard_queued(alias: str, job_id: int) -> None:
     WAL to reach the disk (``synchronous_commit`` off for this statement's transaction
     only): the writer pays one round trip, not a second disk flush.
     """
-    _db(alias).discard_queued(alias, job_id)
+    _store(alias).discard_queued(alias, job_id)
 
 
 def requeue(
@@ -297,17 +330,15 @@ def requeue(
     the handler started refunds it (``refund_attempt``), and drops its history entry, so
     the history holds one entry per counted attempt.
     """
-    return bool(
-        _db(alias).requeue(
-            alias,
-            job_id,
-            lease_token,
-            delay=delay,
-            error=error,
-            refund_attempt=refund_attempt,
-            contention=contention,
-            attempt_error=attempt_error,
-        )
+    return _store(alias).requeue(
+        alias,
+        job_id,
+        lease_token,
+        delay=delay,
+        error=error,
+        refund_attempt=refund_attempt,
+        contention=contention,
+        attempt_error=attempt_error,
     )
 
 
@@ -318,7 +349,7 @@ def mark_dead(
 
     ``attempt_error`` completes the last attempt's history entry (in the same statement).
     """
-    return bool(_db(alias).mark_dead(alias, job_id, lease_token, error, attempt_error))
+    return _store(alias).mark_dead(alias, job_id, lease_token, error, attempt_error)
 
 
 def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
@@ -329,8 +360,7 @@ def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], li
     lease_token)`` of expired jobs with no attempt left, which the caller dead-letters
     (fenced by that token, so a late ack and the reaper cannot both win).
     """
-    result: tuple[list[tuple[int, str]], list[tuple[int, str]]] = _db(alias).reap(alias, limit)
-    return result
+    return _store(alias).reap(alias, limit)
 
 
 # -- reporting -------------------------------------------------------------------------------
@@ -342,8 +372,7 @@ def oldest_due_ages(alias: str) -> dict[str, float]:
     On PostgreSQL a skip scan of the due index: its cost grows with the number of (queue,
     priority) pairs, not with the number of queued jobs.
     """
-    ages: dict[str, float] = _db(alias).oldest_due_ages(alias)
-    return ages
+    return _store(alias).oldest_due_ages(alias)
 
 
 def observed_durations(alias: str, since: float, queue: str | None = None) -> list[DurationRow]:
@@ -353,5 +382,4 @@ def observed_durations(alias: str, since: float, queue: str | None = None) -> li
     many older rows the table keeps. Percentiles are ``percentile_cont``'s (linear
     interpolation between the two nearest ranks) on both databases.
     """
-    rows: list[DurationRow] = _db(alias).observed_durations(alias, since, queue)
-    return rows
+    return _store(alias).observed_durations(alias, since, queue)

@@ -6,7 +6,7 @@ import dataclasses
 import datetime
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -70,6 +70,34 @@ LEASE_EXPIRED_ERROR: AttemptError = (
 )
 #: The job's ``last_error`` when the reaper takes an expired lease back.
 LEASE_EXPIRED_MESSAGE = "lease expired: the worker stopped heartbeating (crashed, frozen or cut off)"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Clock:
+    """A dialect's SQL for the database clock: now, and now plus some seconds.
+
+    Lease times, due times and lock expiries are written with these, never from the
+    worker's clock.
+    """
+
+    #: SQL for the database clock now.
+    now: str
+    #: SQL for now plus some seconds: one parameter, as :attr:`seconds` makes it.
+    later: str
+    #: The parameter of :attr:`later` for a number of seconds.
+    seconds: Callable[[float], Any]
+    #: SQL for the database clock in whole microseconds since the epoch (an integer).
+    epoch_micros: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class History:
+    """A dialect's SQL for the job's attempt history (a JSON array of entries)."""
+
+    #: The history with its last entry marked failed: three parameters, an :data:`AttemptError`.
+    failed: str
+    #: The history without its last entry (a refunded attempt did not count).
+    dropped: str
 
 
 @dataclasses.dataclass(slots=True)
@@ -213,3 +241,86 @@ def key_owner(alias: str, scope: str, key: str) -> tuple[int | None, str] | None
         cursor.execute(_KEY_OWNER, [scope, key])
         row = cursor.fetchone()
     return None if row is None else (row[0], row[1])
+
+
+# -- settling a held job (the same statements on both databases, in each one's clock) -------
+
+
+def _fenced_update(alias: str, sets: list[str], params: list[Any], job_id: int, lease_token: str) -> bool:
+    """``UPDATE`` the job with ``sets`` if ``lease_token`` is still its token; whether it was."""
+    sql = f"UPDATE {TABLE} SET {', '.join(sets)} WHERE id = %s AND lease_token = %s"
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, [*params, job_id, lease_token])
+        return bool(cursor.rowcount == 1)
+
+
+def requeue(
+    clock: Clock,
+    history: History,
+    alias: str,
+    job_id: int,
+    lease_token: str,
+    *,
+    delay: float,
+    error: str | None,
+    refund_attempt: bool,
+    contention: bool,
+    attempt_error: AttemptError | None,
+) -> bool:
+    """The dialects' ``requeue``, written in ``clock`` and ``history``."""
+    sets = [
+        "status = 'queued'",
+        "lease_token = NULL",
+        "lease_expires_at = NULL",
+        "worker_id = ''",
+        f"run_after = {clock.later}",
+        f"attempts = attempts - {1 if refund_attempt else 0}",
+        f"lock_contentions = lock_contentions + {1 if contention else 0}",
+    ]
+    params: list[Any] = [clock.seconds(delay)]
+    if error is not None:
+        sets += ["last_error = %s", f"first_failed_at = COALESCE(first_failed_at, {clock.now})"]
+        params.append(error)
+    if refund_attempt:
+        sets.append(f"attempt_history = {history.dropped}")
+    elif attempt_error is not None:
+        sets.append(f"attempt_history = {history.failed}")
+        params += list(attempt_error)
+    return _fenced_update(alias, sets, params, job_id, lease_token)
+
+
+def mark_dead(
+    clock: Clock,
+    history: History,
+    alias: str,
+    job_id: int,
+    lease_token: str,
+    error: str,
+    attempt_error: AttemptError | None,
+) -> bool:
+    """The dialects' ``mark_dead``, written in ``clock`` and ``history``."""
+    sets = [
+        "status = 'dead'",
+        f"finished_at = {clock.now}",
+        "lease_token = NULL",
+        "lease_expires_at = NULL",
+        "last_error = %s",
+        f"first_failed_at = COALESCE(first_failed_at, {clock.now})",
+    ]
+    params: list[Any] = [error]
+    if attempt_error is not None:
+        sets.append(f"attempt_history = {history.failed}")
+        params += list(attempt_error)
+    return _fenced_update(alias, sets, params, job_id, lease_token)
+
+
+def reap(
+    alias: str, requeue_sql: str, requeue_params: Sequence[Any], exhausted_sql: str, limit: int
+) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """Run a dialect's two reaper statements: ``(id, queue)`` requeued, ``(id, token)`` exhausted."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(requeue_sql, list(requeue_params))
+        requeued = [(row[0], row[1]) for row in cursor.fetchall()]
+        cursor.execute(exhausted_sql, [limit])
+        exhausted = [(row[0], row[1]) for row in cursor.fetchall()]
+    return requeued, exhausted

@@ -21,6 +21,7 @@ from typing import Any
 from django.db import DatabaseError, DataError, connections, transaction
 
 from ..conf import get_settings
+from . import _common
 from ._common import (
     FINISHED,
     INSERT_COLUMNS,
@@ -33,11 +34,15 @@ from ._common import (
     TABLE,
     AttemptError,
     ClaimedJob,
+    Clock,
     DurationRow,
+    History,
     Inserted,
     row_values,
     sqlite_datetime,
 )
+from ._common import insert_key as insert_key
+from ._common import key_owner as key_owner
 
 _SIMPLE_QUERY_CURSORS: tuple[type, ...]
 try:
@@ -66,6 +71,16 @@ def _history_failed(column: str = "attempt_history") -> str:
         f"jsonb_set({column}, '{{-1}}', COALESCE({column} -> -1, '{{}}'::jsonb) || jsonb_build_object("
         f"'finished_at', {NOW}, 'error_class', %s::text, 'error', %s::text, 'traceback', %s::text))"
     )
+
+
+_HISTORY = History(failed=_history_failed(), dropped=_HISTORY_DROPPED)
+#: The database clock: ``statement_timestamp()``, the start of each statement.
+CLOCK = Clock(
+    now=NOW,
+    later=f"{NOW} + %s * interval '1 second'",
+    seconds=float,
+    epoch_micros=f"(extract(epoch from {NOW}) * 1000000)::bigint",
+)
 
 
 # -- prepared statements -------------------------------------------------------------------
@@ -480,46 +495,24 @@ def requeue(
     contention: bool,
     attempt_error: AttemptError | None,
 ) -> bool:
-    sets = [
-        "status = 'queued'",
-        "lease_token = NULL",
-        "lease_expires_at = NULL",
-        "worker_id = ''",
-        f"run_after = {NOW} + %s * interval '1 second'",
-        f"attempts = attempts - {1 if refund_attempt else 0}",
-        f"lock_contentions = lock_contentions + {1 if contention else 0}",
-    ]
-    params: list[Any] = [delay]
-    if error is not None:
-        sets += ["last_error = %s", f"first_failed_at = COALESCE(first_failed_at, {NOW})"]
-        params.append(error)
-    if refund_attempt:
-        sets.append(f"attempt_history = {_HISTORY_DROPPED}")
-    elif attempt_error is not None:
-        sets.append(f"attempt_history = {_history_failed()}")
-        params += list(attempt_error)
-    sql = f"UPDATE {TABLE} SET {', '.join(sets)} WHERE id = %s AND lease_token = %s"
-    with connections[alias].cursor() as cursor:
-        cursor.execute(sql, [*params, job_id, lease_token])
-        return bool(cursor.rowcount == 1)
+    return _common.requeue(
+        CLOCK,
+        _HISTORY,
+        alias,
+        job_id,
+        lease_token,
+        delay=delay,
+        error=error,
+        refund_attempt=refund_attempt,
+        contention=contention,
+        attempt_error=attempt_error,
+    )
 
 
 def mark_dead(
     alias: str, job_id: int, lease_token: str, error: str, attempt_error: AttemptError | None
 ) -> bool:
-    history = ""
-    params: list[Any] = [error]
-    if attempt_error is not None:
-        history = f", attempt_history = {_history_failed()}"
-        params += list(attempt_error)
-    sql = (
-        f"UPDATE {TABLE} SET status = 'dead', finished_at = {NOW}, lease_token = NULL, "
-        f"lease_expires_at = NULL, last_error = %s, first_failed_at = COALESCE(first_failed_at, {NOW})"
-        f"{history} WHERE id = %s AND lease_token = %s"
-    )
-    with connections[alias].cursor() as cursor:
-        cursor.execute(sql, [*params, job_id, lease_token])
-        return bool(cursor.rowcount == 1)
+    return _common.mark_dead(CLOCK, _HISTORY, alias, job_id, lease_token, error, attempt_error)
 
 
 _REAP_REQUEUE = (
@@ -540,12 +533,8 @@ _REAP_EXHAUSTED = (
 
 
 def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
-    with connections[alias].cursor() as cursor:
-        cursor.execute(_REAP_REQUEUE, [limit, LEASE_EXPIRED_MESSAGE, *LEASE_EXPIRED_ERROR])
-        requeued = [(row[0], row[1]) for row in cursor.fetchall()]
-        cursor.execute(_REAP_EXHAUSTED, [limit])
-        exhausted = [(row[0], row[1]) for row in cursor.fetchall()]
-    return requeued, exhausted
+    params = [limit, LEASE_EXPIRED_MESSAGE, *LEASE_EXPIRED_ERROR]
+    return _common.reap(alias, _REAP_REQUEUE, params, _REAP_EXHAUSTED, limit)
 
 
 # -- idempotency keys ----------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.backends.sqlite3.base import SQLiteCursorWrapper
 
+from . import _common
 from ._common import (
     FINISHED,
     INSERT_COLUMNS,
@@ -30,13 +31,16 @@ from ._common import (
     TABLE,
     AttemptError,
     ClaimedJob,
+    Clock,
     DurationRow,
+    History,
     Inserted,
     placeholders,
     row_values,
     sqlite_datetime,
 )
-from ._common import insert_key as _insert_key
+from ._common import insert_key as insert_key
+from ._common import key_owner as key_owner
 
 # Written for a cursor with parameters, so the driver turns %% back into %.
 NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
@@ -50,6 +54,19 @@ _HISTORY_FAILED = (
 _HISTORY_DROPPED = (
     "CASE WHEN json_array_length(attempt_history) > 0 "
     "THEN json_remove(attempt_history, '$[#-1]') ELSE attempt_history END"
+)
+_HISTORY = History(failed=_HISTORY_FAILED, dropped=_HISTORY_DROPPED)
+#: The database clock: text in the format Django stores datetimes in (UTC).
+CLOCK = Clock(
+    now=NOW,
+    later="strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)",
+    # A fixed-point modifier: repr() could give '1e-05', which SQLite does not parse.
+    seconds=lambda seconds: f"{seconds:+.6f} seconds",
+    # Whole seconds, then the milliseconds of %f (SS.SSS): integer arithmetic, no float rounding.
+    epoch_micros=(
+        "(CAST(strftime('%%s', 'now') AS INTEGER) * 1000000 "
+        "+ CAST(substr(strftime('%%f', 'now'), 4) AS INTEGER) * 1000)"
+    ),
 )
 
 #: The paused queues are read before each claim (store.claim), not by the claim statement.
@@ -172,7 +189,7 @@ def insert_keyed_job(
     # Three statements, in the caller's transaction or one of ours (no savepoint: the key
     # insert cannot fail, it yields to an existing key).
     with transaction.atomic(using=alias, savepoint=False):
-        key_id = _insert_key(alias, scope, row["idempotency_key"], fingerprint, None, expires_at=expires_at)
+        key_id = insert_key(alias, scope, row["idempotency_key"], fingerprint, None, expires_at=expires_at)
         if key_id is None:
             return None
         (inserted,) = insert_jobs(alias, [row], run_after)
@@ -266,46 +283,24 @@ def requeue(
     contention: bool,
     attempt_error: AttemptError | None,
 ) -> bool:
-    sets = [
-        "status = 'queued'",
-        "lease_token = NULL",
-        "lease_expires_at = NULL",
-        "worker_id = ''",
-        "run_after = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)",
-        f"attempts = attempts - {1 if refund_attempt else 0}",
-        f"lock_contentions = lock_contentions + {1 if contention else 0}",
-    ]
-    params: list[Any] = [f"+{delay:.6f} seconds"]
-    if error is not None:
-        sets += ["last_error = %s", f"first_failed_at = COALESCE(first_failed_at, {NOW})"]
-        params.append(error)
-    if refund_attempt:
-        sets.append(f"attempt_history = {_HISTORY_DROPPED}")
-    elif attempt_error is not None:
-        sets.append(f"attempt_history = {_HISTORY_FAILED}")
-        params += list(attempt_error)
-    sql = f"UPDATE {TABLE} SET {', '.join(sets)} WHERE id = %s AND lease_token = %s"
-    with connections[alias].cursor() as cursor:
-        cursor.execute(sql, [*params, job_id, lease_token])
-        return bool(cursor.rowcount == 1)
+    return _common.requeue(
+        CLOCK,
+        _HISTORY,
+        alias,
+        job_id,
+        lease_token,
+        delay=delay,
+        error=error,
+        refund_attempt=refund_attempt,
+        contention=contention,
+        attempt_error=attempt_error,
+    )
 
 
 def mark_dead(
     alias: str, job_id: int, lease_token: str, error: str, attempt_error: AttemptError | None
 ) -> bool:
-    history = ""
-    params: list[Any] = [error]
-    if attempt_error is not None:
-        history = f", attempt_history = {_HISTORY_FAILED}"
-        params += list(attempt_error)
-    sql = (
-        f"UPDATE {TABLE} SET status = 'dead', finished_at = {NOW}, lease_token = NULL, "
-        f"lease_expires_at = NULL, last_error = %s, first_failed_at = COALESCE(first_failed_at, {NOW})"
-        f"{history} WHERE id = %s AND lease_token = %s"
-    )
-    with connections[alias].cursor() as cursor:
-        cursor.execute(sql, [*params, job_id, lease_token])
-        return bool(cursor.rowcount == 1)
+    return _common.mark_dead(CLOCK, _HISTORY, alias, job_id, lease_token, error, attempt_error)
 
 
 _REAP_REQUEUE = (
@@ -325,12 +320,8 @@ _REAP_EXHAUSTED = (
 
 
 def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
-    with connections[alias].cursor() as cursor:
-        cursor.execute(_REAP_REQUEUE, [LEASE_EXPIRED_MESSAGE, *LEASE_EXPIRED_ERROR, limit])
-        requeued = [(row[0], row[1]) for row in cursor.fetchall()]
-        cursor.execute(_REAP_EXHAUSTED, [limit])
-        exhausted = [(row[0], row[1]) for row in cursor.fetchall()]
-    return requeued, exhausted
+    params = [LEASE_EXPIRED_MESSAGE, *LEASE_EXPIRED_ERROR, limit]
+    return _common.reap(alias, _REAP_REQUEUE, params, _REAP_EXHAUSTED, limit)
 
 
 # -- idempotency keys ----------------------------------------------------------------------

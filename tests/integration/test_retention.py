@@ -119,6 +119,7 @@ def test_jobguard_prune_reports_what_it_deletes_and_a_dry_run_deletes_nothing():
     call_command("jobguard_prune", "--jobs-older-than", "2h", "--dry-run", stdout=out)
     assert out.getvalue().splitlines() == [
         "Would delete 1 expired idempotency key(s).",
+        "Would delete 0 idle database lock row(s).",
         "Would delete 2 finished job(s) older than 2:00:00.",
     ]
     assert (IdempotencyKey.objects.count(), Job.objects.count()) == (2, 3)
@@ -127,6 +128,7 @@ def test_jobguard_prune_reports_what_it_deletes_and_a_dry_run_deletes_nothing():
     call_command("jobguard_prune", "--jobs-older-than", "2h", "--batch-size", "1", stdout=out)
     assert out.getvalue().splitlines() == [
         "Deleted 1 expired idempotency key(s).",
+        "Deleted 0 idle database lock row(s).",
         "Deleted 2 finished job(s) older than 2:00:00.",
     ]
     assert remaining_keys() == {"b"}
@@ -134,7 +136,7 @@ def test_jobguard_prune_reports_what_it_deletes_and_a_dry_run_deletes_nothing():
 
     out = io.StringIO()
     call_command("jobguard_prune", stdout=out)
-    assert out.getvalue() == "Deleted 0 expired idempotency key(s).\n"
+    assert out.getvalue() == "Deleted 0 expired idempotency key(s).\nDeleted 0 idle database lock row(s).\n"
 
 
 def test_jobguard_prune_refuses_an_age_it_cannot_read():
@@ -225,5 +227,6 @@ def test_jobguard_prune_trims_history_when_asked():
     call_command("jobguard_prune", "--history-older-than", "30d", stdout=out)
     assert out.getvalue().splitlines() == [
         "Deleted 0 expired idempotency key(s).",
+        "Deleted 0 idle database lock row(s).",
         "Trimmed the attempt history of 1 job(s) finished more than 30 days, 0:00:00 ago.",
     ]

@@ -1,15 +1,21 @@
-"""The store, driven directly: every operation of its boundary, on the database under test.
+"""The store contract, for jobs and keys: every operation of :class:`store.Dialect`, driven
+through ``store.*`` on the database under test.
 
-The suite runs on SQLite, and on PostgreSQL with ``JOBGUARD_TEST_DATABASE_URL``: each test
-here exercises the module of that database (``store.postgres`` or ``store.sqlite``).
+Written once against the protocol, not per database: it runs on SQLite under ``make test``,
+and on PostgreSQL with ``JOBGUARD_TEST_DATABASE_URL``, each time against the dialect that
+serves the ``default`` alias (``store.postgres`` or ``store.sqlite``). A new dialect
+(MariaDB) is done when this suite passes on it.
 """
 
 import datetime
+import threading
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
+from django.db.models import F
 from django.utils import timezone
 
+from django_jobguard import queues as queues_service
 from django_jobguard import store
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job
 from django_jobguard.store import postgres, sqlite
@@ -148,8 +154,7 @@ def test_no_claim_can_push_attempts_past_the_maximum():
 
 def test_each_alias_is_served_by_its_databases_module():
     expected = postgres if connection.vendor == "postgresql" else sqlite
-    store.database_now("default")
-    assert store._by_alias["default"] is expected
+    assert store.dialect_of("default") is expected
     assert store.writes_while_busy("default") is (connection.vendor == "postgresql")
 
 
@@ -335,3 +340,203 @@ def test_checkpoints_are_written_under_the_lease_and_read_back():
     assert not store.write_checkpoints("default", job.id, "0" * 32, {"other": True})
     assert store.read_checkpoints("default", job.id) == {"charged": {"id": 7}}
     assert store.read_checkpoints("default", job.id + 1000) == {}
+
+
+# -- claims: due time, pauses, concurrency ----------------------------------------------------
+
+
+def test_claim_takes_a_job_once_its_run_after_has_passed():
+    past = store.insert_jobs("default", [_row()], timezone.now() - datetime.timedelta(minutes=5))
+    future = store.insert_jobs("default", [_row()], datetime.timedelta(minutes=5))
+    assert [job.id for job in claim()] == [past[0][0]]
+    Job.objects.filter(pk=future[0][0]).update(run_after=timezone.now() - datetime.timedelta(seconds=1))
+    assert [job.id for job in claim()] == [future[0][0]]
+
+
+def test_claim_picks_equal_priorities_by_run_after_then_id():
+    # The batch comes back in (priority, id) order; which jobs are in it follows run_after.
+    now = timezone.now()
+    later = store.insert_jobs("default", [_row()], now - datetime.timedelta(seconds=10))
+    earlier = store.insert_jobs("default", [_row(), _row()], now - datetime.timedelta(seconds=60))
+    assert [job.id for job in claim(limit=1)] == [earlier[0][0]]
+    assert [job.id for job in claim(limit=1)] == [earlier[1][0]]
+    assert [job.id for job in claim(limit=1)] == [later[0][0]]
+
+
+def test_claim_returns_what_running_the_job_needs():
+    store.insert_jobs(
+        "default",
+        [
+            _row(
+                args=[4],
+                kwargs={"b": 5},
+                priority=3,
+                visibility_timeout=45.0,
+                lock_key="k:1",
+                handler_version="v2",
+            )
+        ],
+    )
+    (job,) = claim()
+    assert (job.task_name, job.queue_name, job.args, job.kwargs) == (tasks.add.name, "default", [4], {"b": 5})
+    assert (job.priority, job.attempts, job.max_attempts, job.visibility_timeout) == (3, 1, 3, 45.0)
+    assert (job.lock_key, job.handler_version, job.idempotency_key) == ("k:1", "v2", None)
+    assert len(job.lease_token) == 32
+
+
+@pytest.mark.parametrize("queues", [None, ["paused"], ["paused", "default"]], ids=["all", "one", "several"])
+def test_claim_never_takes_jobs_of_a_paused_queue(queues):
+    held = tasks.add.using(queue_name="paused").enqueue(1)
+    other = tasks.add.enqueue(2)
+    queues_service.pause("paused", actor="test", reason="contract")
+    claimed = [job.id for job in store.claim("default", queues, 5, "w")]
+    assert held.pk not in claimed
+    assert claimed == ([] if queues == ["paused"] else [other.pk])
+    queues_service.resume("paused", actor="test")
+    assert [job.id for job in store.claim("default", queues, 5, "w")] == [held.pk]
+
+
+def test_a_job_out_of_attempts_is_not_claimed_even_when_due():
+    tasks.add.enqueue(1)
+    Job.objects.update(attempts=3, max_attempts=3)
+    assert claim() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_claims_never_take_the_same_job():
+    store.insert_jobs("default", [_row(args=[n]) for n in range(40)])
+    start = threading.Barrier(4)
+    taken: list[list[int]] = []
+    errors: list[BaseException] = []
+
+    def worker(name: str) -> None:
+        try:
+            start.wait()
+            mine: list[int] = []
+            while batch := store.claim("default", None, 3, name):
+                mine += [job.id for job in batch]
+            taken.append(mine)
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker, args=(f"w{n}",)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    every = [job_id for mine in taken for job_id in mine]
+    assert len(every) == len(set(every)) == 40
+
+
+# -- fencing: a token that is not the current one changes nothing ------------------------------
+
+
+def test_requeue_with_a_stale_token_leaves_the_job_with_its_holder():
+    tasks.add.enqueue(1)
+    (job,) = claim()
+    assert not store.requeue("default", job.id, "0" * 32, delay=0, error="late")
+    row = Job.objects.get(pk=job.id)
+    assert (row.status, row.lease_token, row.last_error) == ("running", job.lease_token, "")
+
+
+def test_a_finished_job_takes_no_more_heartbeats_acks_or_failures():
+    tasks.add.enqueue(1)
+    (job,) = claim()
+    assert store.complete("default", job.id, job.lease_token, "1")
+    lease = (job.id, job.lease_token)
+    assert store.heartbeat("default", [lease]) == set()
+    assert not store.requeue("default", job.id, job.lease_token, delay=0, error="x")
+    assert not store.mark_dead("default", job.id, job.lease_token, "x")
+    assert not store.write_checkpoints("default", job.id, job.lease_token, {"a": 1})
+    assert Job.objects.get(pk=job.id).status == "succeeded"
+
+
+def test_complete_many_acks_only_the_leases_still_held():
+    for n in range(3):
+        tasks.add.enqueue(n)
+    a, b, c = claim()
+    with transaction.atomic():
+        done = store.complete_many(
+            "default", [(a.id, a.lease_token, "1"), (b.id, "0" * 32, "2"), (c.id, c.lease_token, "null")]
+        )
+    assert done == {a.id, c.id}
+    statuses = dict(Job.objects.values_list("pk", "status"))
+    assert statuses == {a.id: "succeeded", b.id: "running", c.id: "succeeded"}
+    assert Job.objects.get(pk=a.id).result == 1
+    assert store.complete_many("default", []) == set()
+
+
+def test_complete_with_commit_inside_the_outermost_block_commits_the_ack():
+    tasks.add.enqueue(1)
+    (job,) = claim()
+    with transaction.atomic():
+        assert store.complete("default", job.id, job.lease_token, "7", commit=True)
+    row = Job.objects.get(pk=job.id)
+    assert (row.status, row.result) == ("succeeded", 7)
+
+
+def test_a_reaped_job_can_no_longer_be_dead_lettered_by_its_old_holder():
+    tasks.add.enqueue(1)
+    (job,) = claim()
+    Job.objects.filter(pk=job.id).update(lease_expires_at=timezone.now() - datetime.timedelta(seconds=1))
+    store.reap("default")
+    assert not store.mark_dead("default", job.id, job.lease_token, "late")
+    assert Job.objects.get(pk=job.id).status == "queued"
+
+
+# -- the reaper ----------------------------------------------------------------------------------
+
+
+def test_the_reaper_takes_at_most_its_limit_per_call():
+    for n in range(3):
+        tasks.add.enqueue(n)
+    claim()
+    Job.objects.update(lease_expires_at=timezone.now() - datetime.timedelta(seconds=1))
+    first, _ = store.reap("default", limit=2)
+    second, _ = store.reap("default", limit=2)
+    assert (len(first), len(second)) == (2, 1)
+    assert store.reap("default", limit=2) == ([], [])
+
+
+def test_the_reaper_leaves_exhausted_jobs_running_for_the_dead_letter_path():
+    tasks.add.enqueue(1)
+    Job.objects.update(max_attempts=1)
+    (job,) = claim()
+    Job.objects.filter(pk=job.id).update(lease_expires_at=timezone.now() - datetime.timedelta(seconds=1))
+    assert store.reap("default") == ([], [(job.id, job.lease_token)])
+    assert Job.objects.get(pk=job.id).status == "running"
+    assert store.mark_dead("default", job.id, job.lease_token, "lease expired", store.LEASE_EXPIRED_ERROR)
+    assert store.reap("default") == ([], [])
+
+
+# -- reporting -----------------------------------------------------------------------------------
+
+
+def test_oldest_due_ages_reports_only_queues_with_due_jobs():
+    store.insert_jobs("default", [_row()], timezone.now() - datetime.timedelta(seconds=30))
+    store.insert_jobs("default", [_row(queue_name="later")], datetime.timedelta(hours=1))
+    ages = store.oldest_due_ages("default")
+    assert set(ages) == {"default"}
+    assert 29 <= ages["default"] < 120
+
+
+def test_observed_durations_reports_each_queue_and_task():
+    tasks.add.enqueue(1)
+    (job,) = claim()
+    store.complete("default", job.id, job.lease_token, "1")
+    Job.objects.filter(pk=job.id).update(
+        started_at=F("finished_at") - datetime.timedelta(seconds=2),
+    )
+    ((queue_name, task_name, count, percentiles, top),) = store.observed_durations("default", 3600)
+    assert (queue_name, task_name, count) == ("default", tasks.add.name, 1)
+    assert percentiles == pytest.approx([2.0, 2.0, 2.0], abs=0.01)
+    assert top == pytest.approx(2.0, abs=0.01)
+    assert store.observed_durations("default", 3600, queue="other") == []
+
+
+def test_guard_statements_is_a_lock_exactly_where_writes_wait_for_jobs():
+    guard = store.guard_statements("default")
+    assert (guard is None) is store.writes_while_busy("default")

@@ -1,0 +1,111 @@
+"""The database lock back end's rows: every statement on ``jobguard_lock``, in each dialect's clock.
+
+One row per key. Acquire is a single upsert that takes the row only if it is free or
+expired and bumps the key's fencing counter in the same statement, so two owners can never
+both win and the counter never repeats. A new row's counter starts at the database clock in
+microseconds (as the Redis back end's does), so a key whose released row was pruned
+(:func:`prune_released`) still gets a token above every one it had before. Release and
+extend match the owner token and an unexpired ``expires_at``. Times are the database
+clock's (the dialect's :class:`~._common.Clock`), never a worker's.
+
+The statements are standard SQL plus ``ON CONFLICT``, which PostgreSQL and SQLite share.
+The service around them (which calls may run in a transaction, what an outage raises) is
+:class:`django_jobguard.locks.db.DatabaseLock`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connections
+
+from . import dialect_of
+from ._common import Clock
+
+__all__ = ["TABLE", "acquire", "extend", "held", "prune_released", "release"]
+
+TABLE = "jobguard_lock"
+
+
+def _rows(alias: str, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall()) if cursor.description else [(cursor.rowcount,)]
+
+
+def acquire(alias: str, key: str, token: str, ttl: float) -> int | None:
+    """Take ``key`` for ``token`` for ``ttl`` seconds if free or expired; the new fencing token, or None."""
+    clock = dialect_of(alias).CLOCK
+    rows = _rows(
+        alias,
+        f"INSERT INTO {TABLE} (key, token, expires_at, fencing_token, acquired_at) "
+        f"VALUES (%s, %s, {clock.later}, {clock.epoch_micros}, {clock.now}) "
+        f"ON CONFLICT (key) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at, "
+        f"fencing_token = {TABLE}.fencing_token + 1, acquired_at = excluded.acquired_at "
+        f"WHERE {TABLE}.token IS NULL OR {TABLE}.expires_at <= {clock.now} "
+        "RETURNING fencing_token",
+        [key, token, clock.seconds(ttl)],
+    )
+    return int(rows[0][0]) if rows else None
+
+
+def release(alias: str, key: str, token: str) -> bool:
+    """Free ``key`` if ``token`` holds it and it has not expired; whether it did."""
+    clock = dialect_of(alias).CLOCK
+    rows = _rows(
+        alias,
+        f"UPDATE {TABLE} SET token = NULL, expires_at = NULL "
+        f"WHERE key = %s AND token = %s AND expires_at > {clock.now}",
+        [key, token],
+    )
+    return bool(rows[0][0] == 1)
+
+
+def extend(alias: str, key: str, token: str, ttl: float) -> bool:
+    """Make ``key`` expire ``ttl`` seconds from now if ``token`` still holds it; whether it does.
+
+    Inside a transaction this also locks the row until commit (PostgreSQL), so no one can
+    take the lock between this check and the commit.
+    """
+    clock = dialect_of(alias).CLOCK
+    rows = _rows(
+        alias,
+        f"UPDATE {TABLE} SET expires_at = {clock.later} "
+        f"WHERE key = %s AND token = %s AND expires_at > {clock.now}",
+        [clock.seconds(ttl), key, token],
+    )
+    return bool(rows[0][0] == 1)
+
+
+def held(alias: str, key: str) -> bool:
+    """Whether someone holds ``key`` now (taken and not expired)."""
+    clock = dialect_of(alias).CLOCK
+    rows = _rows(
+        alias,
+        f"SELECT 1 FROM {TABLE} WHERE key = %s AND token IS NOT NULL AND expires_at > {clock.now}",
+        [key],
+    )
+    return bool(rows)
+
+
+def _prunable(clock: Clock) -> str:
+    # Released (token NULL) and last taken long ago, or expired long ago (a holder that died
+    # without releasing). A row never taken (acquired_at NULL, such as the redrive throttle's
+    # row, which only carries a row lock) is kept.
+    return (
+        f"FROM {TABLE} WHERE (token IS NULL AND acquired_at < {clock.later}) "
+        f"OR (token IS NOT NULL AND expires_at < {clock.later})"
+    )
+
+
+def prune_released(alias: str, older_than: float, *, dry_run: bool = False) -> int:
+    """Delete the rows of locks released or expired more than ``older_than`` seconds ago; how many.
+
+    Nothing that anyone holds goes: a held row is neither released nor expired. A key taken
+    again after its row went starts a new row whose fencing counter starts above the old one's.
+    """
+    clock = dialect_of(alias).CLOCK
+    before = clock.seconds(-older_than)
+    verb = "SELECT count(*)" if dry_run else "DELETE"
+    rows = _rows(alias, f"{verb} {_prunable(clock)}", [before, before])
+    return int(rows[0][0])

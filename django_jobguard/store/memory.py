@@ -1,0 +1,408 @@
+"""An in-memory store: the job and key operations of the store contract, with no database.
+
+For unit tests that need a store and no database (``store.substitute(alias, MemoryStore())``
+routes an alias's ``store.*`` calls here). It keeps the contract's rules: claims in
+``priority``, ``run_after``, id order, never a paused queue or a job out of attempts; every
+write to a held job fenced by its lease token; leases timed by one clock (the store's
+``now``, which a test may move). It is not a database: nothing is durable or shared between
+processes, one lock serialises every call (as SQLite's one writer does), and the database
+lock back end's rows (:mod:`.locks`) and the ORM reads of ``store/_common.py`` (checkpoints,
+``build_job``) are not here. mypy checks it against :class:`~.dialect.JobStore`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import itertools
+import json
+import secrets
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.utils import timezone
+
+from ._common import (
+    INSERT_FIELDS,
+    LEASE_EXPIRED_ERROR,
+    LEASE_EXPIRED_MESSAGE,
+    PERCENTILES,
+    REAP_BATCH,
+    AttemptError,
+    ClaimedJob,
+    DurationRow,
+    Inserted,
+)
+
+if TYPE_CHECKING:
+    from .dialect import JobStore
+
+__all__ = ["MemoryStore", "StoredJob", "StoredKey"]
+
+
+@dataclasses.dataclass
+class StoredJob:
+    """One job row, as the store keeps it."""
+
+    id: int
+    fields: dict[str, Any]
+    run_after: datetime.datetime
+    enqueued_at: datetime.datetime
+    status: str = "queued"
+    attempts: int = 0
+    lease_token: str | None = None
+    lease_expires_at: datetime.datetime | None = None
+    started_at: datetime.datetime | None = None
+    finished_at: datetime.datetime | None = None
+    worker_id: str = ""
+    last_error: str = ""
+    first_failed_at: datetime.datetime | None = None
+    reappearances: int = 0
+    lock_contentions: int = 0
+    cancel_requested: bool = False
+    result: Any = None
+    attempt_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    @property
+    def queue_name(self) -> str:
+        return str(self.fields["queue_name"])
+
+    def claimed(self) -> ClaimedJob:
+        f = self.fields
+        return ClaimedJob(
+            id=self.id,
+            task_name=f["task_name"],
+            queue_name=f["queue_name"],
+            args=list(f["args"]),
+            kwargs=dict(f["kwargs"]),
+            priority=f["priority"],
+            attempts=self.attempts,
+            max_attempts=f["max_attempts"],
+            lease_token=self.lease_token or "",
+            visibility_timeout=float(f["visibility_timeout"]),
+            idempotency_key=f["idempotency_key"],
+            lock_key=f["lock_key"] or "",
+            handler_version=f["handler_version"] or "",
+        )
+
+
+@dataclasses.dataclass
+class StoredKey:
+    """One idempotency key row."""
+
+    id: int
+    fingerprint: str
+    expires_at: datetime.datetime
+    job_id: int | None
+    status: str = "in_progress"
+    result: Any = None
+
+
+class MemoryStore:
+    """The store contract in memory: one instance is one database."""
+
+    CLAIM_READS_PAUSES = True  # it reads :attr:`paused` itself
+
+    def __init__(self, now: Callable[[], datetime.datetime] = timezone.now) -> None:
+        #: The store's clock: what leases and due times are measured by.
+        self.now = now
+        self.jobs: dict[int, StoredJob] = {}
+        self.keys: dict[tuple[str, str], StoredKey] = {}
+        #: Names of the paused queues.
+        self.paused: set[str] = set()
+        self._ids = itertools.count(1)
+        self._key_ids = itertools.count(1)
+        self._lock = threading.RLock()
+
+    # -- the connection ----------------------------------------------------------------------
+
+    def writes_while_busy(self, alias: str) -> bool:
+        return True
+
+    def guard_statements(self, alias: str) -> threading.RLock | None:
+        return None
+
+    def database_now(self, alias: str) -> datetime.datetime:
+        return self.now()
+
+    # -- enqueue -----------------------------------------------------------------------------
+
+    def insert_jobs(
+        self,
+        alias: str,
+        rows: Sequence[dict[str, Any]],
+        run_after: datetime.datetime | datetime.timedelta | None = None,
+    ) -> list[Inserted]:
+        with self._lock:
+            now = self.now()
+            due = (
+                now
+                if run_after is None
+                else run_after
+                if isinstance(run_after, datetime.datetime)
+                else now + run_after
+            )
+            inserted: list[Inserted] = []
+            for row in rows:
+                fields = {name: row[name] for name in INSERT_FIELDS}
+                fields["args"] = json.loads(json.dumps(fields["args"]))
+                fields["kwargs"] = json.loads(json.dumps(fields["kwargs"]))
+                job = StoredJob(id=next(self._ids), fields=fields, run_after=due, enqueued_at=now)
+                self.jobs[job.id] = job
+                inserted.append((job.id, due, now))
+            return inserted
+
+    def insert_keyed_job(
+        self,
+        alias: str,
+        row: dict[str, Any],
+        run_after: datetime.datetime | datetime.timedelta | None,
+        *,
+        scope: str,
+        fingerprint: str,
+        expires_at: datetime.datetime,
+    ) -> Inserted | None:
+        with self._lock:
+            if (
+                self.insert_key(
+                    alias, scope, row["idempotency_key"], fingerprint, None, expires_at=expires_at
+                )
+                is None
+            ):
+                return None
+            (inserted,) = self.insert_jobs(alias, [row], run_after)
+            self.keys[(scope, row["idempotency_key"])].job_id = inserted[0]
+            return inserted
+
+    # -- idempotency keys --------------------------------------------------------------------
+
+    def insert_key(
+        self,
+        alias: str,
+        scope: str,
+        key: str,
+        digest: str,
+        job_id: int | None,
+        *,
+        expires_at: datetime.datetime,
+    ) -> int | None:
+        with self._lock:
+            if (scope, key) in self.keys:
+                return None
+            row = StoredKey(id=next(self._key_ids), fingerprint=digest, expires_at=expires_at, job_id=job_id)
+            self.keys[(scope, key)] = row
+            return row.id
+
+    def key_owner(self, alias: str, scope: str, key: str) -> tuple[int | None, str] | None:
+        row = self.keys.get((scope, key))
+        return None if row is None else (row.job_id, row.status)
+
+    def record_key_success(
+        self, alias: str, scope: str, key: str, job_id: int, result_json: str | None
+    ) -> bool:
+        with self._lock:
+            row = self.keys.get((scope, key))
+            if row is None or row.job_id != job_id:
+                return False
+            row.status = "succeeded"
+            row.result = None if result_json is None else json.loads(result_json)
+            return True
+
+    # -- leases ------------------------------------------------------------------------------
+
+    def claim(
+        self, alias: str, queues: Sequence[str] | None, limit: int, worker_id: str, exclude: Sequence[str]
+    ) -> list[ClaimedJob]:
+        with self._lock:
+            now = self.now()
+            due = [
+                job
+                for job in self.jobs.values()
+                if job.status == "queued"
+                and job.run_after <= now
+                and job.attempts < job.fields["max_attempts"]
+                and job.queue_name not in self.paused
+                and (job.queue_name in queues if queues else job.queue_name not in exclude)
+            ]
+            due.sort(key=lambda job: (-job.fields["priority"], job.run_after, job.id))
+            claimed = []
+            for job in due[:limit]:
+                job.status = "running"
+                job.attempts += 1
+                job.lease_token = secrets.token_hex(16)
+                job.lease_expires_at = now + datetime.timedelta(seconds=job.fields["visibility_timeout"])
+                job.started_at = now
+                job.worker_id = worker_id
+                job.attempt_history.append({"worker_id": worker_id, "started_at": now.isoformat()})
+                claimed.append(job.claimed())
+            return claimed
+
+    def _held(self, job_id: int, lease_token: str) -> StoredJob | None:
+        job = self.jobs.get(job_id)
+        return (
+            job
+            if job is not None and job.lease_token is not None and job.lease_token == lease_token
+            else None
+        )
+
+    def heartbeat(self, alias: str, ids: list[int], tokens: list[str]) -> list[tuple[int, bool]]:
+        with self._lock:
+            now = self.now()
+            renewed = []
+            for job_id in ids:
+                job = self.jobs.get(job_id)
+                if job is None or job.lease_token not in tokens:
+                    continue
+                job.lease_expires_at = now + datetime.timedelta(seconds=job.fields["visibility_timeout"])
+                renewed.append((job_id, job.cancel_requested))
+            return renewed
+
+    def complete(
+        self, alias: str, job_id: int, lease_token: str, result_json: str, *, commit: bool = False
+    ) -> bool:
+        with self._lock:
+            job = self._held(job_id, lease_token)
+            if job is None:
+                return False
+            job.status, job.finished_at, job.result = "succeeded", self.now(), json.loads(result_json)
+            job.lease_token = job.lease_expires_at = None
+            return True
+
+    def complete_many(self, alias: str, acks: Sequence[tuple[int, str, str]]) -> list[int]:
+        with self._lock:
+            return [job_id for job_id, token, result in acks if self.complete(alias, job_id, token, result)]
+
+    def discard_queued(self, alias: str, job_id: int) -> None:
+        with self._lock:
+            job = self.jobs.get(job_id)
+            if job is not None and job.status == "queued":
+                del self.jobs[job_id]
+
+    def _failed(self, job: StoredJob, now: datetime.datetime, attempt_error: AttemptError) -> None:
+        if job.attempt_history:
+            error_class, error, traceback = attempt_error
+            job.attempt_history[-1].update(
+                finished_at=now.isoformat(), error_class=error_class, error=error, traceback=traceback
+            )
+
+    def requeue(
+        self,
+        alias: str,
+        job_id: int,
+        lease_token: str,
+        *,
+        delay: float,
+        error: str | None,
+        refund_attempt: bool,
+        contention: bool,
+        attempt_error: AttemptError | None,
+    ) -> bool:
+        with self._lock:
+            job = self._held(job_id, lease_token)
+            if job is None:
+                return False
+            now = self.now()
+            job.status, job.lease_token, job.lease_expires_at, job.worker_id = "queued", None, None, ""
+            job.run_after = now + datetime.timedelta(seconds=delay)
+            job.attempts -= 1 if refund_attempt else 0
+            job.lock_contentions += 1 if contention else 0
+            if error is not None:
+                job.last_error = error
+                job.first_failed_at = job.first_failed_at or now
+            if refund_attempt:
+                del job.attempt_history[-1:]
+            elif attempt_error is not None:
+                self._failed(job, now, attempt_error)
+            return True
+
+    def mark_dead(
+        self, alias: str, job_id: int, lease_token: str, error: str, attempt_error: AttemptError | None
+    ) -> bool:
+        with self._lock:
+            job = self._held(job_id, lease_token)
+            if job is None:
+                return False
+            now = self.now()
+            job.status, job.finished_at, job.lease_token, job.lease_expires_at = "dead", now, None, None
+            job.last_error = error
+            job.first_failed_at = job.first_failed_at or now
+            if attempt_error is not None:
+                self._failed(job, now, attempt_error)
+            return True
+
+    def reap(
+        self, alias: str, limit: int = REAP_BATCH
+    ) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+        with self._lock:
+            now = self.now()
+            expired = sorted(
+                (
+                    job
+                    for job in self.jobs.values()
+                    if job.status == "running"
+                    and job.lease_expires_at is not None
+                    and job.lease_expires_at < now
+                ),
+                key=lambda job: (job.lease_expires_at, job.id),
+            )
+            requeued: list[tuple[int, str]] = []
+            exhausted: list[tuple[int, str]] = []
+            for job in expired:
+                if job.attempts >= job.fields["max_attempts"]:
+                    if len(exhausted) < limit:
+                        exhausted.append((job.id, job.lease_token or ""))
+                elif len(requeued) < limit:
+                    job.status, job.lease_token, job.lease_expires_at, job.worker_id = (
+                        "queued",
+                        None,
+                        None,
+                        "",
+                    )
+                    job.run_after, job.reappearances = now, job.reappearances + 1
+                    job.first_failed_at = job.first_failed_at or now
+                    job.last_error = LEASE_EXPIRED_MESSAGE
+                    self._failed(job, now, LEASE_EXPIRED_ERROR)
+                    requeued.append((job.id, job.queue_name))
+            return requeued, exhausted
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def oldest_due_ages(self, alias: str) -> dict[str, float]:
+        with self._lock:
+            now = self.now()
+            ages: dict[str, float] = {}
+            for job in self.jobs.values():
+                if job.status == "queued" and job.run_after <= now:
+                    age = (now - job.run_after).total_seconds()
+                    ages[job.queue_name] = max(ages.get(job.queue_name, 0.0), age)
+            return ages
+
+    def observed_durations(self, alias: str, since: float, queue: str | None) -> list[DurationRow]:
+        with self._lock:
+            start = self.now() - datetime.timedelta(seconds=since)
+            runs: dict[tuple[str, str], list[float]] = {}
+            for job in self.jobs.values():
+                if job.status != "succeeded" or job.started_at is None or job.finished_at is None:
+                    continue
+                if job.finished_at < start or (queue is not None and job.queue_name != queue):
+                    continue
+                key = (job.queue_name, job.fields["task_name"])
+                runs.setdefault(key, []).append((job.finished_at - job.started_at).total_seconds())
+            return [
+                (q, t, len(d), [_percentile(sorted(d), f) for f in PERCENTILES], max(d))
+                for (q, t), d in sorted(runs.items())
+            ]
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    """``percentile_cont``: linear interpolation between the two nearest ranks."""
+    position = fraction * (len(values) - 1)
+    low = int(position)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (position - low) * (values[high] - values[low])
+
+
+if TYPE_CHECKING:
+    # mypy checks the class against the contract here.
+    _CONFORMS: type[JobStore] = MemoryStore
