@@ -14,7 +14,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
-from . import cache, schedules
+from . import cache, schedules, store
 from ._redis import is_django_redis
 from .conf import ScheduleConfig, Settings, get_settings
 from .exceptions import InvalidArgumentsError
@@ -60,7 +60,7 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         ]
     connection = connections[alias]
     messages: list[checks.CheckMessage] = []
-    if connection.vendor not in ("postgresql", "sqlite"):
+    if connection.vendor not in store.supported_vendors():
         messages.append(
             checks.Error(
                 f"django-jobguard supports PostgreSQL and SQLite; {alias!r} is {connection.vendor}.",

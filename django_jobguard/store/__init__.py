@@ -87,6 +87,7 @@ __all__ = [
     "record_key_success",
     "requeue",
     "substitute",
+    "supported_vendors",
     "write_checkpoints",
     "writes_while_busy",
 ]
@@ -97,6 +98,11 @@ _DIALECTS: dict[str, Dialect] = {"postgresql": postgres, "sqlite": sqlite}
 #: alias -> what serves its jobs and keys: its database's dialect, filled on first use of
 #: each alias (an alias does not change vendor), or a test's substitute.
 _by_alias: dict[str, JobStore] = {}
+
+
+def supported_vendors() -> frozenset[str]:
+    """The ``connection.vendor`` names that have a dialect (the system check reads them)."""
+    return frozenset(_DIALECTS)
 
 
 def dialect_of(alias: str) -> Dialect:

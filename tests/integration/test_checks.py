@@ -253,3 +253,12 @@ def test_the_durable_invalidation_task_of_the_cache_module_is_classified():
     # A cache that fails is still retried; a bug in the payload is not.
     assert classify(TransientError("cache down"), delete_keys) == "transient"
     assert classify(KeyError("keys"), delete_keys) == "permanent"
+
+
+def test_a_database_without_a_store_dialect_is_an_error(monkeypatch):
+    from django.db import connection
+
+    assert all(message.id != "jobguard.E003" for message in checks.check_database())
+    monkeypatch.setattr(connection, "vendor", "mysql")
+    (error,) = [message for message in checks.check_database() if message.id == "jobguard.E003"]
+    assert error.msg == "django-jobguard supports PostgreSQL and SQLite; 'default' is mysql."
