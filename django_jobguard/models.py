@@ -232,7 +232,8 @@ class IdempotencyKey(models.Model):
         indexes = [models.Index(fields=["expires_at"], name="jobguard_idem_expires_idx")]
 
     def __str__(self) -> str:
-        return f"{self.scope}:{self.key} ({self.status})"
+        # Not the key: it is made of the call's arguments, and titles and the admin log show this.
+        return f"{self.scope} key #{self.pk} ({self.status})"
 
 
 class ErrorCategory(models.TextChoices):

@@ -605,13 +605,13 @@ def _review_warnings(
     corrected_lock: str,
 ) -> tuple[str, ...]:
     """The review's warnings: names of arguments and keys, never their values."""
-    key = letter.idempotency_key or ""
     warnings = []
     if key_affected:
         fields = ", ".join(change.name for change in changes)
         warnings.append(
-            f"This correction changes {fields}, which the fingerprint of idempotency key {key!r} covers: "
-            f"the replay takes the key over with the corrected arguments, so an enqueue of {key!r} with "
+            # The key itself is made of arguments: approvers without view_payload read this too.
+            f"This correction changes {fields}, which the fingerprint of the job's idempotency key covers: "
+            "the replay takes the key over with the corrected arguments, so an enqueue of that key with "
             "the original arguments raises IdempotencyConflict instead of returning this replay's job. "
             "To run the original action as well, enqueue it under another key."
         )

@@ -364,7 +364,8 @@ def test_the_review_of_a_correction_names_the_changed_arguments_and_warns_about_
     assert review.changed_fields == ["order_id", "amount"]
     [key_warning] = review.warnings  # charge has no lock template
     assert "changes order_id, amount" in key_warning
-    assert "'charge:order:4'" in key_warning and "raises IdempotencyConflict" in key_warning
+    # The key is made of arguments: approvers without view_payload read the warning too.
+    assert "charge:order:4" not in key_warning and "raises IdempotencyConflict" in key_warning
     # Warnings name arguments, never values: users without view_payload see them too.
     assert "700" not in key_warning
     # Nothing stored yet: the review of the dead letter itself finds no correction.

@@ -415,14 +415,15 @@ def test_the_approver_sees_original_against_corrected_payload_or_only_the_change
         rows = [(r["name"], r["original"], r["corrected"]) for r in response.context["correction_rows"]]
         assert rows == [("order_id", "30", "31"), ("amount", "0", "7070707")]
         assert "<del><pre>30</pre></del>" in content and "<ins><pre>7070707</pre></ins>" in content
-        assert "raises IdempotencyConflict" in content and "&#x27;charge:order:30&#x27;" in content
+        assert "raises IdempotencyConflict" in content
 
     client.force_login(people.approver)  # may approve, may not read payloads
     for url in (replay_url(letter, "approve"), page(letter)):
         content = client.get(url).content.decode()
         assert "Payload changed: order_id, amount." in content
-        assert "raises IdempotencyConflict" in content  # the warning names keys and arguments only
+        assert "raises IdempotencyConflict" in content  # the warning names arguments only
         assert "7070707" not in content and "<del>" not in content
+        assert "charge:order:30" not in content  # the key is made of the arguments
 
 
 def test_a_request_whose_correction_changes_the_keys_arguments_is_shown_with_its_warnings_first(
@@ -435,7 +436,7 @@ def test_a_request_whose_correction_changes_the_keys_arguments_is_shown_with_its
     response = client.post(replay_url(letter, "request"), corrected)
     assert response.status_code == 200
     content = response.content.decode()
-    assert "changes order_id, amount, which the fingerprint of idempotency key" in content
+    assert "changes order_id, amount, which the fingerprint of the job&#x27;s idempotency key" in content
     assert "submit again to request this replay" in content
     assert state(letter) == before  # nothing requested yet
     token = response.context["confirm_correction"]
