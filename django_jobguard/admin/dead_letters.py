@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.utils import unquote
@@ -334,6 +335,9 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             "replay_payload": dumps({"args": letter.replay_args, "kwargs": letter.replay_kwargs}),
             "requested_at": format_time(letter.replay_requested_at),
             "confirm_correction": confirm,
+            # Django refuses a bigger request before any view runs (a bare 400 page): the
+            # form's script checks the size first and says so.
+            "upload_limit": settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0,
             **_correction_context(request, review),
         }
         return TemplateResponse(request, "django_jobguard/admin/deadletter/replay_form.html", context)

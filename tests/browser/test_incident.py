@@ -187,3 +187,29 @@ def test_the_console_pages_fit_common_screen_widths(live_server, browser_page):
     # The page itself never scrolls sideways; the wide table scrolls inside its own box.
     assert page.evaluate("document.documentElement.scrollWidth") <= 800
     shot(page, "queue-health-800px", full_page=False)
+
+
+def test_a_payload_over_djangos_upload_limit_is_stopped_with_the_reason_and_nothing_lost(
+    live_server, browser_page, settings
+):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 5_000
+    dead_letters(1, lambda n: {"order_id": 8, "amount": 0})
+    letter = DeadLetter.objects.get()
+    person("rita", "view_deadletter", "request_replay", "view_payload")
+    page = browser_page
+    log_in(page, live_server.url, "rita", then=f"{LIST}{letter.pk}/replay/request/")
+    big = '{"order_id": 8, "amount": 5, "note": "' + "x" * 6_000 + '"}'
+    page.fill("textarea[name=kwargs]", big)
+    page.fill("textarea[name=reason]", "amount from the order")
+    page.click("input[type=submit].default")
+    page.wait_for_selector("#payload-too-big", state="visible", timeout=30_000)
+    note = page.inner_text("#payload-too-big")
+    assert "accepts at most 5,000 bytes" in note and "Nothing was sent" in note
+    assert page.url.endswith("/replay/request/")
+    assert page.input_value("textarea[name=kwargs]") == big  # what was typed is still there
+    assert DeadLetter.objects.get(pk=letter.pk).replay_state == "none"
+
+    # A payload that fits goes through as before.
+    page.fill("textarea[name=kwargs]", '{"order_id": 8, "amount": 5}')
+    follow(page, "input[type=submit].default")
+    assert DeadLetter.objects.get(pk=letter.pk).replay_state == "requested"
