@@ -10,7 +10,7 @@ statement and sends text from then on.
 
 Uses the test suite's settings and tasks (tests/settings.py, tests/testapp) on the given
 database (migrated here; its job tables are emptied between runs) and a private pgbouncer
-(tests/pgbouncer.py, pool of 10 server connections). Prints two tables:
+(tests/support/pgbouncer.py, pool of 10 server connections). Prints two tables:
 
 1. processing rate: ``--jobs`` no-op jobs drained by N ``jobguard_worker --burst
    --concurrency 2`` processes, jobs per second from the first claim to the last ack
@@ -56,7 +56,7 @@ def main() -> None:
     from django.core.management import call_command
     from django.db import connection
 
-    from tests.pgbouncer import PgBouncer
+    from tests.support.pgbouncer import PgBouncer
     from tests.testapp import tasks
 
     call_command("migrate", verbosity=0)

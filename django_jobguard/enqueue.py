@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 
 from . import _dispatch, idempotency, metrics, signals, store
-from ._json import normalize_json, validate_payload
+from ._json import validate_payload
 from .conf import get_settings
 from .exceptions import IdempotencyConflict, InvalidArgumentsError, TaskNotExposedError, UnknownQueueError
 from .registry import registry
@@ -24,12 +24,10 @@ if TYPE_CHECKING:
     from .models import Job
     from .task import Task
 
-# normalize_json lives in _json (a leaf); it is re-exported here for callers that import it from here.
 __all__ = [
     "bulk_enqueue",
     "enqueue",
     "enqueue_exposed",
-    "normalize_json",
     "prepare",
     "validate_payload",
 ]

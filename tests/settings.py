@@ -74,7 +74,7 @@ if os.environ.get("JOBGUARD_TEST_DB_NAME"):
     DATABASES["default"]["NAME"] = os.environ["JOBGUARD_TEST_DB_NAME"]
 
 if os.environ.get("JOBGUARD_TEST_PGBOUNCER_PORT"):
-    # Processes of the PgBouncer tests (tests/pgbouncer.py): "default" goes through the
+    # Processes of the PgBouncer tests (tests/support/pgbouncer.py): "default" goes through the
     # pooler in transaction mode with Django's settings for it; "direct" bypasses it for LISTEN.
     DATABASES["direct"] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
     DATABASES["default"] = {

@@ -12,7 +12,7 @@ from django.contrib.auth.models import Permission, User
 
 from django_jobguard.models import DeadLetter, Job
 from tests.browser.conftest import CHROMIUM, follow, shot
-from tests.dlq_support import run_burst
+from tests.support.dlq import run_burst
 from tests.testapp import tasks_dlq
 from tests.testapp.models import LedgerEntry
 

@@ -15,7 +15,7 @@ from django_jobguard.audit import audit
 from django_jobguard.locks import lock
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job, Lock, ReplayEvent
 from django_jobguard.retention import JOB_DELETION_RULE, KEY_DELETION_RULE
-from tests.dlq_support import dead_charge, make_user
+from tests.support.dlq import dead_charge, make_user
 from tests.testapp import tasks_dlq
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -12,7 +12,7 @@ from django.utils import timezone
 from django_jobguard import dlq, jobs
 from django_jobguard.audit import CHECKS, SAMPLE_SIZE, audit
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job
-from tests.dlq_support import dead_charge, make_user, run_burst
+from tests.support.dlq import dead_charge, make_user, run_burst
 from tests.testapp import tasks, tasks_dlq
 
 pytestmark = pytest.mark.django_db(transaction=True)

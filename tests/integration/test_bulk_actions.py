@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from django_jobguard import dlq, jobs
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job
-from tests.dlq_support import dead_charge
+from tests.support.dlq import dead_charge
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db

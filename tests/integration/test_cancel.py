@@ -5,7 +5,7 @@ from django.urls import reverse
 
 from django_jobguard import jobs, store
 from django_jobguard.models import IdempotencyKey, Job
-from tests.dlq_support import make_user
+from tests.support.dlq import make_user
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db

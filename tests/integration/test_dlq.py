@@ -13,7 +13,7 @@ from django_jobguard.exceptions import (
     ReplayPermissionDenied,
 )
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job, ReplayEvent
-from tests.dlq_support import dead_charge, make_user, replay_jobs, run_burst
+from tests.support.dlq import dead_charge, make_user, replay_jobs, run_burst
 from tests.testapp import tasks, tasks_dlq
 from tests.testapp.models import Execution, LedgerEntry
 

@@ -9,7 +9,7 @@ from django.urls import reverse
 
 from django_jobguard import dlq
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job, ReplayEvent
-from tests.dlq_support import dead_charge, make_user, run_burst
+from tests.support.dlq import dead_charge, make_user, run_burst
 from tests.testapp import tasks_dlq
 
 pytestmark = pytest.mark.django_db(transaction=True)

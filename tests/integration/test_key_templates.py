@@ -6,7 +6,7 @@ import pytest
 
 from django_jobguard import IdempotencyConflict, InvalidArgumentsError
 from django_jobguard.models import IdempotencyKey, Job
-from tests.dlq_support import run_burst
+from tests.support.dlq import run_burst
 from tests.testapp.models import LedgerEntry
 from tests.testapp.tasks_checklist import charge_by_key
 

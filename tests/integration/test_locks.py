@@ -16,8 +16,8 @@ from django_jobguard import LockNotAcquired, LockUnavailable, lock
 from django_jobguard.checks import check_lock_backend
 from django_jobguard.locks import BaseLock
 from django_jobguard.models import Lock
-from tests import locking
 from tests.conftest import wait_for
+from tests.support import locking
 from tests.testapp.models import FencedCounter
 from tests.testapp.tasks_locks import fenced_write
 

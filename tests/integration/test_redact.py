@@ -9,7 +9,7 @@ from django.test import override_settings
 
 from django_jobguard import lock
 from django_jobguard.models import DeadLetter, Job
-from tests.dlq_support import run_burst
+from tests.support.dlq import run_burst
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -13,7 +13,7 @@ pytest.importorskip("django_redis")
 from django_jobguard import cache as jobguard_cache
 from django_jobguard import lock
 from django_jobguard.locks.redis import RedisLock
-from tests import redis_cluster
+from tests.support import redis_cluster
 
 pytestmark = pytest.mark.django_db
 
@@ -39,7 +39,7 @@ def cluster_cache(cluster) -> Iterator[str]:
             "BACKEND": "django_redis.cache.RedisCache",
             "LOCATION": cluster.url,
             "OPTIONS": {
-                "CONNECTION_FACTORY": "tests.redis_cluster.ClusterConnectionFactory",
+                "CONNECTION_FACTORY": "tests.support.redis_cluster.ClusterConnectionFactory",
                 "SOCKET_CONNECT_TIMEOUT": 2,
                 "SOCKET_TIMEOUT": 5,
             },

@@ -17,7 +17,7 @@ pytest.importorskip("django_redis")
 
 from django_jobguard import lock
 from tests.conftest import wait_for
-from tests.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from django_jobguard.models import Job
-from tests.dlq_support import run_burst
+from tests.support.dlq import run_burst
 from tests.testapp import tasks_dlq
 
 pytestmark = pytest.mark.django_db(transaction=True)

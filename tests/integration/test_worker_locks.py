@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 
 from django_jobguard.models import DeadLetter, Job, Lock
 from django_jobguard.worker import Worker
-from tests import locking
+from tests.support import locking
 from tests.testapp import tasks_locks
 from tests.testapp.models import Execution, Interval, LedgerEntry
 

@@ -33,7 +33,7 @@ from prometheus_client import REGISTRY
 from django_jobguard.cache import get_versioned, invalidate
 from django_jobguard.models import Job
 from tests.conftest import ROOT, wait_for, worker_env
-from tests.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
 from tests.testapp import tasks_cache
 from tests.testapp.models import Account, Execution
 

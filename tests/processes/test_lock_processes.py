@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from django_jobguard.models import DeadLetter, Job
-from tests import locking
 from tests.conftest import wait_for
-from tests.redis_server import RedisServer
+from tests.support import locking
+from tests.support.redis_server import RedisServer
 from tests.testapp import tasks_locks
 from tests.testapp.models import Execution, FencedCounter, Interval, LedgerEntry
 

@@ -1,7 +1,7 @@
 """Three worker hosts as network namespaces: one partitioned mid-run, one with a skewed clock.
 
 Every host reaches PostgreSQL (and Redis) only through a relay on its veth pair's far end
-(tests/netns.py); the namespaces, links and relays are created and removed by each test.
+(tests/support/netns.py); the namespaces, links and relays are created and removed by each test.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from django.db import connection
 from django.db.models import F
 
 from django_jobguard.models import DeadLetter, Job
-from tests import netns
 from tests.conftest import ROOT, wait_for, worker_command, worker_env
+from tests.support import netns
 from tests.testapp import tasks
 from tests.testapp.models import LedgerEntry
 

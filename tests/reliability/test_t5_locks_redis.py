@@ -25,7 +25,7 @@ import pytest
 
 from django_jobguard.models import Job
 from tests.conftest import wait_for
-from tests.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
 from tests.testapp import tasks_faults
 from tests.testapp.models import FencedCounter, Interval, LedgerEntry
 

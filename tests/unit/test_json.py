@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 
 from django_jobguard import conf
 from django_jobguard._json import _walk, normalize_json, payload_size, validate_payload
-from django_jobguard.enqueue import normalize_json as reexported
 from django_jobguard.exceptions import InvalidArgumentsError, PayloadTooLargeError
 
 
@@ -19,10 +18,6 @@ def nested(depth: int, leaf=None):
     for _ in range(depth - 1):
         value = [value]
     return value
-
-
-def test_normalize_json_is_still_importable_from_enqueue():
-    assert reexported is normalize_json
 
 
 def test_nesting_up_to_the_limit_passes_and_one_more_level_names_the_argument():
