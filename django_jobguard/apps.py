@@ -23,11 +23,14 @@ class JobguardConfig(AppConfig):
         # Imported here, not at the top: they import the models, which the app registry
         # loads after this module. checks register on import; cache registers the durable
         # invalidation task; enqueue plugs itself into Task.enqueue() (see task.py).
-        from . import cache, checks, conf, enqueue, metrics, registry  # noqa: F401
+        from . import beats, cache, checks, conf, enqueue, events, metrics, registry  # noqa: F401
 
         setting_changed.connect(conf.reload, dispatch_uid="jobguard_settings_reload")
         registry.autodiscover()
         registry.registry.add_resolver(resolve_django_task)
+        # What happens is emitted once (events.emit); these report it.
+        events.add_sink(metrics.sink)
+        events.add_sink(beats.sink)
         # Queries run only when /metrics is scraped; the worker's own server leaves it out.
         metrics.register_queue_collector()
 

@@ -17,9 +17,11 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from django.utils import timezone
 
+from . import events
 from .models import QueueMinute, WorkerBeat
 from .stats import oldest_due_ages
 from .store import beats as store_beats
@@ -155,3 +157,16 @@ class Beat:
         cutoff = timezone.now() - datetime.timedelta(seconds=KEEP_SECONDS)
         QueueMinute.objects.using(self.alias).filter(minute__lt=cutoff).delete()
         WorkerBeat.objects.using(self.alias).filter(last_beat_at__lt=cutoff).delete()
+
+
+def sink(event: Any) -> None:
+    """The console's sink of :mod:`django_jobguard.events`: outcomes per queue and minute."""
+    kind = type(event)
+    if kind is events.JobSucceeded:
+        count(event.queue, "succeeded")
+    elif kind is events.JobFailed:
+        count(event.queue, "failed")
+        if event.retried:
+            count(event.queue, "retried")
+    elif kind is events.JobDeadLettered:
+        count(event.queue, "dead_lettered")

@@ -55,7 +55,7 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
-from . import _faults, metrics, store
+from . import _faults, events, store
 from ._redis import is_django_redis, milliseconds, run_script
 from .conf import get_settings
 from .enqueue import enqueue
@@ -258,10 +258,10 @@ def _delete_entries(alias: str, entries: Mapping[str, int | None], *, raise_erro
         except Exception as exc:
             # The write committed; the worst left behind is a value that is stale until its TTL.
             logger.exception("cache_invalidation_failed cache=%s keys=%s version=%s", alias, batch, version)
-            metrics.cache_invalidated(alias, "error", len(batch))
+            events.emit(events.CacheInvalidated(alias, "error", len(batch)))
             failure = failure or exc
         else:
-            metrics.cache_invalidated(alias, "ok", len(batch))
+            events.emit(events.CacheInvalidated(alias, "ok", len(batch)))
     if failure is not None and raise_errors:
         raise failure
     return failure is None
@@ -382,7 +382,7 @@ def _flush(state: _Durable) -> None:
         _faults.maybe_crash("cache_after_commit")
     deleted = True
     for alias, entries in state.entries.items():
-        metrics.durable_invalidation(alias, "enqueued")
+        events.emit(events.DurableInvalidation(alias, "enqueued"))
         deleted = _delete_entries(alias, entries) and deleted
     if not deleted:
         logger.warning(
@@ -399,7 +399,7 @@ def _flush(state: _Durable) -> None:
         logger.exception("durable_invalidation_job_not_removed job_id=%s", state.job_id)
         return
     for alias in state.entries:
-        metrics.durable_invalidation(alias, "completed_at_commit")
+        events.emit(events.DurableInvalidation(alias, "completed_at_commit"))
 
 
 def _remove_job(using: str, job_id: int) -> None:
@@ -438,11 +438,11 @@ def delete_keys(context: Any, keys: dict[str, dict[str, int | None]]) -> int:
         except Exception as exc:
             failed.append((alias, exc))
         else:
-            metrics.durable_invalidation(alias, "completed_by_worker")
+            events.emit(events.DurableInvalidation(alias, "completed_by_worker"))
     if failed:
         status = "retried" if context.attempt < context.max_attempts else "failed"
         for alias, _exc in failed:
-            metrics.durable_invalidation(alias, status)
+            events.emit(events.DurableInvalidation(alias, status))
         first_alias, first_error = failed[0]
         raise TransientError(
             f"cache {first_alias!r} did not take the invalidation of job {context.job_id} "
@@ -508,7 +508,7 @@ def set_versioned(
             if written:
                 cache.set(key, (_MARKER, version, True, value), timeout=timeout)
     if not written:
-        metrics.stale_write_rejected(alias)
+        events.emit(events.StaleWriteRejected(alias))
     return written
 
 
@@ -632,9 +632,9 @@ def _load(
     try:
         loaded = loader()
     except BaseException:
-        metrics.refill_loaded(alias, "error")
+        events.emit(events.RefillLoaded(alias, "error"))
         raise
-    metrics.refill_loaded(alias, "ok")
+    events.emit(events.RefillLoaded(alias, "ok"))
     _store(cache, client, alias, key, loaded, timeout)
     return loaded.value if isinstance(loaded, Versioned) else loaded
 
@@ -675,7 +675,7 @@ def get_or_set(
     deadline = time.monotonic() + conf.refill_wait
     while True:
         if _take_lease(cache, client, lease_key, token, conf.refill_lease_ttl):
-            metrics.refill_lease_taken(alias)
+            events.emit(events.RefillLeaseTaken(alias))
             try:
                 # The previous holder may have filled the key just before it let go.
                 found, value = _read(cache, client, key)
@@ -685,11 +685,11 @@ def get_or_set(
         time.sleep(REFILL_POLL_SECONDS)
         found, value = _read(cache, client, key)
         if found:
-            metrics.refill_waited(alias, "filled")
+            events.emit(events.RefillWaited(alias, "filled"))
             return value
         if time.monotonic() >= deadline:
             # The holder is slow or gone: serve this caller rather than keep it waiting.
-            metrics.refill_waited(alias, "timeout")
+            events.emit(events.RefillWaited(alias, "timeout"))
             return _load(cache, client, alias, key, loader, timeout)
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from . import _dispatch, idempotency, metrics, signals, store
+from . import _dispatch, events, idempotency, signals, store
 from ._json import validate_payload
 from .conf import get_settings
 from .exceptions import IdempotencyConflict, InvalidArgumentsError, TaskNotExposedError, UnknownQueueError
@@ -224,7 +224,7 @@ def _store_one(task: Task[Any, Any], fields: dict[str, Any], alias: str) -> tupl
             return job, False  # the key's job; the duplicate is counted by enqueue_once
     else:
         (job,) = _insert(task, [fields], alias)
-    metrics.job_enqueued(job.queue_name, job.task_name)
+    events.emit(events.JobEnqueued(job.queue_name, job.task_name))
     _dispatch.send(signals.job_enqueued, job=job)
     return job, True
 
@@ -247,7 +247,7 @@ def bulk_enqueue(task: Task[Any, Any], calls: Iterable[tuple[Sequence[Any], Mapp
         with transaction.atomic(using=alias):
             return [_store_one(task, fields, alias)[0] for fields in rows]
     jobs = _insert(task, rows, alias)
-    metrics.job_enqueued(jobs[0].queue_name, task.name, len(jobs))
+    events.emit(events.JobEnqueued(jobs[0].queue_name, task.name, len(jobs)))
     if signals.job_enqueued.has_listeners(None):
         for job in jobs:
             _dispatch.send(signals.job_enqueued, job=job)

@@ -36,7 +36,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
-from . import metrics, store
+from . import events, store
 from ._json import normalize_json
 from .conf import get_settings
 from .exceptions import IdempotencyConflict, InvalidArgumentsError
@@ -227,7 +227,7 @@ def enqueue_once(
     )
     if inserted is not None:
         return store.build_job(alias, fields, inserted), True
-    metrics.key_conflict(task.name, "enqueue")
+    events.emit(events.KeyConflict(task.name, "enqueue"))
     for _ in range(MAX_ROUNDS):
         # The key row, the job and the link between them commit together: in autocommit a
         # key committed before its job would look orphaned to a concurrent enqueue.
@@ -239,7 +239,8 @@ def enqueue_once(
             if not outcome[1]:
                 _warn_if_far_off(outcome[0], task, scope, key)
                 # Counted when the duplicate count on the row commits, so both agree.
-                transaction.on_commit(partial(metrics.duplicate_prevented, task.name, "enqueue"), using=alias)
+                duplicate = events.DuplicatePrevented(task.name, "enqueue")
+                transaction.on_commit(partial(events.emit, duplicate), using=alias)
             return outcome
     raise RuntimeError(f"idempotency key {key!r} (scope {scope!r}) kept vanishing during enqueue")
 
@@ -344,7 +345,7 @@ def begin_execution(
                 # to upgrade its lock when another writer got in between.
                 if insert_key(alias, scope, key, digest, job_id) is not None:
                     return Decision(RUN)
-                metrics.key_conflict(task.name, "execution")  # another job inserted it
+                events.emit(events.KeyConflict(task.name, "execution"))  # another job inserted it
             existing = _locked_key(alias, scope, key)
             if existing is None:
                 continue  # pruned meanwhile

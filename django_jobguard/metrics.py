@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from typing import Any
 
@@ -37,7 +37,7 @@ try:
 except ImportError:  # pragma: no cover - exercised only without the metrics extra
     prometheus_client = None  # type: ignore[assignment]
 
-from . import beats  # the per-minute counts of the admin's health charts ride on these calls
+from . import events
 from .conf import get_settings
 from .stats import queue_stats
 
@@ -361,25 +361,21 @@ def job_enqueued(queue: str, task: str, count: int = 1) -> None:
 
 def job_succeeded(queue: str, task: str, duration: float) -> None:
     label = queue_label(queue)
-    beats.count(queue, "succeeded")
     _child(SUCCEEDED, label, task).inc()
     _child(DURATION, label, task, "succeeded").observe(duration)
 
 
 def job_failed(queue: str, task: str, category: str, duration: float | None, *, retried: bool) -> None:
     label = queue_label(queue)
-    beats.count(queue, "failed")
     FAILED.labels(label, task, category).inc()
     if duration is not None:
         DURATION.labels(label, task, "failed").observe(duration)
     if retried:
-        beats.count(queue, "retried")
         RETRIED.labels(label, task, category).inc()
 
 
 def job_dead_lettered(queue: str, task: str, reason: str) -> None:
     label = queue_label(queue)
-    beats.count(queue, "dead_lettered")
     DEAD_LETTERED.labels(label, task, reason).inc()
 
 
@@ -416,18 +412,6 @@ def unique_conflict(queue: str, task: str) -> None:
     """Count a unique-constraint conflict (handlers that catch their own may call this too)."""
     label = queue_label(queue)
     UNIQUE_CONFLICTS.labels(label, task).inc()
-
-
-def is_unique_violation(exc: BaseException) -> bool:
-    """Whether ``exc`` is a database unique-constraint violation (PostgreSQL or SQLite)."""
-    from django.db import IntegrityError
-
-    if not isinstance(exc, IntegrityError):
-        return False
-    # psycopg puts the SQLSTATE on the original error; 23505 is unique_violation.
-    if getattr(exc.__cause__, "sqlstate", None) == "23505":
-        return True
-    return str(exc).startswith("UNIQUE constraint failed")
 
 
 # -- the queue collector ---------------------------------------------------------------
@@ -724,3 +708,36 @@ def refill_waited(cache: str, status: str) -> None:
 def refill_loaded(cache: str, status: str) -> None:
     """Count a loader call of get_or_set() (``ok`` or ``error``)."""
     _child(CACHE_REFILL_LOADS, cache, status).inc()
+
+
+# -- the events sink --------------------------------------------------------------------------
+
+_REPORTS: dict[type, Callable[[Any], None]] = {
+    events.JobEnqueued: lambda e: job_enqueued(e.queue, e.task, e.count),
+    events.JobSucceeded: lambda e: job_succeeded(e.queue, e.task, e.duration),
+    events.JobFailed: lambda e: job_failed(e.queue, e.task, e.category, e.duration, retried=e.retried),
+    events.JobDeadLettered: lambda e: job_dead_lettered(e.queue, e.task, e.reason),
+    events.ReplayMoved: lambda e: replay_transition(e.queue, e.task, e.action),
+    events.LockContended: lambda e: lock_contended(e.queue, e.task),
+    events.LockFailed: lambda e: lock_failed(e.queue, e.task, e.reason),
+    events.LeaseReappeared: lambda e: reappeared(e.queue, e.count),
+    events.LeaseLost: lambda e: lease_lost(e.queue, e.task, e.operation),
+    events.DuplicatePrevented: lambda e: duplicate_prevented(e.task, e.where),
+    events.UniqueConflict: lambda e: unique_conflict(e.queue, e.task),
+    events.KeyConflict: lambda e: key_conflict(e.task, e.where),
+    events.ScheduleTicked: lambda e: schedule_tick_enqueued(e.schedule, e.lag),
+    events.ScheduleTicksMissed: lambda e: schedule_ticks_missed(e.schedule, e.count),
+    events.CacheInvalidated: lambda e: cache_invalidated(e.cache, e.status, e.count),
+    events.StaleWriteRejected: lambda e: stale_write_rejected(e.cache),
+    events.DurableInvalidation: lambda e: durable_invalidation(e.cache, e.status),
+    events.RefillLeaseTaken: lambda e: refill_lease_taken(e.cache),
+    events.RefillWaited: lambda e: refill_waited(e.cache, e.status),
+    events.RefillLoaded: lambda e: refill_loaded(e.cache, e.status),
+}
+
+
+def sink(event: Any) -> None:
+    """The Prometheus sink of :mod:`django_jobguard.events` (installed by the app's ``ready()``)."""
+    report = _REPORTS.get(type(event))
+    if report is not None:
+        report(event)

@@ -36,7 +36,7 @@ from django.db import connections, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
 from django.db.models.functions import Now
 
-from . import _faults, metrics, store
+from . import _faults, events, store
 from .conf import ScheduleConfig, get_settings
 from .exceptions import IdempotencyConflict, InvalidArgumentsError, JobguardError
 from .models import Schedule
@@ -476,7 +476,7 @@ def _skip_failed_tick(
         extra={"schedule": row.name},
     )
     if plan is not None and candidates.update(next_tick_at=plan.next_tick_at, updated_at=Now()):
-        metrics.schedule_ticks_missed(row.name, len(plan.ticks) + plan.missed)
+        events.emit(events.ScheduleTicksMissed(row.name, len(plan.ticks) + plan.missed))
         return plan.next_tick_at
     return None
 
@@ -484,7 +484,7 @@ def _skip_failed_tick(
 def _committed(name: str, plan: TickPlan, now: datetime.datetime, jobs: list[Job]) -> None:
     for job, tick in zip(jobs, plan.ticks, strict=True):
         lag = (now - tick).total_seconds()
-        metrics.schedule_tick_enqueued(name, lag)
+        events.emit(events.ScheduleTicked(name, lag))
         logger.info(
             "schedule_tick_enqueued name=%s tick_at=%s job_id=%s lag=%.3fs",
             name,
@@ -494,7 +494,7 @@ def _committed(name: str, plan: TickPlan, now: datetime.datetime, jobs: list[Job
             extra={"schedule": name, "job_id": job.pk},
         )
     if plan.missed:
-        metrics.schedule_ticks_missed(name, plan.missed)
+        events.emit(events.ScheduleTicksMissed(name, plan.missed))
         logger.warning(
             "schedule_ticks_missed name=%s missed=%d next_tick_at=%s",
             name,

@@ -8,7 +8,7 @@ import functools
 from django.db import transaction
 from django.utils import timezone
 
-from .. import _dispatch, exceptions, idempotency, metrics, signals, store
+from .. import _dispatch, events, exceptions, idempotency, signals, store
 from .._text import clip
 from ..conf import get_settings
 from ..exceptions import LeaseLost
@@ -87,5 +87,5 @@ def _class_path(error_class: str) -> str:
 
 
 def _announce_dead_letter(letter: DeadLetter) -> None:
-    metrics.job_dead_lettered(letter.queue_name, letter.task_name, letter.reason)
+    events.emit(events.JobDeadLettered(letter.queue_name, letter.task_name, letter.reason))
     _dispatch.send(signals.job_dead_lettered, dead_letter=letter)

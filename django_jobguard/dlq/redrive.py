@@ -22,7 +22,7 @@ from django.db import DatabaseError, transaction
 from django.db.models import Count, Q
 from django.db.models.functions import Now
 
-from .. import idempotency, metrics
+from .. import events, idempotency
 from ..conf import get_settings
 from ..enqueue import prepare as prepare_fields
 from ..exceptions import InvalidArgumentsError
@@ -278,5 +278,5 @@ def _announce_redrive(alias: str, letter_pk: int, job: Job, worker_id: str) -> N
             "queue": job.queue_name,
         },
     )
-    metrics.job_enqueued(job.queue_name, job.task_name)
+    events.emit(events.JobEnqueued(job.queue_name, job.task_name))
     announce_transition(alias, letter_pk, ReplayState.REPLAYED, None, job)

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from django.db import transaction
 from django.db.models.functions import Now
 
-from .. import _dispatch, idempotency, metrics, signals
+from .. import _dispatch, events, idempotency, signals
 from .._annotations import mismatches
 from .._json import validate_payload
 from ..conf import get_settings
@@ -493,7 +493,7 @@ def announce_transition(
     letter = DeadLetter.objects.using(alias).filter(pk=letter_pk).first()
     if letter is None:
         return
-    metrics.replay_transition(letter.queue_name, letter.task_name, state.value)
+    events.emit(events.ReplayMoved(letter.queue_name, letter.task_name, state.value))
     extra = {"job": job} if state == ReplayState.REPLAYED else {}
     _dispatch.send(_SIGNALS[state], dead_letter=letter, user=user, **extra)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from .. import dlq, metrics, retry, store
+from .. import dlq, events, retry, store
 from ..exceptions import LeaseLost
 from ..log import job_fields
 from ..models import DeadLetterReason, Job
@@ -42,7 +42,7 @@ class Reaper:
         # Reappearances are rare: one more query gives their records every job field.
         reaped = Job.objects.using(self.alias).in_bulk([job_id for job_id, _ in requeued])
         for job_id, queue_name in requeued:
-            metrics.reappeared(queue_name)
+            events.emit(events.LeaseReappeared(queue_name))
             row = reaped.get(job_id)
             logger.warning(
                 "lease_expired job_id=%s queue=%s; job visible again",

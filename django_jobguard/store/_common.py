@@ -324,3 +324,15 @@ def reap(
         cursor.execute(exhausted_sql, [limit])
         exhausted = [(row[0], row[1]) for row in cursor.fetchall()]
     return requeued, exhausted
+
+
+def is_unique_violation(exc: BaseException) -> bool:
+    """Whether ``exc`` is a database unique-constraint violation (PostgreSQL or SQLite)."""
+    from django.db import IntegrityError
+
+    if not isinstance(exc, IntegrityError):
+        return False
+    # psycopg puts the SQLSTATE on the original error; 23505 is unique_violation.
+    if getattr(exc.__cause__, "sqlstate", None) == "23505":
+        return True
+    return str(exc).startswith("UNIQUE constraint failed")

@@ -25,7 +25,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
-from .. import _dispatch, _faults, dlq, idempotency, metrics, signals, store
+from .. import _dispatch, _faults, dlq, events, idempotency, signals, store
 from .._redact import payload_secrets, redact
 from .._text import clip
 from ..conf import get_settings
@@ -296,7 +296,7 @@ class Completer:
             _faults.maybe_crash("after_complete")
         self.count(Tally.SUCCEEDED)
         self._note_run_time(duration)
-        metrics.job_succeeded(job.queue_name, job.task_name, duration)
+        events.emit(events.JobSucceeded(job.queue_name, job.task_name, duration))
         if logger.isEnabledFor(logging.INFO):  # skip building the fields for a dropped record
             logger.info(
                 "job_succeeded job_id=%s task=%s duration=%.4f",
@@ -320,10 +320,10 @@ class Completer:
             if acked:
                 idempotency.record_duplicate(self.alias, outcome.scope, job.idempotency_key or "")
         if not acked:
-            metrics.lease_lost(job.queue_name, job.task_name, "ack")
+            events.emit(events.LeaseLost(job.queue_name, job.task_name, "ack"))
             return
         self.count(Tally.SUCCEEDED)
-        metrics.duplicate_prevented(job.task_name, "execution")
+        events.emit(events.DuplicatePrevented(job.task_name, "execution"))
         fields = job_fields(job, self.worker_id, outcome="duplicate")
         logger.info(
             "job_duplicate job_id=%s idempotency_key=%s; stored result returned, handler not run",
@@ -335,8 +335,8 @@ class Completer:
     def _failed_attempt(self, held: Held, error: BaseException, duration: float | None) -> None:
         if duration is not None:
             self._note_run_time(duration)
-        if metrics.is_unique_violation(error):
-            metrics.unique_conflict(held.job.queue_name, held.job.task_name)
+        if store.is_unique_violation(error):
+            events.emit(events.UniqueConflict(held.job.queue_name, held.job.task_name))
 
     def _retry(self, held: Held, outcome: Retry) -> None:
         job = held.job
@@ -353,7 +353,7 @@ class Completer:
             error=f"{outcome.error_class}: {message}",
             attempt_error=(f"{type(error).__module__}.{type(error).__qualname__}", message, traceback),
         ):
-            metrics.lease_lost(job.queue_name, job.task_name, "retry")
+            events.emit(events.LeaseLost(job.queue_name, job.task_name, "retry"))
             logger.warning(
                 "retry_rejected job_id=%s; the lease moved on",
                 job.id,
@@ -361,7 +361,9 @@ class Completer:
             )
             return
         self.count(Tally.RETRIED)
-        metrics.job_failed(job.queue_name, job.task_name, outcome.category, outcome.duration, retried=True)
+        events.emit(
+            events.JobFailed(job.queue_name, job.task_name, outcome.category, outcome.duration, retried=True)
+        )
         logger.warning(
             "job_retry job_id=%s task=%s attempt=%d category=%s delay=%.2f error=%s",
             job.id,
@@ -385,8 +387,8 @@ class Completer:
         job = held.job
         if outcome.error is not None:
             self._failed_attempt(held, outcome.error, outcome.duration)
-            metrics.job_failed(
-                job.queue_name, job.task_name, outcome.category, outcome.duration, retried=False
+            events.emit(
+                events.JobFailed(job.queue_name, job.task_name, outcome.category, outcome.duration, False)
             )
         if _faults.ENABLED:
             _faults.maybe_crash("in_dead_letter")
@@ -405,7 +407,7 @@ class Completer:
                 idempotency_scope=outcome.scope,
             )
         except LeaseLost:
-            metrics.lease_lost(job.queue_name, job.task_name, "dead_letter")
+            events.emit(events.LeaseLost(job.queue_name, job.task_name, "dead_letter"))
             logger.warning(
                 "dead_letter_rejected job_id=%s reason=%s; the lease moved on",
                 job.id,
@@ -437,7 +439,7 @@ class Completer:
                 extra=fields,
             )
         elif cause is PutBackCause.LOCK_UNAVAILABLE:
-            metrics.lock_failed(job.queue_name, job.task_name, "unavailable")
+            events.emit(events.LockFailed(job.queue_name, job.task_name, "unavailable"))
         requeued = store.requeue(
             self.alias,
             job.id,
@@ -448,13 +450,13 @@ class Completer:
             contention=cause is PutBackCause.LOCK_CONTENDED,
         )
         if not requeued:
-            metrics.lease_lost(job.queue_name, job.task_name, "requeue")
+            events.emit(events.LeaseLost(job.queue_name, job.task_name, "requeue"))
             if cause is PutBackCause.LOCK_CONTENDED:
                 return
         else:
             self.count(Tally.PUT_BACK)
         if cause is PutBackCause.LOCK_CONTENDED:
-            metrics.lock_contended(job.queue_name, job.task_name)
+            events.emit(events.LockContended(job.queue_name, job.task_name))
             fields = job_fields(job, self.worker_id, outcome="lock_contended")
             logger.info(
                 "lock_contended job_id=%s lock_key=%s; retry in %.2fs",
@@ -489,7 +491,7 @@ class Completer:
 
     def _stale(self, held: Held, outcome: Stale) -> None:
         job = held.job
-        metrics.lease_lost(job.queue_name, job.task_name, outcome.operation)
+        events.emit(events.LeaseLost(job.queue_name, job.task_name, outcome.operation))
         logger.warning(
             "ack_rejected job_id=%s; the lease moved on, nothing committed",
             job.id,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from .. import _faults, beats, metrics, store
+from .. import _faults, beats, events, store
 from ..conf import get_settings
 from ..exceptions import LockUnavailable
 from ..log import job_fields
@@ -63,7 +63,7 @@ def renew_lock(held: Held, now: float, worker_id: str) -> None:
         return  # released by the executor meanwhile, or already reported
     held.lock_lost = True
     held.signals.lock_lost.set()
-    metrics.lock_failed(held.job.queue_name, held.job.task_name, "lost")
+    events.emit(events.LockFailed(held.job.queue_name, held.job.task_name, "lost"))
     fields = job_fields(held.job, worker_id, outcome="lock_lost")
     logger.warning(
         "lock_lost job_id=%s lock_key=%s; the job will not be acked: %s",
@@ -117,7 +117,7 @@ class LeaseKeeper:
     def _lost(self, h: Held) -> None:
         h.lease_lost = True
         h.signals.lease_lost.set()
-        metrics.lease_lost(h.job.queue_name, h.job.task_name, "heartbeat")
+        events.emit(events.LeaseLost(h.job.queue_name, h.job.task_name, "heartbeat"))
         logger.warning(
             "lease_lost job_id=%s; another worker may run it now",
             h.job.id,

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from django.db import IntegrityError
 
-from django_jobguard import metrics
+from django_jobguard import metrics, store
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 #: Labels Prometheus itself adds or histograms carry, usable in expressions besides ours.
@@ -88,20 +88,18 @@ def test_metric_functions_other_features_call_keep_their_names():
 
 
 def test_unique_violations_are_told_from_other_integrity_errors():
-    assert metrics.is_unique_violation(
+    assert store.is_unique_violation(
         IntegrityError("UNIQUE constraint failed: testapp_ledgerentry.effect_key")
     )
-    assert not metrics.is_unique_violation(
-        IntegrityError("NOT NULL constraint failed: jobguard_job.task_name")
-    )
-    assert not metrics.is_unique_violation(ValueError("UNIQUE constraint failed"))
+    assert not store.is_unique_violation(IntegrityError("NOT NULL constraint failed: jobguard_job.task_name"))
+    assert not store.is_unique_violation(ValueError("UNIQUE constraint failed"))
 
     class UniqueViolation(Exception):
         sqlstate = "23505"
 
     error = IntegrityError("duplicate key value violates unique constraint")
     error.__cause__ = UniqueViolation()
-    assert metrics.is_unique_violation(error)
+    assert store.is_unique_violation(error)
 
 
 def test_reference_page_lists_every_metric_exactly():

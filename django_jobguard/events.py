@@ -1,0 +1,227 @@
+"""What happened, as typed values: the code that does something emits one event, and sinks report it.
+
+A site that enqueues, settles, invalidates or ticks says *what* happened with :func:`emit`;
+it does not know who listens. The app's ``ready()`` installs the sinks: Prometheus metrics
+(:func:`django_jobguard.metrics.sink`) and the console's per-minute counts
+(:func:`django_jobguard.beats.sink`). A tracer or a test adds its own with :func:`add_sink`.
+
+Events carry names and numbers only (queue, task, reason, duration), never a payload. Sinks
+keep no state that must commit with the job: what belongs to the ack is a store write.
+A sink that raises does not stop the others, nor the code that emitted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "CacheInvalidated",
+    "DuplicatePrevented",
+    "DurableInvalidation",
+    "JobDeadLettered",
+    "JobEnqueued",
+    "JobFailed",
+    "JobSucceeded",
+    "KeyConflict",
+    "LeaseLost",
+    "LeaseReappeared",
+    "LockContended",
+    "LockFailed",
+    "RefillLeaseTaken",
+    "RefillLoaded",
+    "RefillWaited",
+    "ReplayMoved",
+    "ScheduleTicked",
+    "ScheduleTicksMissed",
+    "Sink",
+    "StaleWriteRejected",
+    "UniqueConflict",
+    "add_sink",
+    "emit",
+    "remove_sink",
+]
+
+logger = logging.getLogger(__name__)
+
+
+# -- jobs ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobEnqueued:
+    queue: str
+    task: str
+    count: int = 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobSucceeded:
+    queue: str
+    task: str
+    duration: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobFailed:
+    """An attempt failed: ``retried`` if the job goes back to wait for another one."""
+
+    queue: str
+    task: str
+    category: str
+    duration: float | None
+    retried: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobDeadLettered:
+    queue: str
+    task: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeaseLost:
+    """A write of this worker was refused: the lease had moved on (``operation``: ack, retry, ...)."""
+
+    queue: str
+    task: str
+    operation: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeaseReappeared:
+    """The reaper handed back jobs whose lease expired (their worker died or froze)."""
+
+    queue: str
+    count: int = 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LockContended:
+    queue: str
+    task: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LockFailed:
+    queue: str
+    task: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DuplicatePrevented:
+    task: str
+    where: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UniqueConflict:
+    queue: str
+    task: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyConflict:
+    task: str
+    where: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplayMoved:
+    """A dead letter's replay changed state (``action``: requested, approved, ...)."""
+
+    queue: str
+    task: str
+    action: str
+
+
+# -- schedules ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScheduleTicked:
+    """A recurring job's tick was enqueued, ``lag`` seconds after its time."""
+
+    schedule: str
+    lag: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScheduleTicksMissed:
+    schedule: str
+    count: int = 1
+
+
+# -- the cache ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CacheInvalidated:
+    cache: str
+    status: str
+    count: int = 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StaleWriteRejected:
+    cache: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DurableInvalidation:
+    cache: str
+    status: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RefillLeaseTaken:
+    cache: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RefillWaited:
+    cache: str
+    status: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RefillLoaded:
+    cache: str
+    status: str
+
+
+# -- emitting -----------------------------------------------------------------------------------
+
+#: A sink takes every event; it ignores the kinds it does not report.
+Sink = Callable[[Any], None]
+
+_sinks: tuple[Sink, ...] = ()
+_sinks_lock = threading.Lock()
+
+
+def emit(event: Any) -> None:
+    """Hand ``event`` to every sink, in the order they were added."""
+    for sink in _sinks:  # a tuple, replaced whole: no lock on the hot path
+        try:
+            sink(event)
+        except Exception:  # reporting must never fail the work it reports on
+            logger.exception("event_sink_failed event=%s", type(event).__name__)
+
+
+def add_sink(sink: Sink) -> None:
+    """Add ``sink`` (once: adding it again changes nothing)."""
+    global _sinks
+    with _sinks_lock:
+        if sink not in _sinks:
+            _sinks = (*_sinks, sink)
+
+
+def remove_sink(sink: Sink) -> None:
+    global _sinks
+    with _sinks_lock:
+        _sinks = tuple(s for s in _sinks if s is not sink)
