@@ -386,10 +386,16 @@ def reject_replay(dead_letter: DeadLetter | int, user: User, reason: str) -> Dea
     return _refreshed(alias, dead_letter, letter)
 
 
+#: The longest reason a replay step keeps (the API's limit too): a page must stay readable.
+MAX_REASON_LENGTH = 10_000
+
+
 def _reason(reason: str, action: Transition) -> str:
     reason = (reason or "").strip()
     if not reason:
         raise ReplayError(f"A reason is required to {action} a replay: it goes into the audit trail.")
+    if len(reason) > MAX_REASON_LENGTH:
+        raise ReplayError(f"A reason is at most {MAX_REASON_LENGTH} characters, not {len(reason)}.")
     return reason
 
 

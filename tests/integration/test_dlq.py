@@ -487,3 +487,14 @@ def test_an_approval_is_bound_to_the_correction_the_approver_reviewed(people):
     assert approved.replay_state == "approved"
     event = ReplayEvent.objects.filter(dead_letter_id=letter.pk, action="approved").get()
     assert event.data["correction_digest"] == now != reviewed
+
+
+def test_a_replay_reason_is_capped_and_a_longer_one_changes_nothing(people):
+    letter = dead_charge(order_id=77, amount=0)
+    with pytest.raises(ReplayError, match="at most 10000 characters, not 10001"):
+        dlq.request_replay(letter, people.requester, "x" * 10_001)
+    letter.refresh_from_db()
+    assert letter.replay_state == "none"
+    dlq.request_replay(letter, people.requester, "y" * 10_000)
+    letter.refresh_from_db()
+    assert letter.replay_state == "requested"
