@@ -33,7 +33,7 @@ from . import _compat
 from .task import BACKEND_OPTIONS, JobGuardTask, django_task_named, jobguard_task_for
 
 # The messages of resolve_task() keep the logger they were logged under before it moved here.
-logger = logging.getLogger("django_jobguard.backends.task")
+logger = logging.getLogger("django_jobguard.backends")
 
 __all__ = ["JobGuardBackend", "resolve_task"]
 

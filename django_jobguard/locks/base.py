@@ -19,7 +19,7 @@ from types import TracebackType
 
 from ..exceptions import LockNotAcquired
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_jobguard.locks")
 
 __all__ = ["MAX_NAME_LENGTH", "RESERVED_SUFFIX", "BaseLock"]
 

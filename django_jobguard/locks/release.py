@@ -22,7 +22,7 @@ from ..conf import get_settings
 from ..exceptions import LockReleaseError, LockReleasePermissionDenied
 from ..models import Job, JobStatus, Lock, LockRelease
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_jobguard.locks")
 
 __all__ = ["PERMISSION", "can_force_release", "force_release"]
 

@@ -13,7 +13,7 @@ from django.db import connections
 
 from ._common import NOTIFY_CHANNEL
 
-logger = logging.getLogger("django_jobguard.leasing")  # the logger name operators filter on
+logger = logging.getLogger("django_jobguard.store")
 
 
 class Listener:

@@ -52,7 +52,7 @@ try:
 except ImportError:  # psycopg 2, or a project on SQLite only
     _SIMPLE_QUERY_CURSORS = ()
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_jobguard.store")
 
 NOW = "statement_timestamp()"
 _RETURNING_J = ", ".join(f"j.{column}" for column in RETURNING.split(", "))

@@ -159,3 +159,28 @@ def test_every_management_command_is_found_for_the_generated_reference() -> None
     on_disk = sorted(p.stem for p in commands_dir.glob("*.py") if not p.stem.startswith("_"))
     assert jobguard_reference.command_names() == on_disk
     assert "jobguard_worker" in on_disk
+
+
+def test_every_logger_the_package_uses_is_on_the_loggers_page():
+    import importlib
+    import logging
+    import pkgutil
+    import re
+
+    import django_jobguard
+
+    names = set()
+    for info in pkgutil.walk_packages(django_jobguard.__path__, "django_jobguard."):
+        if ".migrations" in info.name or info.name.endswith("._faults"):
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # an optional dependency (the Tasks framework) is missing
+            continue
+        logger = getattr(module, "logger", None)
+        if isinstance(logger, logging.Logger):
+            names.add(logger.name)
+    page = (REFERENCE / "loggers.md").read_text()
+    listed = set(re.findall(r"^\| `([a-z_.]+)` \|", page, re.M))
+    assert names, "no logger found: the scan is broken"
+    assert names <= listed, sorted(names - listed)
