@@ -17,7 +17,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from . import cache, schedules, store
 from ._redis import is_django_redis
 from .conf import ScheduleConfig, Settings, get_settings
-from .exceptions import InvalidArgumentsError
+from .exceptions import InvalidArgumentsError, InvalidScheduleError
 from .registry import registry
 from .tuning import observed_durations, recommend_timeout, split_needed, task_timeout
 
@@ -299,7 +299,7 @@ def _schedule_messages(name: str, spec: ScheduleConfig) -> list[checks.CheckMess
         )
     try:
         schedules.validate(spec.cron, spec.timezone)
-    except schedules.InvalidScheduleError as exc:
+    except InvalidScheduleError as exc:
         messages.append(
             checks.Error(
                 f"{_schedule_where(name, spec)}: {exc}",

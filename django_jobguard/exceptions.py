@@ -128,6 +128,10 @@ class ReplayPermissionDenied(ReplayError, PermissionDenied):  # noqa: N818 - aft
     """The user may not make this replay transition; the admin and the API answer 403."""
 
 
+class InvalidScheduleError(JobguardError, ValueError):
+    """A recurring job's cron expression or time zone that cannot be used."""
+
+
 class QueueError(JobguardError):
     """A queue cannot be paused or resumed as asked (bad name, no reason given)."""
 

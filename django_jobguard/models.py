@@ -10,6 +10,8 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
+from . import retry
+
 
 class JobStatus(models.TextChoices):
     """Life cycle of a job: queued → running → succeeded | dead (| cancelled)."""
@@ -237,9 +239,10 @@ class IdempotencyKey(models.Model):
 
 
 class ErrorCategory(models.TextChoices):
-    TRANSIENT = "transient", _("transient")
-    RECOVERABLE = "recoverable", _("recoverable")
-    PERMANENT = "permanent", _("permanent")
+    # The names retry classifies errors with: defined once, there.
+    TRANSIENT = retry.TRANSIENT, _("transient")
+    RECOVERABLE = retry.RECOVERABLE, _("recoverable")
+    PERMANENT = retry.PERMANENT, _("permanent")
 
 
 class DeadLetterReason(models.TextChoices):

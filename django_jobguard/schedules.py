@@ -38,7 +38,7 @@ from django.db.models.functions import Now
 
 from . import _faults, events, store
 from .conf import ScheduleConfig, get_settings
-from .exceptions import IdempotencyConflict, InvalidArgumentsError, JobguardError
+from .exceptions import IdempotencyConflict, InvalidArgumentsError, InvalidScheduleError
 from .models import Schedule
 from .registry import registry
 
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "InvalidScheduleError",
     "SchedulerPass",
     "SyncResult",
     "TickPlan",
@@ -72,10 +71,6 @@ __all__ = [
 MAX_TICKS_SCANNED = 10_000
 #: Ticks looked at to find a schedule's shortest interval (for the expected-duration check).
 INTERVAL_SAMPLES = 50
-
-
-class InvalidScheduleError(JobguardError, ValueError):
-    """A cron expression or time zone that cannot be used."""
 
 
 # -- pure tick computation ---------------------------------------------------------------

@@ -4,8 +4,8 @@ import datetime
 
 import pytest
 
+from django_jobguard.exceptions import InvalidScheduleError
 from django_jobguard.schedules import (
-    InvalidScheduleError,
     next_tick,
     plan_ticks,
     shortest_interval,
