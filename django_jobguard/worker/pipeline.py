@@ -33,7 +33,7 @@ from .completer import Completer
 from .heartbeat import renew_lock
 from .held import Held, logger
 
-__all__ = ["Runtime", "classify", "run"]
+__all__ = ["Runtime", "failure_outcome", "run"]
 
 #: Argument shapes remembered as valid per worker (binding is checked once per shape).
 MAX_REMEMBERED_SHAPES = 10_000
@@ -214,7 +214,7 @@ def run_handler(rt: Runtime, held: Held, task: Task[Any, Any], scope: str) -> Ou
         raise
     except BaseException as exc:
         # SystemExit from a handler is a failing job, not a request to stop the worker.
-        return classify(job, task, exc, time.perf_counter() - began)
+        return failure_outcome(job, task, exc, time.perf_counter() - began)
     return Succeeded(result, time.perf_counter() - began, ack_json, scope)
 
 
@@ -332,7 +332,7 @@ def release_lock(held: Held, worker_id: str) -> None:
 # -- on error ------------------------------------------------------------------------------
 
 
-def classify(
+def failure_outcome(
     job: store.ClaimedJob,
     task: Task[Any, Any] | None,
     exc: BaseException,

@@ -63,7 +63,7 @@ class Watchdog:
         task = registry.find(held.job.task_name)
         timeout = task.timeout if task else None
         error = TimeoutError(f"the handler ran past its hard timeout of {timeout}s; its thread was abandoned")
-        outcome = pipeline.classify(
+        outcome = pipeline.failure_outcome(
             held.job, task, error, None, forced_category=retry.TRANSIENT, reason=DeadLetterReason.HARD_TIMEOUT
         )
         self.completer.settle(held, outcome)
