@@ -36,7 +36,8 @@ def test_an_operator_pauses_a_queue_sees_it_fill_without_claims_and_resumes_it(
     live_server, workers, browser_page
 ):
     operator = User.objects.create_user("operator", password="console-test", is_staff=True)  # noqa: S106
-    for codename in ("view_job", "pause_queue", "view_workerbeat"):
+    # view_payload: the job list below shows its widest column, the last error, only with it.
+    for codename in ("view_job", "pause_queue", "view_workerbeat", "view_payload"):
         operator.user_permissions.add(Permission.objects.get(codename=codename))
     worker = workers.start(
         "--worker-id", "w-browser", "--poll-interval", "0.2", "--queue", "held", "--queue", "free"
