@@ -5,14 +5,14 @@ The service around these statements (transactions, outages, blocking) is tested 
 """
 
 import datetime
-import time
 
 import pytest
 from django.utils import timezone
 
-from django_jobguard import retention
+from django_jobguard import retention, store
 from django_jobguard.models import Lock
 from django_jobguard.store import locks
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -80,7 +80,13 @@ def test_a_key_taken_again_after_its_row_was_pruned_gets_a_greater_fencing_token
     locks.release("default", "k", A)
     _age("k", acquired_at=datetime.timedelta(days=2))
     assert locks.prune_released("default", 3600) == 1
-    time.sleep(0.01)  # the clock moves on by more than the acquires counted since the row began
+    # A new row's counter starts at the database clock in microseconds: once that clock is past
+    # the old counter (the row's start plus the acquires counted since), the new token is greater.
+    wait_for(
+        lambda: int(store.database_now("default").timestamp() * 1_000_000) > last,
+        timeout=30,
+        message="the database clock to pass the pruned row's last token",
+    )
     assert locks.acquire("default", "k", B, 30) > last
 
 
