@@ -161,6 +161,8 @@ class Job(models.Model):
             # The admin's "enqueued" filter (and its count) at millions of rows; the column
             # never changes after the insert, so only the enqueue writes an entry.
             models.Index(fields=["enqueued_at"], name="jobguard_job_enqueued_idx"),
+            # The admin's search by lock key; partial, so jobs without a lock write no entry.
+            models.Index(fields=["lock_key"], name="jobguard_job_lock_idx", condition=~Q(lock_key="")),
         ]
         constraints = [
             models.CheckConstraint(
@@ -228,8 +230,9 @@ class IdempotencyKey(models.Model):
         verbose_name = _("idempotency key")
         verbose_name_plural = _("idempotency keys")
         constraints = [
-            # The final guard: two concurrent writers cannot both own one key.
-            models.UniqueConstraint(fields=["scope", "key"], name="jobguard_idem_scope_key_uniq"),
+            # The final guard: two concurrent writers cannot both own one key. The key leads,
+            # so the admin's search by key alone uses this index too.
+            models.UniqueConstraint(fields=["key", "scope"], name="jobguard_idem_key_scope_uniq"),
         ]
         indexes = [models.Index(fields=["expires_at"], name="jobguard_idem_expires_idx")]
 
@@ -331,6 +334,14 @@ class DeadLetter(models.Model):
             models.Index(fields=["replay_state", "replay_decided_at"], name="jobguard_dl_replay_idx"),
             models.Index(fields=["queue_name", "created_at"], name="jobguard_dl_queue_idx"),
             models.Index(fields=["task_name", "created_at"], name="jobguard_dl_task_idx"),
+            # The admin's search (whole values): error class, lock key, idempotency key.
+            models.Index(fields=["error_class"], name="jobguard_dl_error_idx"),
+            models.Index(fields=["lock_key"], name="jobguard_dl_lock_idx", condition=~Q(lock_key="")),
+            models.Index(
+                fields=["idempotency_key"],
+                name="jobguard_dl_idem_idx",
+                condition=Q(idempotency_key__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

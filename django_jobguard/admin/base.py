@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -23,6 +25,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
+from django.utils.text import smart_split, unescape_string_literal
 from django.utils.translation import ngettext
 
 from .. import dlq
@@ -87,6 +90,9 @@ class ReadOnlyAdmin(admin.ModelAdmin):
       string (``?kwargs__note__startswith=a``), which reads payloads out a character at a
       time. A refused lookup is a 400.
     - :attr:`payload_search_fields` join the search for users with ``jobguard.view_payload`` only.
+      With :attr:`search_whole_values`, each word of the search must equal a whole value of
+      one of the (indexed) search fields, or the row's id; words are alternatives, so pasted
+      ids or keys list every row they name.
     - Every datetime field shows through :func:`format_time` (list columns and the detail
       page), so times compare with the commands' output.
     - Nothing is deleted unless :attr:`deletion` names the service layer's rule, and then
@@ -106,6 +112,9 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     #: error that echoes them): left out of lists, pages and lookups for users without
     #: ``jobguard.view_payload``. Search leaves them out through payload_search_fields.
     payload_derived_fields: Sequence[str] = ()
+    #: Search by equality on indexed columns instead of Django's ``icontains``, which scans
+    #: every row (seconds at a million jobs, and a scan of every payload).
+    search_whole_values = False
 
     def __init__(self, model: type[models.Model], admin_site: admin.AdminSite) -> None:
         super().__init__(model, admin_site)
@@ -265,6 +274,23 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         if can_view_payload(request):
             fields += self.payload_search_fields
         return fields
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        if not self.search_whole_values or not search_term.strip():
+            return super().get_search_results(request, queryset, search_term)
+        fields = [field for field in self.get_search_fields(request) if field != "id"]
+        matches: list[models.Q] = []
+        for word in smart_split(search_term):
+            if word[:1] in {'"', "'"} and word[0] == word[-1] and len(word) > 1:
+                word = unescape_string_literal(word)
+            if word.isdigit() and int(word) < 2**63:
+                matches.append(models.Q(pk=int(word)))
+            matches += [models.Q(**{field: word}) for field in fields]
+        if not matches:
+            return queryset.none(), False
+        return queryset.filter(functools.reduce(operator.or_, matches)), False
 
 
 def can_view_payload(request: HttpRequest) -> bool:

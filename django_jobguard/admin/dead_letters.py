@@ -94,8 +94,10 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         "error_class",
         "created_at",
     ]
-    search_fields = ["=id", "task_name", "error_class", "lock_key"]
-    payload_search_fields = ["error_message", "idempotency_key", "args", "kwargs", "traceback"]
+    search_fields = ["id", "task_name", "error_class", "lock_key"]
+    payload_search_fields = ["idempotency_key"]
+    search_whole_values = True
+    search_help_text = _("Dead-letter ids, task names, error classes, lock keys or idempotency keys, whole.")
     payload_derived_fields = ["error_message", "idempotency_key"]
     date_hierarchy = "created_at"
     ordering = ["-id"]

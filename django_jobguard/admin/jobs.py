@@ -235,8 +235,10 @@ class JobAdmin(ReadOnlyAdmin):
     change_list_template = "django_jobguard/admin/job/change_list.html"
     change_form_template = "django_jobguard/admin/job/change_form.html"
     list_filter = [StateFilter, QueueFilter, TaskFilter, EnqueuedFilter]
-    search_fields = ["=id", "task_name", "lock_key"]
-    payload_search_fields = ["idempotency_key", "args", "kwargs"]
+    search_fields = ["id", "lock_key"]
+    payload_search_fields = ["idempotency_key"]
+    search_whole_values = True
+    search_help_text = _("Job ids, lock keys or idempotency keys, whole (the task: the filter on the right).")
     payload_derived_fields = ["idempotency_key", "last_error", "error_preview"]
     # The lock admin links to the running jobs holding a lock key.
     # The workers page links to a worker's jobs.
@@ -576,6 +578,9 @@ class IdempotencyKeyAdmin(ReadOnlyAdmin):
     list_filter = ["status", "scope"]
     search_fields = ()
     payload_search_fields = ["key"]
+    search_whole_values = True
+    search_help_text = _("Keys, whole.")
+    show_full_result_count = False  # a count(*) over every key ever written
     raw_id_fields = ["job"]
     readonly_fields = ["result_json"]
     deletion = Deletion(retention.deletable_keys, retention.delete_keys, retention.KEY_DELETION_RULE)

@@ -65,7 +65,7 @@ def test_the_list_filters_and_searches_dead_letters(client, people):
         assert filter_title.lower() in content.lower()
     declined = client.get(url, {"error_class": "tests.testapp.tasks_dlq.CardDeclined"})
     assert declined.context["cl"].result_count == 1
-    assert client.get(url, {"q": "card declined"}).context["cl"].result_count == 1
+    assert client.get(url, {"q": "tests.testapp.tasks_dlq.CardDeclined"}).context["cl"].result_count == 1
     assert client.get(url, {"replay_state": "requested"}).context["cl"].result_count == 0
     assert (
         client.get(url, {"reason": "permanent_error", "queue_name": "default"}).context["cl"].result_count
