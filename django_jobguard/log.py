@@ -13,11 +13,20 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
+import traceback
 from typing import Any, Protocol
 
 from ._redact import payload_secrets, redact
 
-__all__ = ["JOB_LOG_FIELDS", "OUTCOMES", "TextFormatter", "escape_controls", "job_fields"]
+__all__ = [
+    "JOB_LOG_FIELDS",
+    "OUTCOMES",
+    "TextFormatter",
+    "escape_controls",
+    "job_fields",
+    "log_job_exception",
+]
 
 JOB_LOG_FIELDS = (
     "job_id",
@@ -90,6 +99,29 @@ def job_fields(job: _JobLike, worker_id: str = "", **more: Any) -> dict[str, Any
     }
     fields.update(more)
     return fields
+
+
+def log_job_exception(
+    logger: logging.Logger, level: int, msg: str, *args: Any, job: _JobLike, worker_id: str = "", **more: Any
+) -> None:
+    """Log ``msg`` about ``job`` with the exception being handled, its traceback redacted.
+
+    A traceback quotes the handler's input as often as an error message does, so under
+    ``JOBGUARD["REDACT"]`` the record carries the redacted text as its ``exc_text`` and no
+    ``exc_info``: formatters, JSON ones included, print ``exc_text`` and never format the
+    exception again from the original. Call from an ``except`` block.
+    """
+    if not logger.isEnabledFor(level):
+        return
+    fields = job_fields(job, worker_id, **more)
+    secrets = payload_secrets(job)
+    if not secrets:
+        logger.log(level, msg, *args, exc_info=True, extra=fields, stacklevel=2)
+        return
+    path, line, function, _ = logger.findCaller(stacklevel=2)
+    record = logger.makeRecord(logger.name, level, path, line, msg, args, None, function, fields)
+    record.exc_text = redact("".join(traceback.format_exception(*sys.exc_info())).rstrip("\n"), secrets)
+    logger.handle(record)
 
 
 # C0 and C1 control characters, DEL, and the separators some log viewers break lines at.

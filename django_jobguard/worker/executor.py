@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from django.db import DatabaseError, InterfaceError, connections
 
 from .. import store
-from ..log import job_fields
+from ..log import log_job_exception
 from ..outcome import HandBack, HeldState
 from . import pipeline
 from .held import LOGGER_NAME, Held, reset_after_db_error
@@ -70,10 +70,14 @@ class Executor:
         except (DatabaseError, InterfaceError):
             reset_after_db_error(held, self.worker_id, self.alias, "connection reset")
         except Exception:
-            logger.exception(
+            log_job_exception(
+                logger,
+                logging.ERROR,
                 "job_crashed job_id=%s",
                 held.job.id,
-                extra=job_fields(held.job, self.worker_id, outcome="crashed"),
+                job=held.job,
+                worker_id=self.worker_id,
+                outcome="crashed",
             )
         finally:
             replaced = self.slots.finish(held)

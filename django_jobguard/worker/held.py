@@ -11,7 +11,7 @@ from django.db import connections
 
 from .. import store
 from ..context import JobContext, RunSignals
-from ..log import job_fields
+from ..log import log_job_exception
 from ..outcome import HeldState
 
 __all__ = ["LOGGER_NAME", "Held", "reset_after_db_error"]
@@ -50,11 +50,15 @@ def reset_after_db_error(held: Held, worker_id: str, alias: str, consequence: st
     The next query reconnects. The job keeps its lease until it expires, and the reaper
     gives it back. Call from the ``except`` block, so the log line carries the traceback.
     """
-    logger.warning(
+    # A database error can quote the statement's values (a key, an argument).
+    log_job_exception(
+        logger,
+        logging.WARNING,
         "job_db_error job_id=%s; %s",
         held.job.id,
         consequence,
-        exc_info=True,
-        extra=job_fields(held.job, worker_id, outcome="db_error"),
+        job=held.job,
+        worker_id=worker_id,
+        outcome="db_error",
     )
     connections[alias].close()

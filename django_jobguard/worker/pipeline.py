@@ -20,6 +20,7 @@ from django.db import transaction
 
 from .. import _dispatch, _faults, idempotency, locks, retry, signals, store
 from .._json import normalize_json
+from .._redact import payload_secrets, redact
 from .._text import clip
 from ..conf import RetryPolicy, get_settings
 from ..context import JobContext
@@ -324,7 +325,7 @@ def release_lock(held: Held, worker_id: str) -> None:
             "lock_release_failed job_id=%s lock_key=%s: %s",
             held.job.id,
             fields["lock_key"],
-            exc,
+            redact(str(exc), payload_secrets(held.job)),  # the error names the key
             extra=fields,
         )
 
@@ -346,9 +347,11 @@ def failure_outcome(
         retry.TRANSIENT if isinstance(exc, _LockLostError) else retry.classify(exc, task)
     )
     error_class = f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins.")
-    limit = get_settings().max_error_chars
-    message = clip(str(exc), limit)
-    tb = clip("".join(traceback.format_exception(exc)), limit)
+    # Redacted before it is clipped: a cut through a secret would leave a piece of it that
+    # the completer's redaction of the whole value no longer recognises.
+    limit, secrets = get_settings().max_error_chars, payload_secrets(job)
+    message = clip(redact(str(exc), secrets), limit)
+    tb = clip(redact("".join(traceback.format_exception(exc)), secrets), limit)
     if category == retry.PERMANENT or job.attempts >= job.max_attempts:
         default = (
             DeadLetterReason.PERMANENT_ERROR

@@ -75,3 +75,32 @@ def test_log_records_carry_keys_without_the_secret(caplog):
         )
     assert "lock_key=res:[redacted]" in contended[0].getMessage()
     assert Job.objects.get(pk=job.pk).lock_key == f"res:{CARD}"  # stored as it is, to be locked by
+
+
+def test_a_secret_at_the_cut_of_a_clipped_error_leaves_no_piece_behind():
+    from django_jobguard._text import clip
+
+    limit = 256
+    message = "could not parse {}"
+    # Pad the secret so that clipping the raw message would cut through the card number.
+    pad = next(
+        n
+        for n in range(400)
+        if CARD not in (cut := clip(message.format("x" * n + CARD + "y" * 400), limit)) and CARD[:9] in cut
+    )
+    with (
+        redacting("blob"),
+        override_settings(JOBGUARD={**_jobguard(), "REDACT": ["blob"], "MAX_ERROR_CHARS": limit}),
+    ):
+        job = tasks.echoes_payload.enqueue("x" * pad + CARD + "y" * 400)
+        run_burst()
+    texts = stored_error_text(job)
+    assert len(texts) == 7 and all(texts)
+    assert not [text for text in texts if CARD[:9] in text or CARD[-9:] in text], texts
+    assert all(len(text) <= limit for text in texts)
+
+
+def _jobguard() -> dict:
+    from django.conf import settings
+
+    return dict(settings.JOBGUARD)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -63,3 +64,52 @@ def test_log_fields_carry_keys_without_the_secret():
 @override_settings(JOBGUARD={"REDACT": ["flag"]})
 def test_values_that_read_as_common_words_are_not_secrets(value):
     assert payload_secrets(job(kwargs={"flag": value})) == ()
+
+
+def crash_log(logger, card_job, **settings) -> list:
+    """The records of one ``log_job_exception`` call made while handling an error that quotes the card."""
+    from django_jobguard.log import log_job_exception
+
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    handler = Keep()
+    logger.addHandler(handler)
+    try:
+        with override_settings(JOBGUARD=settings):
+            try:
+                raise ValueError(f"declined: {CARD}")
+            except ValueError:
+                log_job_exception(
+                    logger, logging.ERROR, "job_crashed job_id=%s", 1, job=card_job, outcome="crashed"
+                )
+    finally:
+        logger.removeHandler(handler)
+    return records
+
+
+@pytest.mark.parametrize("formatter", ["text", "json", "one line"])
+def test_a_logged_traceback_loses_the_secret_in_every_formatter(formatter):
+    from pythonjsonlogger.json import JsonFormatter
+
+    from django_jobguard.log import TextFormatter
+
+    logger = logging.getLogger("tests.redact.crash")
+    logger.setLevel(logging.INFO)
+    [record] = crash_log(logger, job(kwargs={"card_number": CARD}), REDACT=["card_number"])
+    shown = {"text": logging.Formatter(), "json": JsonFormatter(), "one line": TextFormatter()}[formatter]
+    text = shown.format(record)
+    assert CARD not in text
+    assert "ValueError: declined: [redacted]" in text.replace("\\n", "\n")
+    assert record.outcome == "crashed" and record.funcName == "crash_log"
+
+
+def test_without_the_setting_the_record_keeps_the_exception_itself():
+    logger = logging.getLogger("tests.redact.crash")
+    logger.setLevel(logging.INFO)
+    [record] = crash_log(logger, job(kwargs={"card_number": CARD}))
+    assert record.exc_info is not None and record.exc_info[0] is ValueError
+    assert CARD in logging.Formatter().format(record)
