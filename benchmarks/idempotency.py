@@ -70,7 +70,7 @@ def main() -> None:
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from django_jobguard import idempotency
+    from django_jobguard import retention
     from django_jobguard.models import IdempotencyKey
     from tests.testapp import tasks
 
@@ -106,7 +106,7 @@ def main() -> None:
             for i in range(options.keys)
         )
         started = time.perf_counter()
-        deleted = idempotency.prune_expired()
+        deleted = retention.prune_expired_keys()
         prune.seconds = time.perf_counter() - started  # type: ignore[attr-defined]
         assert deleted == options.keys, deleted
 

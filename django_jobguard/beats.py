@@ -21,8 +21,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from . import events
-from .models import QueueMinute, WorkerBeat
+from . import events, retention
 from .stats import oldest_due_ages
 from .store import beats as store_beats
 
@@ -152,11 +151,8 @@ class Beat:
         store_beats.record_oldest_ages(self.alias, at, sorted(ages.items()))
 
     def prune(self) -> None:
-        """Delete per-minute rows and worker rows older than a day (indexed range deletes)."""
-
-        cutoff = timezone.now() - datetime.timedelta(seconds=KEEP_SECONDS)
-        QueueMinute.objects.using(self.alias).filter(minute__lt=cutoff).delete()
-        WorkerBeat.objects.using(self.alias).filter(last_beat_at__lt=cutoff).delete()
+        """Delete per-minute rows and worker rows older than :data:`KEEP_SECONDS`."""
+        retention.prune_console_rows(self.alias, datetime.timedelta(seconds=KEEP_SECONDS))
 
 
 def sink(event: Any) -> None:

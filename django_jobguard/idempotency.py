@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
@@ -59,7 +59,6 @@ __all__ = [
     "enqueue_once",
     "fingerprint",
     "hand_to_replay",
-    "prune_expired",
     "record_failure",
     "record_success",
     "same_call",
@@ -72,12 +71,6 @@ MAX_ROUNDS = 5
 #: A duplicate folded onto a job due later than this many seconds from now is logged at WARNING:
 #: the caller asked for work now and gets a job that will not run for a long time.
 FAR_FUTURE_DUPLICATE_SECONDS = 3600.0
-#: Keys deleted per statement when pruning, so no statement holds many row locks.
-PRUNE_BATCH_SIZE = 1000
-#: With JOBGUARD["IDEMPOTENCY"]["PRUNE_IN_WORKER"]: seconds between a worker's prune passes,
-#: and keys deleted per pass (one batch, so the claim loop is never held up for long).
-WORKER_PRUNE_INTERVAL_SECONDS = 60.0
-WORKER_PRUNE_BATCH_SIZE = 500
 
 #: What the worker does with a keyed job (see :func:`begin_execution`).
 RUN = "run"
@@ -479,53 +472,6 @@ def record_failure(alias: str, scope: str | None, key: str, job_id: int) -> None
     IdempotencyKey.objects.using(alias).filter(key=key, job_id=job_id).update(
         status=IdempotencyStatus.FAILED, updated_at=Now()
     )
-
-
-# -- retention -----------------------------------------------------------------------------
-
-
-def prunable_keys(alias: str) -> Any:
-    """Expired keys that no queued or running job owns or carries."""
-    active = (JobStatus.QUEUED, JobStatus.RUNNING)
-    return (
-        IdempotencyKey.objects.using(alias)
-        .filter(expires_at__lte=Now())
-        .exclude(Exists(Job.objects.filter(pk=OuterRef("job_id"), status__in=active)))
-        # A job created outside enqueue (a replay, a resend) may carry the key without owning it.
-        .exclude(Exists(Job.objects.filter(idempotency_key=OuterRef("key"), status__in=active)))
-    )
-
-
-def prune_expired(
-    alias: str | None = None,
-    *,
-    batch_size: int = PRUNE_BATCH_SIZE,
-    max_batches: int | None = None,
-    dry_run: bool = False,
-) -> int:
-    """Delete expired keys whose job is not queued or running, in batches; the number deleted.
-
-    ``dry_run`` counts them instead. ``max_batches`` bounds the work of one call (the
-    worker prunes a batch at a time between claims).
-    """
-
-    alias = alias or get_settings().database_alias
-    if dry_run:
-        return int(prunable_keys(alias).count())
-    deleted = 0
-    batches = 0
-    while max_batches is None or batches < max_batches:
-        ids = list(prunable_keys(alias).order_by("expires_at").values_list("pk", flat=True)[:batch_size])
-        if not ids:
-            break
-        # The conditions are checked again by the DELETE itself: a key taken over since the
-        # SELECT (fresh expiry, a new queued job) is no longer expired and stays.
-        count, _ = prunable_keys(alias).filter(pk__in=ids).delete()
-        deleted += count
-        batches += 1
-        if len(ids) < batch_size:
-            break
-    return deleted
 
 
 # -- helpers for code that knows a task only by name (dead letters, the reaper) -------------

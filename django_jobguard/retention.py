@@ -1,4 +1,8 @@
-"""Retention: delete expired idempotency keys, old finished jobs and idle lock rows, trim old attempt history.
+"""Retention: what may be deleted, and when. Every pruning rule of the app lives here.
+
+Expired idempotency keys, old finished jobs, idle lock rows (their SQL in
+:mod:`django_jobguard.store.locks`), old attempt history, and the console's per-minute and
+worker rows.
 
 ``manage.py jobguard_prune`` calls :func:`prune`; the worker prunes keys on its own when
 ``JOBGUARD["IDEMPOTENCY"]["PRUNE_IN_WORKER"]`` is on. Nothing that a queued or running job
@@ -18,9 +22,18 @@ from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from . import idempotency
 from .conf import get_settings
-from .models import TERMINAL_STATUSES, DeadLetter, IdempotencyKey, IdempotencyStatus, Job, JobStatus, Schedule
+from .models import (
+    TERMINAL_STATUSES,
+    DeadLetter,
+    IdempotencyKey,
+    IdempotencyStatus,
+    Job,
+    JobStatus,
+    QueueMinute,
+    Schedule,
+    WorkerBeat,
+)
 from .store import locks as lock_rows
 
 __all__ = [
@@ -33,10 +46,20 @@ __all__ = [
     "delete_jobs",
     "delete_keys",
     "prunable_jobs",
+    "prunable_keys",
     "prune",
     "prune_attempt_history",
+    "prune_console_rows",
+    "prune_expired_keys",
     "prune_finished_jobs",
 ]
+
+#: Keys deleted per statement when pruning, so no statement holds many row locks.
+KEY_BATCH_SIZE = 1000
+#: With JOBGUARD["IDEMPOTENCY"]["PRUNE_IN_WORKER"]: seconds between a worker's prune passes,
+#: and keys deleted per pass (one batch, so the claim loop is never held up for long).
+WORKER_PRUNE_INTERVAL_SECONDS = 60.0
+WORKER_PRUNE_BATCH_SIZE = 500
 
 #: Jobs deleted per transaction: small enough that no batch holds locks for long.
 JOB_BATCH_SIZE = 500
@@ -207,6 +230,60 @@ def prune_attempt_history(
             return trimmed
 
 
+def prunable_keys(alias: str) -> Any:
+    """Expired keys that no queued or running job owns or carries."""
+    active = (JobStatus.QUEUED, JobStatus.RUNNING)
+    return (
+        IdempotencyKey.objects.using(alias)
+        .filter(expires_at__lte=Now())
+        .exclude(Exists(Job.objects.filter(pk=OuterRef("job_id"), status__in=active)))
+        # A job created outside enqueue (a replay, a resend) may carry the key without owning it.
+        .exclude(Exists(Job.objects.filter(idempotency_key=OuterRef("key"), status__in=active)))
+    )
+
+
+def prune_expired_keys(
+    alias: str | None = None,
+    *,
+    batch_size: int = KEY_BATCH_SIZE,
+    max_batches: int | None = None,
+    dry_run: bool = False,
+) -> int:
+    """Delete expired keys whose job is not queued or running, in batches; the number deleted.
+
+    ``dry_run`` counts them instead. ``max_batches`` bounds the work of one call (the
+    worker prunes a batch at a time between claims).
+    """
+
+    alias = alias or get_settings().database_alias
+    if dry_run:
+        return int(prunable_keys(alias).count())
+    deleted = 0
+    batches = 0
+    while max_batches is None or batches < max_batches:
+        ids = list(prunable_keys(alias).order_by("expires_at").values_list("pk", flat=True)[:batch_size])
+        if not ids:
+            break
+        # The conditions are checked again by the DELETE itself: a key taken over since the
+        # SELECT (fresh expiry, a new queued job) is no longer expired and stays.
+        count, _ = prunable_keys(alias).filter(pk__in=ids).delete()
+        deleted += count
+        batches += 1
+        if len(ids) < batch_size:
+            break
+    return deleted
+
+
+def prune_console_rows(alias: str, older_than: datetime.timedelta) -> None:
+    """Delete the console's per-minute counts and worker rows older than ``older_than``.
+
+    Indexed range deletes; the worker's beat calls it (see :mod:`django_jobguard.beats`).
+    """
+    cutoff = timezone.now() - older_than
+    QueueMinute.objects.using(alias).filter(minute__lt=cutoff).delete()
+    WorkerBeat.objects.using(alias).filter(last_beat_at__lt=cutoff).delete()
+
+
 def prune(
     alias: str | None = None,
     *,
@@ -217,9 +294,7 @@ def prune(
 ) -> PruneReport:
     """Delete expired keys and idle lock rows, then old finished jobs and attempt history if asked."""
     alias = alias or get_settings().database_alias
-    keys = idempotency.prune_expired(
-        alias, batch_size=batch_size or idempotency.PRUNE_BATCH_SIZE, dry_run=dry_run
-    )
+    keys = prune_expired_keys(alias, batch_size=batch_size or KEY_BATCH_SIZE, dry_run=dry_run)
     locks = lock_rows.prune_released(alias, LOCK_ROWS_KEPT_FOR.total_seconds(), dry_run=dry_run)
     jobs = None
     if jobs_older_than is not None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from ..conf import get_settings
 from ..leadership import MaintenanceLeadership
-from .pruning import KeyPruner, PruneResult
+from .key_pruner import KeyPruner, PruneResult
 from .reaper import Reaper, ReapResult
-from .redrive import Redriver, RedriveResult
-from .scheduler import SchedulerTick, TickResult
+from .redriver import Redriver, RedriveResult
+from .scheduler_tick import SchedulerTick, TickResult
 
 __all__ = [
     "KeyPruner",

@@ -11,9 +11,9 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_jobguard import idempotency, retention
-from django_jobguard.idempotency import WORKER_PRUNE_INTERVAL_SECONDS
+from django_jobguard import retention
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job
+from django_jobguard.retention import WORKER_PRUNE_INTERVAL_SECONDS
 from django_jobguard.worker import Worker
 from tests.testapp import tasks
 
@@ -50,9 +50,9 @@ def test_expired_keys_are_pruned_but_never_one_a_queued_or_running_job_needs():
     # A queued resend carries the expired key without owning it: it will want the key.
     Job.objects.create(task_name=tasks.add.name, args=[1], idempotency_key="carried")
 
-    assert idempotency.prune_expired(dry_run=True) == 2
+    assert retention.prune_expired_keys(dry_run=True) == 2
     assert len(remaining_keys()) == 6
-    assert idempotency.prune_expired() == 2
+    assert retention.prune_expired_keys() == 2
     assert remaining_keys() == {"queued", "running", "live", "carried"}
 
 
@@ -60,8 +60,8 @@ def test_keys_are_deleted_in_batches():
     for index in range(25):
         keyed(f"k{index}")
     with CaptureQueriesContext(connection) as queries:
-        assert idempotency.prune_expired(batch_size=10, max_batches=1) == 10
-        assert idempotency.prune_expired(batch_size=10) == 15
+        assert retention.prune_expired_keys(batch_size=10, max_batches=1) == 10
+        assert retention.prune_expired_keys(batch_size=10) == 15
     deletes = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("DELETE")]
     assert len(deletes) == 3
     assert not IdempotencyKey.objects.exists()

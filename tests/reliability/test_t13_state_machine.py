@@ -37,7 +37,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from django_jobguard import dlq, idempotency, retry, store
+from django_jobguard import dlq, retention, retry, store
 from django_jobguard.exceptions import JobguardError, LeaseLost
 from django_jobguard.models import DeadLetter, DeadLetterReason, IdempotencyKey, Job, ReplayEvent
 from django_jobguard.worker import Worker
@@ -240,7 +240,7 @@ class QueueMachine(RuleBasedStateMachine):
         active = set(
             IdempotencyKey.objects.filter(job__status__in=("queued", "running")).values_list("pk", flat=True)
         )
-        idempotency.prune_expired(ALIAS)
+        retention.prune_expired_keys(ALIAS)
         assert active <= set(IdempotencyKey.objects.values_list("pk", flat=True)), "pruned an active key"
         STATS["pruned"] += 1
 

@@ -7,7 +7,7 @@ import logging
 
 from django.db import DatabaseError, InterfaceError
 
-from .. import idempotency
+from .. import retention
 from ..conf import get_settings
 
 logger = logging.getLogger("django_jobguard.worker")
@@ -32,17 +32,17 @@ class KeyPruner:
         self._next_prune = 0.0
 
     def tick(self, now: float) -> PruneResult:
-        """Prune if on and :data:`~django_jobguard.idempotency.WORKER_PRUNE_INTERVAL_SECONDS` passed."""
+        """Prune if on and :data:`~django_jobguard.retention.WORKER_PRUNE_INTERVAL_SECONDS` passed."""
         if now < self._next_prune or not get_settings().idempotency.prune_in_worker:
             return PruneResult()
-        self._next_prune = now + idempotency.WORKER_PRUNE_INTERVAL_SECONDS
+        self._next_prune = now + retention.WORKER_PRUNE_INTERVAL_SECONDS
         return self.run_once()
 
     def run_once(self) -> PruneResult:
         """Delete one batch of expired keys now; a database error is logged, not raised."""
         try:
-            deleted = idempotency.prune_expired(
-                self.alias, batch_size=idempotency.WORKER_PRUNE_BATCH_SIZE, max_batches=1
+            deleted = retention.prune_expired_keys(
+                self.alias, batch_size=retention.WORKER_PRUNE_BATCH_SIZE, max_batches=1
             )
         except (DatabaseError, InterfaceError):
             logger.warning("prune_failed worker_id=%s", self.worker_id, exc_info=True)
