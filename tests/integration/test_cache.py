@@ -25,6 +25,7 @@ from prometheus_client import REGISTRY
 from django_jobguard import cache as jobguard_cache
 from django_jobguard import conf
 from django_jobguard.cache import Versioned, get_versioned, invalidate, invalidates, set_versioned
+from django_jobguard.cache._entries import redis_connection
 from tests.testapp.models import Account, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -438,7 +439,7 @@ def test_the_check_reports_the_alias_a_declaration_uses(declared):
 def test_django_prometheus_redis_cache_takes_the_atomic_redis_path(key):
     # Its versioned writes must be the Lua compare-and-set, not the per-process fallback.
     metered = caches["redis_metered"]
-    assert jobguard_cache._redis_connection(metered, "redis_metered") is not None
+    assert redis_connection(metered, "redis_metered") is not None
     assert set_versioned(key, "v2", version=2, cache_alias="redis_metered")
     assert not set_versioned(key, "v1", version=1, cache_alias="redis_metered")
     assert get_versioned(key, cache_alias="redis_metered") == Versioned("v2", 2)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from django_jobguard import cache
+from django_jobguard.cache import _entries, refill
 from django_jobguard.locks import redis as redis_locks
 from django_jobguard.locks.redis import RedisLock, hash_tag
 
@@ -80,8 +80,26 @@ def test_a_lock_whose_hash_tag_would_be_empty_is_refused():
 
 @pytest.mark.parametrize(
     "script",
-    [redis_locks._ACQUIRE, redis_locks._RELEASE, redis_locks._EXTEND, cache._SET, cache._TOMBSTONE],
-    ids=["acquire", "release", "extend", "set_versioned", "tombstone"],
+    [
+        redis_locks._ACQUIRE,
+        redis_locks._RELEASE,
+        redis_locks._EXTEND,
+        _entries.SET,
+        _entries.TOMBSTONE,
+        refill._READ,
+        refill._SET_PLAIN,
+        refill._RELEASE,
+    ],
+    ids=[
+        "acquire",
+        "release",
+        "extend",
+        "set_versioned",
+        "tombstone",
+        "refill_read",
+        "refill_set",
+        "refill_release",
+    ],
 )
 def test_scripts_touch_only_the_keys_they_are_given(script):
     # A key built inside a script would escape the cluster's routing; only KEYS[n] may be used.
