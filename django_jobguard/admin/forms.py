@@ -14,7 +14,7 @@ class ReplayDecisionForm(forms.Form):
 
     reason = forms.CharField(
         label=_("Reason"),
-        max_length=10_000,  # dlq.replay.MAX_REASON_LENGTH
+        max_length=10_000,  # dlq.transitions.MAX_REASON_LENGTH
         widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
         help_text=_("Recorded in the audit trail with your name and the time."),
     )

@@ -1,8 +1,10 @@
 """The dead-letter queue: dead-lettering, and the replay workflow (request, approve, reject, redrive).
 
 Admin, API and commands call these functions, imported from here; the rules live once, in
-:mod:`.dead_letter` (writing a dead letter), :mod:`.replay` (permissions, the ``ReplayState``
-transitions, correction review) and :mod:`.redrive` (redrive under the throttle).
+:mod:`.dead_letter` (writing a dead letter), :mod:`.transitions` (the ``ReplayState`` machine),
+:mod:`.permissions` (who may make which step), :mod:`.corrections` (a replay's payload
+checked, its digest, correction review), :mod:`.keys` (what the idempotency key means for a
+replay), :mod:`.replay` (the user's steps) and :mod:`.redrive` (redrive under the throttle).
 
 - :func:`request_replay` (permission ``jobguard.request_replay``; a corrected payload also
   needs ``jobguard.view_payload``) moves a dead letter from ``none`` or ``rejected`` to
@@ -25,7 +27,19 @@ concurrent approvals, or two workers redriving, exactly one wins) and a :class:`
 row saying who, when and why. Signals and metrics follow the commit.
 """
 
+from .corrections import ABSENT, CorrectionReview, FieldChange, correction_digest, review_correction
 from .dead_letter import dead_letter
+from .keys import describe_key
+from .permissions import (
+    PAYLOAD_EVENT_KEYS,
+    PERMISSIONS,
+    VIEW_PAYLOAD,
+    available_actions,
+    can_view_payload,
+    check_permission,
+    refusal_reason,
+    replay_actions,
+)
 from .redrive import (
     BURST_WINDOW_SECONDS,
     RATE_WINDOW_SECONDS,
@@ -38,32 +52,8 @@ from .redrive import (
     redrive_estimate,
     redrive_once,
 )
-from .replay import (
-    ABSENT,
-    ALLOWED_FROM,
-    APPROVE,
-    LEADS_TO,
-    PAYLOAD_EVENT_KEYS,
-    PERMISSIONS,
-    REJECT,
-    REQUEST,
-    VIEW_PAYLOAD,
-    CorrectionReview,
-    FieldChange,
-    Transition,
-    User,
-    approve_replay,
-    available_actions,
-    can_view_payload,
-    check_permission,
-    correction_digest,
-    describe_key,
-    refusal_reason,
-    reject_replay,
-    replay_actions,
-    request_replay,
-    review_correction,
-)
+from .replay import approve_replay, reject_replay, request_replay
+from .transitions import ALLOWED_FROM, APPROVE, LEADS_TO, REJECT, REQUEST, Transition, User
 
 __all__ = [
     "ABSENT",

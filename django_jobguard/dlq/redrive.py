@@ -29,7 +29,7 @@ from ..exceptions import InvalidArgumentsError
 from ..models import DeadLetter, Job, Lock, ReplayAction, ReplayEvent, ReplayState
 from ..registry import registry
 from ..task import Task
-from .replay import announce_transition
+from .transitions import announce_transition
 
 # The package's logger: records keep the name they had before dlq became a package.
 logger = logging.getLogger(__name__.rpartition(".")[0])

@@ -206,7 +206,7 @@ class SignalDoc:
 def _public_module(module: str, sources: dict[str, str]) -> str:
     """The module users import a sender from: its package, when the package re-exports it.
 
-    ``django_jobguard.dlq.replay`` is named ``django_jobguard.dlq``: its ``__init__`` imports
+    ``django_jobguard.dlq.transitions`` is named ``django_jobguard.dlq``: its ``__init__`` imports
     from it, and callers import the sending functions from there.
     """
     package, _, name = module.rpartition(".")
