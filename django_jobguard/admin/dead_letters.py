@@ -402,15 +402,11 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                     messages.ERROR,
                 )
                 return None
-            moved: list[int] = []
-            failed = []
-            for letter in queryset.order_by("id").iterator(chunk_size=500):
-                try:
-                    _SERVICES[action](letter, request.user, form.cleaned_data["reason"])
-                except (ReplayError, InvalidArgumentsError) as exc:
-                    failed.append(f"#{letter.pk}: {exc}")
-                else:
-                    moved.append(letter.pk)
+            decision = dlq.decide_many(
+                action, queryset.values_list("pk", flat=True), request.user, form.cleaned_data["reason"]
+            )
+            moved = decision.moved
+            failed = [f"#{pk}: {why}" for pk, why in decision.refused]
             done = len(moved)
             message = f"{_LABELS[action]} (bulk): {form.cleaned_data['reason']}"
             log_to_history(request, DeadLetter, moved, message, using=get_settings().database_alias)

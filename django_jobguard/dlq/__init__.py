@@ -52,13 +52,14 @@ from .redrive import (
     redrive_estimate,
     redrive_once,
 )
-from .replay import approve_replay, reject_replay, request_replay
+from .replay import BULK_CHUNK, BulkDecision, approve_replay, decide_many, reject_replay, request_replay
 from .transitions import ALLOWED_FROM, APPROVE, LEADS_TO, REJECT, REQUEST, Transition, User
 
 __all__ = [
     "ABSENT",
     "ALLOWED_FROM",
     "APPROVE",
+    "BULK_CHUNK",
     "BURST_WINDOW_SECONDS",
     "LEADS_TO",
     "PAYLOAD_EVENT_KEYS",
@@ -69,6 +70,7 @@ __all__ = [
     "REQUEST",
     "THROTTLE_LOCK_KEY",
     "VIEW_PAYLOAD",
+    "BulkDecision",
     "CorrectionReview",
     "FieldChange",
     "RedriveEstimate",
@@ -82,6 +84,7 @@ __all__ = [
     "check_permission",
     "correction_digest",
     "dead_letter",
+    "decide_many",
     "describe_key",
     "redrive",
     "redrive_estimate",

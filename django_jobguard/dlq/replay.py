@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.db import transaction
 from django.db.models.functions import Now
 
 from ..conf import get_settings
-from ..exceptions import ReplayConflict, ReplayPermissionDenied
+from ..exceptions import InvalidArgumentsError, ReplayConflict, ReplayError, ReplayPermissionDenied
 from ..models import DeadLetter
 from .corrections import correction_digest, validated_payload
 from .permissions import VIEW_PAYLOAD, can_view_payload, check_permission
@@ -16,15 +18,22 @@ from .transitions import (
     APPROVE,
     REJECT,
     REQUEST,
+    RacedError,
+    Transition,
     User,
     check_state,
     checked_reason,
     locked,
     refreshed,
     transition,
+    transition_many,
 )
 
-__all__ = ["approve_replay", "reject_replay", "request_replay"]
+__all__ = ["BULK_CHUNK", "BulkDecision", "approve_replay", "decide_many", "reject_replay", "request_replay"]
+
+#: Dead letters per transaction of :func:`decide_many`: each chunk holds its row locks until
+#: its commit, so the chunk bounds how long a worker's redrive may wait on them.
+BULK_CHUNK = 500
 
 
 def request_replay(
@@ -134,3 +143,121 @@ def reject_replay(dead_letter: DeadLetter | int, user: User, reason: str) -> Dea
             replay_decided_at=Now(),
         )
     return refreshed(alias, dead_letter, letter)
+
+
+@dataclasses.dataclass(frozen=True)
+class BulkDecision:
+    """What :func:`decide_many` did: the dead letters moved, and each refused one with its reason."""
+
+    moved: list[int]
+    refused: list[tuple[int, str]]
+
+
+def decide_many(action: str, ids: Iterable[int], user: User, reason: str) -> BulkDecision:
+    """Make ``action`` (request, approve or reject) on each dead letter of ``ids``, with one reason.
+
+    The same checks as the one-letter functions (permission, self-approval, state, the payload
+    against the handler), letter by letter; a refused letter is reported and the rest go on.
+    An approver without ``jobguard.view_payload`` is refused the letters that replay a corrected
+    payload: a bulk approval shows no payload, so they would approve what they cannot see.
+    Set-based: each chunk of :data:`BULK_CHUNK` letters is one transaction of a few statements
+    (the locked read, one update per starting state, one insert of the events), instead of a
+    transaction of several statements per letter. A bulk request asks for the original payload;
+    a corrected one is approved as it was reviewed. If another step moved a letter of a chunk
+    in between (possible on databases without row locks), that chunk is made again letter by
+    letter.
+    """
+    step = Transition(action)
+    reason = checked_reason(reason, step)
+    alias = get_settings().database_alias
+    wanted = sorted(set(ids))
+    moved: list[int] = []
+    refused: list[tuple[int, str]] = []
+    for start in range(0, len(wanted), BULK_CHUNK):
+        chunk = wanted[start : start + BULK_CHUNK]
+        try:
+            with transaction.atomic(using=alias):
+                done, said_no = _decide_chunk(alias, step, chunk, user, reason)
+        except RacedError:
+            done, said_no = _decide_one_by_one(step, chunk, user, reason)
+        moved += done
+        refused += said_no
+    return BulkDecision(moved, refused)
+
+
+def _decide_chunk(
+    alias: str, step: Transition, chunk: list[int], user: User, reason: str
+) -> tuple[list[int], list[tuple[int, str]]]:
+    letters = {
+        letter.pk: letter
+        for letter in DeadLetter.objects.using(alias).select_for_update().filter(pk__in=chunk).order_by("pk")
+    }
+    refused = [(pk, f"Dead letter #{pk} no longer exists.") for pk in chunk if pk not in letters]
+    allowed: list[DeadLetter] = []
+    data: dict[int, dict[str, Any]] = {}
+    for letter in letters.values():
+        try:
+            check_permission(letter, user, step)
+            check_state(letter, step)
+            if step == REQUEST:
+                args, kwargs = validated_payload(letter)
+                if (args, kwargs) != (letter.args, letter.kwargs):
+                    raise ReplayError(
+                        f"Dead letter #{letter.pk}'s payload needs a correction: request it alone."
+                    )
+                data[letter.pk] = {"payload_corrected": False}
+            elif step == APPROVE:
+                corrected = letter.replay_args is not None or letter.replay_kwargs is not None
+                if corrected and not can_view_payload(user):
+                    raise ReplayPermissionDenied(
+                        f"Dead letter #{letter.pk} replays a corrected payload: approving it needs the "
+                        f"{VIEW_PAYLOAD} permission, to see what will run."
+                    )
+                validated_payload(letter, letter.replay_args, letter.replay_kwargs)
+                data[letter.pk] = {
+                    "payload_corrected": corrected,
+                    "correction_digest": correction_digest(letter),
+                }
+            else:
+                data[letter.pk] = {"previous_state": letter.replay_state}
+        except (ReplayError, InvalidArgumentsError) as exc:
+            refused.append((letter.pk, str(exc)))
+        else:
+            allowed.append(letter)
+    fields: dict[str, Any] = {"replay_decided_by": user, "replay_decided_at": Now()}
+    if step == REQUEST:
+        fields = {
+            "replay_args": None,
+            "replay_kwargs": None,
+            "replay_requested_by": user,
+            "replay_requested_at": Now(),
+            "replay_reason": reason,
+            "replay_decided_by": None,
+            "replay_decided_at": None,
+        }
+    transition_many(alias, allowed, step, user, reason, lambda letter: data[letter.pk], **fields)
+    return [letter.pk for letter in allowed], refused
+
+
+_ONE: dict[Transition, Callable[[int, User, str], DeadLetter]] = {
+    REQUEST: lambda pk, user, reason: request_replay(pk, user, reason),
+    APPROVE: lambda pk, user, reason: approve_replay(pk, user, reason),
+    REJECT: reject_replay,
+}
+
+
+def _decide_one_by_one(
+    step: Transition, chunk: list[int], user: User, reason: str
+) -> tuple[list[int], list[tuple[int, str]]]:
+    moved: list[int] = []
+    refused: list[tuple[int, str]] = []
+    for pk in chunk:
+        try:
+            _ONE[step](pk, user, reason)
+        except DeadLetter.DoesNotExist:
+            refused.append((pk, f"Dead letter #{pk} no longer exists."))
+        except (ReplayError, InvalidArgumentsError) as exc:
+            refused.append((pk, str(exc)))
+        else:
+            moved.append(pk)
+    return moved, refused

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import functools
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from django.db import transaction
@@ -29,6 +30,7 @@ __all__ = [
     "MAX_REASON_LENGTH",
     "REJECT",
     "REQUEST",
+    "RacedError",
     "Transition",
     "User",
     "announce_transition",
@@ -37,6 +39,7 @@ __all__ = [
     "locked",
     "refreshed",
     "transition",
+    "transition_many",
 ]
 
 
@@ -126,6 +129,10 @@ def check_state(letter: DeadLetter, action: Transition) -> None:
     )
 
 
+class RacedError(ReplayError):
+    """A dead letter moved between the read and the update (a concurrent step won)."""
+
+
 def transition(
     alias: str,
     letter: DeadLetter,
@@ -135,35 +142,71 @@ def transition(
     data: dict[str, Any],
     **fields: Any,
 ) -> None:
+    """Move one locked dead letter; see :func:`transition_many`."""
+    transition_many(alias, [letter], action, user, reason, lambda _letter: data, **fields)
+
+
+def transition_many(
+    alias: str,
+    letters: Sequence[DeadLetter],
+    action: Transition,
+    user: User,
+    reason: str,
+    data: Callable[[DeadLetter], dict[str, Any]],
+    **fields: Any,
+) -> None:
+    """Move ``letters`` (read under a row lock, each allowed to make ``action``) in a few statements.
+
+    One conditional UPDATE per starting state, one INSERT of every :class:`ReplayEvent`
+    (``data(letter)`` is each one's data), and one commit hook that announces them all.
+    Raises :class:`RacedError` if any row was no longer in the state it was read in; the caller's
+    transaction then rolls back whole.
+    """
+    if not letters:
+        return
     to_state = LEADS_TO[action]
-    # The row lock already serialises us; the state in the WHERE is what makes the
-    # transition exactly-once on databases without row locks as well.
-    moved = (
-        DeadLetter.objects.using(alias)
-        .filter(pk=letter.pk, replay_state=letter.replay_state)
-        .update(replay_state=to_state, **fields)
+    by_state: dict[str, list[int]] = {}
+    for letter in letters:
+        by_state.setdefault(letter.replay_state, []).append(letter.pk)
+    for state, pks in by_state.items():
+        # The row lock already serialises us; the state in the WHERE is what makes the
+        # transition exactly-once on databases without row locks as well.
+        moved = (
+            DeadLetter.objects.using(alias)
+            .filter(pk__in=pks, replay_state=state)
+            .update(replay_state=to_state, **fields)
+        )
+        if moved != len(pks):
+            named = f"#{pks[0]}" if len(pks) == 1 else f"{len(pks) - moved} of {len(pks)}"
+            raise RacedError(f"Dead letter {named} changed while this {action} was made; reload it.")
+    actor_name = user.get_username()[:150]
+    ReplayEvent.objects.using(alias).bulk_create(
+        ReplayEvent(
+            dead_letter_id=letter.pk,
+            action=ReplayAction(to_state),
+            actor_id=user.pk,
+            actor_name=actor_name,
+            reason=reason,
+            data=data(letter),
+        )
+        for letter in letters
     )
-    if moved != 1:
-        raise ReplayError(f"Dead letter #{letter.pk} changed while this {action} was made; reload it.")
-    ReplayEvent.objects.using(alias).create(
-        dead_letter_id=letter.pk,
-        action=ReplayAction(to_state),
-        actor_id=user.pk,
-        actor_name=user.get_username()[:150],
-        reason=reason,
-        data=data,
-    )
-    logger.info(
-        "replay_%s dead_letter_id=%s task=%s user=%s",
-        to_state,
-        letter.pk,
-        letter.task_name,
-        user.get_username(),
-        extra={"dead_letter_id": letter.pk, "job_type": letter.task_name, "queue": letter.queue_name},
-    )
-    transaction.on_commit(
-        functools.partial(announce_transition, alias, letter.pk, to_state, user, None), using=alias
-    )
+    for letter in letters:
+        logger.info(
+            "replay_%s dead_letter_id=%s task=%s user=%s",
+            to_state,
+            letter.pk,
+            letter.task_name,
+            actor_name,
+            extra={"dead_letter_id": letter.pk, "job_type": letter.task_name, "queue": letter.queue_name},
+        )
+    pks = [letter.pk for letter in letters]
+    transaction.on_commit(functools.partial(_announce_many, alias, pks, to_state, user), using=alias)
+
+
+def _announce_many(alias: str, pks: list[int], state: ReplayState, user: User | None) -> None:
+    for letter in DeadLetter.objects.using(alias).filter(pk__in=pks).iterator(chunk_size=500):
+        _announce(letter, state, user, None)
 
 
 def announce_transition(
@@ -171,8 +214,11 @@ def announce_transition(
 ) -> None:
     """After the commit: the metric and the signal of the state the dead letter entered."""
     letter = DeadLetter.objects.using(alias).filter(pk=letter_pk).first()
-    if letter is None:
-        return
+    if letter is not None:
+        _announce(letter, state, user, job)
+
+
+def _announce(letter: DeadLetter, state: ReplayState, user: User | None, job: Job | None) -> None:
     events.emit(events.ReplayMoved(letter.queue_name, letter.task_name, state.value))
     extra = {"job": job} if state == ReplayState.REPLAYED else {}
     _dispatch.send(_SIGNALS[state], dead_letter=letter, user=user, **extra)

@@ -1,0 +1,139 @@
+"""``dlq.decide_many``: a bulk replay step is set-based, checks each letter, and reports refusals."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_jobguard import dlq, signals
+from django_jobguard.dlq.transitions import RacedError, transition_many
+from django_jobguard.models import DeadLetter, ReplayEvent, ReplayState
+from tests.support.dlq import make_user
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def people():
+    return SimpleNamespace(
+        requester=make_user("rita", "request_replay", "view_payload", "view_deadletter"),
+        approver=make_user("amir", "approve_replay", "view_deadletter"),
+        reader=make_user("pia", "approve_replay", "view_deadletter", "view_payload"),
+    )
+
+
+def letters(count: int, **extra) -> list[int]:
+    now = timezone.now()
+    made = DeadLetter.objects.bulk_create(
+        DeadLetter(
+            task_name="tests.testapp.tasks_dlq.charge",
+            queue_name="default",
+            kwargs={"order_id": n, "amount": 100},
+            attempts=1,
+            max_attempts=1,
+            reason="permanent_error",
+            category="permanent",
+            first_failed_at=now,
+            last_failed_at=now,
+            **extra,
+        )
+        for n in range(count)
+    )
+    if made and made[0].pk is None:  # databases that do not return ids from a bulk insert
+        return list(DeadLetter.objects.order_by("-id").values_list("pk", flat=True)[:count])[::-1]
+    return [letter.pk for letter in made]
+
+
+def statements(action, ids, user) -> tuple[int, dlq.BulkDecision]:
+    with CaptureQueriesContext(connection) as ctx:
+        decision = dlq.decide_many(action, ids, user, "the provider is back")
+    return len(ctx.captured_queries), decision
+
+
+def test_the_statements_of_a_bulk_step_do_not_grow_with_the_letters_in_a_chunk(people):
+    few, many = letters(5), letters(200)
+    small, _ = statements(dlq.REQUEST, few, people.requester)
+    large, decision = statements(dlq.REQUEST, many, people.requester)
+    assert decision.moved == many and decision.refused == []
+    # The same statements for 200 letters as for 5 (plus the announcements' chunked reads).
+    assert large <= small + 2, (small, large)
+    assert ReplayEvent.objects.filter(dead_letter_id__in=many, action="requested").count() == 200
+    assert set(DeadLetter.objects.filter(pk__in=many).values_list("replay_state", flat=True)) == {"requested"}
+    approve, decision = statements(dlq.APPROVE, many, people.approver)
+    assert len(decision.moved) == 200 and approve <= small + 2, (small, approve)
+
+
+def test_refused_letters_are_reported_and_the_rest_move(people):
+    ids = letters(6)
+    dlq.decide_many(dlq.REQUEST, ids[:4], people.requester, "retry")
+    dlq.approve_replay(ids[0], people.approver, "already")
+    # A correction asked for by someone who may see payloads: an approver who may not is refused it.
+    dlq.reject_replay(ids[1], people.approver, "redo with a fix")
+    dlq.request_replay(ids[1], people.requester, "fixed amount", kwargs={"order_id": 1, "amount": 90})
+    own = make_user("sam", "request_replay", "approve_replay", "view_deadletter", "view_payload")
+    dlq.reject_replay(ids[2], people.approver, "redo")
+    dlq.request_replay(ids[2], own, "mine")
+    gone = ids[5]
+    DeadLetter.objects.filter(pk=gone).delete()
+
+    # The self-approval rule holds in bulk too.
+    mine = dlq.decide_many(dlq.APPROVE, [ids[2]], own, "go")
+    assert mine.moved == [] and "another user" in mine.refused[0][1]
+
+    decision = dlq.decide_many(dlq.APPROVE, [*ids, ids[3]], people.approver, "go")
+    assert decision.moved == [ids[2], ids[3]]
+    why = dict(decision.refused)
+    assert set(why) == {ids[0], ids[1], ids[4], gone}
+    assert "approved" in why[ids[0]]  # its state allows no approval
+    assert "jobguard.view_payload" in why[ids[1]]  # a correction the approver cannot see
+    assert "requested" in why[ids[4]]  # never requested
+    assert "no longer exists" in why[gone]
+    # Someone who may see the correction approves it, bound to what it is now.
+    seen = dlq.decide_many(dlq.APPROVE, [ids[1]], people.reader, "seen")
+    assert seen.moved == [ids[1]]
+    event = ReplayEvent.objects.get(dead_letter_id=ids[1], action="approved")
+    assert event.data == {
+        "payload_corrected": True,
+        "correction_digest": dlq.correction_digest(DeadLetter.objects.get(pk=ids[1])),
+    }
+
+
+def test_each_moved_letter_sends_its_signal_after_the_commit(people):
+    ids = letters(3)
+    received = []
+
+    def receiver(signal, dead_letter, user, **kwargs):
+        received.append((dead_letter.pk, dead_letter.replay_state, user.username))
+
+    signals.replay_requested.connect(receiver, weak=False, dispatch_uid="bulk-test")
+    try:
+        with transaction.atomic():
+            dlq.decide_many(dlq.REQUEST, ids, people.requester, "retry")
+            assert received == []  # nothing before the commit
+    finally:
+        signals.replay_requested.disconnect(dispatch_uid="bulk-test")
+    assert sorted(received) == [(pk, "requested", "rita") for pk in ids]
+
+
+def test_a_letter_moved_under_a_bulk_step_rolls_its_chunk_back(people):
+    ids = letters(3)
+    read = list(DeadLetter.objects.filter(pk__in=ids).order_by("pk"))
+    # Another step moves one of them after the read (on a database without row locks).
+    DeadLetter.objects.filter(pk=ids[1]).update(replay_state=ReplayState.REQUESTED)
+    with pytest.raises(RacedError, match="1 of 3"), transaction.atomic():
+        transition_many(
+            "default",
+            read,
+            dlq.REQUEST,
+            people.requester,
+            "retry",
+            lambda letter: {},
+            replay_requested_by=people.requester,
+        )
+    assert not ReplayEvent.objects.filter(dead_letter_id__in=ids).exists()
+    states = dict(DeadLetter.objects.filter(pk__in=ids).values_list("pk", "replay_state"))
+    assert states == {ids[0]: "none", ids[1]: "requested", ids[2]: "none"}
