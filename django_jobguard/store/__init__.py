@@ -34,6 +34,8 @@ from typing import Any
 from django.core.signals import setting_changed
 from django.db import connections
 
+from ..conf import get_settings
+from ..registry import registry
 from . import postgres, sqlite
 from ._common import (
     LEASE_EXPIRED_ERROR,
@@ -51,6 +53,7 @@ from ._common import (
     read_checkpoints,
     write_checkpoints,
 )
+from ._flow import FlowPlan, RateSpec, build_plan
 from .dialect import Dialect, JobStore
 from .listener import Listener
 
@@ -64,8 +67,10 @@ __all__ = [
     "ClaimedJob",
     "Dialect",
     "DurationRow",
+    "FlowPlan",
     "JobStore",
     "Listener",
+    "RateSpec",
     "build_job",
     "claim",
     "complete",
@@ -73,6 +78,7 @@ __all__ = [
     "database_now",
     "dialect_of",
     "discard_queued",
+    "flow_plan",
     "guard_statements",
     "heartbeat",
     "insert_jobs",
@@ -239,12 +245,22 @@ def record_key_success(alias: str, scope: str, key: str, job_id: int, result: An
 # -- leases --------------------------------------------------------------------------------
 
 
+def flow_plan() -> FlowPlan | None:
+    """The flow-control limits declared by the registered tasks and the settings; None if none are.
+
+    A worker builds it once at its start and hands it to every :func:`claim`.
+    """
+    tasks = [task for name in registry.names() if (task := registry.find(name)) is not None]
+    return build_plan(get_settings(), tasks)
+
+
 def claim(
     alias: str,
     queues: Sequence[str] | None,
     limit: int,
     worker_id: str,
     exclude: Sequence[str] = (),
+    flow: FlowPlan | None = None,
 ) -> list[ClaimedJob]:
     """Lease up to ``limit`` due jobs of ``queues`` (all queues if None) in one statement.
 
@@ -252,10 +268,18 @@ def claim(
     worker's ``--exclude-queues``); with a list of queues, leave them out of the list
     instead. Paused queues are never claimed from: on PostgreSQL the claim statement reads
     them itself, elsewhere they are read just before it.
+
+    ``flow``: the declared limits (:func:`flow_plan`). A claim that may meet a limited job
+    admits only the jobs every limit has room for, in one transaction that the fleet's
+    limited claims take turns on; a claim of queues without limits is the one statement.
     """
     if limit <= 0:
         return []
     db = _store(alias)
+    if flow is not None and flow.covers(queues, exclude):
+        jobs = db.claim_limited(alias, queues, limit, worker_id, exclude, flow)
+        jobs.sort(key=lambda job: (-job.priority, job.id))
+        return jobs
     if not db.CLAIM_READS_PAUSES:
         exclude = sorted({*exclude, *paused_queue_names(alias)})
     if queues:

@@ -126,6 +126,8 @@ class Worker:
         self.max_jobs = max_jobs
         self.worker_id = worker_id or conf.worker_id or default_worker_id()
         self.alias = database_alias or conf.database_alias
+        #: The flow-control limits the claims enforce (None: none declared, the plain claim).
+        self.flow = store.flow_plan()
         self.poll_interval = poll_interval if poll_interval is not None else conf.poll_interval
         self.reaper_interval = reaper_interval if reaper_interval is not None else conf.reaper_interval
         self.shutdown_grace = shutdown_grace if shutdown_grace is not None else conf.shutdown_grace
@@ -410,7 +412,7 @@ class Worker:
 
     def _claim(self, limit: int) -> int:
         # Every claim leaves the paused queues alone, so a pause reaches us within one poll.
-        jobs = store.claim(self.alias, self.queues, limit, self.worker_id, self.exclude_queues)
+        jobs = store.claim(self.alias, self.queues, limit, self.worker_id, self.exclude_queues, self.flow)
         if not jobs:
             return 0
         if _faults.ENABLED:
