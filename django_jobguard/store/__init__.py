@@ -36,7 +36,7 @@ from django.db import connections
 
 from ..conf import get_settings
 from ..registry import registry
-from . import postgres, sqlite
+from . import _flow, postgres, sqlite
 from ._common import (
     LEASE_EXPIRED_ERROR,
     NOTIFY_CHANNEL,
@@ -54,6 +54,7 @@ from ._common import (
     write_checkpoints,
 )
 from ._flow import FlowPlan, RateSpec, build_plan
+from ._flow import family as limit_family
 from .dialect import Dialect, JobStore
 from .listener import Listener
 
@@ -79,6 +80,7 @@ __all__ = [
     "dialect_of",
     "discard_queued",
     "flow_plan",
+    "flow_usage",
     "guard_statements",
     "heartbeat",
     "insert_jobs",
@@ -86,6 +88,7 @@ __all__ = [
     "insert_keyed_job",
     "is_unique_violation",
     "key_owner",
+    "limit_family",
     "mark_dead",
     "observed_durations",
     "oldest_due_ages",
@@ -252,6 +255,16 @@ def flow_plan() -> FlowPlan | None:
     """
     tasks = [task for name in registry.names() if (task := registry.find(name)) is not None]
     return build_plan(get_settings(), tasks)
+
+
+def flow_usage(alias: str, plan: FlowPlan) -> tuple[dict[str, int], dict[str, int]]:
+    """``(running, waiting)`` per limit key: running jobs per concurrency key, due jobs per key.
+
+    For reports (``jobguard_status``, the metrics); read from the job rows of the limited
+    queues, not routed to a substitute store.
+    """
+    running, waiting = _flow.usage(alias, dialect_of(alias).CLOCK.now, plan)
+    return dict(running), dict(waiting)
 
 
 def claim(

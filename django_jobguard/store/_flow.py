@@ -90,6 +90,8 @@ class FlowPlan:
     keyed_rates: Mapping[str, RateSpec]
     #: The queues the limited claim serves: queues with a concurrency, limited tasks' queues.
     queues: frozenset[str]
+    #: The key template of each keyed family (``c:<task>``, ``r:<task>``), for reports.
+    templates: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def covers(self, queues: Sequence[str] | None, exclude: Sequence[str]) -> bool:
         """Whether a claim of ``queues`` (all but ``exclude`` if None) may meet a limited job."""
@@ -132,6 +134,7 @@ def build_plan(conf: Settings, tasks: Iterable[Task[Any, Any]]) -> FlowPlan | No
     task_keys: dict[str, tuple[str, ...]] = {}
     keyed_capacity: dict[str, int] = {}
     keyed_rates: dict[str, RateSpec] = {}
+    templates: dict[str, str] = {}
     queues: set[str] = set()
     for name, queue in conf.queues.items():
         if queue.concurrency is not None:
@@ -147,12 +150,14 @@ def build_plan(conf: Settings, tasks: Iterable[Task[Any, Any]]) -> FlowPlan | No
                 keys.append(f"task:{task.name}")
             else:
                 keyed_capacity[task.name] = task.concurrency.n
+                templates[f"c:{task.name}"] = task.concurrency.key
         if task.rate is not None:
             if task.rate.key is None:
                 rates[f"rate:task:{task.name}"] = RateSpec.of(task.rate)
                 keys.append(f"rate:task:{task.name}")
             else:
                 keyed_rates[task.name] = RateSpec.of(task.rate)
+                templates[f"r:{task.name}"] = task.rate.key
         shared = conf.limits.get(task.limit) if task.limit is not None else None
         if shared is not None:
             if shared.concurrency is not None:
@@ -165,7 +170,7 @@ def build_plan(conf: Settings, tasks: Iterable[Task[Any, Any]]) -> FlowPlan | No
         queues.add(task.queue_name or conf.default_queue)
     if not queues:
         return None
-    return FlowPlan(capacities, rates, task_keys, keyed_capacity, keyed_rates, frozenset(queues))
+    return FlowPlan(capacities, rates, task_keys, keyed_capacity, keyed_rates, frozenset(queues), templates)
 
 
 class FlowSQL(Protocol):
@@ -232,6 +237,32 @@ def running_counts(cursor: Any, plan: FlowPlan) -> Counter[str]:
             if plan.capacity(key) is not None:
                 counts[key] += 1
     return counts
+
+
+def family(key: str) -> str:
+    """The limit a key belongs to: the key itself, or ``c:<task>`` / ``r:<task>`` for a keyed one."""
+    return key.split("|", 1)[0] if key[:2] in ("c:", "r:") else key
+
+
+def usage(alias: str, now_sql: str, plan: FlowPlan) -> tuple[Counter[str], Counter[str]]:
+    """Running jobs per concurrency key, and due queued jobs per limit key (for reports).
+
+    Two grouped reads of the limited queues; what a claim would do is not decided here.
+    """
+    with connections[alias].cursor() as cursor:
+        running = running_counts(cursor, plan)
+        queues = sorted(plan.queues)
+        cursor.execute(
+            "SELECT task_name, queue_name, flow_keys, count(*) FROM jobguard_job "
+            f"WHERE status = 'queued' AND run_after <= {now_sql} AND attempts < max_attempts "
+            f"AND queue_name IN ({_placeholders(queues)}) GROUP BY task_name, queue_name, flow_keys",
+            queues,
+        )
+        waiting: Counter[str] = Counter()
+        for task_name, queue_name, flow_keys, count in cursor.fetchall():
+            for key in plan.keys_of(task_name, queue_name, _keys(flow_keys)):
+                waiting[key] += count
+    return running, waiting
 
 
 def claim_limited(
