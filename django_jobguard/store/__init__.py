@@ -53,7 +53,7 @@ from ._common import (
     read_checkpoints,
     write_checkpoints,
 )
-from ._flow import FlowPlan, RateSpec, build_plan
+from ._flow import FlowPlan, RateSpec, Throttle, build_plan
 from ._flow import family as limit_family
 from .dialect import Dialect, JobStore
 from .listener import Listener
@@ -72,6 +72,7 @@ __all__ = [
     "JobStore",
     "Listener",
     "RateSpec",
+    "Throttle",
     "build_job",
     "claim",
     "complete",
@@ -274,6 +275,7 @@ def claim(
     worker_id: str,
     exclude: Sequence[str] = (),
     flow: FlowPlan | None = None,
+    throttle: Throttle | None = None,
 ) -> list[ClaimedJob]:
     """Lease up to ``limit`` due jobs of ``queues`` (all queues if None) in one statement.
 
@@ -285,12 +287,15 @@ def claim(
     ``flow``: the declared limits (:func:`flow_plan`). A claim that may meet a limited job
     admits only the jobs every limit has room for, in one transaction that the fleet's
     limited claims take turns on; a claim of queues without limits is the one statement.
+    ``throttle`` receives when a rate that held jobs back next admits a start.
     """
+    if throttle is not None:
+        throttle.retry_after = None
     if limit <= 0:
         return []
     db = _store(alias)
     if flow is not None and flow.covers(queues, exclude):
-        jobs = db.claim_limited(alias, queues, limit, worker_id, exclude, flow)
+        jobs = db.claim_limited(alias, queues, limit, worker_id, exclude, flow, throttle)
         jobs.sort(key=lambda job: (-job.priority, job.id))
         return jobs
     if not db.CLAIM_READS_PAUSES:

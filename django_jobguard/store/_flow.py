@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from ..flow import Rate
     from ..task import Task
 
-__all__ = ["FlowPlan", "FlowSQL", "RateSpec", "build_plan", "claim_limited"]
+__all__ = ["FlowPlan", "FlowSQL", "RateSpec", "Throttle", "build_plan", "claim_limited"]
 
 #: Due jobs read per job the claim may take: room to pass over jobs of keys that fill up
 #: within this claim (a key with one slot left and ten due jobs) and still fill the batch.
@@ -66,6 +66,15 @@ class RateSpec:
     def tolerance(self) -> float:
         """How far ahead of the clock a key's arrival time may run and still admit a start."""
         return (self.burst - 1) * self.interval
+
+
+@dataclasses.dataclass(slots=True)
+class Throttle:
+    """What a limited claim tells its caller beside the jobs: when a rate next admits a start."""
+
+    #: Seconds until the earliest rate key that held jobs back admits one again; None if no
+    #: rate held any back (a full concurrency key frees only when a job ends).
+    retry_after: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -239,6 +248,16 @@ def running_counts(cursor: Any, plan: FlowPlan) -> Counter[str]:
     return counts
 
 
+def _next_start(plan: FlowPlan, arrivals: Mapping[str, float], now: float) -> float | None:
+    """Seconds until the earliest throttled rate key admits a start again, or None."""
+    waits = []
+    for key, arrival in arrivals.items():
+        rate = plan.rate(key)
+        if rate is not None and arrival - now > rate.tolerance + _EPSILON:
+            waits.append(arrival - now - rate.tolerance)
+    return min(waits) if waits else None
+
+
 def family(key: str) -> str:
     """The limit a key belongs to: the key itself, or ``c:<task>`` / ``r:<task>`` for a keyed one."""
     return key.split("|", 1)[0] if key[:2] in ("c:", "r:") else key
@@ -273,8 +292,13 @@ def claim_limited(
     worker_id: str,
     exclude: Sequence[str],
     plan: FlowPlan,
+    throttle: Throttle | None = None,
 ) -> list[ClaimedJob]:
-    """Lease up to ``limit`` due jobs that every limit they count under has room for."""
+    """Lease up to ``limit`` due jobs that every limit they count under has room for.
+
+    ``throttle``, when given, receives when a rate next admits a start (the caller may claim
+    again then, rather than at its next poll).
+    """
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
         sql.take_turn(alias, cursor)
         exclude = sorted({*exclude, *paused_queue_names(alias)})
@@ -329,6 +353,8 @@ def claim_limited(
                     arrivals[key] = advanced[key] = max(arrivals.get(key, now), now) + rate.interval
             if len(admitted) >= limit:
                 break
+        if throttle is not None:
+            throttle.retry_after = _next_start(plan, arrivals, now)
         if not admitted:
             return []
         jobs = sql.lease(alias, cursor, admitted, worker_id)

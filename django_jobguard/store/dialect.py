@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ._common import REAP_BATCH, AttemptError, ClaimedJob, Clock, DurationRow, Inserted
-from ._flow import FlowPlan
+from ._flow import FlowPlan, Throttle
 
 __all__ = ["Dialect", "JobStore"]
 
@@ -121,13 +121,15 @@ class JobStore(Protocol):
         worker_id: str,
         exclude: Sequence[str],
         plan: FlowPlan,
+        throttle: Throttle | None = None,
     ) -> list[ClaimedJob]:
         """Lease as :meth:`claim` does, only the jobs every flow-control limit of ``plan`` has room for.
 
         Never more running jobs under a concurrency key than its limit, counted from the
         running rows, whatever other claims run at once; never more starts of a rate key
         than its rate and burst allow; jobs of full keys do not hold back the others.
-        Paused queues are left alone as by :meth:`claim`.
+        Paused queues are left alone as by :meth:`claim`. ``throttle`` receives when a rate
+        that held jobs back next admits a start.
         """
         ...
 

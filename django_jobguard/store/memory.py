@@ -37,7 +37,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from ._flow import FlowPlan
+    from ._flow import FlowPlan, Throttle
     from .dialect import JobStore
 
 __all__ = ["MemoryStore", "StoredJob", "StoredKey"]
@@ -229,6 +229,7 @@ class MemoryStore:
         worker_id: str,
         exclude: Sequence[str],
         plan: FlowPlan,
+        throttle: Throttle | None = None,
     ) -> list[ClaimedJob]:
         # One lock serialises every call, so the counting and the leasing are one step, as
         # the databases' limited claims are one turn (see store/_flow.py).
@@ -264,6 +265,13 @@ class MemoryStore:
                         self.arrivals[key] = max(self.arrivals.get(key, now), now) + rate.interval
                 if len(admitted) >= limit:
                     break
+            if throttle is not None:
+                waits = [
+                    arrival - now - rate.tolerance
+                    for key, arrival in self.arrivals.items()
+                    if (rate := plan.rate(key)) is not None and arrival - now > rate.tolerance + 1e-6
+                ]
+                throttle.retry_after = min(waits) if waits else None
             return self._lease(admitted, worker_id)
 
     def _due(self, queues: Sequence[str] | None, exclude: Sequence[str]) -> list[StoredJob]:

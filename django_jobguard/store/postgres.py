@@ -464,10 +464,11 @@ def claim_limited(
     worker_id: str,
     exclude: Sequence[str],
     plan: _flow.FlowPlan,
+    throttle: _flow.Throttle | None = None,
 ) -> list[ClaimedJob]:
     if not _pooled(alias):
         _tune_for_claims(alias)
-    return _flow.claim_limited(_FLOW_SQL, alias, queues, limit, worker_id, exclude, plan)
+    return _flow.claim_limited(_FLOW_SQL, alias, queues, limit, worker_id, exclude, plan, throttle)
 
 
 # -- leases --------------------------------------------------------------------------------

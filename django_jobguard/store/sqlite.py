@@ -305,8 +305,9 @@ def claim_limited(
     worker_id: str,
     exclude: Sequence[str],
     plan: _flow.FlowPlan,
+    throttle: _flow.Throttle | None = None,
 ) -> list[ClaimedJob]:
-    return _flow.claim_limited(_FLOW_SQL, alias, queues, limit, worker_id, exclude, plan)
+    return _flow.claim_limited(_FLOW_SQL, alias, queues, limit, worker_id, exclude, plan, throttle)
 
 
 # -- leases --------------------------------------------------------------------------------

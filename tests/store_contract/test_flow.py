@@ -130,12 +130,23 @@ def test_unlimited_jobs_of_a_limited_queue_are_claimed_as_usual(flow_tasks):
 
 def test_a_rate_admits_its_burst_then_one_start_per_interval(flow_tasks):
     jobs = [tasks_flow.rated.enqueue(n) for n in range(12)]
-    first = claim(limit=20)
+    throttle = store.Throttle()
+    first = store.claim("default", None, 20, "w", flow=store.flow_plan(), throttle=throttle)
     assert [job.id for job in first] == [job.id for job in jobs[:5]]  # the burst
+    # The worker may claim again when the next start is due: one interval (50 ms) from now.
+    assert throttle.retry_after is not None and 0 < throttle.retry_after <= 0.05 + 1e-3
     assert FlowRate.objects.filter(key="rate:task:tests.testapp.tasks_flow.rated").exists()
     # 20/s: the next start is due 50 ms later, never a burst again while the key is busy.
     wait_for(lambda: len(claim(limit=20)) >= 1, timeout=30, interval=0.02, message="the next start")
     assert Job.objects.filter(status="queued", attempts=0).count() >= 5
+
+
+def test_a_claim_held_back_by_concurrency_only_gives_no_rate_hint(flow_tasks):
+    for _ in range(4):
+        tasks_flow.three_at_once.enqueue(0)
+    throttle = store.Throttle(retry_after=1.0)
+    assert len(store.claim("default", None, 10, "w", flow=store.flow_plan(), throttle=throttle)) == 3
+    assert throttle.retry_after is None  # a slot frees when a job ends, not at a time
 
 
 def test_keyed_rates_throttle_each_key_apart(flow_tasks):
