@@ -5,7 +5,10 @@ the dialect that serves the ``default`` alias. The fleet-wide proof (worker proc
 killed while a sampler watches the running rows) is tests/processes/test_flow_processes.py.
 """
 
+import io
+
 import pytest
+from django.core.management import call_command
 from django.db.models import F
 from django.test import override_settings
 from django.utils import timezone
@@ -191,3 +194,19 @@ def test_a_claim_attempt_count_is_unchanged_for_waiting_jobs(flow_tasks):
         0,
     ]
     assert Job.objects.filter(attempts__gt=F("max_attempts")).count() == 0
+
+
+def test_prune_deletes_only_rate_keys_idle_for_an_hour():
+    from django_jobguard import retention
+
+    now = timezone.now().timestamp()
+    FlowRate.objects.create(key="rate:task:idle", tat=now - 7200)
+    FlowRate.objects.create(key="rate:task:recent", tat=now - 60)
+    FlowRate.objects.create(key="rate:task:busy", tat=now + 5)
+    assert retention.prune(dry_run=True).flow_rates == 1
+    assert retention.prune().flow_rates == 1
+    assert sorted(FlowRate.objects.values_list("key", flat=True)) == ["rate:task:busy", "rate:task:recent"]
+    FlowRate.objects.create(key="rate:task:idle", tat=now - 7200)
+    out = io.StringIO()
+    call_command("jobguard_prune", stdout=out)
+    assert "Deleted 1 idle flow-control rate row(s)." in out.getvalue().splitlines()
