@@ -425,23 +425,35 @@ class _FlowSQL:
         blocked_keys: Sequence[str],
         count: int,
     ) -> list[tuple[int, str, str, Any]]:
+        # The shapes of the plain claim (_picked): one index walk per queue, in claim order,
+        # stopping after `count` rows; the full keys' rows are skipped over on the walk.
         where = [_DUE]
         params: list[Any] = []
-        if queues:
-            where.append("queue_name = ANY(%s)")
-            params.append(list(queues))
-        elif exclude:
-            where.append("queue_name <> ALL(%s)")
-            params.append(list(exclude))
         if blocked_tasks:
             where.append("task_name <> ALL(%s)")
             params.append(list(blocked_tasks))
         if blocked_keys:
             where.append("NOT (flow_keys ?| %s::text[])")
             params.append(list(blocked_keys))
+        columns = "id, task_name, queue_name, flow_keys"
+        if queues and len(queues) > 1:
+            cursor.execute(
+                f"SELECT c.{columns.replace(', ', ', c.')} FROM unnest(%s::text[]) AS q(name), LATERAL ("
+                f"SELECT {columns}, priority, run_after FROM {TABLE} WHERE queue_name = q.name "
+                f"AND {' AND '.join(where)} {_ORDER} LIMIT %s FOR UPDATE SKIP LOCKED) AS c "
+                "ORDER BY c.priority DESC, c.run_after, c.id LIMIT %s",
+                [list(queues), *params, count, count],
+            )
+            return list(cursor.fetchall())
+        if queues:
+            where.append("queue_name = %s")
+            params.append(queues[0])
+        elif exclude:
+            where.append("queue_name <> ALL(%s)")
+            params.append(list(exclude))
         cursor.execute(
-            f"SELECT id, task_name, queue_name, flow_keys FROM {TABLE} WHERE {' AND '.join(where)} "
-            f"{_ORDER} LIMIT %s FOR UPDATE SKIP LOCKED",
+            f"SELECT {columns} FROM {TABLE} WHERE {' AND '.join(where)} {_ORDER} "
+            "LIMIT %s FOR UPDATE SKIP LOCKED",
             [*params, count],
         )
         return list(cursor.fetchall())

@@ -73,6 +73,15 @@ def test_a_saturated_key_does_not_hold_back_the_others(flow_tasks):
     assert [job.id for job in claim(limit=1)] == [cold.id]
 
 
+def test_a_claim_of_several_limited_queues_keeps_each_limit_and_the_priority_order(flow_tasks):
+    urgent = tasks_flow.per_account.using(priority=10).enqueue(1, 0)
+    unkeyed = [tasks_flow.three_at_once.enqueue(0) for _ in range(4)]
+    keyed = [tasks_flow.per_account.enqueue(1, 0) for _ in range(3)]
+    claimed = claim(limit=20, queues=["flow-global", "flow-keyed"])
+    assert claimed[0].id == urgent.id
+    assert sorted(job.id for job in claimed[1:]) == sorted([*(j.id for j in unkeyed[:3]), keyed[0].id])
+
+
 def test_a_job_under_several_limits_counts_under_each(flow_tasks):
     # flow-shared allows 2 at once over three tasks; shared_keyed also allows 1 per account.
     a = tasks_flow.shared_keyed.enqueue(7)
