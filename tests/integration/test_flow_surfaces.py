@@ -88,3 +88,20 @@ def test_the_scrape_reports_the_limit_gauges(busy_limits):
     assert samples[("jobguard_queue_limit_running", PER_ACCOUNT)] == 3
     assert samples[("jobguard_queue_limit_full_keys", PER_ACCOUNT)] == 1
     assert samples[("jobguard_queue_limit_waiting", THREE)] == 2
+
+
+def test_the_api_lists_the_limits_to_readers_of_jobs(busy_limits):
+    from tests.api.support import BASE, as_user
+
+    assert as_user("nobody")[0].get(BASE + "limits/").status_code == 403
+    client, _ = as_user("reader", "view_job")
+    rows = {row["limit"]: row for row in client.get(BASE + "limits/").json()}
+    assert rows[THREE] == {
+        "limit": THREE,
+        "kind": "concurrency",
+        "bound": "3",
+        "running": 3,
+        "full_keys": 1,
+        "waiting": 2,
+    }
+    assert rows[PER_ACCOUNT]["full_keys"] == 1
