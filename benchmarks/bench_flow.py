@@ -7,7 +7,9 @@ Three runs, each draining jobs enqueued beforehand with ``--processes`` workers
 - ``keyed``: ``concurrency=Limit(1, key="account:{account}")`` over ``--keys`` accounts, the
   same number of jobs (the limited claim: counted, fair across keys, one turn at a time);
 - ``rate``: ``rate=Rate("200/s", burst=10)``, ``--rate-seconds`` worth of jobs with four
-  processes: the achieved start rate (claims on the database clock) against the declared one.
+  processes: the achieved start rate (claims on the database clock) against the declared one;
+- ``pickup``: ``--cold`` jobs of as many keys enqueued at 100/s, their p95 wait from enqueue
+  to start, alone and beside a hot key whose ``--hot`` jobs stand before them in the queue.
 
     python benchmarks/bench_flow.py --pg-url postgres://postgres@127.0.0.1:5432/jg_flow_bench
 
@@ -36,6 +38,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--processes", type=int, default=2, help="worker processes of those runs")
     parser.add_argument("--rate-seconds", type=float, default=60.0, help="length of the rate run")
     parser.add_argument("--runs", type=int, default=1, help="runs of each (the median is reported)")
+    parser.add_argument("--hot", type=int, default=10_000, help="jobs of the hot key in the pickup run")
+    parser.add_argument("--cold", type=int, default=1_000, help="cold keys (one job each) in the pickup run")
     return parser.parse_args()
 
 
@@ -101,6 +105,52 @@ def drain(
     }
 
 
+def pickup(env: dict[str, str], task: object, hot: int, cold: int, rate: float) -> float:
+    """p95 seconds from enqueue to start of ``cold`` jobs of as many keys, enqueued at ``rate``/s
+    while ``hot`` jobs of one key (limit 1) stand before them in the queue."""
+    from django.db import connection
+
+    from benchmarks._common import paced
+    from django_jobguard.models import Job
+
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE jobguard_job, jobguard_flowrate CASCADE")
+    for start in range(0, hot, 1000):
+        task.bulk_enqueue(((), {"i": i, "account": -1}) for i in range(start, min(start + 1000, hot)))  # type: ignore[attr-defined]
+    command = [
+        sys.executable,
+        "-m",
+        "django",
+        "jobguard_worker",
+        "--queue",
+        "flow-keyed",
+        "--concurrency",
+        "4",
+    ]
+    workers = [
+        subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        for _ in range(2)
+    ]
+    try:
+        time.sleep(3)  # the workers start (and the hot key's first job runs)
+        ids = [task.enqueue(i=i, account=i).pk for i in paced(range(cold), rate)]  # type: ignore[attr-defined]
+        while Job.objects.filter(pk__in=ids).exclude(status="succeeded").exists():
+            time.sleep(0.05)
+        hot_left = Job.objects.filter(queue_name="flow-keyed").exclude(status="succeeded").count()
+    finally:
+        for worker in workers:
+            worker.send_signal(signal.SIGTERM)
+        for worker in workers:
+            worker.wait(timeout=60)
+    if hot and not hot_left:
+        print(f"warning: the hot key drained before the cold jobs did ({hot} jobs): raise --hot")
+    waits = sorted(
+        (started - enqueued).total_seconds()
+        for started, enqueued in Job.objects.filter(pk__in=ids).values_list("started_at", "enqueued_at")
+    )
+    return waits[int(0.95 * (len(waits) - 1))]
+
+
 def main() -> None:
     args = parse_args()
     env = setup(args)
@@ -110,6 +160,8 @@ def main() -> None:
         return sorted(values)[len(values) // 2]
 
     runs: dict[str, list[dict[str, float]]] = {"unlimited": [], "keyed": [], "rate": []}
+    calm: list[float] = []
+    beside_hot: list[float] = []
     for _ in range(args.runs):
         runs["unlimited"].append(
             drain(env, tasks_flow.flow_plain, args.jobs, args.keys, args.processes, "flow-plain")
@@ -119,6 +171,8 @@ def main() -> None:
         )
         rated = int(200 * args.rate_seconds)
         runs["rate"].append(drain(env, tasks_flow.flow_rated, rated, args.keys, 4, "flow-rated"))
+        calm.append(pickup(env, tasks_flow.flow_keyed, 0, args.cold, 100.0))
+        beside_hot.append(pickup(env, tasks_flow.flow_keyed, args.hot, args.cold, 100.0))
     unlimited = median([r["rate"] for r in runs["unlimited"]])
     keyed = median([r["rate"] for r in runs["keyed"]])
     achieved = median([r["start_rate"] for r in runs["rate"]])
@@ -140,6 +194,18 @@ def main() -> None:
             f"{int(200 * args.rate_seconds):,} jobs, 4 processes",
             f"{achieved:,.1f} starts/s",
             f"{100 * (achieved - 200) / 200:+.1f} % off the rate",
+        ),
+        (
+            f"cold keys' p95 pickup, {args.cold:,} keys at 100/s",
+            "no hot key",
+            f"{1000 * median(calm):,.1f} ms",
+            "",
+        ),
+        (
+            f"cold keys' p95 pickup, {args.cold:,} keys at 100/s",
+            f"beside a hot key of {args.hot:,} jobs",
+            f"{1000 * median(beside_hot):,.1f} ms",
+            f"{100 * (median(beside_hot) - median(calm)) / median(calm):+.0f} %",
         ),
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
