@@ -1,7 +1,7 @@
 """django-jobguard: background jobs that stay correct under at-least-once delivery.
 
-Public API: :func:`task`, :class:`Task`, :class:`JobContext`, :func:`lock`, and the
-errors handlers raise or callers catch.
+Public API: :func:`task`, :class:`Task`, :class:`JobContext`, :func:`lock`, the flow-control
+specs :class:`Limit` and :class:`Rate`, and the errors handlers raise or callers catch.
 """
 
 from .context import JobContext
@@ -18,6 +18,7 @@ from .exceptions import (
     TransientError,
     UnknownTaskError,
 )
+from .flow import Limit, Rate
 from .locks import lock
 from .task import Task, task
 
@@ -29,9 +30,11 @@ __all__ = [
     "JobContext",
     "JobguardError",
     "LeaseLost",
+    "Limit",
     "LockNotAcquired",
     "LockUnavailable",
     "PermanentError",
+    "Rate",
     "RecoverableError",
     "ReplayError",
     "Task",

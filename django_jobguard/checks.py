@@ -628,3 +628,31 @@ def check_task_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
             )
         )
     return messages
+
+
+@checks.register()
+def check_task_limits(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.E031: a task's ``limit=`` names no entry of ``JOBGUARD["LIMITS"]``.
+
+    ``@task`` runs at import time, before settings may be read, so the name is checked
+    here; the worker runs the system checks when it starts, so such a task never runs.
+    """
+    try:
+        conf = get_settings()
+    except ImproperlyConfigured:
+        return []
+    messages: list[checks.CheckMessage] = []
+    for name in registry.names():
+        limit = getattr(registry.get(name), "limit", None)
+        if limit is None or limit in conf.limits:
+            continue
+        messages.append(
+            checks.Error(
+                f"Task {name} has limit={limit!r}, which JOBGUARD['LIMITS'] does not declare.",
+                hint=f"Declare it, e.g. JOBGUARD['LIMITS'][{limit!r}] = "
+                "{'rate': '25/s', 'concurrency': 10} "
+                f"(declared limits: {', '.join(sorted(conf.limits)) or 'none'}), or fix the name.",
+                id="jobguard.E031",
+            )
+        )
+    return messages

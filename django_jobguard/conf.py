@@ -18,6 +18,8 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from .flow import Rate, parse_rate
+
 __all__ = [
     "CacheSettings",
     "QueueConfig",
@@ -47,10 +49,15 @@ DEFAULTS: dict[str, Any] = {
     "DATABASE_ALIAS": "default",
     # Queue used when a task names none.
     "DEFAULT_QUEUE": "default",
-    # Per-queue options: visibility_timeout, max_attempts, retry, recoverable_retry. Once any
+    # Per-queue options: visibility_timeout, max_attempts, retry, recoverable_retry, and
+    # concurrency (jobs of the queue running at once across every worker). Once any
     # queue is declared here, enqueue, jobguard_worker --queue and jobguard_status --queue
     # refuse a queue that is neither declared nor DEFAULT_QUEUE.
     "QUEUES": {},
+    # Shared limits that tasks name with @task(limit="stripe"): {"stripe": {"rate": "25/s",
+    # "burst": 25, "concurrency": 10}}. Each entry needs rate or concurrency (or both); burst
+    # defaults to one second's worth of the rate. Enforced at claim across every worker.
+    "LIMITS": {},
     # Accept queue names QUEUES does not declare (free-form queues, as with no QUEUES at all).
     "ALLOW_UNDECLARED_QUEUES": False,
     # Bytes a job's args and kwargs may take together as compact UTF-8 JSON (1 MiB); checked
@@ -217,7 +224,17 @@ DEFAULTS: dict[str, Any] = {
 }
 
 #: The options a queue in JOBGUARD["QUEUES"] may set (QueueConfig's fields but its name).
-QUEUE_OPTIONS = {"visibility_timeout", "max_attempts", "retry", "recoverable_retry"}
+QUEUE_OPTIONS = {"visibility_timeout", "max_attempts", "retry", "recoverable_retry", "concurrency"}
+#: Queue options with no global setting behind them: what each does, for the settings reference.
+QUEUE_ONLY_OPTIONS = {
+    "concurrency": (
+        "Jobs of this queue running at once across every worker (an integer of at least 1), "
+        "enforced when jobs are claimed: a job over it waits queued, with no attempt charged. "
+        "Unset: no limit, and the queue's claims stay the plain claim."
+    ),
+}
+#: The options of an entry of JOBGUARD["LIMITS"].
+LIMIT_OPTIONS = {"rate", "burst", "concurrency"}
 _RETRY_KEYS = {"base", "max", "jitter"}
 _CLASSIFICATIONS = {"transient", "permanent"}
 _LOCK_BACKENDS = {"database", "redis"}
@@ -337,6 +354,17 @@ class QueueConfig:
     max_attempts: int
     retry: RetryPolicy
     recoverable_retry: RetryPolicy
+    #: Jobs of the queue running at once across every worker; None: no limit.
+    concurrency: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NamedLimit:
+    """An entry of ``JOBGUARD["LIMITS"]``: a limit several tasks share with ``@task(limit=name)``."""
+
+    name: str
+    concurrency: int | None
+    rate: Rate | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -495,6 +523,7 @@ class Settings:
     tuning: TuningSettings
     schedules: Mapping[str, ScheduleConfig] = dataclasses.field(default_factory=dict)
     scheduler: SchedulerSettings = SchedulerSettings(interval=1.0, missed_after=60.0, catch_up_max=100)
+    limits: Mapping[str, NamedLimit] = dataclasses.field(default_factory=dict)
 
     def queue(self, name: str) -> QueueConfig:
         """The configuration of queue ``name`` (global defaults for queues not listed)."""
@@ -693,6 +722,7 @@ def parse(raw: Any) -> Settings:
         tuning=_tuning_settings(tuning),
         schedules=_schedules(merged["SCHEDULES"]),
         scheduler=_scheduler_settings(scheduler),
+        limits=_limits(merged["LIMITS"]),
     )
 
 
@@ -738,8 +768,41 @@ def _queues(
             recoverable_retry=RetryPolicy.parse(
                 options.get("recoverable_retry", {}), (*path, "recoverable_retry"), recoverable
             ),
+            concurrency=_optional_integer(options.get("concurrency"), (*path, "concurrency")),
         )
     return queues
+
+
+def _optional_integer(value: Any, path: tuple[str, ...]) -> int | None:
+    return None if value is None else _integer(value, path, minimum=1)
+
+
+def _limits(value: Any) -> dict[str, NamedLimit]:
+    """``JOBGUARD["LIMITS"]``: shared limits by name, each with a rate, a concurrency or both."""
+    limits: dict[str, NamedLimit] = {}
+    for name, options in _mapping(value, ("LIMITS",)).items():
+        path = ("LIMITS", str(name))
+        _string(name, path)
+        options = _mapping(options, path)
+        _unknown(options, LIMIT_OPTIONS, path)
+        if "rate" not in options and "concurrency" not in options:
+            raise _fail(path, "needs a 'rate' (such as '25/s'), a 'concurrency' (such as 10), or both.")
+        rate = None
+        if options.get("rate") is not None:
+            try:
+                parse_rate(options["rate"])
+            except ValueError as exc:
+                raise _fail((*path, "rate"), f"is not a rate: {exc}.") from None
+            burst = _optional_integer(options.get("burst"), (*path, "burst"))
+            rate = Rate(options["rate"], burst=burst)
+        elif "burst" in options:
+            raise _fail((*path, "burst"), "is set without a 'rate' to burst over.")
+        limits[name] = NamedLimit(
+            name=name,
+            concurrency=_optional_integer(options.get("concurrency"), (*path, "concurrency")),
+            rate=rate,
+        )
+    return limits
 
 
 def _unclassified_errors(merged: Mapping[str, Any]) -> str:

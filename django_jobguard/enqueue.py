@@ -54,6 +54,8 @@ def prepare(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
     if refusal is not None:
         raise UnknownQueueError(f"{task.name}: {refusal}")
     queue = conf.queue(queue_name)
+    if task.limited:
+        _check_limited_routing(task, queue_name, conf.default_queue)
     return {
         "task_name": task.name,
         "queue_name": queue_name,
@@ -65,7 +67,28 @@ def prepare(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
         "lock_key": task.lock_key_for(bound),
         "handler_version": task.handler_version or conf.handler_version,
         "idempotency_key": task.idempotency_key_for(bound),
+        "flow_keys": task.flow_keys_for(bound),
     }
+
+
+def _check_limited_routing(task: Task[Any, Any], queue_name: str, default_queue: str) -> None:
+    """Refuse a limited task's job sent to a queue where its limits would not be enforced.
+
+    Workers take the limited claim only on the queues that can hold limited jobs (those
+    of limited tasks and those with a concurrency), so the others keep the plain claim.
+    """
+    declared = registry.find(task.name)
+    if declared is not None and queue_name == (declared.queue_name or default_queue):
+        return  # the task's own queue: the common case, decided without building the plan
+    plan = store.flow_plan()
+    if plan is not None and queue_name in plan.queues:
+        return
+    raise InvalidArgumentsError(
+        f"{task.name} has flow-control limits, which workers enforce on the queues of limited "
+        f"tasks and on queues with a concurrency; {queue_name!r} is neither, so its job would "
+        f"run unlimited. Send it to {task.queue_name!r}, or give {queue_name!r} a concurrency "
+        "in JOBGUARD['QUEUES']."
+    )
 
 
 def _insert(task: Task[Any, Any], rows: list[dict[str, Any]], alias: str) -> list[Job]:

@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - exercised only without the metrics ext
 
 from . import events
 from .conf import get_settings
-from .stats import queue_stats
+from .stats import limit_stats, queue_stats
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,21 @@ DURATION_BUCKETS_SECONDS = (
 
 #: The only label names a jobguard metric may carry (each with a small, bounded set of values).
 ALLOWED_LABELS = frozenset(
-    {"queue", "task", "status", "category", "reason", "where", "operation", "action", "cache", "schedule"}
+    # limit: a declared flow-control limit's name (never one of its keys); kind: concurrency or rate.
+    {
+        "queue",
+        "task",
+        "status",
+        "category",
+        "reason",
+        "where",
+        "operation",
+        "action",
+        "cache",
+        "schedule",
+        "limit",
+        "kind",
+    }
 )
 
 
@@ -289,6 +303,24 @@ QUEUE_PAUSED = _gauge(
     "1 while the queue is paused (workers do not claim from it; enqueues still work), else 0.",
     ("queue",),
 )
+# Flow-control gauges: computed from the database at scrape time by QueueCollector, when
+# limits are declared. `limit` names a declared limit (bounded), never a key.
+LIMIT_RUNNING = _gauge(
+    "jobguard_queue_limit_running",
+    "Running jobs counted under a flow-control limit (every key of a keyed one together).",
+    ("limit", "kind"),
+)
+LIMIT_FULL_KEYS = _gauge(
+    "jobguard_queue_limit_full_keys",
+    "Keys of a flow-control concurrency limit at their bound: their due jobs wait.",
+    ("limit", "kind"),
+)
+LIMIT_WAITING = _gauge(
+    "jobguard_queue_limit_waiting",
+    "Due queued jobs counted under a flow-control limit (they wait while it is full).",
+    ("limit", "kind"),
+)
+_LIMIT_FIELDS = ((LIMIT_RUNNING, "running"), (LIMIT_FULL_KEYS, "full_keys"), (LIMIT_WAITING, "waiting"))
 QUEUE_STATS_UP = _gauge(
     "jobguard_queue_stats_up",
     "1 if the last scrape read the queue statistics from the database, 0 if that failed.",
@@ -448,22 +480,23 @@ class QueueCollector:
         # (monotonic time, rows) of the last computation; scrapers queue on the lock, so
         # concurrent scrapes run one set of queries and share it.
         self._lock = threading.Lock()
-        self._computed: tuple[float, list[Any]] | None = None
+        self._computed: tuple[float, tuple[list[Any], list[Any]]] | None = None
 
-    def _queue_stats(self, alias: str) -> list[Any]:
+    def _queue_stats(self, alias: str) -> tuple[list[Any], list[Any]]:
+        """The queues' statistics and the flow-control limits' (none, with no query, if none)."""
         ttl = get_settings().metrics_cache_seconds
         with self._lock:
             now = time.monotonic()
             if ttl > 0 and self._computed is not None and now - self._computed[0] < ttl:
                 return self._computed[1]
-            rows = list(queue_stats(alias))
-            self._computed = (time.monotonic(), rows)
-            return rows
+            computed = (list(queue_stats(alias)), limit_stats(alias))
+            self._computed = (time.monotonic(), computed)
+            return computed
 
     def describe(self) -> list[Any]:
         # Registering calls describe(), or collect() if there is none: keep the
         # registration free of database queries.
-        return [_family(info) for info, _ in _QUEUE_FIELDS] + [
+        return [_family(info) for info, _ in (*_QUEUE_FIELDS, *_LIMIT_FIELDS)] + [
             _family(QUEUE_STATS_UP),
             _family(QUEUE_STATS_DURATION),
         ]
@@ -484,10 +517,15 @@ class QueueCollector:
             # poison it; in autocommit a failed query harms nothing.
             guard = transaction.atomic(using=alias) if connection.in_atomic_block else nullcontext()
             with guard:
-                rows = self._queue_stats(alias)
+                rows, limits = self._queue_stats(alias)
             for queue, values in _by_label(rows).items():
                 for family, field in families:
                     family.add_metric([queue], values[field])
+            limit_families = [(_family(info), field) for info, field in _LIMIT_FIELDS] if limits else []
+            for limit in limits:
+                for family, field in limit_families:
+                    family.add_metric([limit.limit, limit.kind], float(getattr(limit, field)))
+            families += limit_families
         except Exception:
             # Whatever went wrong (database down, no database access at all), the rest of the
             # page must still be served: the scrape reports the gauges as down instead.

@@ -108,6 +108,16 @@ class Job(models.Model):
             "error_class, error and traceback."
         ),
     )
+    flow_keys = models.JSONField(
+        default=list,
+        db_default=[],
+        blank=True,
+        editable=False,
+        help_text=_(
+            "The job's keyed flow-control limits, formatted at enqueue: c:<task>|<key> for a "
+            "concurrency limit, r:<task>|<key> for a rate."
+        ),
+    )
     cancel_requested = models.BooleanField(
         db_default=False,
         help_text=_("An operator asked to cancel this running job; its heartbeat tells the handler."),
@@ -638,3 +648,24 @@ class LockRelease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} released by {self.actor_name or 'system'}"
+
+
+class FlowRate(models.Model):
+    """The rate state of one flow-control rate key: its theoretical arrival time (GCRA).
+
+    Written by the claim, under the flow-control claims' lock, for the keys it admitted
+    jobs of; a row whose time has passed holds no state (the key is idle) and may be deleted.
+    """
+
+    key = models.CharField(max_length=255, primary_key=True)
+    #: Seconds since the epoch, on the database clock: when the key's next start is due at
+    #: the steady rate (starts run ahead of it by up to the burst).
+    tat = models.FloatField()
+
+    class Meta:
+        verbose_name = _("flow-control rate")
+        verbose_name_plural = _("flow-control rates")
+        indexes = [models.Index(fields=["tat"], name="jobguard_flowrate_tat_idx")]
+
+    def __str__(self) -> str:
+        return self.key

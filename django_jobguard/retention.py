@@ -26,6 +26,7 @@ from .conf import get_settings
 from .models import (
     TERMINAL_STATUSES,
     DeadLetter,
+    FlowRate,
     IdempotencyKey,
     IdempotencyStatus,
     Job,
@@ -66,6 +67,9 @@ JOB_BATCH_SIZE = 500
 #: How long a database lock's row is kept after its release (or its expiry): a key used
 #: again within it reuses its row.
 LOCK_ROWS_KEPT_FOR = datetime.timedelta(days=1)
+#: How long a flow-control rate key's row is kept after its arrival time passed: a row in the
+#: past holds no state (the key is idle), so deleting it only costs its next start an insert.
+FLOW_RATE_ROWS_KEPT_FOR = datetime.timedelta(hours=1)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -79,6 +83,8 @@ class PruneReport:
     locks: int = 0
     #: Finished jobs whose attempt history was trimmed (None: not asked for).
     histories: int | None = None
+    #: Flow-control rate keys idle for more than :data:`FLOW_RATE_ROWS_KEPT_FOR`.
+    flow_rates: int = 0
 
 
 #: The rule of :func:`deletable_jobs`, for the surfaces that refuse a deletion.
@@ -292,10 +298,11 @@ def prune(
     batch_size: int | None = None,
     dry_run: bool = False,
 ) -> PruneReport:
-    """Delete expired keys and idle lock rows, then old finished jobs and attempt history if asked."""
+    """Delete expired keys, idle lock and rate rows, then old finished jobs and attempt history if asked."""
     alias = alias or get_settings().database_alias
     keys = prune_expired_keys(alias, batch_size=batch_size or KEY_BATCH_SIZE, dry_run=dry_run)
     locks = lock_rows.prune_released(alias, LOCK_ROWS_KEPT_FOR.total_seconds(), dry_run=dry_run)
+    flow_rates = prune_idle_flow_rates(alias, dry_run=dry_run)
     jobs = None
     if jobs_older_than is not None:
         jobs = prune_finished_jobs(
@@ -306,7 +313,21 @@ def prune(
         histories = prune_attempt_history(
             alias, older_than=history_older_than, batch_size=batch_size or JOB_BATCH_SIZE, dry_run=dry_run
         )
-    return PruneReport(keys=keys, jobs=jobs, dry_run=dry_run, locks=locks, histories=histories)
+    return PruneReport(
+        keys=keys, jobs=jobs, dry_run=dry_run, locks=locks, histories=histories, flow_rates=flow_rates
+    )
+
+
+def prune_idle_flow_rates(alias: str, *, dry_run: bool = False) -> int:
+    """Delete the rate keys whose arrival time passed more than :data:`FLOW_RATE_ROWS_KEPT_FOR` ago.
+
+    Safe while workers claim: a claim that starts such a key's job writes its row again.
+    """
+    idle_before = timezone.now().timestamp() - FLOW_RATE_ROWS_KEPT_FOR.total_seconds()
+    rows = FlowRate.objects.using(alias).filter(tat__lt=idle_before)
+    if dry_run:
+        return rows.count()
+    return int(rows.delete()[0])
 
 
 SCHEDULE_DELETION_RULE = (

@@ -37,8 +37,10 @@ __all__ = [
     "QUERIES",
     "QUERIES_WITH_RECENT",
     "RECENT_WINDOW_SECONDS",
+    "LimitStats",
     "QueueStats",
     "ScheduleStats",
+    "limit_stats",
     "oldest_due_ages",
     "queue_stats",
     "schedule_stats",
@@ -257,3 +259,75 @@ def schedule_stats(alias: str | None = None) -> list[ScheduleStats]:
 def oldest_due_ages(alias: str | None = None) -> dict[str, float]:
     """Seconds the oldest due job of each queue with due jobs has waited (see the store's)."""
     return store.oldest_due_ages(alias or get_settings().database_alias)
+
+
+# -- flow-control limits --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class LimitStats:
+    """One declared flow-control limit at one moment."""
+
+    #: ``queue:<name>``, ``task:<task>``, ``limit:<name>``, ``rate:task:<task>``,
+    #: ``rate:limit:<name>``, or ``<task>[<key template>]`` for a keyed one.
+    limit: str
+    #: ``concurrency`` or ``rate``.
+    kind: str
+    #: The declared bound: jobs at once (per key for a keyed limit), or the rate.
+    bound: str
+    #: Running jobs counted under it (all keys together).
+    running: int = 0
+    #: Keys at their concurrency (0 or 1 for an unkeyed limit; always 0 for a rate).
+    full_keys: int = 0
+    #: Due queued jobs that count under it: what waits on it when it is full.
+    waiting: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _rate_text(interval: float, burst: int) -> str:
+    per_second = 1.0 / interval
+    return f"{per_second:g}/s burst {burst}"
+
+
+def limit_stats(alias: str | None = None) -> list[LimitStats]:
+    """Every declared limit with its use now: two grouped reads of the limited queues' jobs.
+
+    Empty, with no query, when nothing is limited.
+    """
+    plan = store.flow_plan()
+    if plan is None:
+        return []
+    alias = alias or get_settings().database_alias
+    running, waiting = store.flow_usage(alias, plan)
+    rows: dict[str, LimitStats] = {}
+    for key, capacity in plan.capacities.items():
+        rows[key] = LimitStats(key, "concurrency", str(capacity))
+    for key, rate in plan.rates.items():
+        rows[key] = LimitStats(key, "rate", _rate_text(rate.interval, rate.burst))
+    for task_name, capacity in plan.keyed_capacity.items():
+        family = f"c:{task_name}"
+        rows[family] = LimitStats(
+            f"{task_name}[{plan.templates.get(family, '')}]", "concurrency", f"{capacity} per key"
+        )
+    for task_name, rate in plan.keyed_rates.items():
+        family = f"r:{task_name}"
+        rows[family] = LimitStats(
+            f"{task_name}[{plan.templates.get(family, '')}]",
+            "rate",
+            f"{_rate_text(rate.interval, rate.burst)} per key",
+        )
+    for key, count in running.items():
+        row = rows.get(store.limit_family(key))
+        if row is None:
+            continue
+        row.running += count
+        bound = plan.capacity(key)
+        if bound is not None and count >= bound:
+            row.full_keys += 1
+    for key, count in waiting.items():
+        row = rows.get(store.limit_family(key))
+        if row is not None:
+            row.waiting += count
+    return sorted(rows.values(), key=lambda row: (row.kind, row.limit))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import inspect
-import string
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
@@ -19,6 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 from .conf import MAX_SCHEDULE_NAME_LENGTH, RetryOverrides, RetryPolicy, get_settings
 from .context import JobContext
 from .exceptions import InvalidArgumentsError, InvalidTaskError
+from .flow import MAX_LIMIT_KEY_LENGTH, Limit, Rate, concurrency_spec, rate_spec, template_fields
 from .registry import registry
 
 if TYPE_CHECKING:
@@ -71,12 +71,8 @@ def _exception_types(value: Any, option: str) -> ExceptionTypes:
     return types
 
 
-def _template_fields(template: str) -> list[str]:
-    fields = []
-    for _literal, field, _spec, _conv in string.Formatter().parse(template):
-        if field is not None:
-            fields.append(field.split(".")[0].split("[")[0])
-    return fields
+#: The argument names a key template formats (one language for lock=, idempotency_key= and limits).
+_template_fields = template_fields
 
 
 #: The earliest and latest times a job may be scheduled at: a day inside what Python's
@@ -142,6 +138,12 @@ class Task(Generic[P, R]):
     api_max_priority: int | None = None
     #: A cron expression: the scheduler enqueues this task at each of its ticks (UTC).
     schedule: str | None = None
+    #: Flow control across the fleet: jobs of this task running at once (per key with a key).
+    concurrency: Limit | None = None
+    #: Flow control across the fleet: job starts per period (per key with a key).
+    rate: Rate | None = None
+    #: The name of a shared limit in ``JOBGUARD["LIMITS"]`` (checked by ``manage.py check``).
+    limit: str | None = None
     # Per-call overrides set by using():
     run_after: datetime.datetime | datetime.timedelta | None = None
     idempotency_key: str | None = None
@@ -169,6 +171,7 @@ class Task(Generic[P, R]):
                     f"of {self.name}; parameters: {', '.join(self.parameters) or '(none)'}."
                 )
         self._check_classification()
+        self._check_flow()
         if self.schedule is not None:
             if not isinstance(self.schedule, str) or not self.schedule.strip():
                 raise InvalidTaskError(
@@ -186,6 +189,34 @@ class Task(Generic[P, R]):
             raise InvalidArgumentsError(
                 f"idempotency_key must be at most {MAX_IDEMPOTENCY_KEY_LENGTH} characters."
             )
+
+    def _check_flow(self) -> None:
+        if self.concurrency is not None and not isinstance(self.concurrency, Limit):
+            raise InvalidTaskError(
+                f"concurrency must be a whole number or a Limit(...), not {self.concurrency!r}."
+            )
+        if self.rate is not None and not isinstance(self.rate, Rate):
+            raise InvalidTaskError(
+                f"rate must be a string such as '100/m' or a Rate(...), not {self.rate!r}."
+            )
+        if self.limit is not None and (not isinstance(self.limit, str) or not self.limit):
+            raise InvalidTaskError(
+                f"limit must name an entry of JOBGUARD['LIMITS'] such as 'stripe', not {self.limit!r}."
+            )
+        for option, spec in (("concurrency", self.concurrency), ("rate", self.rate)):
+            if spec is None or spec.key is None:
+                continue
+            unknown = [f for f in _template_fields(spec.key) if f not in self.parameters]
+            if unknown:
+                raise InvalidTaskError(
+                    f"{option} key template {spec.key!r} names {unknown[0]!r}, which is not a parameter "
+                    f"of {self.name}; parameters: {', '.join(self.parameters) or '(none)'}."
+                )
+
+    @property
+    def limited(self) -> bool:
+        """Whether the task declares any flow control (``concurrency``, ``rate`` or ``limit``)."""
+        return self.concurrency is not None or self.rate is not None or self.limit is not None
 
     def _check_classification(self) -> None:
         if self.idempotent is not None and not isinstance(self.idempotent, bool):
@@ -275,6 +306,30 @@ class Task(Generic[P, R]):
                 "which the lock back ends reserve."
             )
         return key
+
+    def flow_keys_for(self, bound: inspect.BoundArguments) -> list[str]:
+        """The keyed limits of a call, stored with its job: ``c:<task>|<key>``, ``r:<task>|<key>``.
+
+        Unkeyed and named limits are not stored: the claim finds them from the task's name,
+        so a limit declared later applies to the jobs already queued too.
+        """
+        keys = []
+        for kind, spec in (("c", self.concurrency), ("r", self.rate)):
+            if spec is None or spec.key is None:
+                continue
+            try:
+                key = spec.key.format_map(self._arguments(bound))
+            except (KeyError, IndexError, AttributeError, ValueError) as exc:
+                raise InvalidArgumentsError(
+                    f"limit key template {spec.key!r} cannot be formatted: {exc}"
+                ) from None
+            if not key or len(key) > MAX_LIMIT_KEY_LENGTH:
+                raise InvalidArgumentsError(
+                    f"limit key template {spec.key!r} gave a key of {len(key)} characters; a limit key "
+                    f"must have 1 to {MAX_LIMIT_KEY_LENGTH}."
+                )
+            keys.append(f"{kind}:{self.name}|{key}")
+        return keys
 
     def idempotency_key_for(self, bound: inspect.BoundArguments) -> str | None:
         """The idempotency key of a call: ``using(idempotency_key=...)``, else the template's.
@@ -507,6 +562,9 @@ def task(
     expected_duration: float | None = None,
     api: bool | Mapping[str, Any] = False,
     schedule: str | None = None,
+    concurrency: int | Limit | None = None,
+    rate: str | Rate | None = None,
+    limit: str | None = None,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -537,6 +595,9 @@ def task(
     expected_duration: float | None = None,
     api: bool | Mapping[str, Any] = False,
     schedule: str | None = None,
+    concurrency: int | Limit | None = None,
+    rate: str | Rate | None = None,
+    limit: str | None = None,
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a function as a task. Options left unset fall back to the queue, then globals.
 
@@ -566,6 +627,11 @@ def task(
       ``{"max_priority": 50}`` lets them ask for priorities up to 50.
     - ``schedule``: a cron expression (UTC; six fields for seconds); every worker's scheduler
       enqueues the task once per tick, with no arguments. See docs/how-to/recurring-jobs.md.
+    - Flow control across every worker, enforced when jobs are claimed (a waiting job costs
+      no attempt): ``concurrency`` (``3``, or ``Limit(1, key="account:{account_id}")``),
+      ``rate`` (``"100/m"``, or ``Rate("10/s", key="partner:{partner_id}", burst=20)``) and
+      ``limit``, the name of a shared limit in ``JOBGUARD["LIMITS"]``. See
+      docs/how-to/protect-a-dependency.md.
     """
 
     def decorate(func: Callable[P, R]) -> Task[P, R]:
@@ -601,6 +667,9 @@ def task(
             expected_duration=expected_duration,
             **_api_options(api, priority),
             schedule=schedule,
+            concurrency=concurrency_spec(concurrency),
+            rate=rate_spec(rate),
+            limit=limit,
         )
         created.signature  # noqa: B018 - validates takes_context against the signature now
         registry.register(created)

@@ -176,6 +176,9 @@ JOBGUARD: dict[str, Any] = {
     "METRICS_CACHE_SECONDS": 0.0,
     # Tests name a queue each and read its series; the cap is tested with override_settings.
     "METRICS_MAX_UNDECLARED_QUEUES": 100_000,
+    # Shared limits of the flow-control tests (tests/testapp/tasks_flow.py); a limit no task
+    # names changes no claim.
+    "LIMITS": {"flow-shared": {"concurrency": 2}},
 }
 # The suite's purpose-built tasks exercise one behaviour each and are not classified, and
 # some lock with a deliberately short TTL; the checks that say so are tested in
@@ -202,6 +205,10 @@ if os.environ.get("JOBGUARD_TEST_ACK_WINDOW"):
     # Process tests of batched acks: a window long enough to act inside it.
     JOBGUARD["ACK_WINDOW"] = float(os.environ["JOBGUARD_TEST_ACK_WINDOW"])
     JOBGUARD["ACK_BATCH_SIZE"] = 1000
+if os.environ.get("JOBGUARD_TEST_QUEUE_CONCURRENCY"):
+    # Process tests of a queue's concurrency: "name=n".
+    _name, _n = os.environ["JOBGUARD_TEST_QUEUE_CONCURRENCY"].split("=")
+    JOBGUARD["QUEUES"] = {**JOBGUARD["QUEUES"], _name: {"concurrency": int(_n)}}
 if os.environ.get("JOBGUARD_TEST_MAINTENANCE_LEADER"):
     JOBGUARD["MAINTENANCE_LEADER"] = True
 if os.environ.get("JOBGUARD_TEST_LIVENESS_FILE"):

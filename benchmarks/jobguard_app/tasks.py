@@ -26,3 +26,7 @@ def noop_locked(i: int) -> None:
 @task(name="bench.noop_all", atomic=True, lock="bench:{i}")
 def noop_all(i: int) -> None:
     return None
+
+
+if __import__("os").environ.get("BENCH_FLOW"):
+    from . import tasks_flow  # noqa: F401 - benchmarks/bench_flow.py's limited tasks

@@ -411,3 +411,18 @@ class QueueSerializer(serializers.Serializer):
     pending_approvals = serializers.IntegerField(read_only=True, help_text="Replays awaiting approval.")
     succeeded_last_hour = serializers.IntegerField(read_only=True)
     failed_last_hour = serializers.IntegerField(read_only=True)
+
+
+class LimitSerializer(serializers.Serializer):
+    """The figures ``jobguard_status`` shows for one flow-control limit."""
+
+    limit = serializers.CharField(
+        read_only=True,
+        help_text="queue:<name>, task:<task>, limit:<name>, rate:task:<task>, rate:limit:<name>, "
+        "or <task>[<key template>] for a keyed one.",
+    )
+    kind = serializers.ChoiceField(choices=["concurrency", "rate"], read_only=True)
+    bound = serializers.CharField(read_only=True, help_text="Jobs at once (per key), or the rate and burst.")
+    running = serializers.IntegerField(read_only=True, help_text="Running jobs counted under it.")
+    full_keys = serializers.IntegerField(read_only=True, help_text="Keys at their bound.")
+    waiting = serializers.IntegerField(read_only=True, help_text="Due queued jobs counted under it.")

@@ -553,6 +553,19 @@ class QueueListView(JobguardView):
         return Response(self.get_serializer(rows, many=True).data)
 
 
+class LimitListView(JobguardView):
+    """``GET limits/``: what ``jobguard_status`` shows, per flow-control limit."""
+
+    required_permissions: ClassVar[dict[str, tuple[str, ...]]] = {"GET": ("jobguard.view_job",)}
+    serializer_class = s.LimitSerializer
+
+    @documented(operation_id="limits_list", responses={200: s.LimitSerializer(many=True), **COMMON_ERRORS})
+    def get(self, request: Request) -> Response:
+        """Every declared flow-control limit: its bound, running jobs, full keys and waiting jobs."""
+        rows = [row.as_dict() for row in stats.limit_stats()]
+        return Response(self.get_serializer(rows, many=True).data)
+
+
 class NotFoundView(JobguardView):
     """Any other path under the API's mount: a 404 in the API's error shape, not an HTML page."""
 

@@ -34,7 +34,9 @@ from typing import Any
 from django.core.signals import setting_changed
 from django.db import connections
 
-from . import postgres, sqlite
+from ..conf import get_settings
+from ..registry import registry
+from . import _flow, postgres, sqlite
 from ._common import (
     LEASE_EXPIRED_ERROR,
     NOTIFY_CHANNEL,
@@ -51,6 +53,8 @@ from ._common import (
     read_checkpoints,
     write_checkpoints,
 )
+from ._flow import FlowPlan, RateSpec, Throttle, build_plan
+from ._flow import family as limit_family
 from .dialect import Dialect, JobStore
 from .listener import Listener
 
@@ -64,8 +68,11 @@ __all__ = [
     "ClaimedJob",
     "Dialect",
     "DurationRow",
+    "FlowPlan",
     "JobStore",
     "Listener",
+    "RateSpec",
+    "Throttle",
     "build_job",
     "claim",
     "complete",
@@ -73,6 +80,8 @@ __all__ = [
     "database_now",
     "dialect_of",
     "discard_queued",
+    "flow_plan",
+    "flow_usage",
     "guard_statements",
     "heartbeat",
     "insert_jobs",
@@ -80,6 +89,7 @@ __all__ = [
     "insert_keyed_job",
     "is_unique_violation",
     "key_owner",
+    "limit_family",
     "mark_dead",
     "observed_durations",
     "oldest_due_ages",
@@ -239,12 +249,33 @@ def record_key_success(alias: str, scope: str, key: str, job_id: int, result: An
 # -- leases --------------------------------------------------------------------------------
 
 
+def flow_plan() -> FlowPlan | None:
+    """The flow-control limits declared by the registered tasks and the settings; None if none are.
+
+    A worker builds it once at its start and hands it to every :func:`claim`.
+    """
+    tasks = [task for name in registry.names() if (task := registry.find(name)) is not None]
+    return build_plan(get_settings(), tasks)
+
+
+def flow_usage(alias: str, plan: FlowPlan) -> tuple[dict[str, int], dict[str, int]]:
+    """``(running, waiting)`` per limit key: running jobs per concurrency key, due jobs per key.
+
+    For reports (``jobguard_status``, the metrics); read from the job rows of the limited
+    queues, not routed to a substitute store.
+    """
+    running, waiting = _flow.usage(alias, dialect_of(alias).CLOCK.now, plan)
+    return dict(running), dict(waiting)
+
+
 def claim(
     alias: str,
     queues: Sequence[str] | None,
     limit: int,
     worker_id: str,
     exclude: Sequence[str] = (),
+    flow: FlowPlan | None = None,
+    throttle: Throttle | None = None,
 ) -> list[ClaimedJob]:
     """Lease up to ``limit`` due jobs of ``queues`` (all queues if None) in one statement.
 
@@ -252,10 +283,21 @@ def claim(
     worker's ``--exclude-queues``); with a list of queues, leave them out of the list
     instead. Paused queues are never claimed from: on PostgreSQL the claim statement reads
     them itself, elsewhere they are read just before it.
+
+    ``flow``: the declared limits (:func:`flow_plan`). A claim that may meet a limited job
+    admits only the jobs every limit has room for, in one transaction that the fleet's
+    limited claims take turns on; a claim of queues without limits is the one statement.
+    ``throttle`` receives when a rate that held jobs back next admits a start.
     """
+    if throttle is not None:
+        throttle.retry_after = None
     if limit <= 0:
         return []
     db = _store(alias)
+    if flow is not None and flow.covers(queues, exclude):
+        jobs = db.claim_limited(alias, queues, limit, worker_id, exclude, flow, throttle)
+        jobs.sort(key=lambda job: (-job.priority, job.id))
+        return jobs
     if not db.CLAIM_READS_PAUSES:
         exclude = sorted({*exclude, *paused_queue_names(alias)})
     if queues:

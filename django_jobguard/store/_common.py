@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 REAP_BATCH = 200
 #: PostgreSQL channel the enqueue trigger notifies (payload: the queue name).
 NOTIFY_CHANNEL = "jobguard_jobs"
-#: Rows per INSERT statement on SQLite (10 parameters a row, well under its variable limit).
+#: Rows per INSERT statement on SQLite (11 parameters a row, well under its variable limit).
 SQLITE_INSERT_CHUNK = 500
 
 TABLE = "jobguard_job"
@@ -32,7 +32,7 @@ RETURNING = (
 
 INSERT_COLUMNS = (
     "task_name, queue_name, args, kwargs, priority, max_attempts, visibility_timeout, "
-    "idempotency_key, lock_key, handler_version, status, attempts, worker_id, last_error, "
+    "idempotency_key, lock_key, handler_version, flow_keys, status, attempts, worker_id, last_error, "
     "reappearances, lock_contentions, checkpoints, attempt_history"
 )
 INSERT_FIELDS = (
@@ -46,6 +46,7 @@ INSERT_FIELDS = (
     "idempotency_key",
     "lock_key",
     "handler_version",
+    "flow_keys",
 )
 #: The constant columns of a new job row, after the INSERT_FIELDS (status ... lock_contentions).
 INSERT_CONSTANTS = "'queued', 0, '', '', 0, 0"
@@ -143,10 +144,11 @@ def placeholders(values: Sequence[Any]) -> str:
 
 
 def row_values(row: dict[str, Any]) -> list[Any]:
-    """The INSERT_FIELDS of one job row, ``args``/``kwargs`` dumped to JSON text."""
-    values = [row[field] for field in INSERT_FIELDS]
+    """The INSERT_FIELDS of one job row, ``args``/``kwargs``/``flow_keys`` dumped to JSON text."""
+    values = [row.get(field) for field in INSERT_FIELDS]
     values[2] = json.dumps(values[2])
     values[3] = json.dumps(values[3])
+    values[10] = json.dumps(values[10] or [])
     return values
 
 

@@ -19,6 +19,8 @@ What each function must do, on every store:
   job away from its worker (requeue, mark-dead, the reaper) clears it.
 - Claims take due, queued jobs with attempts left, highest ``priority`` first, then
   earliest ``run_after``, then lowest id; two concurrent claims never take the same job.
+- A limited claim (flow control) admits a job only if every limit it counts under has
+  room, counted across every process; a job it leaves is not touched (no attempt).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ._common import REAP_BATCH, AttemptError, ClaimedJob, Clock, DurationRow, Inserted
+from ._flow import FlowPlan, Throttle
 
 __all__ = ["Dialect", "JobStore"]
 
@@ -108,6 +111,26 @@ class JobStore(Protocol):
         self, alias: str, queues: Sequence[str] | None, limit: int, worker_id: str, exclude: Sequence[str]
     ) -> list[ClaimedJob]:
         """Lease up to ``limit`` due jobs of ``queues`` (every queue but ``exclude`` if None)."""
+        ...
+
+    def claim_limited(
+        self,
+        alias: str,
+        queues: Sequence[str] | None,
+        limit: int,
+        worker_id: str,
+        exclude: Sequence[str],
+        plan: FlowPlan,
+        throttle: Throttle | None = None,
+    ) -> list[ClaimedJob]:
+        """Lease as :meth:`claim` does, only the jobs every flow-control limit of ``plan`` has room for.
+
+        Never more running jobs under a concurrency key than its limit, counted from the
+        running rows, whatever other claims run at once; never more starts of a rate key
+        than its rate and burst allow; jobs of full keys do not hold back the others.
+        Paused queues are left alone as by :meth:`claim`. ``throttle`` receives when a rate
+        that held jobs back next admits a start.
+        """
         ...
 
     def heartbeat(self, alias: str, ids: list[int], tokens: list[str]) -> list[tuple[int, bool]]:

@@ -18,6 +18,7 @@ import itertools
 import json
 import secrets
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
+    from ._flow import FlowPlan, Throttle
     from .dialect import JobStore
 
 __all__ = ["MemoryStore", "StoredJob", "StoredKey"]
@@ -109,6 +111,8 @@ class MemoryStore:
         self.now = now
         self.jobs: dict[int, StoredJob] = {}
         self.keys: dict[tuple[str, str], StoredKey] = {}
+        #: Flow-control rate keys: their theoretical arrival times (seconds since the epoch).
+        self.arrivals: dict[str, float] = {}
         #: Names of the paused queues.
         self.paused: set[str] = set()
         self._ids = itertools.count(1)
@@ -145,7 +149,7 @@ class MemoryStore:
             )
             inserted: list[Inserted] = []
             for row in rows:
-                fields = {name: row[name] for name in INSERT_FIELDS}
+                fields = {name: row.get(name) for name in INSERT_FIELDS}
                 fields["args"] = json.loads(json.dumps(fields["args"]))
                 fields["kwargs"] = json.loads(json.dumps(fields["kwargs"]))
                 job = StoredJob(id=next(self._ids), fields=fields, run_after=due, enqueued_at=now)
@@ -215,28 +219,89 @@ class MemoryStore:
         self, alias: str, queues: Sequence[str] | None, limit: int, worker_id: str, exclude: Sequence[str]
     ) -> list[ClaimedJob]:
         with self._lock:
-            now = self.now()
-            due = [
-                job
-                for job in self.jobs.values()
-                if job.status == "queued"
-                and job.run_after <= now
-                and job.attempts < job.fields["max_attempts"]
-                and job.queue_name not in self.paused
-                and (job.queue_name in queues if queues else job.queue_name not in exclude)
-            ]
-            due.sort(key=lambda job: (-job.fields["priority"], job.run_after, job.id))
-            claimed = []
-            for job in due[:limit]:
-                job.status = "running"
-                job.attempts += 1
-                job.lease_token = secrets.token_hex(16)
-                job.lease_expires_at = now + datetime.timedelta(seconds=job.fields["visibility_timeout"])
-                job.started_at = now
-                job.worker_id = worker_id
-                job.attempt_history.append({"worker_id": worker_id, "started_at": now.isoformat()})
-                claimed.append(job.claimed())
-            return claimed
+            return self._lease(self._due(queues, exclude)[:limit], worker_id)
+
+    def claim_limited(
+        self,
+        alias: str,
+        queues: Sequence[str] | None,
+        limit: int,
+        worker_id: str,
+        exclude: Sequence[str],
+        plan: FlowPlan,
+        throttle: Throttle | None = None,
+    ) -> list[ClaimedJob]:
+        # One lock serialises every call, so the counting and the leasing are one step, as
+        # the databases' limited claims are one turn (see store/_flow.py).
+        with self._lock:
+            now = self.now().timestamp()
+            running: Counter[str] = Counter()
+            for job in self.jobs.values():
+                if job.status == "running":
+                    for key in plan.keys_of(
+                        job.fields["task_name"], job.queue_name, job.fields.get("flow_keys") or []
+                    ):
+                        running[key] += 1
+
+            def room(key: str) -> bool:
+                capacity = plan.capacity(key)
+                if capacity is not None and running[key] >= capacity:
+                    return False
+                rate = plan.rate(key)
+                return rate is None or max(self.arrivals.get(key, now), now) - now <= rate.tolerance + 1e-6
+
+            admitted = []
+            for job in self._due(queues, exclude):
+                keys = plan.keys_of(
+                    job.fields["task_name"], job.queue_name, job.fields.get("flow_keys") or []
+                )
+                if not all(room(key) for key in keys):
+                    continue
+                admitted.append(job)
+                for key in keys:
+                    running[key] += 1
+                    rate = plan.rate(key)
+                    if rate is not None:
+                        self.arrivals[key] = max(self.arrivals.get(key, now), now) + rate.interval
+                if len(admitted) >= limit:
+                    break
+            if throttle is not None:
+                waits = [
+                    arrival - now - rate.tolerance
+                    for key, arrival in self.arrivals.items()
+                    if (rate := plan.rate(key)) is not None and arrival - now > rate.tolerance + 1e-6
+                ]
+                throttle.retry_after = min(waits) if waits else None
+            return self._lease(admitted, worker_id)
+
+    def _due(self, queues: Sequence[str] | None, exclude: Sequence[str]) -> list[StoredJob]:
+        """The due jobs of ``queues`` (all but ``exclude`` if None) in claim order."""
+        now = self.now()
+        due = [
+            job
+            for job in self.jobs.values()
+            if job.status == "queued"
+            and job.run_after <= now
+            and job.attempts < job.fields["max_attempts"]
+            and job.queue_name not in self.paused
+            and (job.queue_name in queues if queues else job.queue_name not in exclude)
+        ]
+        due.sort(key=lambda job: (-job.fields["priority"], job.run_after, job.id))
+        return due
+
+    def _lease(self, jobs: Sequence[StoredJob], worker_id: str) -> list[ClaimedJob]:
+        now = self.now()
+        claimed = []
+        for job in jobs:
+            job.status = "running"
+            job.attempts += 1
+            job.lease_token = secrets.token_hex(16)
+            job.lease_expires_at = now + datetime.timedelta(seconds=job.fields["visibility_timeout"])
+            job.started_at = now
+            job.worker_id = worker_id
+            job.attempt_history.append({"worker_id": worker_id, "started_at": now.isoformat()})
+            claimed.append(job.claimed())
+        return claimed
 
     def _held(self, job_id: int, lease_token: str) -> StoredJob | None:
         job = self.jobs.get(job_id)

@@ -21,7 +21,7 @@ from typing import Any
 from django.db import DatabaseError, DataError, connections, transaction
 
 from ..conf import get_settings
-from . import _common
+from . import _common, _flow
 from ._common import (
     FINISHED,
     INSERT_COLUMNS,
@@ -245,21 +245,23 @@ def insert_jobs(
             # than the whole rest of the enqueue (measured: 1,340 -> about 2,000 enqueues/s).
             cursor.execute(
                 f"INSERT INTO {TABLE} ({columns}) VALUES (%s, %s, %s::jsonb, %s::jsonb, %s, %s, %s, %s, %s, "
-                f"%s, {INSERT_CONSTANTS}, '{{}}'::jsonb, '[]'::jsonb{run_after_sql}) "
+                f"%s, %s::jsonb, {INSERT_CONSTANTS}, '{{}}'::jsonb, '[]'::jsonb{run_after_sql}) "
                 "RETURNING id, run_after, enqueued_at",
                 [*row_values(rows[0]), *extra_params],
             )
             return list(cursor.fetchall())
-        # One statement whatever the count: ten array parameters, unnested server-side.
-        arrays = [[row[field] for row in rows] for field in INSERT_FIELDS]
+        # One statement whatever the count: eleven array parameters, unnested server-side.
+        arrays = [[row.get(field) for row in rows] for field in INSERT_FIELDS]
         arrays[2] = [json.dumps(value) for value in arrays[2]]
         arrays[3] = [json.dumps(value) for value in arrays[3]]
+        arrays[10] = [json.dumps(value or []) for value in arrays[10]]
         cursor.execute(
             f"INSERT INTO {TABLE} ({columns}) "
-            f"SELECT t, q, a::jsonb, k::jsonb, p, m, v, i, l, h, {INSERT_CONSTANTS}, "
+            f"SELECT t, q, a::jsonb, k::jsonb, p, m, v, i, l, h, f::jsonb, {INSERT_CONSTANTS}, "
             f"'{{}}'::jsonb, '[]'::jsonb{run_after_sql} "
             "FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::smallint[], %s::int[], "
-            "%s::float8[], %s::text[], %s::text[], %s::text[]) AS u(t, q, a, k, p, m, v, i, l, h) "
+            "%s::float8[], %s::text[], %s::text[], %s::text[], %s::text[]) "
+            "AS u(t, q, a, k, p, m, v, i, l, h, f) "
             "RETURNING id, run_after, enqueued_at",
             [*extra_params, *arrays],  # the run_after parameter comes first in the text
         )
@@ -287,7 +289,8 @@ def insert_keyed_job(
         "ON CONFLICT (scope, key) DO NOTHING RETURNING job_id) "
         f"INSERT INTO {TABLE} (id, {INSERT_COLUMNS}{', run_after' if run_after_sql else ''}) "
         "SELECT k.job_id, %s::varchar, %s::varchar, %s::jsonb, %s::jsonb, %s::smallint, %s::int, "
-        "%s::float8, %s::varchar, %s::varchar, %s::varchar, 'queued', 0, '', '', 0, 0, '{}'::jsonb, "
+        "%s::float8, %s::varchar, %s::varchar, %s::varchar, %s::jsonb, "
+        "'queued', 0, '', '', 0, 0, '{}'::jsonb, "
         f"'[]'::jsonb{run_after_sql} FROM k RETURNING id, run_after, enqueued_at"
     )
     expiry = connection.ops.adapt_datetimefield_value(expires_at)
@@ -393,6 +396,91 @@ def _claim(
         cursor.execute(f"WITH picked AS ({picked}) {_CLAIM_UPDATE}", [*params, worker_id, worker_id])
         rows = cursor.fetchall()
     return [ClaimedJob.from_row(row) for row in rows]
+
+
+# -- flow control ----------------------------------------------------------------------------
+
+#: The advisory lock the fleet's limited claims take turns on (any fixed number; "jgfl").
+FLOW_LOCK_ID = 0x6A67666C
+
+
+class _FlowSQL:
+    """The limited claim's statements on PostgreSQL (see ``store/_flow.py``)."""
+
+    def take_turn(self, alias: str, cursor: Any) -> None:
+        # Held to the transaction's end: the next limited claim counts this one's leases.
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [FLOW_LOCK_ID])
+
+    def now_seconds(self, alias: str, cursor: Any) -> float:
+        cursor.execute(f"SELECT extract(epoch from {NOW})::float8", [])
+        return float(cursor.fetchone()[0])
+
+    def candidates(
+        self,
+        alias: str,
+        cursor: Any,
+        queues: Sequence[str] | None,
+        exclude: Sequence[str],
+        blocked_tasks: Sequence[str],
+        blocked_keys: Sequence[str],
+        count: int,
+    ) -> list[tuple[int, str, str, Any]]:
+        # The shapes of the plain claim (_picked): one index walk per queue, in claim order,
+        # stopping after `count` rows; the full keys' rows are skipped over on the walk.
+        where = [_DUE]
+        params: list[Any] = []
+        if blocked_tasks:
+            where.append("task_name <> ALL(%s)")
+            params.append(list(blocked_tasks))
+        if blocked_keys:
+            where.append("NOT (flow_keys ?| %s::text[])")
+            params.append(list(blocked_keys))
+        columns = "id, task_name, queue_name, flow_keys"
+        if queues and len(queues) > 1:
+            cursor.execute(
+                f"SELECT c.{columns.replace(', ', ', c.')} FROM unnest(%s::text[]) AS q(name), LATERAL ("
+                f"SELECT {columns}, priority, run_after FROM {TABLE} WHERE queue_name = q.name "
+                f"AND {' AND '.join(where)} {_ORDER} LIMIT %s FOR UPDATE SKIP LOCKED) AS c "
+                "ORDER BY c.priority DESC, c.run_after, c.id LIMIT %s",
+                [list(queues), *params, count, count],
+            )
+            return list(cursor.fetchall())
+        if queues:
+            where.append("queue_name = %s")
+            params.append(queues[0])
+        elif exclude:
+            where.append("queue_name <> ALL(%s)")
+            params.append(list(exclude))
+        cursor.execute(
+            f"SELECT {columns} FROM {TABLE} WHERE {' AND '.join(where)} {_ORDER} "
+            "LIMIT %s FOR UPDATE SKIP LOCKED",
+            [*params, count],
+        )
+        return list(cursor.fetchall())
+
+    def lease(self, alias: str, cursor: Any, ids: Sequence[int], worker_id: str) -> list[ClaimedJob]:
+        cursor.execute(
+            f"WITH picked AS (SELECT unnest(%s::bigint[]) AS id) {_CLAIM_UPDATE}",
+            [list(ids), worker_id, worker_id],
+        )
+        return [ClaimedJob.from_row(row) for row in cursor.fetchall()]
+
+
+_FLOW_SQL = _FlowSQL()
+
+
+def claim_limited(
+    alias: str,
+    queues: Sequence[str] | None,
+    limit: int,
+    worker_id: str,
+    exclude: Sequence[str],
+    plan: _flow.FlowPlan,
+    throttle: _flow.Throttle | None = None,
+) -> list[ClaimedJob]:
+    if not _pooled(alias):
+        _tune_for_claims(alias)
+    return _flow.claim_limited(_FLOW_SQL, alias, queues, limit, worker_id, exclude, plan, throttle)
 
 
 # -- leases --------------------------------------------------------------------------------

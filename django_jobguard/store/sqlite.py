@@ -16,7 +16,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.backends.sqlite3.base import SQLiteCursorWrapper
 
-from . import _common
+from . import _common, _flow
 from ._common import (
     FINISHED,
     INSERT_COLUMNS,
@@ -157,7 +157,9 @@ def insert_jobs(
     connection = connections[alias]
     columns = INSERT_COLUMNS + (", run_after" if run_after is not None else "")
     run_after_sql, extra_params = _run_after_sql(connection, run_after)
-    placeholder = f"(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {INSERT_CONSTANTS}, '{{}}', '[]'{run_after_sql})"
+    placeholder = (
+        f"(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {INSERT_CONSTANTS}, '{{}}', '[]'{run_after_sql})"
+    )
     results: list[Inserted] = []
     with connection.cursor() as cursor:
         for start in range(0, len(rows), SQLITE_INSERT_CHUNK):
@@ -226,6 +228,86 @@ def claim(
         cursor.execute(sql, [worker_id, worker_id, *params, limit])
         rows = cursor.fetchall()
     return [ClaimedJob.from_row(row) for row in rows]
+
+
+_CLAIM_SET = (
+    f"UPDATE {TABLE} SET status = 'running', attempts = attempts + 1, "
+    "lease_token = lower(hex(randomblob(16))), "
+    f"lease_expires_at = {_LEASE_EXPIRES}, "
+    f"started_at = {NOW}, worker_id = %s, attempt_history = {_HISTORY_STARTED} "
+)
+
+
+# -- flow control ----------------------------------------------------------------------------
+
+
+class _FlowSQL:
+    """The limited claim's statements on SQLite (see ``store/_flow.py``)."""
+
+    def take_turn(self, alias: str, cursor: Any) -> None:
+        # A write first, so the transaction holds SQLite's one write lock from here to its
+        # end even when it began DEFERRED: the turns of the fleet's limited claims.
+        cursor.execute(f"UPDATE {TABLE} SET status = status WHERE id = -1", [])
+
+    def now_seconds(self, alias: str, cursor: Any) -> float:
+        cursor.execute(f"SELECT {CLOCK.epoch_micros}", [])
+        return int(cursor.fetchone()[0]) / 1_000_000
+
+    def candidates(
+        self,
+        alias: str,
+        cursor: Any,
+        queues: Sequence[str] | None,
+        exclude: Sequence[str],
+        blocked_tasks: Sequence[str],
+        blocked_keys: Sequence[str],
+        count: int,
+    ) -> list[tuple[int, str, str, Any]]:
+        where = [f"status = 'queued' AND run_after <= {NOW} AND attempts < max_attempts"]
+        params: list[Any] = []
+        if queues:
+            where.append(f"queue_name IN ({placeholders(queues)})")
+            params += list(queues)
+        elif exclude:
+            where.append(f"queue_name NOT IN ({placeholders(exclude)})")
+            params += list(exclude)
+        if blocked_tasks:
+            where.append(f"task_name NOT IN ({placeholders(blocked_tasks)})")
+            params += list(blocked_tasks)
+        if blocked_keys:
+            where.append(
+                f"NOT EXISTS (SELECT 1 FROM json_each({TABLE}.flow_keys) "
+                f"WHERE value IN ({placeholders(blocked_keys)}))"
+            )
+            params += list(blocked_keys)
+        cursor.execute(
+            f"SELECT id, task_name, queue_name, flow_keys FROM {TABLE} WHERE {' AND '.join(where)} "
+            "ORDER BY priority DESC, run_after, id LIMIT %s",
+            [*params, count],
+        )
+        return list(cursor.fetchall())
+
+    def lease(self, alias: str, cursor: Any, ids: Sequence[int], worker_id: str) -> list[ClaimedJob]:
+        cursor.execute(
+            f"{_CLAIM_SET} WHERE id IN ({placeholders(ids)}) AND status = 'queued' RETURNING {RETURNING}",
+            [worker_id, worker_id, *ids],
+        )
+        return [ClaimedJob.from_row(row) for row in cursor.fetchall()]
+
+
+_FLOW_SQL = _FlowSQL()
+
+
+def claim_limited(
+    alias: str,
+    queues: Sequence[str] | None,
+    limit: int,
+    worker_id: str,
+    exclude: Sequence[str],
+    plan: _flow.FlowPlan,
+    throttle: _flow.Throttle | None = None,
+) -> list[ClaimedJob]:
+    return _flow.claim_limited(_FLOW_SQL, alias, queues, limit, worker_id, exclude, plan, throttle)
 
 
 # -- leases --------------------------------------------------------------------------------

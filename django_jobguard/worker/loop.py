@@ -55,6 +55,9 @@ __all__ = ["EXIT_THREAD_DIED", "OUTCOMES", "Worker", "default_worker_id"]
 
 #: Back-off after a database error in the loop (the connection is reopened), doubling to the max.
 DB_ERROR_BACKOFF_SECONDS = 0.5
+#: Shortest wait for a rate's next start, in seconds: a fast rate is claimed in batches of its
+#: burst, not one claim per start.
+RATE_WAIT_MIN_SECONDS = 0.005
 DB_ERROR_BACKOFF_MAX_SECONDS = 5.0
 #: Past this mean handler time (seconds) a worker stops holding more jobs than it can start.
 PREFETCH_MAX_RUN_SECONDS = 1.0
@@ -126,6 +129,10 @@ class Worker:
         self.max_jobs = max_jobs
         self.worker_id = worker_id or conf.worker_id or default_worker_id()
         self.alias = database_alias or conf.database_alias
+        #: The flow-control limits the claims enforce (None: none declared, the plain claim).
+        self.flow = store.flow_plan()
+        #: When a rate that held jobs back next admits a start (written by each limited claim).
+        self._throttle = store.Throttle()
         self.poll_interval = poll_interval if poll_interval is not None else conf.poll_interval
         self.reaper_interval = reaper_interval if reaper_interval is not None else conf.reaper_interval
         self.shutdown_grace = shutdown_grace if shutdown_grace is not None else conf.shutdown_grace
@@ -373,8 +380,11 @@ class Worker:
                 # Full (or draining in burst mode): wait for an executor to free a slot.
                 self.slots.wait_freed(wait)
             else:
-                # Nothing more is due: sleep until a NOTIFY, the next maintenance pass or a poll.
+                # Nothing more is due: sleep until a NOTIFY, the next maintenance pass or a poll,
+                # or until a rate that held jobs back admits the next start.
                 until = self.maintenance.next_at - time.monotonic()
+                if self._throttle.retry_after is not None:
+                    until = min(until, max(RATE_WAIT_MIN_SECONDS, self._throttle.retry_after))
                 listener.wait(max(0.0, min(wait, until)))
 
     def _look_for_paused_queues(self) -> None:
@@ -410,7 +420,9 @@ class Worker:
 
     def _claim(self, limit: int) -> int:
         # Every claim leaves the paused queues alone, so a pause reaches us within one poll.
-        jobs = store.claim(self.alias, self.queues, limit, self.worker_id, self.exclude_queues)
+        jobs = store.claim(
+            self.alias, self.queues, limit, self.worker_id, self.exclude_queues, self.flow, self._throttle
+        )
         if not jobs:
             return 0
         if _faults.ENABLED:

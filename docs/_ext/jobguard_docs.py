@@ -154,6 +154,16 @@ class QueueOptionsDirective(_GeneratedDirective):
         out: list[str] = []
         for option in options:
             fallback = option.upper()
+            if option in conf.QUEUE_ONLY_OPTIONS:
+                out += [
+                    f"```{{confval}} QUEUES.<queue>.{option}",
+                    ":default: none",
+                    "",
+                    conf.QUEUE_ONLY_OPTIONS[option],
+                    "```",
+                    "",
+                ]
+                continue
             if fallback not in conf.DEFAULTS:
                 logger.warning("queue option %s has no global setting %s", option, fallback)
             wins = (

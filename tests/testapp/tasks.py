@@ -173,6 +173,9 @@ def writes_until(context, marker: str, path: str) -> int:
 
 from . import tasks_cache, tasks_dlq, tasks_faults, tasks_idem, tasks_locks  # noqa: E402, F401
 
+if os.environ.get("JOBGUARD_TEST_FLOW"):
+    from . import tasks_flow  # noqa: F401 - worker processes of the flow-control tests
+
 
 @task(takes_context=True, queue_name="context")
 def describe_context(context) -> dict:

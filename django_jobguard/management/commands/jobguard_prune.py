@@ -13,7 +13,8 @@ from ._options import add_database_argument, database_alias, duration, positive_
 class Command(BaseCommand):
     help = (
         "Delete expired idempotency keys (never one whose job is queued or running), rows of database "
-        "locks released or expired more than a day ago and, with --jobs-older-than, finished jobs that "
+        "locks released or expired more than a day ago, flow-control rate keys idle for an hour and, "
+        "with --jobs-older-than, finished jobs that "
         "no live key or dead letter refers to. Deletes in batches."
     )
 
@@ -60,6 +61,8 @@ class Command(BaseCommand):
         verb = "Would delete" if report.dry_run else "Deleted"
         self.stdout.write(f"{verb} {report.keys} expired idempotency key(s).")
         self.stdout.write(f"{verb} {report.locks} idle database lock row(s).")
+        if report.flow_rates:  # only projects with rate limits have such rows
+            self.stdout.write(f"{verb} {report.flow_rates} idle flow-control rate row(s).")
         if report.jobs is not None:
             self.stdout.write(
                 f"{verb} {report.jobs} finished job(s) older than {options['jobs_older_than']}."

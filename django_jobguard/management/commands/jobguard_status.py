@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from ...stats import QueueStats, ScheduleStats, queue_stats, schedule_stats
+from ...stats import LimitStats, QueueStats, ScheduleStats, limit_stats, queue_stats, schedule_stats
 from ._options import add_database_argument, check_queues, database_alias, positive_float, positive_int
 
 #: Seconds between refreshes of ``--watch`` when none is given.
@@ -104,11 +104,30 @@ def render_schedules(rows: list[ScheduleStats]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_limits(rows: list[LimitStats]) -> str:
+    """The flow-control limits as a fixed-width text table."""
+    headers = ["LIMIT", "KIND", "BOUND", "RUNNING", "FULL KEYS", "WAITING"]
+    cells = [
+        [row.limit, row.kind, row.bound, str(row.running), str(row.full_keys), str(row.waiting)]
+        for row in rows
+    ]
+    widths = [max(len(headers[i]), *(len(line[i]) for line in cells)) for i in range(len(headers))]
+    lines = [
+        "  ".join(
+            v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in enumerate(zip(line, widths, strict=True))
+        ).rstrip()
+        for line in [headers, *cells]
+    ]
+    return "\n".join(lines) + "\n"
+
+
 class Command(BaseCommand):
     help = (
         "Show each queue: jobs due (depth), scheduled and in flight, the oldest due job's age, "
         "dead letters, replays awaiting approval, whether it is paused, and successes/failures in "
-        "the last hour; then each schedule: its state, next and last tick, and the last tick's job."
+        "the last hour; then each schedule: its state, next and last tick, and the last tick's job; "
+        "then each flow-control limit: its bound, the jobs running under it, its full keys and the "
+        "due jobs waiting on it."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -153,8 +172,13 @@ class Command(BaseCommand):
             while True:
                 rows = queue_stats(alias, recent=True, queues=options["queues"])
                 timetable = schedule_stats(alias)
+                limits = limit_stats(alias)
                 self._show(
-                    rows, timetable, as_json=options["json"], clear=watch is not None and not options["json"]
+                    rows,
+                    timetable,
+                    limits,
+                    as_json=options["json"],
+                    clear=watch is not None and not options["json"],
                 )
                 shown += 1
                 if watch is None or (options["count"] is not None and shown >= options["count"]):
@@ -164,7 +188,13 @@ class Command(BaseCommand):
             return
 
     def _show(
-        self, rows: list[QueueStats], timetable: list[ScheduleStats], *, as_json: bool, clear: bool
+        self,
+        rows: list[QueueStats],
+        timetable: list[ScheduleStats],
+        limits: list[LimitStats],
+        *,
+        as_json: bool,
+        clear: bool,
     ) -> None:
         now = timezone.now()
         if as_json:
@@ -172,6 +202,7 @@ class Command(BaseCommand):
                 "generated_at": now.isoformat(),
                 "queues": [stats.as_dict() for stats in rows],
                 "schedules": [schedule.as_dict() for schedule in timetable],
+                "limits": [limit.as_dict() for limit in limits],
             }
             self.stdout.write(json.dumps(document, sort_keys=True))
             return
@@ -187,3 +218,6 @@ class Command(BaseCommand):
                 self.stdout.write(
                     f"{len(removed)} schedule(s) no longer declared and not running: {', '.join(removed)}"
                 )
+        if limits:
+            self.stdout.write("")
+            self.stdout.write(render_limits(limits), ending="")

@@ -1,0 +1,218 @@
+"""Flow control's cost and accuracy, with real worker processes on PostgreSQL.
+
+Three runs, each draining jobs enqueued beforehand with ``--processes`` workers
+(``jobguard_worker --concurrency 4``) and timing from the workers' start to the last ack:
+
+- ``unlimited``: a queue with no limit (its claims are the plain one-statement claim);
+- ``keyed``: ``concurrency=Limit(1, key="account:{account}")`` over ``--keys`` accounts, the
+  same number of jobs (the limited claim: counted, fair across keys, one turn at a time);
+- ``rate``: ``rate=Rate("200/s", burst=10)``, ``--rate-seconds`` worth of jobs with four
+  processes: the achieved start rate (claims on the database clock) against the declared one;
+- ``pickup``: ``--cold`` jobs of as many keys enqueued at 100/s, their p95 wait from enqueue
+  to start, alone and beside a hot key whose ``--hot`` jobs stand before them in the queue.
+
+    python benchmarks/bench_flow.py --pg-url postgres://postgres@127.0.0.1:5432/jg_flow_bench
+
+The database is created and migrated if missing, and emptied before each run. Prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pg-url", default="postgres://postgres@127.0.0.1:5432/jg_flow_bench")
+    parser.add_argument("--jobs", type=int, default=20_000, help="jobs of the unlimited and keyed runs")
+    parser.add_argument("--keys", type=int, default=1_000, help="accounts of the keyed run (limit 1 each)")
+    parser.add_argument("--processes", type=int, default=2, help="worker processes of those runs")
+    parser.add_argument("--rate-seconds", type=float, default=60.0, help="length of the rate run")
+    parser.add_argument("--runs", type=int, default=1, help="runs of each (the median is reported)")
+    parser.add_argument("--hot", type=int, default=10_000, help="jobs of the hot key in the pickup run")
+    parser.add_argument("--cold", type=int, default=1_000, help="cold keys (one job each) in the pickup run")
+    return parser.parse_args()
+
+
+def setup(args: argparse.Namespace) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="benchmarks.jobguard_settings",
+        BENCH_DATABASE_URL=args.pg_url,
+        BENCH_FLOW="1",
+        PYTHONPATH=str(ROOT),
+    )
+    os.environ.update(env)
+    import django
+    import psycopg
+
+    from benchmarks._common import conninfo
+
+    name = args.pg_url.rsplit("/", 1)[1]
+    with psycopg.connect(conninfo(args.pg_url.rsplit("/", 1)[0] + "/postgres"), autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return env
+
+
+def drain(
+    env: dict[str, str], task: object, jobs: int, keys: int, processes: int, queue: str
+) -> dict[str, float]:
+    """Enqueue ``jobs`` (account = i % keys), start the workers, time the drain."""
+    from django.db import connection
+
+    from django_jobguard.models import Job
+
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE jobguard_job, jobguard_flowrate CASCADE")
+    for start in range(0, jobs, 1000):
+        task.bulk_enqueue(((), {"i": i, "account": i % keys}) for i in range(start, min(start + 1000, jobs)))  # type: ignore[attr-defined]
+    command = [sys.executable, "-m", "django", "jobguard_worker", "--queue", queue, "--concurrency", "4"]
+    began = time.perf_counter()
+    workers = [
+        subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        for _ in range(processes)
+    ]
+    try:
+        while Job.objects.filter(queue_name=queue).exclude(status="succeeded").exists():
+            time.sleep(0.05)
+        elapsed = time.perf_counter() - began
+    finally:
+        for worker in workers:
+            worker.send_signal(signal.SIGTERM)
+        for worker in workers:
+            worker.wait(timeout=60)
+    starts = sorted(
+        t.timestamp() for t in Job.objects.filter(queue_name=queue).values_list("started_at", flat=True)
+    )
+    return {
+        "elapsed": elapsed,
+        "rate": jobs / elapsed,
+        "start_rate": (len(starts) - 1) / (starts[-1] - starts[0]),
+    }
+
+
+def pickup(env: dict[str, str], task: object, hot: int, cold: int, rate: float) -> float:
+    """p95 seconds from enqueue to start of ``cold`` jobs of as many keys, enqueued at ``rate``/s
+    while ``hot`` jobs of one key (limit 1) stand before them in the queue."""
+    from django.db import connection
+
+    from benchmarks._common import paced
+    from django_jobguard.models import Job
+
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE jobguard_job, jobguard_flowrate CASCADE")
+    for start in range(0, hot, 1000):
+        task.bulk_enqueue(((), {"i": i, "account": -1}) for i in range(start, min(start + 1000, hot)))  # type: ignore[attr-defined]
+    command = [
+        sys.executable,
+        "-m",
+        "django",
+        "jobguard_worker",
+        "--queue",
+        "flow-keyed",
+        "--concurrency",
+        "4",
+    ]
+    workers = [
+        subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        for _ in range(2)
+    ]
+    try:
+        time.sleep(3)  # the workers start (and the hot key's first job runs)
+        ids = [task.enqueue(i=i, account=i).pk for i in paced(range(cold), rate)]  # type: ignore[attr-defined]
+        while Job.objects.filter(pk__in=ids).exclude(status="succeeded").exists():
+            time.sleep(0.05)
+        hot_left = Job.objects.filter(queue_name="flow-keyed").exclude(status="succeeded").count()
+    finally:
+        for worker in workers:
+            worker.send_signal(signal.SIGTERM)
+        for worker in workers:
+            worker.wait(timeout=60)
+    if hot and not hot_left:
+        print(f"warning: the hot key drained before the cold jobs did ({hot} jobs): raise --hot")
+    waits = sorted(
+        (started - enqueued).total_seconds()
+        for started, enqueued in Job.objects.filter(pk__in=ids).values_list("started_at", "enqueued_at")
+    )
+    return waits[int(0.95 * (len(waits) - 1))]
+
+
+def main() -> None:
+    args = parse_args()
+    env = setup(args)
+    from benchmarks.jobguard_app import tasks_flow
+
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    runs: dict[str, list[dict[str, float]]] = {"unlimited": [], "keyed": [], "rate": []}
+    calm: list[float] = []
+    beside_hot: list[float] = []
+    for _ in range(args.runs):
+        runs["unlimited"].append(
+            drain(env, tasks_flow.flow_plain, args.jobs, args.keys, args.processes, "flow-plain")
+        )
+        runs["keyed"].append(
+            drain(env, tasks_flow.flow_keyed, args.jobs, args.keys, args.processes, "flow-keyed")
+        )
+        rated = int(200 * args.rate_seconds)
+        runs["rate"].append(drain(env, tasks_flow.flow_rated, rated, args.keys, 4, "flow-rated"))
+        calm.append(pickup(env, tasks_flow.flow_keyed, 0, args.cold, 100.0))
+        beside_hot.append(pickup(env, tasks_flow.flow_keyed, args.hot, args.cold, 100.0))
+    unlimited = median([r["rate"] for r in runs["unlimited"]])
+    keyed = median([r["rate"] for r in runs["keyed"]])
+    achieved = median([r["start_rate"] for r in runs["rate"]])
+    rows = [
+        (
+            "unlimited queue",
+            f"{args.jobs:,} jobs, {args.processes} processes",
+            f"{unlimited:,.0f} jobs/s",
+            "100 %",
+        ),
+        (
+            f"keyed, {args.keys:,} keys x limit 1",
+            f"{args.jobs:,} jobs, {args.processes} processes",
+            f"{keyed:,.0f} jobs/s",
+            f"{100 * keyed / unlimited:.0f} % of unlimited",
+        ),
+        (
+            "rate 200/s, burst 10",
+            f"{int(200 * args.rate_seconds):,} jobs, 4 processes",
+            f"{achieved:,.1f} starts/s",
+            f"{100 * (achieved - 200) / 200:+.1f} % off the rate",
+        ),
+        (
+            f"cold keys' p95 pickup, {args.cold:,} keys at 100/s",
+            "no hot key",
+            f"{1000 * median(calm):,.1f} ms",
+            "",
+        ),
+        (
+            f"cold keys' p95 pickup, {args.cold:,} keys at 100/s",
+            f"beside a hot key of {args.hot:,} jobs",
+            f"{1000 * median(beside_hot):,.1f} ms",
+            f"{100 * (median(beside_hot) - median(calm)) / median(calm):+.0f} %",
+        ),
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    print("  ".join(h.ljust(w) for h, w in zip(("run", "size", "result", "vs"), widths, strict=True)))
+    for row in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+
+
+if __name__ == "__main__":
+    main()

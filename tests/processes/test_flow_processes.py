@@ -1,0 +1,145 @@
+"""Flow control across real worker processes: limits hold for the fleet, not per process.
+
+Four (and more, as killed ones are replaced) ``jobguard_worker`` processes claim limited
+jobs while the test samples the running rows from the database every few milliseconds and
+SIGKILLs a worker every 2 seconds. Runs on SQLite by default (the limited claims take turns
+on its write lock) and on PostgreSQL with ``JOBGUARD_TEST_DATABASE_URL``.
+"""
+
+import random
+import signal
+import time
+from collections import Counter
+
+import pytest
+from django.db import connection
+
+from django_jobguard.models import Job
+from django_jobguard.registry import registry
+from tests.conftest import wait_for
+from tests.testapp import tasks_flow
+from tests.testapp.models import Interval
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes, pytest.mark.slow]
+
+WORKERS = 4
+KILL_EVERY_SECONDS = 2.0
+FLOW_ENV = {"JOBGUARD_TEST_FLOW": "1"}
+
+
+@pytest.fixture
+def flow_tasks():
+    for task in tasks_flow.ALL:
+        registry.register(task)
+    yield
+    for task in tasks_flow.ALL:
+        registry.unregister(task.name)
+
+
+def running_by_key() -> Counter[str]:
+    """Running jobs per limit key, as the database holds them now (one query)."""
+    counts: Counter[str] = Counter()
+    rows = Job.objects.filter(status="running", queue_name__in=["flow-keyed", "flow-global"]).values_list(
+        "queue_name", "flow_keys"
+    )
+    for queue_name, flow_keys in rows:
+        if queue_name == "flow-global":
+            counts["three_at_once"] += 1
+        for key in flow_keys:
+            counts[key] += 1
+    return counts
+
+
+def most_at_once(intervals: list[tuple[float, float]]) -> int:
+    """The largest number of the intervals that overlap at one moment."""
+    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def test_concurrency_limits_hold_across_the_fleet_under_a_sigkill_storm(workers, flow_tasks):
+    on_postgres = connection.vendor == "postgresql"
+    accounts, per_account, seconds = (6, 40, 0.3) if on_postgres else (4, 15, 0.3)
+    keyed = [
+        tasks_flow.per_account.enqueue(account, seconds)
+        for _ in range(per_account)
+        for account in range(accounts)
+    ]
+    unkeyed = [tasks_flow.three_at_once.enqueue(0.2) for _ in range(accounts * per_account // 3)]
+    jobs = keyed + unkeyed
+    args = ("--queue", "flow-keyed", "--queue", "flow-global", "--concurrency", "4")
+    alive = [workers.start(*args, env=FLOW_ENV) for _ in range(WORKERS)]
+    limits = {f"c:{tasks_flow.per_account.name}|account:{a}": 2 for a in range(accounts)} | {
+        "three_at_once": 3
+    }
+
+    samples = over = kills = 0
+    most: Counter[str] = Counter()
+    deadline = time.monotonic() + 300
+    last_kill = time.monotonic()
+    pending = len(jobs)
+    while pending and time.monotonic() < deadline:
+        counts = running_by_key()
+        samples += 1
+        for key, count in counts.items():
+            most[key] = max(most[key], count)
+            if count > limits[key]:
+                over += 1
+        if time.monotonic() - last_kill >= KILL_EVERY_SECONDS:
+            victim = random.choice(alive)
+            victim.send_signal(signal.SIGKILL)
+            victim.wait(timeout=30)
+            alive.remove(victim)
+            alive.append(workers.start(*args, env=FLOW_ENV))
+            kills += 1
+            last_kill = time.monotonic()
+        if samples % 50 == 0:
+            pending = Job.objects.filter(pk__in=[job.pk for job in jobs]).exclude(status="succeeded").count()
+        time.sleep(0.003)
+
+    print(f"samples={samples} over_limit={over} kills={kills} most_at_once={dict(most)}")
+    assert pending == 0, "the jobs did not all succeed in time"
+    assert over == 0, f"{over} of {samples} samples had a key over its limit: {dict(most)}"
+    assert kills >= 3
+    assert samples > 500
+    # Every key reached its limit at some point: the limit, not idleness, kept the count down.
+    assert all(most[key] == limit for key, limit in limits.items()), dict(most)
+    assert not Job.objects.filter(status="dead").exists()
+    # The handlers' own records agree: never more than 2 of one account overlapped in time.
+    for account in range(accounts):
+        rows = Interval.objects.filter(resource=f"account:{account}").values_list("started", "ended")
+        assert most_at_once(list(rows)) <= 2
+
+
+def test_a_rate_holds_across_the_fleet(workers, flow_tasks):
+    rate = tasks_flow.rated.rate
+    assert rate is not None
+    jobs = [tasks_flow.rated.enqueue(n) for n in range(80)]
+    for _ in range(WORKERS):
+        workers.start("--queue", "flow-rate", "--concurrency", "4", env=FLOW_ENV)
+    wait_for(
+        lambda: not Job.objects.filter(pk__in=[j.pk for j in jobs]).exclude(status="succeeded").exists(),
+        timeout=120,
+        message="every rated job to succeed",
+    )
+    # Claim times on the database clock: GCRA's bound holds for every stretch of them,
+    # at most `burst` starts plus one per interval elapsed. started_at is written by the
+    # lease statement, a few milliseconds after the clock reading the claim decided on, so
+    # a stretch may look up to a fraction of one start fuller; one start more would be a
+    # start over the rate.
+    starts = sorted(
+        t.timestamp()
+        for t in Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("started_at", flat=True)
+    )
+    worst = max(
+        (j - i + 1) - (starts[j] - starts[i]) / rate.interval
+        for i in range(len(starts))
+        for j in range(i, len(starts))
+    )
+    span = starts[-1] - starts[0]
+    achieved = (len(starts) - 1) / span
+    print(f"starts={len(starts)} span={span:.2f}s achieved={achieved:.1f}/s worst_excess={worst:.2f}")
+    assert worst < rate.burst_size + 0.5

@@ -1,0 +1,221 @@
+"""The store contract, for flow control: the limited claim on the database under test.
+
+Runs on SQLite by default and on PostgreSQL with ``JOBGUARD_TEST_DATABASE_URL``, against
+the dialect that serves the ``default`` alias. The fleet-wide proof (worker processes
+killed while a sampler watches the running rows) is tests/processes/test_flow_processes.py.
+"""
+
+import io
+
+import pytest
+from django.core.management import call_command
+from django.db.models import F
+from django.test import override_settings
+from django.utils import timezone
+
+from django_jobguard import store
+from django_jobguard.models import FlowRate, Job
+from django_jobguard.registry import registry
+from django_jobguard.store.memory import MemoryStore
+from tests.conftest import wait_for
+from tests.testapp import tasks_flow
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def flow_tasks():
+    for task in tasks_flow.ALL:
+        registry.register(task)
+    yield
+    for task in tasks_flow.ALL:
+        registry.unregister(task.name)
+
+
+def claim(limit=10, queues=None):
+    return store.claim("default", queues, limit, "test-worker", flow=store.flow_plan())
+
+
+def finish(job_id):
+    Job.objects.filter(pk=job_id).update(status="succeeded", lease_token=None, lease_expires_at=None)
+
+
+def test_no_plan_when_nothing_is_limited():
+    assert store.flow_plan() is None
+
+
+def test_a_task_concurrency_admits_n_and_leaves_the_rest_queued_without_an_attempt(flow_tasks):
+    jobs = [tasks_flow.three_at_once.enqueue(0) for _ in range(5)]
+    claimed = claim()
+    assert [job.id for job in claimed] == [job.id for job in jobs[:3]]
+    assert claim() == []
+    left = Job.objects.filter(pk__in=[job.id for job in jobs[3:]])
+    assert [(job.status, job.attempts) for job in left] == [("queued", 0), ("queued", 0)]
+    finish(claimed[0].id)
+    assert [job.id for job in claim()] == [jobs[3].id]
+
+
+def test_keyed_limits_count_each_key_apart(flow_tasks):
+    for account in (1, 2):
+        for _ in range(3):
+            tasks_flow.per_account.enqueue(account, 0)
+    claimed = claim()
+    assert sorted(job.kwargs.get("account_id", job.args[0]) for job in claimed) == [1, 1, 2, 2]
+    assert claim() == []
+
+
+def test_a_saturated_key_does_not_hold_back_the_others(flow_tasks):
+    hot = [tasks_flow.per_account.enqueue(1, 0) for _ in range(60)]
+    cold = tasks_flow.per_account.enqueue(2, 0)
+    first = claim(limit=2)
+    assert [job.id for job in first] == [hot[0].id, hot[1].id]
+    # Sixty due jobs of the full key stand before the cold one: it is claimed all the same.
+    assert [job.id for job in claim(limit=1)] == [cold.id]
+
+
+def test_a_claim_of_several_limited_queues_keeps_each_limit_and_the_priority_order(flow_tasks):
+    urgent = tasks_flow.per_account.using(priority=10).enqueue(1, 0)
+    unkeyed = [tasks_flow.three_at_once.enqueue(0) for _ in range(4)]
+    keyed = [tasks_flow.per_account.enqueue(1, 0) for _ in range(3)]
+    claimed = claim(limit=20, queues=["flow-global", "flow-keyed"])
+    assert claimed[0].id == urgent.id
+    assert sorted(job.id for job in claimed[1:]) == sorted([*(j.id for j in unkeyed[:3]), keyed[0].id])
+
+
+def test_a_job_under_several_limits_counts_under_each(flow_tasks):
+    # flow-shared allows 2 at once over three tasks; shared_keyed also allows 1 per account.
+    a = tasks_flow.shared_keyed.enqueue(7)
+    b = tasks_flow.shared_keyed.enqueue(7)
+    c = tasks_flow.shared_a.enqueue(1)
+    d = tasks_flow.shared_b.enqueue(2)
+    assert [job.id for job in claim()] == [a.id, c.id]  # b waits for account 7, d for the shared limit
+    finish(a.id)
+    assert [job.id for job in claim()] == [b.id]
+    finish(c.id)
+    assert [job.id for job in claim()] == [d.id]
+
+
+def test_a_queue_concurrency_limits_every_task_of_the_queue():
+    with override_settings(
+        JOBGUARD={"QUEUES": {"capped": {"concurrency": 2}}, "ALLOW_UNDECLARED_QUEUES": True}
+    ):
+        from tests.testapp import tasks
+
+        jobs = [tasks.add.using(queue_name="capped").enqueue(n) for n in range(4)]
+        other = tasks.add.using(queue_name="free").enqueue(9)
+        plan = store.flow_plan()
+        assert plan is not None and plan.covers(["capped"], []) and not plan.covers(["free"], [])
+        claimed = store.claim("default", None, 10, "w", flow=plan)
+        assert sorted(job.id for job in claimed) == sorted([jobs[0].id, jobs[1].id, other.id])
+
+
+def test_a_slot_frees_when_its_lease_is_reaped(flow_tasks):
+    jobs = [tasks_flow.three_at_once.enqueue(0) for _ in range(4)]
+    held = claim()
+    assert len(held) == 3
+    # The worker holding the first job died: its lease runs out and the reaper takes it back.
+    Job.objects.filter(pk=held[0].id).update(lease_expires_at=timezone.now() - timezone.timedelta(seconds=5))
+    assert claim() == []
+    requeued, _ = store.reap("default")
+    assert [job_id for job_id, _ in requeued] == [held[0].id]
+    (freed,) = claim()  # one slot, for one of the two queued jobs
+    assert freed.id in (held[0].id, jobs[3].id)
+    assert claim() == []
+
+
+def test_paused_queues_stay_paused_under_the_limited_claim(flow_tasks):
+    from django_jobguard import queues
+
+    tasks_flow.three_at_once.enqueue(0)
+    queues.pause("flow-global", actor="test", reason="test")
+    assert claim() == []
+    queues.resume("flow-global", actor="test", reason="test")
+    assert len(claim()) == 1
+
+
+def test_unlimited_jobs_of_a_limited_queue_are_claimed_as_usual(flow_tasks):
+    from tests.testapp import tasks
+
+    jobs = [tasks.add.using(queue_name="flow-global").enqueue(n) for n in range(5)]
+    assert sorted(job.id for job in claim()) == sorted(job.id for job in jobs)
+
+
+def test_a_rate_admits_its_burst_then_one_start_per_interval(flow_tasks):
+    jobs = [tasks_flow.rated.enqueue(n) for n in range(12)]
+    throttle = store.Throttle()
+    first = store.claim("default", None, 20, "w", flow=store.flow_plan(), throttle=throttle)
+    assert [job.id for job in first] == [job.id for job in jobs[:5]]  # the burst
+    # The worker may claim again when the next start is due: one interval (50 ms) from now.
+    assert throttle.retry_after is not None and 0 < throttle.retry_after <= 0.05 + 1e-3
+    assert FlowRate.objects.filter(key="rate:task:tests.testapp.tasks_flow.rated").exists()
+    # 20/s: the next start is due 50 ms later, never a burst again while the key is busy.
+    wait_for(lambda: len(claim(limit=20)) >= 1, timeout=30, interval=0.02, message="the next start")
+    assert Job.objects.filter(status="queued", attempts=0).count() >= 5
+
+
+def test_a_claim_held_back_by_concurrency_only_gives_no_rate_hint(flow_tasks):
+    for _ in range(4):
+        tasks_flow.three_at_once.enqueue(0)
+    throttle = store.Throttle(retry_after=1.0)
+    assert len(store.claim("default", None, 10, "w", flow=store.flow_plan(), throttle=throttle)) == 3
+    assert throttle.retry_after is None  # a slot frees when a job ends, not at a time
+
+
+def test_keyed_rates_throttle_each_key_apart(flow_tasks):
+    for partner in (1, 2):
+        for _ in range(4):
+            tasks_flow.per_partner.enqueue(partner)
+    claimed = claim()
+    assert sorted(job.args[0] for job in claimed) == [1, 1, 2, 2]
+    assert claim() == []
+
+
+def test_enqueue_stores_the_keyed_limits_with_the_job(flow_tasks):
+    job = tasks_flow.shared_keyed.enqueue(account_id=42)
+    assert Job.objects.get(pk=job.pk).flow_keys == ["c:tests.testapp.tasks_flow.shared_keyed|account:42"]
+    assert Job.objects.get(pk=tasks_flow.three_at_once.enqueue(0).pk).flow_keys == []
+
+
+def test_a_limited_job_sent_to_a_queue_without_limits_is_refused(flow_tasks):
+    from django_jobguard.exceptions import InvalidArgumentsError
+
+    with pytest.raises(InvalidArgumentsError, match="'elsewhere' is neither, so its job would run unlimited"):
+        tasks_flow.three_at_once.using(queue_name="elsewhere").enqueue(0)
+    assert not Job.objects.exists()
+
+
+def test_the_memory_store_keeps_the_same_limits(flow_tasks):
+    memory = MemoryStore()
+    with store.substitute("default", memory):
+        jobs = [tasks_flow.per_account.enqueue(account, 0) for account in (1, 1, 1, 2)]
+        claimed = claim()
+        assert sorted(job.id for job in claimed) == [jobs[0].id, jobs[1].id, jobs[3].id]
+        assert claim() == []
+    assert Job.objects.count() == 0  # nothing reached the database
+
+
+def test_a_claim_attempt_count_is_unchanged_for_waiting_jobs(flow_tasks):
+    jobs = [tasks_flow.per_account.enqueue(5, 0) for _ in range(4)]
+    for _ in range(3):
+        claim()
+    assert list(Job.objects.filter(pk__in=[j.id for j in jobs[2:]]).values_list("attempts", flat=True)) == [
+        0,
+        0,
+    ]
+    assert Job.objects.filter(attempts__gt=F("max_attempts")).count() == 0
+
+
+def test_prune_deletes_only_rate_keys_idle_for_an_hour():
+    from django_jobguard import retention
+
+    now = timezone.now().timestamp()
+    FlowRate.objects.create(key="rate:task:idle", tat=now - 7200)
+    FlowRate.objects.create(key="rate:task:recent", tat=now - 60)
+    FlowRate.objects.create(key="rate:task:busy", tat=now + 5)
+    assert retention.prune(dry_run=True).flow_rates == 1
+    assert retention.prune().flow_rates == 1
+    assert sorted(FlowRate.objects.values_list("key", flat=True)) == ["rate:task:busy", "rate:task:recent"]
+    FlowRate.objects.create(key="rate:task:idle", tat=now - 7200)
+    out = io.StringIO()
+    call_command("jobguard_prune", stdout=out)
+    assert "Deleted 1 idle flow-control rate row(s)." in out.getvalue().splitlines()
