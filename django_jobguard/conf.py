@@ -119,6 +119,12 @@ DEFAULTS: dict[str, Any] = {
     # Alias the worker LISTENs on for enqueue wake-ups; "" means DATABASE_ALIAS unless that
     # is pooled (then workers poll). Point it at a direct connection that bypasses the pooler.
     "LISTEN_DATABASE": "",
+    # Carry the OpenTelemetry trace context from the code that enqueues to the worker that
+    # runs, with spans from the tracer provider the project configured (extra: [otel]).
+    "OPENTELEMETRY": False,
+    # With OPENTELEMETRY: the worker's span is a child of the enqueuing span (one trace)
+    # instead of the start of a trace of its own that links to it.
+    "OPENTELEMETRY_PARENT": False,
     "LOCKS": {
         # "database" (embedded default, any database) or "redis" (django-redis).
         "BACKEND": "database",
@@ -495,6 +501,10 @@ class Settings:
     tuning: TuningSettings
     schedules: Mapping[str, ScheduleConfig] = dataclasses.field(default_factory=dict)
     scheduler: SchedulerSettings = SchedulerSettings(interval=1.0, missed_after=60.0, catch_up_max=100)
+    #: ``OPENTELEMETRY``: trace enqueues and runs (see :mod:`django_jobguard.tracing`).
+    opentelemetry: bool = False
+    #: ``OPENTELEMETRY_PARENT``: the run's span is a child of the enqueue's, not linked to it.
+    opentelemetry_parent: bool = False
 
     def queue(self, name: str) -> QueueConfig:
         """The configuration of queue ``name`` (global defaults for queues not listed)."""
@@ -693,6 +703,8 @@ def parse(raw: Any) -> Settings:
         tuning=_tuning_settings(tuning),
         schedules=_schedules(merged["SCHEDULES"]),
         scheduler=_scheduler_settings(scheduler),
+        opentelemetry=_boolean(merged["OPENTELEMETRY"], ("OPENTELEMETRY",)),
+        opentelemetry_parent=_boolean(merged["OPENTELEMETRY_PARENT"], ("OPENTELEMETRY_PARENT",)),
     )
 
 

@@ -13,11 +13,19 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ._redact import payload_secrets, redact
 
-__all__ = ["JOB_LOG_FIELDS", "OUTCOMES", "TextFormatter", "escape_controls", "job_fields"]
+__all__ = [
+    "JOB_LOG_FIELDS",
+    "OUTCOMES",
+    "TextFormatter",
+    "escape_controls",
+    "job_fields",
+    "set_trace_fields",
+]
 
 JOB_LOG_FIELDS = (
     "job_id",
@@ -50,6 +58,19 @@ OUTCOMES = (
     "db_error",
     "crashed",
 )
+
+
+#: ``trace_id`` and ``span_id`` of the current span, when tracing is on (see set_trace_fields).
+_trace_fields: Callable[[], dict[str, Any]] | None = None
+
+
+def set_trace_fields(source: Callable[[], dict[str, Any]] | None) -> None:
+    """Add what ``source`` returns (``trace_id``, ``span_id``) to every job record; None stops it.
+
+    Set by the app when ``JOBGUARD["OPENTELEMETRY"]`` is on, so log lines join their trace.
+    """
+    global _trace_fields
+    _trace_fields = source
 
 
 class _JobLike(Protocol):
@@ -88,6 +109,8 @@ def job_fields(job: _JobLike, worker_id: str = "", **more: Any) -> dict[str, Any
         "duration": None,
         "outcome": None,
     }
+    if _trace_fields is not None:
+        fields.update(_trace_fields())
     fields.update(more)
     return fields
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 REAP_BATCH = 200
 #: PostgreSQL channel the enqueue trigger notifies (payload: the queue name).
 NOTIFY_CHANNEL = "jobguard_jobs"
-#: Rows per INSERT statement on SQLite (10 parameters a row, well under its variable limit).
+#: Rows per INSERT statement on SQLite (11 parameters a row, well under its variable limit).
 SQLITE_INSERT_CHUNK = 500
 
 TABLE = "jobguard_job"
@@ -32,7 +32,7 @@ RETURNING = (
 
 INSERT_COLUMNS = (
     "task_name, queue_name, args, kwargs, priority, max_attempts, visibility_timeout, "
-    "idempotency_key, lock_key, handler_version, status, attempts, worker_id, last_error, "
+    "idempotency_key, lock_key, handler_version, trace_context, status, attempts, worker_id, last_error, "
     "reappearances, lock_contentions, checkpoints, attempt_history"
 )
 INSERT_FIELDS = (
@@ -46,6 +46,8 @@ INSERT_FIELDS = (
     "idempotency_key",
     "lock_key",
     "handler_version",
+    # Last, and optional in a row (None: tracing is off); see django_jobguard.tracing.
+    "trace_context",
 )
 #: The constant columns of a new job row, after the INSERT_FIELDS (status ... lock_contentions).
 INSERT_CONSTANTS = "'queued', 0, '', '', 0, 0"
@@ -144,10 +146,17 @@ def placeholders(values: Sequence[Any]) -> str:
 
 def row_values(row: dict[str, Any]) -> list[Any]:
     """The INSERT_FIELDS of one job row, ``args``/``kwargs`` dumped to JSON text."""
-    values = [row[field] for field in INSERT_FIELDS]
+    values = [row[field] for field in INSERT_FIELDS[:-1]]
     values[2] = json.dumps(values[2])
     values[3] = json.dumps(values[3])
+    values.append(trace_context_json(row))
     return values
+
+
+def trace_context_json(row: dict[str, Any]) -> str | None:
+    """The row's trace context as JSON text, or None (stored as NULL) when it has none."""
+    context = row.get("trace_context")
+    return None if context is None else json.dumps(context)
 
 
 def sqlite_datetime(value: Any) -> datetime.datetime:

@@ -145,7 +145,7 @@ class MemoryStore:
             )
             inserted: list[Inserted] = []
             for row in rows:
-                fields = {name: row[name] for name in INSERT_FIELDS}
+                fields = {name: row.get(name) for name in INSERT_FIELDS}
                 fields["args"] = json.loads(json.dumps(fields["args"]))
                 fields["kwargs"] = json.loads(json.dumps(fields["kwargs"]))
                 job = StoredJob(id=next(self._ids), fields=fields, run_after=due, enqueued_at=now)

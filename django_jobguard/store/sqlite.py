@@ -157,7 +157,9 @@ def insert_jobs(
     connection = connections[alias]
     columns = INSERT_COLUMNS + (", run_after" if run_after is not None else "")
     run_after_sql, extra_params = _run_after_sql(connection, run_after)
-    placeholder = f"(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {INSERT_CONSTANTS}, '{{}}', '[]'{run_after_sql})"
+    placeholder = (
+        f"(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {INSERT_CONSTANTS}, '{{}}', '[]'{run_after_sql})"
+    )
     results: list[Inserted] = []
     with connection.cursor() as cursor:
         for start in range(0, len(rows), SQLITE_INSERT_CHUNK):
