@@ -227,4 +227,7 @@ if os.environ.get("JOBGUARD_TEST_OTLP_ENDPOINT"):
     JOBGUARD["OPENTELEMETRY_PARENT"] = os.environ.get("JOBGUARD_TEST_OTEL_PARENT") == "1"
     from tests.support.otel import configure_otlp
 
-    configure_otlp(os.environ["JOBGUARD_TEST_OTLP_ENDPOINT"])
+    configure_otlp(
+        os.environ["JOBGUARD_TEST_OTLP_ENDPOINT"],
+        delay_ms=int(os.environ.get("JOBGUARD_TEST_OTLP_DELAY_MS", "200")),
+    )

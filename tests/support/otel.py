@@ -30,8 +30,12 @@ def memory_exporter() -> InMemorySpanExporter:
     return _exporter
 
 
-def configure_otlp(endpoint: str, service: str = "jobguard-worker") -> None:
-    """A worker subprocess's provider: batches of spans to ``endpoint`` over OTLP/HTTP (protobuf)."""
+def configure_otlp(endpoint: str, service: str = "jobguard-worker", delay_ms: int = 200) -> None:
+    """A worker subprocess's provider: batches of spans to ``endpoint`` over OTLP/HTTP (protobuf).
+
+    ``delay_ms``: how long the batch processor holds spans; the exit tests set it longer than
+    the test runs, so only the worker's flush at exit can deliver them.
+    """
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
