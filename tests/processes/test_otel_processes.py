@@ -7,6 +7,7 @@ starts on loopback, which decodes the protobuf requests (tests/support/otel.py).
 
 from __future__ import annotations
 
+import os
 import signal
 from collections import Counter
 from typing import Any
@@ -29,7 +30,7 @@ pytest.importorskip(
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from tests.support.otel import ReceivedSpan, by_name, memory_exporter, otlp_receiver
+from tests.support.otel import ReceivedSpan, by_name, dump_spans, memory_exporter, otlp_receiver
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes, pytest.mark.slow]
 
@@ -81,6 +82,8 @@ def test_a_trace_started_in_a_view_is_linked_from_the_worker_process_with_its_re
         received = receiver.snapshot()
     (view,) = [s for s in exporter.get_finished_spans() if s.name == "POST /checkout/21"]
     sends = {s.attributes["jobguard.job.id"]: s for s in by_name(exporter.get_finished_spans(), "send otel")}
+    if os.environ.get("JOBGUARD_TEST_TRACE_DUMP"):  # the docs' picture: docs/_ext/trace_waterfall.py
+        dump_spans(os.environ["JOBGUARD_TEST_TRACE_DUMP"], [view, *sends.values()], received)
     assert {s.service for s in received} == {"jobguard-worker"}
     first, second = _worker_spans(received, charge)
     assert (first.attributes["jobguard.outcome"], second.attributes["jobguard.outcome"]) == (

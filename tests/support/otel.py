@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,6 +49,40 @@ def configure_otlp(endpoint: str, service: str = "jobguard-worker", delay_ms: in
         )
     )
     trace.set_tracer_provider(provider)
+
+
+def dump_spans(path: str, local: list[ReadableSpan], received: list[ReceivedSpan]) -> None:
+    """Write this process's ``local`` spans and the worker's ``received`` ones as JSON."""
+    rows: list[dict[str, Any]] = [
+        {
+            "name": span.name,
+            "service": "shop-web",
+            "trace_id": trace.format_trace_id(span.context.trace_id),
+            "span_id": trace.format_span_id(span.context.span_id),
+            "parent_id": trace.format_span_id(span.parent.span_id) if span.parent else None,
+            "start_ns": span.start_time,
+            "end_ns": span.end_time,
+            "attributes": dict(span.attributes or {}),
+            "links": [],
+        }
+        for span in local
+    ]
+    rows += [
+        {
+            "name": span.name,
+            "service": span.service,
+            "trace_id": span.trace_id,
+            "span_id": span.span_id,
+            "parent_id": span.parent_id,
+            "start_ns": span.start_ns,
+            "end_ns": span.end_ns,
+            "attributes": span.attributes,
+            "links": [[trace_id, span_id, attributes] for trace_id, span_id, attributes in span.links],
+        }
+        for span in received
+    ]
+    with open(path, "w") as out:
+        json.dump(rows, out, indent=1)
 
 
 def by_name(spans: Any, name: str) -> list[ReadableSpan]:
