@@ -40,14 +40,14 @@ class JobguardConfig(AppConfig):
 
 
 def install_tracing(**kwargs: Any) -> None:
-    """The tracing event sink and trace ids in job logs, while ``JOBGUARD["OPENTELEMETRY"]`` is on.
+    """Tracing's event sink, trace ids in job logs and exemplars, while ``OPENTELEMETRY`` is on.
 
     Run at start and when settings change (tests). A bad ``JOBGUARD`` is left to the system
     checks and the first use, which name the key.
     """
     if kwargs.get("setting", "JOBGUARD") != "JOBGUARD":
         return
-    from . import conf, events, log
+    from . import conf, events, log, metrics
 
     try:
         enabled = conf.get_settings().opentelemetry
@@ -58,9 +58,11 @@ def install_tracing(**kwargs: Any) -> None:
 
         events.add_sink(tracing.sink)
         log.set_trace_fields(tracing.trace_fields)
+        metrics.set_exemplar_source(tracing.exemplar)
     elif "django_jobguard.tracing" in sys.modules:
         events.remove_sink(sys.modules["django_jobguard.tracing"].sink)
         log.set_trace_fields(None)
+        metrics.set_exemplar_source(None)
 
 
 def resolve_django_task(name: str) -> Task[Any, Any] | None:

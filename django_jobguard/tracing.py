@@ -48,6 +48,7 @@ __all__ = [
     "MAX_LINKED_ATTEMPTS",
     "carrier",
     "enqueue_span",
+    "exemplar",
     "flush",
     "record_enqueued",
     "run",
@@ -300,6 +301,17 @@ def trace_fields() -> dict[str, str | None]:
     span_context = trace.get_current_span().get_span_context()
     if not span_context.is_valid:
         return {"trace_id": None, "span_id": None}
+    return {
+        "trace_id": trace.format_trace_id(span_context.trace_id),
+        "span_id": trace.format_span_id(span_context.span_id),
+    }
+
+
+def exemplar() -> dict[str, str] | None:
+    """The current span's ids as a Prometheus exemplar; None outside a recorded span."""
+    span_context = trace.get_current_span().get_span_context()
+    if not span_context.is_valid or not span_context.trace_flags.sampled:
+        return None
     return {
         "trace_id": trace.format_trace_id(span_context.trace_id),
         "span_id": trace.format_span_id(span_context.span_id),

@@ -297,3 +297,21 @@ def test_without_the_setting_opentelemetry_is_never_imported(tmp_path):
     )
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert done.stdout.decode().strip().splitlines()[-1] == "[]"
+
+
+def test_the_duration_histogram_carries_the_attempts_trace_as_an_exemplar(spans):
+    prometheus = pytest.importorskip("prometheus_client.openmetrics.exposition")
+    from prometheus_client import REGISTRY
+
+    with override_settings(JOBGUARD={**TRACED, "ACK_WINDOW": 0}):  # acked in the attempt's thread
+        job = tasks_otel.checkout.enqueue(order_id=17, card="x", failures=1)
+        while Job.objects.get(pk=job.pk).status != "succeeded":
+            assert run_burst() == 0
+    first, second = _of_job(_finished(spans), job.pk, "process otel")
+    text = prometheus.generate_latest(REGISTRY).decode()
+    lines = [line for line in text.splitlines() if line.startswith("jobguard_job_duration_seconds_bucket")]
+    for attempt, status in ((first, "failed"), (second, "succeeded")):
+        trace_id = trace.format_trace_id(attempt.context.trace_id)
+        assert any(f'status="{status}"' in line and f'trace_id="{trace_id}"' in line for line in lines), (
+            status
+        )
