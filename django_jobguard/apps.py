@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from django.apps import AppConfig
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.utils.translation import gettext_lazy as _
 
@@ -31,8 +33,36 @@ class JobguardConfig(AppConfig):
         # What happens is emitted once (events.emit); these report it.
         events.add_sink(metrics.sink)
         events.add_sink(beats.sink)
+        install_tracing()
+        setting_changed.connect(install_tracing, dispatch_uid="jobguard_tracing_install")
         # Queries run only when /metrics is scraped; the worker's own server leaves it out.
         metrics.register_queue_collector()
+
+
+def install_tracing(**kwargs: Any) -> None:
+    """Tracing's event sink, trace ids in job logs and exemplars, while ``OPENTELEMETRY`` is on.
+
+    Run at start and when settings change (tests). A bad ``JOBGUARD`` is left to the system
+    checks and the first use, which name the key.
+    """
+    if kwargs.get("setting", "JOBGUARD") != "JOBGUARD":
+        return
+    from . import conf, events, log, metrics
+
+    try:
+        enabled = conf.get_settings().opentelemetry
+    except ImproperlyConfigured:
+        enabled = False
+    if enabled:
+        from . import tracing  # an optional extra: imported only when enabled
+
+        events.add_sink(tracing.sink)
+        log.set_trace_fields(tracing.trace_fields)
+        metrics.set_exemplar_source(tracing.exemplar)
+    elif "django_jobguard.tracing" in sys.modules:
+        events.remove_sink(sys.modules["django_jobguard.tracing"].sink)
+        log.set_trace_fields(None)
+        metrics.set_exemplar_source(None)
 
 
 def resolve_django_task(name: str) -> Task[Any, Any] | None:

@@ -126,6 +126,12 @@ DEFAULTS: dict[str, Any] = {
     # Alias the worker LISTENs on for enqueue wake-ups; "" means DATABASE_ALIAS unless that
     # is pooled (then workers poll). Point it at a direct connection that bypasses the pooler.
     "LISTEN_DATABASE": "",
+    # Carry the OpenTelemetry trace context from the code that enqueues to the worker that
+    # runs, with spans from the tracer provider the project configured (extra: [otel]).
+    "OPENTELEMETRY": False,
+    # With OPENTELEMETRY: the worker's span is a child of the enqueuing span (one trace)
+    # instead of the start of a trace of its own that links to it.
+    "OPENTELEMETRY_PARENT": False,
     "LOCKS": {
         # "database" (embedded default, any database) or "redis" (django-redis).
         "BACKEND": "database",
@@ -524,6 +530,10 @@ class Settings:
     schedules: Mapping[str, ScheduleConfig] = dataclasses.field(default_factory=dict)
     scheduler: SchedulerSettings = SchedulerSettings(interval=1.0, missed_after=60.0, catch_up_max=100)
     limits: Mapping[str, NamedLimit] = dataclasses.field(default_factory=dict)
+    #: ``OPENTELEMETRY``: trace enqueues and runs (see :mod:`django_jobguard.tracing`).
+    opentelemetry: bool = False
+    #: ``OPENTELEMETRY_PARENT``: the run's span is a child of the enqueue's, not linked to it.
+    opentelemetry_parent: bool = False
 
     def queue(self, name: str) -> QueueConfig:
         """The configuration of queue ``name`` (global defaults for queues not listed)."""
@@ -723,6 +733,8 @@ def parse(raw: Any) -> Settings:
         schedules=_schedules(merged["SCHEDULES"]),
         scheduler=_scheduler_settings(scheduler),
         limits=_limits(merged["LIMITS"]),
+        opentelemetry=_boolean(merged["OPENTELEMETRY"], ("OPENTELEMETRY",)),
+        opentelemetry_parent=_boolean(merged["OPENTELEMETRY_PARENT"], ("OPENTELEMETRY_PARENT",)),
     )
 
 

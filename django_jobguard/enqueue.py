@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Iterable, Mapping, Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
@@ -56,7 +57,7 @@ def prepare(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
     queue = conf.queue(queue_name)
     if task.limited:
         _check_limited_routing(task, queue_name, conf.default_queue)
-    return {
+    fields = {
         "task_name": task.name,
         "queue_name": queue_name,
         "args": clean_args,
@@ -69,6 +70,19 @@ def prepare(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
         "idempotency_key": task.idempotency_key_for(bound),
         "flow_keys": task.flow_keys_for(bound),
     }
+    if conf.opentelemetry:
+        fields["trace_context"] = _tracing().carrier()
+    return fields
+
+
+def _tracing() -> ModuleType:
+    """:mod:`django_jobguard.tracing`, imported only when ``OPENTELEMETRY`` is on.
+
+    It imports OpenTelemetry, an optional extra: a project without it never loads it.
+    """
+    from . import tracing
+
+    return tracing
 
 
 def _check_limited_routing(task: Task[Any, Any], queue_name: str, default_queue: str) -> None:
@@ -233,8 +247,22 @@ def _api_key(
 
 
 def _enqueue(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Job, bool]:
+    conf = get_settings()
+    if conf.opentelemetry:
+        return _enqueue_traced(task, args, kwargs)
     fields = prepare(task, args, kwargs)
-    return _store_one(task, fields, get_settings().database_alias)
+    return _store_one(task, fields, conf.database_alias)
+
+
+def _enqueue_traced(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Job, bool]:
+    """:func:`_enqueue` in a producer span, whose context the job stores (see tracing)."""
+    tracing = _tracing()
+    queue_name = task.queue_name or get_settings().default_queue
+    with tracing.enqueue_span(task.name, queue_name) as span:
+        fields = prepare(task, args, kwargs)
+        job, created = _store_one(task, fields, get_settings().database_alias)
+        tracing.record_enqueued(span, job, created)
+    return job, created
 
 
 def _store_one(task: Task[Any, Any], fields: dict[str, Any], alias: str) -> tuple[Job, bool]:
@@ -262,10 +290,22 @@ def bulk_enqueue(task: Task[Any, Any], calls: Iterable[tuple[Sequence[Any], Mapp
         raise InvalidArgumentsError(
             "bulk_enqueue() does not take one idempotency key for many jobs; enqueue them one by one."
         )
-    rows = [prepare(task, args, kwargs) for args, kwargs in calls]
-    if not rows:
+    pending = list(calls)
+    if not pending:
         return []
-    alias = get_settings().database_alias
+    conf = get_settings()
+    if conf.opentelemetry:
+        with _tracing().enqueue_span(task.name, task.queue_name or conf.default_queue) as span:
+            jobs = _bulk_insert(task, pending, conf.database_alias)
+            span.set_attribute("messaging.batch.message_count", len(jobs))
+            return jobs
+    return _bulk_insert(task, pending, conf.database_alias)
+
+
+def _bulk_insert(
+    task: Task[Any, Any], calls: list[tuple[Sequence[Any], Mapping[str, Any]]], alias: str
+) -> list[Job]:
+    rows = [prepare(task, args, kwargs) for args, kwargs in calls]
     if task.idempotency_key_template is not None:
         with transaction.atomic(using=alias):
             return [_store_one(task, fields, alias)[0] for fields in rows]

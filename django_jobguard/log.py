@@ -15,6 +15,7 @@ import logging
 import re
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ._redact import payload_secrets, redact
@@ -26,6 +27,7 @@ __all__ = [
     "escape_controls",
     "job_fields",
     "log_job_exception",
+    "set_trace_fields",
 ]
 
 JOB_LOG_FIELDS = (
@@ -59,6 +61,19 @@ OUTCOMES = (
     "db_error",
     "crashed",
 )
+
+
+#: ``trace_id`` and ``span_id`` of the current span, when tracing is on (see set_trace_fields).
+_trace_fields: Callable[[], dict[str, Any]] | None = None
+
+
+def set_trace_fields(source: Callable[[], dict[str, Any]] | None) -> None:
+    """Add what ``source`` returns (``trace_id``, ``span_id``) to every job record; None stops it.
+
+    Set by the app when ``JOBGUARD["OPENTELEMETRY"]`` is on, so log lines join their trace.
+    """
+    global _trace_fields
+    _trace_fields = source
 
 
 class _JobLike(Protocol):
@@ -97,6 +112,8 @@ def job_fields(job: _JobLike, worker_id: str = "", **more: Any) -> dict[str, Any
         "duration": None,
         "outcome": None,
     }
+    if _trace_fields is not None:
+        fields.update(_trace_fields())
     fields.update(more)
     return fields
 

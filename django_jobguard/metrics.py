@@ -54,6 +54,7 @@ __all__ = [
     "reference_table",
     "register_queue_collector",
     "serve_worker_metrics",
+    "set_exemplar_source",
     "unregister_queue_collector",
 ]
 
@@ -124,7 +125,7 @@ class _Noop:
     def inc(self, amount: float = 1) -> None:
         pass
 
-    def observe(self, amount: float) -> None:
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
         pass
 
 
@@ -391,17 +392,33 @@ def job_enqueued(queue: str, task: str, count: int = 1) -> None:
     _child(ENQUEUED, label, task).inc(count)
 
 
+#: The exemplar of an observed duration (the current span's ids), while tracing is on.
+_exemplar: Callable[[], dict[str, str] | None] | None = None
+
+
+def set_exemplar_source(source: Callable[[], dict[str, str] | None] | None) -> None:
+    """Attach what ``source`` returns as the exemplar of each job duration; None stops it.
+
+    Set by the app while ``JOBGUARD["OPENTELEMETRY"]`` is on: a slow bucket of
+    ``jobguard_job_duration_seconds`` then leads to a trace (OpenMetrics exposition only).
+    """
+    global _exemplar
+    _exemplar = source
+
+
 def job_succeeded(queue: str, task: str, duration: float) -> None:
     label = queue_label(queue)
     _child(SUCCEEDED, label, task).inc()
-    _child(DURATION, label, task, "succeeded").observe(duration)
+    exemplar = _exemplar() if _exemplar is not None else None
+    _child(DURATION, label, task, "succeeded").observe(duration, exemplar)
 
 
 def job_failed(queue: str, task: str, category: str, duration: float | None, *, retried: bool) -> None:
     label = queue_label(queue)
     FAILED.labels(label, task, category).inc()
     if duration is not None:
-        DURATION.labels(label, task, "failed").observe(duration)
+        exemplar = _exemplar() if _exemplar is not None else None
+        DURATION.labels(label, task, "failed").observe(duration, exemplar)
     if retried:
         RETRIED.labels(label, task, category).inc()
 

@@ -93,6 +93,12 @@ class Job(models.Model):
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 - NULL: no key
     lock_key = models.CharField(max_length=255, blank=True, default="")
     handler_version = models.CharField(max_length=64, blank=True, default="")
+    trace_context = models.JSONField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=_("W3C trace context of the enqueue (with OPENTELEMETRY on); NULL without."),
+    )
     result = models.JSONField(null=True, blank=True)
     checkpoints = models.JSONField(default=dict, blank=True)
     # Appended to by the claim and the failure statements that run anyway, so keeping it
@@ -310,6 +316,12 @@ class DeadLetter(models.Model):
     worker_id = models.CharField(max_length=128, blank=True, default="")
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 - NULL: no key
     lock_key = models.CharField(max_length=255, blank=True, default="")
+    trace_context = models.JSONField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=_("The dead job's trace context; a replay links to it."),
+    )
     created_at = models.DateTimeField(db_default=Now(), editable=False)
 
     replay_state = models.CharField(max_length=16, choices=ReplayState.choices, default=ReplayState.NONE)

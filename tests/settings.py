@@ -228,3 +228,13 @@ LOGGING = {
         }
     },
 }
+if os.environ.get("JOBGUARD_TEST_OTLP_ENDPOINT"):
+    # Process tests of tracing: the worker exports its spans to the test's OTLP receiver.
+    JOBGUARD["OPENTELEMETRY"] = True
+    JOBGUARD["OPENTELEMETRY_PARENT"] = os.environ.get("JOBGUARD_TEST_OTEL_PARENT") == "1"
+    from tests.support.otel import configure_otlp
+
+    configure_otlp(
+        os.environ["JOBGUARD_TEST_OTLP_ENDPOINT"],
+        delay_ms=int(os.environ.get("JOBGUARD_TEST_OTLP_DELAY_MS", "200")),
+    )

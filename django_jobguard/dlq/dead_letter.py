@@ -63,6 +63,7 @@ def dead_letter(
             worker_id=(worker_id or job.worker_id)[:128],
             idempotency_key=job.idempotency_key,
             lock_key=job.lock_key,
+            trace_context=job.trace_context,
         )
         if job.idempotency_key:
             # The reaper has no task at hand; a task with its own idempotency_scope keeps its

@@ -261,6 +261,8 @@ def _job_fields(task: Task[Any, Any] | None, letter: DeadLetter, args: Any, kwar
             "handler_version": letter.handler_version,
         }
     fields["idempotency_key"] = letter.idempotency_key
+    # The replay's run links to the original's enqueue and attempts (with tracing on).
+    fields["trace_context"] = letter.trace_context
     return fields
 
 

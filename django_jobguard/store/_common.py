@@ -32,7 +32,8 @@ RETURNING = (
 
 INSERT_COLUMNS = (
     "task_name, queue_name, args, kwargs, priority, max_attempts, visibility_timeout, "
-    "idempotency_key, lock_key, handler_version, flow_keys, status, attempts, worker_id, last_error, "
+    "idempotency_key, lock_key, handler_version, flow_keys, trace_context, status, attempts, worker_id, "
+    "last_error, "
     "reappearances, lock_contentions, checkpoints, attempt_history"
 )
 INSERT_FIELDS = (
@@ -47,6 +48,8 @@ INSERT_FIELDS = (
     "lock_key",
     "handler_version",
     "flow_keys",
+    # Last, and optional in a row (None: tracing is off); see django_jobguard.tracing.
+    "trace_context",
 )
 #: The constant columns of a new job row, after the INSERT_FIELDS (status ... lock_contentions).
 INSERT_CONSTANTS = "'queued', 0, '', '', 0, 0"
@@ -144,12 +147,19 @@ def placeholders(values: Sequence[Any]) -> str:
 
 
 def row_values(row: dict[str, Any]) -> list[Any]:
-    """The INSERT_FIELDS of one job row, ``args``/``kwargs``/``flow_keys`` dumped to JSON text."""
-    values = [row.get(field) for field in INSERT_FIELDS]
+    """The INSERT_FIELDS of one job row, ``args``/``kwargs``/``flow_keys``/``trace_context`` as JSON text."""
+    values = [row.get(field) for field in INSERT_FIELDS[:-1]]
     values[2] = json.dumps(values[2])
     values[3] = json.dumps(values[3])
     values[10] = json.dumps(values[10] or [])
+    values.append(trace_context_json(row))
     return values
+
+
+def trace_context_json(row: dict[str, Any]) -> str | None:
+    """The row's trace context as JSON text, or None (stored as NULL) when it has none."""
+    context = row.get("trace_context")
+    return None if context is None else json.dumps(context)
 
 
 def sqlite_datetime(value: Any) -> datetime.datetime:

@@ -40,6 +40,7 @@ from ._common import (
     Inserted,
     row_values,
     sqlite_datetime,
+    trace_context_json,
 )
 from ._common import insert_key as insert_key
 from ._common import key_owner as key_owner
@@ -250,18 +251,19 @@ def insert_jobs(
                 [*row_values(rows[0]), *extra_params],
             )
             return list(cursor.fetchall())
-        # One statement whatever the count: eleven array parameters, unnested server-side.
-        arrays = [[row.get(field) for row in rows] for field in INSERT_FIELDS]
+        # One statement whatever the count: one array parameter per column, unnested server-side.
+        arrays = [[row.get(field) for row in rows] for field in INSERT_FIELDS[:-1]]
         arrays[2] = [json.dumps(value) for value in arrays[2]]
         arrays[3] = [json.dumps(value) for value in arrays[3]]
         arrays[10] = [json.dumps(value or []) for value in arrays[10]]
+        arrays.append([trace_context_json(row) for row in rows])
         cursor.execute(
             f"INSERT INTO {TABLE} ({columns}) "
-            f"SELECT t, q, a::jsonb, k::jsonb, p, m, v, i, l, h, f::jsonb, {INSERT_CONSTANTS}, "
+            f"SELECT t, q, a::jsonb, k::jsonb, p, m, v, i, l, h, f::jsonb, c::jsonb, {INSERT_CONSTANTS}, "
             f"'{{}}'::jsonb, '[]'::jsonb{run_after_sql} "
             "FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::smallint[], %s::int[], "
-            "%s::float8[], %s::text[], %s::text[], %s::text[], %s::text[]) "
-            "AS u(t, q, a, k, p, m, v, i, l, h, f) "
+            "%s::float8[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[]) "
+            "AS u(t, q, a, k, p, m, v, i, l, h, f, c) "
             "RETURNING id, run_after, enqueued_at",
             [*extra_params, *arrays],  # the run_after parameter comes first in the text
         )
@@ -289,7 +291,7 @@ def insert_keyed_job(
         "ON CONFLICT (scope, key) DO NOTHING RETURNING job_id) "
         f"INSERT INTO {TABLE} (id, {INSERT_COLUMNS}{', run_after' if run_after_sql else ''}) "
         "SELECT k.job_id, %s::varchar, %s::varchar, %s::jsonb, %s::jsonb, %s::smallint, %s::int, "
-        "%s::float8, %s::varchar, %s::varchar, %s::varchar, %s::jsonb, "
+        "%s::float8, %s::varchar, %s::varchar, %s::varchar, %s::jsonb, %s::jsonb, "
         "'queued', 0, '', '', 0, 0, '{}'::jsonb, "
         f"'[]'::jsonb{run_after_sql} FROM k RETURNING id, run_after, enqueued_at"
     )

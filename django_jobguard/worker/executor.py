@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, InterfaceError, connections
 
 from .. import store
+from ..conf import get_settings
 from ..log import log_job_exception
 from ..outcome import HandBack, HeldState
 from . import pipeline
@@ -42,6 +45,15 @@ class Executor:
         self.runtime = runtime
         self.alias = runtime.alias
         self.worker_id = runtime.worker_id
+        #: Runs and settles a job in its trace's spans; None (and no OpenTelemetry import)
+        #: unless JOBGUARD["OPENTELEMETRY"] is on.
+        self._traced: Callable[[Held], None] | None = None
+        if get_settings().opentelemetry:
+            from .. import tracing  # an optional extra: imported only when enabled
+
+            self._traced = functools.partial(
+                tracing.run, runtime=runtime, completer=completer, run_pipeline=pipeline.run
+            )
 
     def run(self) -> None:
         """Run jobs until the slots say to exit or this thread is replaced."""
@@ -64,7 +76,10 @@ class Executor:
         """Run (or hand back) one held job and settle it; whether this thread was replaced meanwhile."""
         try:
             if self.slots.start(held, connections[self.alias]):
-                self.completer.settle_run(held, pipeline.run(held, self.runtime))
+                if self._traced is None:
+                    self.completer.settle_run(held, pipeline.run(held, self.runtime))
+                else:
+                    self._traced(held)
             elif held.state is HeldState.WAITING:
                 self.completer.settle(held, hand_back(held))
         except (DatabaseError, InterfaceError):

@@ -231,6 +231,11 @@ class Worker:
             self.heartbeat.stop()
             heartbeat.join(timeout=5)
             connections.close_all()
+            if get_settings().opentelemetry:
+                # Spans of the last jobs sit in the provider's batch: export them before exit.
+                from .. import tracing  # an optional extra: imported only when enabled
+
+                tracing.flush()
         logger.info(
             "worker_stopped worker_id=%s processed=%d",
             self.worker_id,

@@ -1,0 +1,355 @@
+"""OpenTelemetry traces across the queue, with ``JOBGUARD["OPENTELEMETRY"] = True``.
+
+Imported only with that setting on (``pip install django-jobguard[otel]``): without it nothing
+imports OpenTelemetry and the claim-and-ack path runs no code of this module.
+
+- **Enqueue** runs in a ``send <queue>`` span (kind PRODUCER); the job row stores that span's
+  W3C context (``traceparent``, ``tracestate``, ``baggage``) in ``trace_context``.
+- **Run**: each attempt is a ``process <queue>`` span (kind CONSUMER) that *links* to the
+  enqueue span and to the job's earlier attempts (the convention of Sidekiq and River), or,
+  with ``OPENTELEMETRY_PARENT``, is its child. Baggage carries over in both cases. Attributes
+  say how long the job waited; settling the outcome (the ack, the retry or the dead letter)
+  is a ``settle <queue>`` child span, and events of the event stream land on it.
+- A context that cannot be read (malformed, or none: a row from before tracing was on) is
+  logged at DEBUG and left out; the job runs.
+
+Spans go to whatever tracer provider the project set up; the worker flushes it when it exits
+(SIGTERM, ``--max-jobs``, ``--burst``). Attributes follow OpenTelemetry's messaging semantic
+conventions; they never hold the payload.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from . import __version__, events
+from ._redact import payload_secrets, redact
+from .conf import get_settings
+from .log import job_fields
+from .outcome import Dead, Duplicate, Outcome, PutBack, Retry, Stale, Succeeded
+
+if TYPE_CHECKING:
+    from .store import ClaimedJob
+    from .worker.completer import Completer
+    from .worker.held import Held
+    from .worker.pipeline import Runtime
+
+__all__ = [
+    "MAX_LINKED_ATTEMPTS",
+    "carrier",
+    "enqueue_span",
+    "exemplar",
+    "flush",
+    "record_enqueued",
+    "run",
+    "sink",
+    "trace_fields",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Earlier attempts a run links to (the latest ones): a job retried forever stays bounded.
+MAX_LINKED_ATTEMPTS = 32
+#: Seconds the worker waits for the tracer provider to export what it holds when it exits.
+FLUSH_TIMEOUT_SECONDS = 10.0
+#: The value of ``messaging.system``.
+SYSTEM = "jobguard"
+#: Keys of a job's ``trace_context`` that come from the W3C propagators.
+_W3C_KEYS = ("traceparent", "tracestate", "baggage")
+
+_STORED_SQL = "SELECT trace_context, enqueued_at, run_after, started_at FROM jobguard_job WHERE id = %s"
+
+_tracer = trace.get_tracer("django_jobguard", __version__)
+_trace_context = TraceContextTextMapPropagator()
+_baggage = W3CBaggagePropagator()
+
+RunPipeline = Callable[["Held", "Runtime"], Outcome]
+
+
+# -- enqueue -----------------------------------------------------------------------------------
+
+
+@contextmanager
+def enqueue_span(task_name: str, queue_name: str) -> Iterator[Span]:
+    """The producer span one enqueue runs in (the job's id is added once it is known)."""
+    attributes = {
+        "messaging.system": SYSTEM,
+        "messaging.destination.name": queue_name,
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "enqueue",
+        "jobguard.task": task_name,
+    }
+    with _tracer.start_as_current_span(
+        f"send {queue_name}", kind=SpanKind.PRODUCER, attributes=attributes
+    ) as span:
+        yield span
+
+
+def record_enqueued(span: Span, job: Any, created: bool = True) -> None:
+    """Name the job the producer span enqueued (or found, for a repeated idempotency key)."""
+    if not span.is_recording():
+        return
+    span.set_attributes(_job_attributes(job, attempt=False))
+    if not created:
+        span.set_attribute("jobguard.duplicate", True)
+
+
+def carrier() -> dict[str, str] | None:
+    """The current W3C trace context to store with a job; None when no span is current."""
+    values: dict[str, str] = {}
+    propagate.inject(values)
+    stored = {key: values[key] for key in _W3C_KEYS if key in values}
+    return stored or None
+
+
+# -- run ---------------------------------------------------------------------------------------
+
+
+def run(held: Held, runtime: Runtime, completer: Completer, run_pipeline: RunPipeline) -> None:
+    """Run one claimed job through ``run_pipeline`` in its consumer span, then settle it."""
+    job = held.job
+    stored, waited = _stored(runtime.alias, job.id)
+    parent, links = _continuation(job, stored)
+    attributes = _job_attributes(job)
+    attributes.update(waited)
+    attributes["messaging.operation.type"] = "process"
+    attributes["messaging.operation.name"] = "run"
+    attributes["jobguard.worker_id"] = runtime.worker_id
+    with _tracer.start_as_current_span(
+        f"process {job.queue_name}",
+        context=parent,
+        kind=SpanKind.CONSUMER,
+        links=links,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        outcome = run_pipeline(held, runtime)
+        _record_outcome(span, job, outcome)
+        if type(outcome) is Retry or type(outcome) is Dead:
+            # Before the settle: the next attempt, or the dead letter (and its replay), links to it.
+            _remember_attempt(runtime.alias, job, stored, span)
+        settle_attributes = {
+            "messaging.system": SYSTEM,
+            "messaging.destination.name": job.queue_name,
+            "messaging.operation.type": "settle",
+            "messaging.operation.name": "ack" if type(outcome) in (Succeeded, Duplicate) else "nack",
+            "messaging.message.id": str(job.id),
+        }
+        with _tracer.start_as_current_span(
+            f"settle {job.queue_name}", kind=SpanKind.INTERNAL, attributes=settle_attributes
+        ):
+            completer.settle_run(held, outcome)
+
+
+def _stored(alias: str, job_id: int) -> tuple[Any, dict[str, float]]:
+    """The job's stored trace context, and how long it waited (as span attributes).
+
+    Raw SQL by primary key: the ORM's query building cost ten times the query itself here
+    (measured: 1.2 ms against 0.08 ms per job on SQLite), on every attempt.
+    """
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_STORED_SQL, [job_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None, {}
+    context, enqueued_at, run_after, started_at = row
+    if isinstance(context, str | bytes):  # SQLite returns the JSON text; psycopg decodes jsonb
+        try:
+            context = json.loads(context)
+        except ValueError:
+            pass  # left as text: _continuation logs it and ignores it
+    waited: dict[str, float] = {}
+    started = _aware(started_at)
+    if started is not None:
+        enqueued, due = _aware(enqueued_at), _aware(run_after)
+        if enqueued is not None:
+            waited["jobguard.since_enqueue_seconds"] = (started - enqueued).total_seconds()
+        if due is not None:
+            # From when it was due (its run_after, or its retry's) until an executor took it.
+            waited["jobguard.queue_wait_seconds"] = max(0.0, (started - due).total_seconds())
+    return context, waited
+
+
+def _aware(value: Any) -> datetime.datetime | None:
+    """A timestamp as the driver returned it (SQLite: text), as an aware datetime."""
+    parsed = value if isinstance(value, datetime.datetime) else None
+    if isinstance(value, str):
+        parsed = parse_datetime(value)
+    if parsed is not None and timezone.is_naive(parsed):
+        parsed = timezone.make_aware(parsed, datetime.UTC)
+    return parsed
+
+
+def _continuation(job: ClaimedJob, stored: Any) -> tuple[otel_context.Context, list[Link]]:
+    """The context the run's span starts in, and its links (enqueue, earlier attempts)."""
+    fresh = otel_context.Context()  # the executor thread's own context is not the job's
+    if stored is None:
+        logger.debug("trace_context_missing job_id=%s; the run starts a trace of its own", job.id)
+        return fresh, []
+    if not isinstance(stored, Mapping):
+        logger.debug("trace_context_invalid job_id=%s; not a JSON object, ignored", job.id)
+        return fresh, []
+    w3c = {key: value for key, value in stored.items() if key in _W3C_KEYS and isinstance(value, str)}
+    enqueued = _span_context(w3c)
+    # Baggage crosses in both modes: it is the enqueuer's, whatever the span relation.
+    start = _baggage.extract(w3c, context=fresh)
+    links: list[Link] = []
+    if enqueued is None:
+        logger.debug(
+            "trace_context_invalid job_id=%s traceparent=%r; ignored",
+            job.id,
+            str(stored.get("traceparent"))[:100],
+        )
+    elif get_settings().opentelemetry_parent:
+        start = trace.set_span_in_context(trace.NonRecordingSpan(enqueued), start)
+    else:
+        links.append(Link(enqueued, {"jobguard.link": "enqueue"}))
+    attempts = stored.get("attempts")
+    for number, traceparent in enumerate(attempts if isinstance(attempts, list) else [], start=1):
+        earlier = _span_context({"traceparent": traceparent}) if isinstance(traceparent, str) else None
+        if earlier is not None:
+            links.append(Link(earlier, {"jobguard.link": "earlier_attempt"}))
+        else:
+            logger.debug("trace_context_invalid job_id=%s attempt_link=%d; ignored", job.id, number)
+    return start, links
+
+
+def _span_context(w3c: Mapping[str, str]) -> trace.SpanContext | None:
+    if "traceparent" not in w3c:
+        return None
+    span_context = trace.get_current_span(_trace_context.extract(w3c)).get_span_context()
+    return span_context if span_context.is_valid else None
+
+
+def _remember_attempt(alias: str, job: ClaimedJob, stored: Any, span: Span) -> None:
+    """Store this failed attempt's span with the job, so the next attempt (or replay) links to it.
+
+    Only for failures (a trace reads best with the earlier ones at hand): one more write per
+    failed attempt, matched by the lease token like every other write of the job's holder.
+    """
+    from .models import Job  # the app registry is ready by the time a worker runs jobs
+
+    values: dict[str, str] = {}
+    _trace_context.inject(values, context=trace.set_span_in_context(span))
+    if "traceparent" not in values:
+        return  # a non-recording span (sampled out): nothing to link to
+    context = dict(stored) if isinstance(stored, Mapping) else {}
+    earlier = context.get("attempts")
+    attempts = [*(earlier if isinstance(earlier, list) else []), values["traceparent"]]
+    context["attempts"] = attempts[-MAX_LINKED_ATTEMPTS:]
+    Job.objects.using(alias).filter(pk=job.id, lease_token=job.lease_token).update(trace_context=context)
+
+
+def _job_attributes(job: Any, *, attempt: bool = True) -> dict[str, Any]:
+    """The span attributes of a job: identity and keys (redacted as in logs), never the payload."""
+    fields = job_fields(job)
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.destination.name": job.queue_name,
+        "messaging.message.id": str(job.id),
+        "jobguard.job.id": job.id,
+        "jobguard.task": job.task_name,
+    }
+    if attempt:
+        attributes["jobguard.attempt"] = job.attempts
+        attributes["jobguard.max_attempts"] = job.max_attempts
+    if fields["idempotency_key"]:
+        attributes["jobguard.idempotency_key"] = fields["idempotency_key"]
+    if fields["lock_key"]:
+        attributes["jobguard.lock_key"] = fields["lock_key"]
+    return attributes
+
+
+def _record_outcome(span: Span, job: ClaimedJob, outcome: Outcome) -> None:
+    if not span.is_recording():
+        return
+    kind = type(outcome)
+    if kind is Succeeded or kind is Duplicate:
+        span.set_attribute("jobguard.outcome", "succeeded" if kind is Succeeded else "duplicate")
+        return
+    if kind is Retry or kind is Dead:
+        failure: Retry | Dead = outcome  # type: ignore[assignment]
+        span.set_attribute("jobguard.outcome", "retry" if kind is Retry else "dead")
+        span.set_attribute("jobguard.error_category", failure.category)
+        span.set_attribute("error.type", failure.error_class)
+        if kind is Dead:
+            span.set_attribute("jobguard.dead_letter_reason", str(outcome.reason))  # type: ignore[union-attr]
+        secrets = payload_secrets(job)
+        message = redact(failure.message, secrets) if secrets else failure.message
+        span.add_event("exception", {"exception.type": failure.error_class, "exception.message": message})
+        span.set_status(Status(StatusCode.ERROR, f"{failure.error_class}: {message}"[:1000]))
+        return
+    if kind is PutBack:
+        span.set_attribute("jobguard.outcome", "put_back")
+        span.set_attribute("jobguard.put_back_cause", outcome.cause.value)  # type: ignore[union-attr]
+    elif kind is Stale:
+        span.set_attribute("jobguard.outcome", "stale")
+
+
+# -- the event stream, logs, exit ----------------------------------------------------------
+
+
+def sink(event: Any) -> None:
+    """An event sink: events of a job's settle (lease lost, lock contended...) as span events."""
+    if isinstance(event, events.JobEnqueued | events.ScheduleTicked | events.RefillLoaded):
+        return  # the producer span says as much already; cache events concern no job
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    name = type(event).__name__
+    attributes = {
+        f"jobguard.{key}": value
+        for key in getattr(event, "__slots__", ())
+        if isinstance(value := getattr(event, key), str | int | float | bool)
+    }
+    span.add_event(f"jobguard.{name}", attributes)
+
+
+def trace_fields() -> dict[str, str | None]:
+    """``trace_id`` and ``span_id`` of the current span (hex), for a log record's fields."""
+    span_context = trace.get_current_span().get_span_context()
+    if not span_context.is_valid:
+        return {"trace_id": None, "span_id": None}
+    return {
+        "trace_id": trace.format_trace_id(span_context.trace_id),
+        "span_id": trace.format_span_id(span_context.span_id),
+    }
+
+
+def exemplar() -> dict[str, str] | None:
+    """The current span's ids as a Prometheus exemplar; None outside a recorded span."""
+    span_context = trace.get_current_span().get_span_context()
+    if not span_context.is_valid or not span_context.trace_flags.sampled:
+        return None
+    return {
+        "trace_id": trace.format_trace_id(span_context.trace_id),
+        "span_id": trace.format_span_id(span_context.span_id),
+    }
+
+
+def flush(timeout: float = FLUSH_TIMEOUT_SECONDS) -> bool:
+    """Export the spans the tracer provider holds (an SDK provider; others have nothing to flush)."""
+    provider = trace.get_tracer_provider()
+    force_flush = getattr(provider, "force_flush", None)
+    if force_flush is None:
+        return True
+    try:
+        return bool(force_flush(int(timeout * 1000)))
+    except Exception:  # an exporter's failure must not stop the worker from exiting
+        logger.warning("trace_flush_failed", exc_info=True)
+        return False

@@ -1,0 +1,315 @@
+"""Traces across the queue, in one process: the SDK's in-memory exporter sees every span.
+
+The worker runs here (a burst); tests/processes/test_otel_processes.py runs it in another
+process and reads its spans over OTLP/HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from django_jobguard import events
+from django_jobguard.dlq import replay
+from django_jobguard.models import DeadLetter, Job
+from django_jobguard.worker.held import LOGGER_NAME
+from tests.conftest import ROOT
+from tests.support.dlq import make_user, run_burst
+from tests.testapp import tasks_otel
+
+pytest.importorskip("opentelemetry.sdk", reason="needs opentelemetry-sdk (the [otel] extra plus the SDK)")
+
+from opentelemetry import baggage, trace
+from opentelemetry import context as otel_context
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanKind, StatusCode
+
+from tests.support.otel import by_name, memory_exporter
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TRACED = {**settings.JOBGUARD, "OPENTELEMETRY": True}
+
+
+@pytest.fixture
+def spans() -> Iterator[Any]:
+    exporter = memory_exporter()
+    exporter.clear()
+    with override_settings(JOBGUARD=TRACED):
+        yield exporter
+    exporter.clear()
+
+
+def _view_span(name: str = "GET /checkout") -> Any:
+    return trace.get_tracer("tests.view").start_as_current_span(name, kind=SpanKind.SERVER)
+
+
+def _finished(exporter: Any) -> list[ReadableSpan]:
+    return list(exporter.get_finished_spans())
+
+
+def _of_job(spans: list[ReadableSpan], job_id: int, name: str) -> list[ReadableSpan]:
+    found = [
+        s for s in by_name(spans, name) if s.attributes and s.attributes.get("jobguard.job.id") == job_id
+    ]
+    return sorted(found, key=lambda s: s.attributes["jobguard.attempt"] if s.attributes else 0)
+
+
+def test_the_run_links_to_the_enqueue_span_and_carries_the_messaging_attributes(spans):
+    with _view_span() as request_span:
+        job = tasks_otel.checkout.using(idempotency_key="checkout:7").enqueue(order_id=7, card="4242-SECRET")
+    stored = Job.objects.get(pk=job.pk).trace_context
+    assert set(stored) == {"traceparent"}
+    assert run_burst() == 0
+    finished = _finished(spans)
+    (send,) = by_name(finished, "send otel")
+    assert send.kind is SpanKind.PRODUCER
+    assert send.parent is not None and send.parent.span_id == request_span.get_span_context().span_id
+    # The row stores the producer span's context, not the request's.
+    assert stored["traceparent"].split("-")[2] == trace.format_span_id(send.context.span_id)
+    (process,) = _of_job(finished, job.pk, "process otel")
+    assert process.kind is SpanKind.CONSUMER
+    # A link by default: the run starts a trace of its own.
+    assert process.parent is None
+    assert process.context.trace_id != send.context.trace_id
+    assert [(link.context.span_id, dict(link.attributes or {})) for link in process.links] == [
+        (send.context.span_id, {"jobguard.link": "enqueue"})
+    ]
+    attributes = dict(process.attributes or {})
+    assert attributes["messaging.system"] == "jobguard"
+    assert attributes["messaging.destination.name"] == "otel"
+    assert attributes["messaging.operation.type"] == "process"
+    assert attributes["messaging.message.id"] == str(job.pk)
+    assert attributes["jobguard.task"] == tasks_otel.checkout.name
+    assert attributes["jobguard.attempt"] == 1
+    assert attributes["jobguard.idempotency_key"] == "checkout:7"
+    assert attributes["jobguard.lock_key"] == "order:7"
+    assert attributes["jobguard.outcome"] == "succeeded"
+    assert attributes["jobguard.queue_wait_seconds"] >= 0
+    assert attributes["jobguard.since_enqueue_seconds"] >= 0
+    # Never the payload: no attribute of any span holds the card.
+    for span in finished:
+        assert "SECRET" not in json.dumps(dict(span.attributes or {}), default=str), span.name
+    # The handler's own span, and the settle span, are children of the run's span.
+    (charge,) = by_name(finished, "charge card")
+    (settle,) = [
+        s
+        for s in by_name(finished, "settle otel")
+        if s.parent and s.parent.span_id == process.context.span_id
+    ]
+    assert charge.parent is not None and charge.parent.span_id == process.context.span_id
+    assert dict(settle.attributes or {})["messaging.operation.name"] == "ack"
+    assert {
+        dict(send.attributes or {})[key] for key in ("messaging.operation.type", "messaging.message.id")
+    } == {
+        "send",
+        str(job.pk),
+    }
+
+
+def test_as_a_child_the_run_continues_the_enqueuers_trace_and_its_baggage(spans):
+    with override_settings(JOBGUARD={**TRACED, "OPENTELEMETRY_PARENT": True}):
+        token = otel_context.attach(baggage.set_baggage("tenant", "acme"))
+        try:
+            with _view_span():
+                job = tasks_otel.checkout.enqueue(order_id=8, card="x")
+        finally:
+            otel_context.detach(token)
+        assert set(Job.objects.get(pk=job.pk).trace_context) == {"traceparent", "baggage"}
+        assert run_burst() == 0
+    finished = _finished(spans)
+    (send,) = by_name(finished, "send otel")
+    (process,) = _of_job(finished, job.pk, "process otel")
+    assert process.parent is not None and process.parent.span_id == send.context.span_id
+    assert process.context.trace_id == send.context.trace_id
+    assert process.links == ()
+
+
+def test_each_retry_links_to_the_enqueue_and_to_every_earlier_attempt(spans):
+    with _view_span():
+        job = tasks_otel.checkout.enqueue(order_id=9, card="x", failures=2)
+    while Job.objects.get(pk=job.pk).status != "succeeded":
+        assert run_burst() == 0
+    finished = _finished(spans)
+    (send,) = by_name(finished, "send otel")
+    first, second, third = _of_job(finished, job.pk, "process otel")
+    assert [dict(s.attributes or {})["jobguard.outcome"] for s in (first, second, third)] == [
+        "retry",
+        "retry",
+        "succeeded",
+    ]
+    assert first.status.status_code is StatusCode.ERROR
+    assert dict(first.attributes or {})["error.type"] == "django_jobguard.exceptions.TransientError"
+    assert [event.name for event in first.events][:1] == ["exception"]
+    assert [link.context.span_id for link in third.links] == [
+        send.context.span_id,
+        first.context.span_id,
+        second.context.span_id,
+    ]
+    assert [dict(link.attributes or {})["jobguard.link"] for link in third.links] == [
+        "enqueue",
+        "earlier_attempt",
+        "earlier_attempt",
+    ]
+
+
+def test_a_replayed_dead_letter_links_to_the_original_enqueue_and_attempts(spans):
+    with _view_span():
+        job = tasks_otel.refund.enqueue(order_id=10)
+    while Job.objects.get(pk=job.pk).status != "dead":
+        assert run_burst() == 0
+    letter = DeadLetter.objects.get(job=job)
+    assert letter.trace_context == Job.objects.get(pk=job.pk).trace_context
+    finished = _finished(spans)
+    (send,) = by_name(finished, "send otel")
+    original = _of_job(finished, job.pk, "process otel")
+    assert [dict(s.attributes or {})["jobguard.outcome"] for s in original] == ["retry", "dead"]
+    assert dict(original[-1].attributes or {})["jobguard.dead_letter_reason"] == "retries_exhausted"
+    requester, approver = make_user("asker", "request_replay"), make_user("boss", "approve_replay")
+    replay.request_replay(letter, requester, reason="provider is back")
+    replay.approve_replay(letter.pk, approver, reason="checked")
+    spans.clear()
+    run_burst()
+    replayed = DeadLetter.objects.get(pk=letter.pk).replay_job
+    assert replayed is not None
+    rerun = _of_job(_finished(spans), replayed.pk, "process otel")[0]
+    assert [link.context.span_id for link in rerun.links] == [
+        send.context.span_id,
+        *(attempt.context.span_id for attempt in original),
+    ]
+
+
+def test_a_malformed_or_missing_trace_context_is_logged_at_debug_and_the_job_runs(spans, caplog):
+    good = tasks_otel.checkout.enqueue(order_id=11, card="x")
+    missing = tasks_otel.checkout.enqueue(order_id=12, card="x")
+    not_an_object = tasks_otel.checkout.enqueue(order_id=13, card="x")
+    Job.objects.filter(pk=good.pk).update(
+        trace_context={"traceparent": "00-zz-not-a-context", "attempts": [7]}
+    )
+    Job.objects.filter(pk=missing.pk).update(trace_context=None)  # as written before tracing was on
+    Job.objects.filter(pk=not_an_object.pk).update(trace_context=["00-bad"])
+    with caplog.at_level(logging.DEBUG, logger="django_jobguard.tracing"):
+        assert run_burst() == 0
+    assert set(
+        Job.objects.filter(pk__in=[good.pk, missing.pk, not_an_object.pk]).values_list("status", flat=True)
+    ) == {"succeeded"}
+    messages = [r.getMessage() for r in caplog.records if r.name == "django_jobguard.tracing"]
+    assert f"trace_context_invalid job_id={good.pk} traceparent='00-zz-not-a-context'; ignored" in messages
+    assert f"trace_context_invalid job_id={good.pk} attempt_link=1; ignored" in messages
+    assert any(m.startswith(f"trace_context_missing job_id={missing.pk};") for m in messages)
+    assert f"trace_context_invalid job_id={not_an_object.pk}; not a JSON object, ignored" in messages
+    assert all(r.levelno == logging.DEBUG for r in caplog.records if r.name == "django_jobguard.tracing")
+    for job in (good, missing, not_an_object):
+        (process,) = _of_job(_finished(spans), job.pk, "process otel")
+        assert process.links == ()
+
+
+def test_settle_events_from_the_event_stream_land_on_the_settle_span(spans):
+    job = tasks_otel.declined.enqueue(order_id=14)
+    assert run_burst() == 0
+    finished = _finished(spans)
+    (process,) = _of_job(finished, job.pk, "process otel")
+    assert dict(process.attributes or {})["jobguard.outcome"] == "dead"
+    (settle,) = [
+        s
+        for s in by_name(finished, "settle otel")
+        if s.parent and s.parent.span_id == process.context.span_id
+    ]
+    assert "jobguard.JobFailed" in [event.name for event in settle.events]
+    assert dict(settle.attributes or {})["messaging.operation.name"] == "nack"
+
+
+def test_job_log_lines_carry_the_trace_and_span_ids(spans, caplog):
+    job = tasks_otel.logs_a_line.enqueue(order_id=15)
+    with caplog.at_level(logging.INFO):
+        assert run_burst() == 0
+    (process,) = _of_job(_finished(spans), job.pk, "process otel")
+    (line,) = [r for r in caplog.records if r.getMessage() == "otel_line order_id=15"]
+    assert line.trace_id == trace.format_trace_id(process.context.trace_id)
+    assert line.span_id == trace.format_span_id(process.context.span_id)
+    # The worker's own lines too: a retry is logged while its settle span is current.
+    retried = tasks_otel.checkout.enqueue(order_id=15, card="x", failures=1)
+    with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
+        assert run_burst() == 0
+    first = _of_job(_finished(spans), retried.pk, "process otel")[0]
+    (retry_line,) = [
+        r for r in caplog.records if r.getMessage().startswith(f"job_retry job_id={retried.pk} ")
+    ]
+    assert retry_line.trace_id == trace.format_trace_id(first.context.trace_id)
+
+
+def test_bulk_enqueue_stores_one_producer_span_for_the_batch(spans):
+    with _view_span():
+        jobs = tasks_otel.noop.bulk_enqueue([((n,), {}) for n in range(3)])
+    (send,) = by_name(_finished(spans), "send otel-bulk")
+    assert dict(send.attributes or {})["messaging.batch.message_count"] == 3
+    contexts = {
+        json.dumps(c)
+        for c in Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("trace_context", flat=True)
+    }
+    assert len(contexts) == 1
+    assert json.loads(contexts.pop())["traceparent"].split("-")[2] == trace.format_span_id(
+        send.context.span_id
+    )
+
+
+def test_without_the_setting_nothing_is_stored_and_no_span_is_made():
+    exporter = memory_exporter()
+    exporter.clear()
+    with _view_span():
+        job = tasks_otel.noop.enqueue(16)
+    assert Job.objects.get(pk=job.pk).trace_context is None
+    assert run_burst() == 0
+    assert [s.name for s in exporter.get_finished_spans()] == ["GET /checkout"]
+    assert not any(getattr(sink, "__module__", "") == "django_jobguard.tracing" for sink in events._sinks)
+
+
+def test_without_the_setting_opentelemetry_is_never_imported(tmp_path):
+    # A fresh interpreter on a SQLite file of its own (whatever this run's database): enqueue
+    # and run a job with tracing off, then look at sys.modules.
+    script = (
+        "import django, sys; django.setup();"
+        "from django.core.management import call_command; call_command('migrate', verbosity=0);"
+        "from tests.testapp import tasks_otel;"
+        "tasks_otel.noop.enqueue(1);"
+        "from django_jobguard.worker import Worker;"
+        "Worker(burst=True, install_signal_handlers=False, poll_interval=0.05).run();"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
+    )
+    env = {
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "PYTHONPATH": str(ROOT),
+        "JOBGUARD_TEST_DB_NAME": str(tmp_path / "untraced.sqlite3"),
+        "PATH": "/usr/bin:/bin",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.decode().strip().splitlines()[-1] == "[]"
+
+
+def test_the_duration_histogram_carries_the_attempts_trace_as_an_exemplar(spans):
+    prometheus = pytest.importorskip("prometheus_client.openmetrics.exposition")
+    from prometheus_client import REGISTRY
+
+    with override_settings(JOBGUARD={**TRACED, "ACK_WINDOW": 0}):  # acked in the attempt's thread
+        job = tasks_otel.checkout.enqueue(order_id=17, card="x", failures=1)
+        while Job.objects.get(pk=job.pk).status != "succeeded":
+            assert run_burst() == 0
+    first, second = _of_job(_finished(spans), job.pk, "process otel")
+    text = prometheus.generate_latest(REGISTRY).decode()
+    lines = [line for line in text.splitlines() if line.startswith("jobguard_job_duration_seconds_bucket")]
+    for attempt, status in ((first, "failed"), (second, "succeeded")):
+        trace_id = trace.format_trace_id(attempt.context.trace_id)
+        assert any(f'status="{status}"' in line and f'trace_id="{trace_id}"' in line for line in lines), (
+            status
+        )
