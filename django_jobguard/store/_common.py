@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 REAP_BATCH = 200
 #: PostgreSQL channel the enqueue trigger notifies (payload: the queue name).
 NOTIFY_CHANNEL = "jobguard_jobs"
-#: Rows per INSERT statement on SQLite (11 parameters a row, well under its variable limit).
+#: Rows per INSERT statement on SQLite (12 parameters a row, well under its variable limit).
 SQLITE_INSERT_CHUNK = 500
 
 TABLE = "jobguard_job"

@@ -21,6 +21,7 @@ from ._common import (
     FINISHED,
     INSERT_COLUMNS,
     INSERT_CONSTANTS,
+    INSERT_FIELDS,
     KEY_TABLE,
     LEASE_EXPIRED_ERROR,
     LEASE_EXPIRED_MESSAGE,
@@ -158,7 +159,7 @@ def insert_jobs(
     columns = INSERT_COLUMNS + (", run_after" if run_after is not None else "")
     run_after_sql, extra_params = _run_after_sql(connection, run_after)
     placeholder = (
-        f"(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {INSERT_CONSTANTS}, '{{}}', '[]'{run_after_sql})"
+        f"({', '.join(['%s'] * len(INSERT_FIELDS))}, {INSERT_CONSTANTS}, '{{}}', '[]'{run_after_sql})"
     )
     results: list[Inserted] = []
     with connection.cursor() as cursor:
