@@ -96,7 +96,8 @@ def main() -> None:
             way(ids)
             figures[name].append(time.perf_counter() - began)
     print(
-        f"{args.letters:,} dead letters, request then approve, {connection.vendor}, medians of {args.runs} runs\n"
+        f"{args.letters:,} dead letters, request then approve, {connection.vendor}, "
+        f"medians of {args.runs} runs\n"
     )
     print(f"{'way':<12} {'seconds':>9} {'min-max':>15}")
     for name, values in figures.items():
