@@ -4,6 +4,8 @@ Public API: :func:`task`, :class:`Task`, :class:`JobContext`, :func:`lock`, and 
 errors handlers raise or callers catch.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .context import JobContext
 from .exceptions import (
     IdempotencyConflict,
@@ -19,11 +21,15 @@ from .exceptions import (
     UnknownTaskError,
 )
 from .locks import lock
-from .task import Task, task
+from .task import Signature, Task, task
+
+if TYPE_CHECKING:
+    from .workflows import Batch, chain, group
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Batch",
     "IdempotencyConflict",
     "InvalidArgumentsError",
     "JobContext",
@@ -34,10 +40,26 @@ __all__ = [
     "PermanentError",
     "RecoverableError",
     "ReplayError",
+    "Signature",
     "Task",
     "TransientError",
     "UnknownTaskError",
     "__version__",
+    "chain",
+    "group",
     "lock",
     "task",
 ]
+
+
+#: Names served from a module that needs the models, so imported at first use (PEP 562):
+#: importing the package must not load the models before the app registry is ready.
+_WORKFLOW_NAMES = frozenset({"Batch", "chain", "group"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WORKFLOW_NAMES:
+        from . import workflows
+
+        return getattr(workflows, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
