@@ -53,7 +53,7 @@ from .task import Signature, Task
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Batch", "Progress", "chain", "enqueue_after", "group", "job_settled"]
+__all__ = ["Batch", "Progress", "chain", "enqueue_after", "group", "job_settled", "replayed"]
 
 #: When each callback of a finished workflow runs.
 CALLBACK_WHENS = ("success", "complete", "dead")
@@ -220,18 +220,6 @@ def _note(job_id: int, count: int) -> None:
     logger.debug("job_waiting job_id=%s dependencies=%d", job_id, count)
 
 
-def _check_databases(steps: Iterable[Signature]) -> None:
-    """Refuse tasks whose jobs live in another database than this app's (a Django Tasks backend's)."""
-    alias = _alias()
-    for step in steps:
-        other = getattr(step.task, "database_alias", None)
-        if other is not None and other != alias:
-            raise InvalidArgumentsError(
-                f"{step.task.name} stores its jobs in database {other!r}, the workflow in {alias!r}: "
-                "a workflow's jobs must share one database, so that they commit together."
-            )
-
-
 # -- chains --------------------------------------------------------------------------------
 
 
@@ -260,7 +248,6 @@ class chain:  # noqa: N801 - named like the other verbs users write (group, task
 
     def enqueue(self, *, name: str = "") -> Workflow:
         """Store the chain (joining the caller's transaction); its workflow, with ``jobs`` set."""
-        _check_databases(self.steps)
         rows = [step.prepared() for step in self.steps]  # every check before any write
         alias = _alias()
         with transaction.atomic(using=alias):
@@ -309,7 +296,6 @@ class Batch:
             "dead": _callback(on_dead, "dead"),
         }
         self.callbacks = {when: sig for when, sig in found.items() if sig is not None}
-        _check_databases(self.callbacks.values())
         for signature in self.callbacks.values():
             signature.prepared()  # a callback whose arguments do not bind fails here
         self.name = name
@@ -341,7 +327,6 @@ class Batch:
                 raise InvalidArgumentsError(
                     f"{step.task.name}: a batch member has no previous result to receive."
                 )
-        _check_databases(steps)
         rows = [step.prepared() for step in steps]
         if not rows:
             return []
@@ -627,9 +612,13 @@ def _maybe_finish(alias: str, workflow_id: int) -> None:
         0,
     )
     whens = ["complete", "dead" if failed else "success"]
+    # A workflow reopened by a replay finishes again; a callback that ran already stays run.
+    done = set(
+        WorkflowCallback.objects.using(alias).filter(workflow_id=workflow_id).values_list("when", flat=True)
+    )
     for when in whens:
         stored = workflow.callbacks.get(when)
-        if stored is None:
+        if stored is None or when in done:
             continue
         fields = dict(stored["fields"])
         if stored.get("result_as"):
@@ -644,4 +633,91 @@ def _maybe_finish(alias: str, workflow_id: int) -> None:
         workflow.kind,
         summary.succeeded,
         failed,
+    )
+
+
+# -- replays -------------------------------------------------------------------------------
+
+
+def replayed(alias: str, dead_job_id: int, replay_job_id: int) -> None:
+    """A dead member was replayed as ``replay_job_id``: it takes the dead job's place.
+
+    Called in the transaction that creates the replay. The replay joins the workflow in the
+    dead job's stead (no longer counted failed, pending again), and the jobs cancelled as
+    "upstream failed" because of it wait again, for the replay: a replayed chain step resumes
+    the chain from there. A job that also waits for another failed job stays cancelled.
+    """
+    workflow_id = (
+        Job.objects.using(alias).filter(pk=dead_job_id).values_list("workflow_id", flat=True).first()
+    )
+    if workflow_id is None:
+        return
+    Job.objects.using(alias).filter(pk=replay_job_id).update(workflow_id=workflow_id)
+    moves: dict[int, list[int]] = defaultdict(lambda: [0, 0])  # shard -> [pending, failed] changes
+    moves[dead_job_id % WORKFLOW_COUNTER_SHARDS][1] -= 1
+    moves[replay_job_id % WORKFLOW_COUNTER_SHARDS][0] += 1
+    links = list(
+        JobDependency.objects.using(alias).filter(parent_id=dead_job_id).values_list("child_id", "result_as")
+    )
+    JobDependency.objects.using(alias).bulk_create(
+        [JobDependency(parent_id=replay_job_id, child_id=child, result_as=name) for child, name in links]
+    )
+    replaced = {dead_job_id: replay_job_id}
+    restored: set[int] = set()
+    frontier = [(dead_job_id, child) for child, _ in links]
+    while frontier:
+        parent_id, child_id = frontier.pop(0)
+        row = (
+            Job.objects.using(alias)
+            .filter(pk=child_id)
+            .values_list("status", "last_error", "workflow_id")
+            .first()
+        )
+        if row is None or child_id in restored:
+            continue
+        status, last_error, child_workflow = row
+        if status != JobStatus.CANCELLED or not last_error.startswith(f"upstream failed: job #{parent_id} "):
+            continue
+        parents = list(
+            JobDependency.objects.using(alias).filter(child_id=child_id).values_list("parent_id", flat=True)
+        )
+        parents = sorted({replaced.get(pk, pk) for pk in parents})
+        states = dict(Job.objects.using(alias).filter(pk__in=parents).values_list("pk", "status"))
+        if any(
+            states.get(pk) in (JobStatus.DEAD, JobStatus.CANCELLED) and pk not in restored for pk in parents
+        ):
+            continue  # it also waits for a job that failed and was not replayed
+        waiting_on = sum(1 for pk in parents if states.get(pk) != JobStatus.SUCCEEDED or pk in restored)
+        Job.objects.using(alias).filter(pk=child_id, status=JobStatus.CANCELLED).update(
+            status=JobStatus.WAITING,
+            waiting_on=waiting_on,
+            finished_at=None,
+            last_error=f"waiting again: job #{dead_job_id} was replayed as job #{replay_job_id}",
+        )
+        restored.add(child_id)
+        if child_workflow is not None:
+            moves[child_id % WORKFLOW_COUNTER_SHARDS][1] -= 1
+            moves[child_id % WORKFLOW_COUNTER_SHARDS][0] += 1
+        frontier.extend(
+            (child_id, grandchild)
+            for grandchild in JobDependency.objects.using(alias)
+            .filter(parent_id=child_id)
+            .values_list("child_id", flat=True)
+        )
+    with connections[alias].cursor() as cursor:
+        for shard, (pending, failed) in sorted(moves.items()):
+            cursor.execute(
+                f"UPDATE {_COUNTER} SET pending = pending + %s, failed = failed + %s "
+                "WHERE workflow_id = %s AND shard = %s",
+                [pending, failed, workflow_id, shard],
+            )
+    Workflow.objects.using(alias).filter(pk=workflow_id, state=WorkflowState.FINISHED).update(
+        state=WorkflowState.CLOSED, finished_at=None
+    )
+    logger.info(
+        "workflow_member_replayed workflow_id=%s dead_job_id=%s job_id=%s waiting_again=%d",
+        workflow_id,
+        dead_job_id,
+        replay_job_id,
+        len(restored),
     )

@@ -246,3 +246,34 @@ def test_waiting_is_its_own_status_in_sql():
     with connection.cursor() as cursor:
         cursor.execute("SELECT status, waiting_on FROM jobguard_job WHERE id = %s", [wf.jobs[1].pk])
         assert cursor.fetchone() == ("waiting", 1)
+
+
+def test_replaying_a_dead_step_resumes_the_chain():
+    from django_jobguard import dlq
+    from django_jobguard.models import DeadLetter
+    from tests.support.dlq import make_user
+
+    wf = chain(
+        tasks.wf_step.s("one"),
+        tasks.wf_fails_until_allowed.s("two"),
+        tasks.wf_step.s("three").receives("previous"),
+        tasks.wf_step.s("four"),
+    ).enqueue()
+    drain()
+    _, two, three, four = wf.jobs
+    assert [status(job) for job in wf.jobs] == ["succeeded", "dead", "cancelled", "cancelled"]
+    assert progress(wf.pk).state == "finished"
+
+    LedgerEntry.objects.create(effect_key="allow:two")  # the fix is deployed
+    letter = DeadLetter.objects.get(job_id=two.pk)
+    dlq.request_replay(letter, make_user("rita", "request_replay", "view_deadletter"), "fixed")
+    dlq.approve_replay(letter, make_user("amir", "approve_replay", "view_deadletter"), "checked")
+    drain()
+    letter.refresh_from_db()
+    replay = Job.objects.get(pk=letter.replay_job_id)
+    assert replay.status == "succeeded" and replay.workflow_id == wf.pk
+    assert [status(job) for job in (three, four)] == ["succeeded", "succeeded"]
+    assert LedgerEntry.objects.filter(effect_key="three<-two-done").exists()
+    p = progress(wf.pk)
+    # The dead step is replaced by its replay: four members, all succeeded.
+    assert (p.state, p.total, p.succeeded, p.failed, p.pending) == ("finished", 4, 4, 0, 0)

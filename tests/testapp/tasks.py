@@ -282,3 +282,12 @@ def wf_callback(context, marker: str, progress: dict | None = None) -> None:
         LedgerEntry.objects.create(
             effect_key=f"{marker}:{progress['succeeded']}/{progress['failed']}", job_id=context.job_id
         )
+
+
+@task(takes_context=True, max_attempts=1)
+def wf_fails_until_allowed(context, marker: str) -> str:
+    """Dead-lettered until a ledger entry ``allow:<marker>`` exists (a fix deployed)."""
+    Execution.objects.create(marker=marker, job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    if not LedgerEntry.objects.filter(effect_key=f"allow:{marker}").exists():
+        raise PermanentError(f"{marker}: not allowed yet")
+    return f"{marker}-done"
