@@ -79,9 +79,10 @@ def test_a_batch_survives_workers_killed_in_a_loop(workers):
     expected = {"on-complete", "on-success" if not rows.get("dead") else "on-dead"}
     assert sorted(callbacks.values_list("args", flat=True)) == sorted([[marker] for marker in expected])
     assert WorkflowCallback.objects.filter(workflow_id=batch.id).count() == 2
-    assert set(
-        LedgerEntry.objects.filter(effect_key__startswith="on-").values_list("effect_key", flat=True)
-    ) == expected
+    assert (
+        set(LedgerEntry.objects.filter(effect_key__startswith="on-").values_list("effect_key", flat=True))
+        == expected
+    )
     # Members whose worker was killed mid-run ran again; each was still counted once (above).
     runs = Execution.objects.filter(marker__startswith="member-").count()
     print(f"members={MEMBERS} kills={kills} runs={runs} succeeded={p.succeeded} failed={p.failed}")
