@@ -626,6 +626,9 @@ def _maybe_finish(alias: str, workflow_id: int) -> None:
         (inserted,) = store.insert_jobs(alias, [fields])
         WorkflowCallback.objects.using(alias).create(workflow_id=workflow_id, when=when, job_id=inserted[0])
         events.emit(events.JobEnqueued(fields["queue_name"], fields["task_name"]))
+        transaction.on_commit(
+            functools.partial(events.emit, events.WorkflowCallbackEnqueued(workflow.kind, when)), using=alias
+        )
         logger.info("workflow_callback workflow_id=%s when=%s job_id=%s", workflow_id, when, inserted[0])
     logger.info(
         "workflow_finished workflow_id=%s kind=%s succeeded=%d failed=%d",

@@ -165,10 +165,19 @@ def test_after_a_job_that_does_not_exist_or_is_dead_is_refused():
 # -- groups and batches --------------------------------------------------------------------
 
 
+def callbacks_counted(kind: str, when: str) -> float:
+    from prometheus_client import REGISTRY
+
+    labels = {"kind": kind, "when": when}
+    return REGISTRY.get_sample_value("jobguard_workflow_callbacks_total", labels) or 0.0
+
+
 def test_a_group_runs_its_callback_once_after_every_member_succeeded():
+    counted = callbacks_counted("group", "success")
     batch = group([tasks.wf_step.s(f"m{i}") for i in range(5)], then=tasks.wf_callback.s("done")).enqueue()
     drain()
     assert ran("done") == 1
+    assert callbacks_counted("group", "success") == counted + 1
     assert WorkflowCallback.objects.filter(workflow_id=batch.id).count() == 1
     p = batch.progress()
     assert (p.state, p.total, p.succeeded, p.failed, p.pending) == ("finished", 5, 5, 0, 0)
