@@ -332,6 +332,11 @@ class Batch:
             return []
         alias = _alias()
         with transaction.atomic(using=alias):
+            # Counters first, the workflow row after: the order an ack takes them in, so an add
+            # and an ack never wait for each other in a circle. Refused (rolled back) unless
+            # still open once the row is locked; a close waits for this add, or refuses it.
+            jobs = _insert(alias, steps, rows)
+            _join(alias, self.id, [job.pk for job in jobs], {})
             state = (
                 Workflow.objects.using(alias)
                 .select_for_update()
@@ -340,8 +345,6 @@ class Batch:
             )
             if state != WorkflowState.OPEN:
                 raise InvalidArgumentsError(f"batch #{self.id} is {state}: it accepts no more members.")
-            jobs = _insert(alias, steps, rows)
-            _join(alias, self.id, [job.pk for job in jobs], {})
         for job in jobs:
             job.workflow_id = self.id
         return jobs
@@ -443,7 +446,9 @@ def enqueue_after(task: Task[Any, Any], args: Sequence[Any], kwargs: Any) -> Job
             (job,) = [job]
         else:
             (job,) = _insert(alias, [step], [fields])
-        workflow_id = _graph_for(alias, [found[pk][1] for pk in parents])
+        # A graph of its own: joining another workflow would lock that workflow's row before
+        # its counters, the reverse of an ack's order.
+        workflow_id = _create(alias, WorkflowKind.GRAPH, WorkflowState.CLOSED, {}).pk
         unsettled = [pk for pk in parents if found[pk][0] != JobStatus.SUCCEEDED]
         newcomers = [pk for pk in unsettled if found[pk][1] is None]
         _join(alias, workflow_id, [*newcomers, job.pk], {job.pk: len(unsettled)} if unsettled else {})
@@ -454,23 +459,6 @@ def enqueue_after(task: Task[Any, Any], args: Sequence[Any], kwargs: Any) -> Job
     if unsettled:
         job.status, job.waiting_on = JobStatus.WAITING, len(unsettled)
     return job
-
-
-def _graph_for(alias: str, parent_workflows: list[int | None]) -> int:
-    """The dependency graph the new job joins: a parent's unfinished one, or a new one."""
-    for workflow_id in parent_workflows:
-        if workflow_id is None:
-            continue
-        row = (
-            Workflow.objects.using(alias)
-            .select_for_update()
-            .filter(pk=workflow_id, kind=WorkflowKind.GRAPH)
-            .exclude(state=WorkflowState.FINISHED)
-            .first()
-        )
-        if row is not None:
-            return row.pk
-    return _create(alias, WorkflowKind.GRAPH, WorkflowState.CLOSED, {}).pk
 
 
 def _ancestors(alias: str, parents: list[int]) -> set[int]:

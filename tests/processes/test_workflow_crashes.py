@@ -33,6 +33,8 @@ def test_a_batch_survives_workers_killed_in_a_loop(workers):
     ).enqueue(members)
 
     alive = [workers.start("--concurrency", "4") for _ in range(2)]
+    for proc in alive:
+        workers.wait_started(proc, timeout=120)
     kills = 0
     deadline = time.monotonic() + 900
     while progress(batch.id).pending and time.monotonic() < deadline:
@@ -41,7 +43,10 @@ def test_a_batch_survives_workers_killed_in_a_loop(workers):
         victim.kill()  # SIGKILL: whatever it held was mid-flight, acks included
         victim.wait(timeout=10)
         kills += 1
-        alive.append(workers.start("--concurrency", "4"))
+        fresh = workers.start("--concurrency", "4")
+        # Each worker gets to work before the next kill, however slowly the machine starts one.
+        workers.wait_started(fresh, timeout=120)
+        alive.append(fresh)
     wait_for(
         lambda: Workflow.objects.get(pk=batch.id).state == "finished",
         timeout=300,
