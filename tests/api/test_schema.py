@@ -37,6 +37,7 @@ EXPECTED_OPERATIONS = {
     ("post", "/dead-letters/{letter_id}/approve/"),
     ("post", "/dead-letters/{letter_id}/reject/"),
     ("get", "/queues/"),
+    ("get", "/workflows/{workflow_id}/"),
 }
 
 
