@@ -286,3 +286,30 @@ def test_replaying_a_dead_step_resumes_the_chain():
     p = progress(wf.pk)
     # The dead step is replaced by its replay: four members, all succeeded.
     assert (p.state, p.total, p.succeeded, p.failed, p.pending) == ("finished", 4, 4, 0, 0)
+
+
+def test_a_member_that_runs_twice_is_counted_once():
+    import datetime
+
+    from django.utils import timezone
+
+    from django_jobguard.exceptions import LeaseLost
+    from django_jobguard.maintenance.reaper import Reaper
+    from django_jobguard.worker.completer import Completer
+    from django_jobguard.worker.held import Held
+
+    batch = Batch(on_complete=tasks.wf_callback.s("cb")).enqueue([tasks.wf_step.s("twice")])
+    (stale,) = store.claim("default", None, 1, "frozen")
+    # The frozen worker's lease runs out; the reaper gives the job back and another worker runs it.
+    Job.objects.filter(pk=stale.id).update(lease_expires_at=timezone.now() - datetime.timedelta(hours=1))
+    assert Reaper("default").run_once().reappeared == 1
+    drain()
+    assert status(Job(pk=stale.id)) == "succeeded"
+    # The frozen worker wakes and acks: refused by the lease token, so nothing is counted again.
+    completer = Completer("default", "frozen")
+    with pytest.raises(LeaseLost), transaction.atomic():
+        completer.write_ack(Held(stale, 0.0), "", "late", '"late"')
+    p = batch.progress()
+    assert (p.total, p.succeeded, p.failed, p.pending) == (1, 1, 0, 0)
+    assert ran("cb") == 1
+    assert WorkflowCallback.objects.filter(workflow_id=batch.id).count() == 1
