@@ -18,13 +18,14 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 #: Members of the batch; a few thousand take minutes on a loaded 2-core machine.
 MEMBERS = int(os.environ.get("JOBGUARD_TEST_WORKFLOW_MEMBERS", "5000"))
 #: Seconds between two kills.
-KILL_EVERY_SECONDS = 2.0
+KILL_EVERY_SECONDS = 1.0
 
 
 def test_a_batch_survives_workers_killed_in_a_loop(workers):
     # Half the members ack inside their own transaction (atomic), half through batched acks.
     members = [
-        (tasks.short_lease if i % 2 else tasks.short_lease_plain).s(f"member-{i}") for i in range(MEMBERS)
+        (tasks.short_lease if i % 2 else tasks.short_lease_plain).s(f"member-{i}", seconds=0.01)
+        for i in range(MEMBERS)
     ]
     batch = Batch(
         on_success=tasks.record.s("on-success"),
