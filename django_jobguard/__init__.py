@@ -4,6 +4,8 @@ Public API: :func:`task`, :class:`Task`, :class:`JobContext`, :func:`lock`, the 
 specs :class:`Limit` and :class:`Rate`, and the errors handlers raise or callers catch.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .context import JobContext
 from .exceptions import (
     IdempotencyConflict,
@@ -20,11 +22,15 @@ from .exceptions import (
 )
 from .flow import Limit, Rate
 from .locks import lock
-from .task import Task, task
+from .task import Signature, Task, task
+
+if TYPE_CHECKING:
+    from .workflows import Batch, chain, group
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Batch",
     "IdempotencyConflict",
     "InvalidArgumentsError",
     "JobContext",
@@ -37,10 +43,26 @@ __all__ = [
     "Rate",
     "RecoverableError",
     "ReplayError",
+    "Signature",
     "Task",
     "TransientError",
     "UnknownTaskError",
     "__version__",
+    "chain",
+    "group",
     "lock",
     "task",
 ]
+
+
+#: Names served from a module that needs the models, so imported at first use (PEP 562):
+#: importing the package must not load the models before the app registry is ready.
+_WORKFLOW_NAMES = frozenset({"Batch", "chain", "group"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WORKFLOW_NAMES:
+        from . import workflows
+
+        return getattr(workflows, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

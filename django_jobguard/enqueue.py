@@ -29,6 +29,7 @@ __all__ = [
     "bulk_enqueue",
     "enqueue",
     "enqueue_exposed",
+    "insert_prepared",
     "prepare",
     "validate_payload",
 ]
@@ -105,8 +106,8 @@ def _check_limited_routing(task: Task[Any, Any], queue_name: str, default_queue:
     )
 
 
-def _insert(task: Task[Any, Any], rows: list[dict[str, Any]], alias: str) -> list[Job]:
-    """Insert ``rows`` and return them as saved ``Job`` instances (no second query)."""
+def insert_prepared(task: Task[Any, Any], rows: list[dict[str, Any]], alias: str) -> list[Job]:
+    """Insert prepared ``rows`` (see :func:`prepare`) as saved ``Job`` instances (no second query)."""
     inserted = store.insert_jobs(alias, rows, task.run_after)
     return [store.build_job(alias, fields, row) for fields, row in zip(rows, inserted, strict=True)]
 
@@ -269,12 +270,12 @@ def _store_one(task: Task[Any, Any], fields: dict[str, Any], alias: str) -> tupl
     """Insert one prepared job, deduped by its key: ``(job, created)``; announce a new job."""
     if fields["idempotency_key"] is not None:
         job, created = idempotency.enqueue_once(
-            task, fields, alias, create_job=lambda: _insert(task, [fields], alias)[0]
+            task, fields, alias, create_job=lambda: insert_prepared(task, [fields], alias)[0]
         )
         if not created:
             return job, False  # the key's job; the duplicate is counted by enqueue_once
     else:
-        (job,) = _insert(task, [fields], alias)
+        (job,) = insert_prepared(task, [fields], alias)
     events.emit(events.JobEnqueued(job.queue_name, job.task_name))
     _dispatch.send(signals.job_enqueued, job=job)
     return job, True
@@ -309,7 +310,7 @@ def _bulk_insert(
     if task.idempotency_key_template is not None:
         with transaction.atomic(using=alias):
             return [_store_one(task, fields, alias)[0] for fields in rows]
-    jobs = _insert(task, rows, alias)
+    jobs = insert_prepared(task, rows, alias)
     events.emit(events.JobEnqueued(jobs[0].queue_name, task.name, len(jobs)))
     if signals.job_enqueued.has_listeners(None):
         for job in jobs:

@@ -40,6 +40,7 @@ __all__ = [
     "Sink",
     "StaleWriteRejected",
     "UniqueConflict",
+    "WorkflowCallbackEnqueued",
     "add_sink",
     "emit",
     "remove_sink",
@@ -155,6 +156,17 @@ class ScheduleTicked:
 class ScheduleTicksMissed:
     schedule: str
     count: int = 1
+
+
+# -- workflows ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkflowCallbackEnqueued:
+    """A finished workflow's callback was enqueued (emitted once its transaction committed)."""
+
+    kind: str
+    when: str
 
 
 # -- the cache ----------------------------------------------------------------------------------

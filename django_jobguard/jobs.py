@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from . import workflows
 from .conf import get_settings
 from .models import IdempotencyKey, IdempotencyStatus, Job, JobStatus
 
@@ -40,16 +41,18 @@ def _lock_and_update(
         .values_list("pk", flat=True)
     )
     if ids:
-        Job.objects.using(alias).filter(pk__in=ids, status=match["status"]).update(**changes)
+        status = {"status__in": match["status__in"]} if "status__in" in match else {"status": match["status"]}
+        Job.objects.using(alias).filter(pk__in=ids, **status).update(**changes)
     return ids
 
 
 def cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None) -> list[int]:
-    """Cancel the given jobs that are still queued; the ids actually cancelled.
+    """Cancel the given jobs that are still queued (or waiting); the ids actually cancelled.
 
     Running jobs are left alone: a handler cannot be stopped safely from outside, and its
     lease already decides who may finish it. A cancelled job's idempotency key expires at
-    once, so the same business action can be enqueued again later.
+    once, so the same business action can be enqueued again later. The jobs waiting for a
+    cancelled one are cancelled too ("upstream failed"), and its workflow counts it failed.
     """
 
     alias = using or get_settings().database_alias
@@ -61,7 +64,7 @@ def cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None
         # their keys released; a row a worker claims meanwhile is no longer queued here.
         ids = _lock_and_update(
             alias,
-            {"pk__in": wanted, "status": JobStatus.QUEUED},
+            {"pk__in": wanted, "status__in": [JobStatus.QUEUED, JobStatus.WAITING]},
             status=JobStatus.CANCELLED,
             finished_at=Now(),
             last_error=f"cancelled: {reason}" if reason else "cancelled",
@@ -71,6 +74,10 @@ def cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None
         IdempotencyKey.objects.using(alias).filter(job_id__in=ids).update(
             status=IdempotencyStatus.FAILED, expires_at=Now(), updated_at=Now()
         )
+        members = Job.objects.using(alias).filter(pk__in=ids, workflow_id__isnull=False)
+        for job_id, workflow_id in members.values_list("pk", "workflow_id"):
+            if workflow_id is not None:
+                workflows.job_settled(alias, job_id, workflow_id, JobStatus.CANCELLED)
     logger.info("jobs_cancelled count=%d ids=%s reason=%s", len(ids), ids[:20], reason or "-")
     return ids
 
@@ -91,7 +98,8 @@ def requeue_cancelled(job_ids: Iterable[int], *, reason: str = "", using: str | 
         rows = list(
             Job.objects.using(alias)
             .select_for_update()
-            .filter(pk__in=wanted, status=JobStatus.CANCELLED)
+            # A workflow counted its cancelled member already: re-running it would count it twice.
+            .filter(pk__in=wanted, status=JobStatus.CANCELLED, workflow_id__isnull=True)
             .values_list("pk", "idempotency_key")
         )
         own_keys = set(

@@ -84,7 +84,8 @@ DURATION_BUCKETS_SECONDS = (
 
 #: The only label names a jobguard metric may carry (each with a small, bounded set of values).
 ALLOWED_LABELS = frozenset(
-    # limit: a declared flow-control limit's name (never one of its keys); kind: concurrency or rate.
+    # limit: a declared flow-control limit's name (never one of its keys); kind: concurrency or rate,
+    # or a workflow's kind (chain, group, batch, graph); when: a callback's (success, complete, dead).
     {
         "queue",
         "task",
@@ -98,6 +99,7 @@ ALLOWED_LABELS = frozenset(
         "schedule",
         "limit",
         "kind",
+        "when",
     }
 )
 
@@ -237,6 +239,12 @@ SCHEDULE_MISSED = _counter(
     "Schedule ticks that got no job: missed by more than JOBGUARD['SCHEDULER']['MISSED_AFTER'] "
     "and dropped by the schedule's missed policy, or refused by the task.",
     ("schedule",),
+)
+WORKFLOW_CALLBACKS = _counter(
+    "jobguard_workflow_callbacks_total",
+    "Callbacks of finished workflows enqueued (each exactly once), by workflow kind and by when "
+    "they run (success, complete, dead).",
+    ("kind", "when"),
 )
 SCHEDULE_LAG = _histogram(
     "jobguard_schedule_lag_seconds",
@@ -782,6 +790,7 @@ _REPORTS: dict[type, Callable[[Any], None]] = {
     events.KeyConflict: lambda e: key_conflict(e.task, e.where),
     events.ScheduleTicked: lambda e: schedule_tick_enqueued(e.schedule, e.lag),
     events.ScheduleTicksMissed: lambda e: schedule_ticks_missed(e.schedule, e.count),
+    events.WorkflowCallbackEnqueued: lambda e: WORKFLOW_CALLBACKS.labels(e.kind, e.when).inc(),
     events.CacheInvalidated: lambda e: cache_invalidated(e.cache, e.status, e.count),
     events.StaleWriteRejected: lambda e: stale_write_rejected(e.cache),
     events.DurableInvalidation: lambda e: durable_invalidation(e.cache, e.status),

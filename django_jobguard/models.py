@@ -14,8 +14,11 @@ from . import retry
 
 
 class JobStatus(models.TextChoices):
-    """Life cycle of a job: queued → running → succeeded | dead (| cancelled)."""
+    """Life cycle of a job: (waiting →) queued → running → succeeded | dead (| cancelled)."""
 
+    #: A workflow step whose dependencies have not all succeeded: never claimed (the claim
+    #: and its indexes take queued rows only), queued when the last of them succeeds.
+    WAITING = "waiting", _("waiting")
     QUEUED = "queued", _("queued")
     RUNNING = "running", _("running")
     SUCCEEDED = "succeeded", _("succeeded")
@@ -128,6 +131,18 @@ class Job(models.Model):
         db_default=False,
         help_text=_("An operator asked to cancel this running job; its heartbeat tells the handler."),
     )
+    # A plain column, not a foreign key: the workflow's record outlives its jobs' pruning.
+    workflow_id = models.BigIntegerField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=_("The workflow (chain, group, batch or dependency graph) this job belongs to."),
+    )
+    waiting_on = models.PositiveIntegerField(
+        db_default=0,
+        editable=False,
+        help_text=_("Dependencies of this waiting job that have not succeeded yet."),
+    )
 
     objects = JobQuerySet.as_manager()
 
@@ -179,6 +194,12 @@ class Job(models.Model):
             models.Index(fields=["enqueued_at"], name="jobguard_job_enqueued_idx"),
             # The admin's search by lock key; partial, so jobs without a lock write no entry.
             models.Index(fields=["lock_key"], name="jobguard_job_lock_idx", condition=~Q(lock_key="")),
+            # A workflow's members; partial, so plain jobs write no entry.
+            models.Index(
+                fields=["workflow_id"],
+                name="jobguard_job_workflow_idx",
+                condition=Q(workflow_id__isnull=False),
+            ),
         ]
         constraints = [
             models.CheckConstraint(
@@ -681,3 +702,111 @@ class FlowRate(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class WorkflowKind(models.TextChoices):
+    CHAIN = "chain", _("chain")
+    GROUP = "group", _("group")
+    BATCH = "batch", _("batch")
+    GRAPH = "graph", _("dependency graph")
+
+
+class WorkflowState(models.TextChoices):
+    """open (members may still be added) → closed (the set is final) → finished (all settled)."""
+
+    OPEN = "open", _("open")
+    CLOSED = "closed", _("closed")
+    FINISHED = "finished", _("finished")
+
+
+#: Counter rows per workflow: a member's completion updates the row of ``job id % SHARDS``,
+#: so concurrent completions rarely wait on one another's row.
+WORKFLOW_COUNTER_SHARDS = 16
+
+
+class Workflow(models.Model):
+    """A set of jobs settled together: a chain, a group, a batch or a dependency graph.
+
+    Its progress lives in :class:`WorkflowCounter` rows; its callbacks (prepared job rows)
+    are enqueued once, by whichever completion settles its last member.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    kind = models.CharField(max_length=16, choices=WorkflowKind.choices)
+    state = models.CharField(max_length=16, choices=WorkflowState.choices, default=WorkflowState.OPEN)
+    name = models.CharField(max_length=255, blank=True, default="")
+    callbacks = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text=_("Prepared callback jobs by when they run: success, complete, dead."),
+    )
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    closed_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("workflow")
+        verbose_name_plural = _("workflows")
+        indexes = [
+            models.Index(
+                fields=["created_at"],
+                name="jobguard_workflow_unfinished",
+                condition=~Q(state="finished"),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind}#{self.pk} ({self.state})"
+
+
+class WorkflowCounter(models.Model):
+    """One shard of a workflow's progress: members not settled yet, succeeded, failed."""
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="counters")
+    shard = models.PositiveSmallIntegerField()
+    pending = models.IntegerField(default=0)
+    succeeded = models.IntegerField(default=0)
+    failed = models.IntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workflow", "shard"], name="jobguard_wfcounter_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"workflow {self.workflow_id} shard {self.shard}"
+
+
+class WorkflowCallback(models.Model):
+    """A callback that was enqueued: unique per (workflow, when), so it is enqueued once."""
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="callbacks_run")
+    when = models.CharField(max_length=16)
+    job_id = models.BigIntegerField()
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workflow", "when"], name="jobguard_wfcallback_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"workflow {self.workflow_id} on_{self.when}: job {self.job_id}"
+
+
+class JobDependency(models.Model):
+    """``child`` waits until ``parent`` succeeded (plain ids: jobs may be pruned first)."""
+
+    parent_id = models.BigIntegerField()
+    child_id = models.BigIntegerField()
+    #: The child's keyword argument that receives the parent's result, or "" for none.
+    result_as = models.CharField(max_length=100, blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["parent_id", "child_id"], name="jobguard_jobdep_unique"),
+        ]
+        indexes = [models.Index(fields=["child_id"], name="jobguard_jobdep_child_idx")]
+
+    def __str__(self) -> str:
+        return f"job {self.child_id} after job {self.parent_id}"

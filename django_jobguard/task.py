@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
 
+from ._json import validate_payload
 from .conf import MAX_SCHEDULE_NAME_LENGTH, RetryOverrides, RetryPolicy, get_settings
 from .context import JobContext
 from .exceptions import InvalidArgumentsError, InvalidTaskError
@@ -147,6 +148,8 @@ class Task(Generic[P, R]):
     # Per-call overrides set by using():
     run_after: datetime.datetime | datetime.timedelta | None = None
     idempotency_key: str | None = None
+    #: Ids of the jobs this call waits for (``using(after=[...])``).
+    after: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not MIN_PRIORITY <= self.priority <= MAX_PRIORITY:
@@ -364,9 +367,16 @@ class Task(Generic[P, R]):
         queue_name: str | None = None,
         run_after: datetime.datetime | datetime.timedelta | None = None,
         idempotency_key: str | None = None,
+        after: Iterable[Any] | None = None,
     ) -> Task[P, R]:
-        """A copy of this task with per-call options; chain ``.enqueue(...)`` on it."""
+        """A copy of this task with per-call options; chain ``.enqueue(...)`` on it.
+
+        ``after``: jobs (or their ids) the new job waits for; it runs once every one of them
+        succeeded, and is cancelled if one of them is dead-lettered or cancelled.
+        """
         changes: dict[str, Any] = {}
+        if after is not None:
+            changes["after"] = _job_ids(after)
         if priority is not None:
             if isinstance(priority, bool) or not isinstance(priority, int):
                 raise InvalidArgumentsError(f"priority must be an integer, not {priority!r}.")
@@ -401,7 +411,16 @@ class Task(Generic[P, R]):
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Store a job for this call and return it. Joins the caller's transaction."""
+        if self.after:
+            # The workflow service sits above this module, as the enqueue service does.
+            from . import workflows
+
+            return workflows.enqueue_after(self, args, kwargs)
         return _service()[0](self, args, kwargs)
+
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A step of a workflow: this task with its arguments, checked now (nothing is written)."""
+        return Signature(self, tuple(args), dict(kwargs))
 
     def bulk_enqueue(self, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]) -> list[Job]:
         """Store many jobs in one statement: ``calls`` yields ``(args, kwargs)`` pairs."""
@@ -418,6 +437,78 @@ class Task(Generic[P, R]):
 
     def __repr__(self) -> str:
         return f"<Task {self.name}>"
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    """A task bound to its arguments: one step of a chain, a member or callback of a batch.
+
+    Made by :meth:`Task.s`, which checks the arguments at once (each names a parameter, and
+    they are JSON): a bad step fails where it is written. That they are complete is checked
+    when its workflow is enqueued, before anything is written (a step may receive the
+    previous step's result, see :meth:`receives`).
+    """
+
+    task: Task[Any, Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    #: The keyword argument that receives the previous step's result (chains), or the
+    #: workflow's progress (callbacks); "" for none.
+    result_as: str = ""
+
+    def __post_init__(self) -> None:
+        if self.task.after:
+            raise InvalidArgumentsError(
+                f"{self.task.name}: a workflow step takes no after=; "
+                "its place in the workflow says what it waits for."
+            )
+        try:
+            self.task.signature.bind_partial(*self.args, **self.kwargs)
+        except TypeError:
+            self.task.bind(self.args, self.kwargs)  # raises InvalidArgumentsError, naming the problems
+            raise
+        validate_payload(self.args, self.kwargs)
+
+    def prepared(self) -> dict[str, Any]:
+        """The job row this step becomes (see :func:`django_jobguard.enqueue.prepare`).
+
+        A step that receives a result gets None in its place until the result is known.
+        """
+        from . import enqueue  # the one import up the layers, as in Task.enqueue
+
+        kwargs = {**self.kwargs, self.result_as: None} if self.result_as else self.kwargs
+        return enqueue.prepare(self.task, self.args, kwargs)
+
+    def receives(self, name: str) -> Signature:
+        """This step, given the previous step's result (or a callback, the progress) as ``name``."""
+        if name not in self.task.parameters and not _takes_var_keywords(self.task):
+            raise InvalidArgumentsError(f"{self.task.name} has no parameter {name!r} to receive a result in.")
+        if name in self.kwargs:
+            raise InvalidArgumentsError(
+                f"{self.task.name}: {name!r} is given already; it cannot also receive a result."
+            )
+        return dataclasses.replace(self, result_as=name)
+
+    def __repr__(self) -> str:
+        return f"<Signature {self.task.name} args={self.args!r} kwargs={self.kwargs!r}>"
+
+
+def _takes_var_keywords(task: Task[Any, Any]) -> bool:
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in task.signature.parameters.values())
+
+
+def _job_ids(after: Iterable[Any]) -> tuple[int, ...]:
+    if isinstance(after, str | bytes) or not isinstance(after, Iterable):
+        raise InvalidArgumentsError(f"after must be a list of jobs or job ids, not {after!r}.")
+    ids = []
+    for item in after:
+        pk = getattr(item, "pk", item)
+        if isinstance(pk, bool) or not isinstance(pk, int):
+            raise InvalidArgumentsError(f"after: {item!r} is not a job or a job id.")
+        ids.append(pk)
+    if not ids:
+        raise InvalidArgumentsError("after must name at least one job.")
+    return tuple(dict.fromkeys(ids))
 
 
 def _binding_problems(

@@ -426,3 +426,36 @@ class LimitSerializer(serializers.Serializer):
     running = serializers.IntegerField(read_only=True, help_text="Running jobs counted under it.")
     full_keys = serializers.IntegerField(read_only=True, help_text="Keys at their bound.")
     waiting = serializers.IntegerField(read_only=True, help_text="Due queued jobs counted under it.")
+
+
+class WorkflowMemberSerializer(serializers.Serializer):
+    """A member of a workflow: its job id, task and status."""
+
+    id = serializers.IntegerField()
+    task_name = serializers.CharField()
+    status = serializers.ChoiceField(choices=JobStatus.choices)
+
+
+class WorkflowCallbackSerializer(serializers.Serializer):
+    """A callback a finished workflow enqueued: when it runs (success, complete, dead) and its job."""
+
+    when = serializers.CharField()
+    job_id = serializers.IntegerField()
+
+
+class WorkflowSerializer(serializers.Serializer):
+    """A chain, group, batch or dependency graph: its state, progress, callbacks and first members."""
+
+    id = serializers.IntegerField()
+    kind = serializers.CharField()
+    state = serializers.CharField(help_text="open (members may be added), closed, or finished.")
+    name = serializers.CharField(allow_blank=True)
+    created_at = serializers.DateTimeField()
+    closed_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    total = serializers.IntegerField()
+    succeeded = serializers.IntegerField()
+    failed = serializers.IntegerField(help_text="Members dead-lettered or cancelled.")
+    pending = serializers.IntegerField()
+    callbacks = WorkflowCallbackSerializer(many=True)
+    members = WorkflowMemberSerializer(many=True, help_text="The first members, by job id.")

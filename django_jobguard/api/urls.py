@@ -25,6 +25,7 @@ urlpatterns = [
     path("dead-letters/<int:letter_id>/reject/", views.ReplayRejectView.as_view(), name="dead-letter-reject"),
     path("queues/", views.QueueListView.as_view(), name="queues"),
     path("limits/", views.LimitListView.as_view(), name="limits"),
+    path("workflows/<int:workflow_id>/", views.WorkflowDetailView.as_view(), name="workflow"),
     path("schema/", SchemaView.as_view(), name="schema"),
     # Last: a path that matches nothing above (a job id that is not a number...) answers a
     # problem-details 404 like the rest of the API, not the project's HTML page.

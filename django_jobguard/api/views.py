@@ -24,11 +24,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.throttling import BaseThrottle, ScopedRateThrottle
 
-from .. import dlq, jobs, stats
+from .. import dlq, jobs, stats, workflows
 from ..conf import get_settings
 from ..enqueue import enqueue_exposed
 from ..exceptions import InvalidArgumentsError, InvalidTaskError, TaskNotExposedError, UnknownTaskError
-from ..models import DeadLetter, DeadLetterReason, Job, JobStatus, ReplayState
+from ..models import DeadLetter, DeadLetterReason, Job, JobStatus, ReplayState, Workflow, WorkflowCallback
 from . import serializers as s
 from .permissions import JobguardPermission, can_view_payload
 from .problems import PROBLEM_CONTENT_TYPE, Conflict, SafeJSONParser, exception_handler
@@ -564,6 +564,50 @@ class LimitListView(JobguardView):
         """Every declared flow-control limit: its bound, running jobs, full keys and waiting jobs."""
         rows = [row.as_dict() for row in stats.limit_stats()]
         return Response(self.get_serializer(rows, many=True).data)
+
+
+# -- workflows ------------------------------------------------------------------------------------
+
+#: Members a workflow's page lists; the job list (``GET jobs/``) has them all.
+WORKFLOW_MEMBERS_SHOWN = 100
+
+
+class WorkflowDetailView(JobguardView):
+    """``GET workflows/{id}/``: a workflow's progress, callbacks and first members."""
+
+    required_permissions: ClassVar[dict[str, tuple[str, ...]]] = {"GET": ("jobguard.view_job",)}
+    serializer_class = s.WorkflowSerializer
+
+    @documented(
+        operation_id="workflows_retrieve", responses={200: s.WorkflowSerializer, **NOT_FOUND, **COMMON_ERRORS}
+    )
+    def get(self, request: Request, workflow_id: int) -> Response:
+        """One workflow: state, progress (total, succeeded, failed, pending), callbacks, first members."""
+        alias = get_settings().database_alias
+        row = get_object_or_404(Workflow.objects.using(alias), pk=workflow_id)
+        progress = workflows.progress(row.pk, using=alias)
+        members = Job.objects.using(alias).filter(workflow_id=row.pk).order_by("pk")
+        data = {
+            "id": row.pk,
+            "kind": row.kind,
+            "state": row.state,
+            "name": row.name,
+            "created_at": row.created_at,
+            "closed_at": row.closed_at,
+            "finished_at": row.finished_at,
+            "total": progress.total,
+            "succeeded": progress.succeeded,
+            "failed": progress.failed,
+            "pending": progress.pending,
+            "callbacks": list(
+                WorkflowCallback.objects.using(alias)
+                .filter(workflow_id=row.pk)
+                .order_by("pk")
+                .values("when", "job_id")
+            ),
+            "members": list(members.values("id", "task_name", "status")[:WORKFLOW_MEMBERS_SHOWN]),
+        }
+        return Response(self.get_serializer(data).data)
 
 
 class NotFoundView(JobguardView):

@@ -2,7 +2,7 @@
 "django_jobguard.backends.JobGuardBackend"}}`` (``django.tasks`` on Django 6.x, the
 ``django-tasks`` backport on Django 5.2)."""
 
-from .backend import JobGuardBackend
+from .backend import JobGuardBackend, step
 from .task import JobGuardTask
 
-__all__ = ["JobGuardBackend", "JobGuardTask"]
+__all__ = ["JobGuardBackend", "JobGuardTask", "step"]

@@ -25,9 +25,10 @@ from .. import enqueue as enqueue_service
 from .. import signals
 from ..checks import check_tasks_backend
 from ..conf import get_settings
-from ..exceptions import InvalidTaskError
+from ..exceptions import InvalidArgumentsError, InvalidTaskError
 from ..models import Job, JobStatus
 from ..registry import registry
+from ..task import Signature
 from ..task import Task as JobguardTask
 from . import _compat
 from .task import BACKEND_OPTIONS, JobGuardTask, django_task_named, jobguard_task_for
@@ -261,3 +262,32 @@ def _importable_task_path(name: str) -> bool:
     if module in sys.modules:
         return True
     return any(module == app.name or module.startswith(app.name + ".") for app in apps.get_app_configs())
+
+
+def step(django_task: Any, *args: Any, **kwargs: Any) -> Signature:
+    """A workflow step of a task declared with Django's ``@task``: its ``task.s(...)``.
+
+    ``chain(step(charge, order_id=1), step(receipt, order_id=1)).enqueue()``. The task must
+    run on a :class:`JobGuardBackend`: a workflow's jobs share one table and commit together,
+    so a task of another backend (another store) is refused with
+    :class:`~django_jobguard.exceptions.InvalidArgumentsError`. A jobguard task is accepted too.
+    """
+    if isinstance(django_task, JobguardTask):
+        return django_task.s(*args, **kwargs)
+    if not isinstance(django_task, _compat.Task):
+        raise InvalidArgumentsError(
+            f"{django_task!r} is not a task; a step is made of a task and its arguments."
+        )
+    backend = django_task.get_backend()
+    if not isinstance(backend, JobGuardBackend):
+        raise InvalidArgumentsError(
+            f"{django_task.module_path} runs on the tasks backend {backend.alias!r} "
+            f"({type(backend).__name__}), "
+            "which keeps its jobs elsewhere: every job of a workflow must run on a JobGuardBackend, "
+            "in the one database its jobs commit in."
+        )
+    backend.validate_task(django_task)
+    twin = jobguard_task_for(django_task, backend.jobguard_defaults).using(
+        priority=django_task.priority, queue_name=django_task.queue_name, run_after=django_task.run_after
+    )
+    return twin.s(*args, **kwargs)

@@ -8,7 +8,7 @@ import functools
 from django.db import transaction
 from django.utils import timezone
 
-from .. import _dispatch, events, exceptions, idempotency, signals, store
+from .. import _dispatch, events, exceptions, idempotency, signals, store, workflows
 from .._text import clip
 from ..conf import get_settings
 from ..exceptions import LeaseLost
@@ -65,6 +65,8 @@ def dead_letter(
             lock_key=job.lock_key,
             trace_context=job.trace_context,
         )
+        if job.workflow_id is not None:
+            workflows.job_settled(alias, job.pk, job.workflow_id, "dead")
         if job.idempotency_key:
             # The reaper has no task at hand; a task with its own idempotency_scope keeps its
             # keys there, so look it up rather than assume the task name.

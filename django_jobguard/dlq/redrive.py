@@ -22,7 +22,7 @@ from django.db import DatabaseError, transaction
 from django.db.models import Count, Q
 from django.db.models.functions import Now
 
-from .. import events, idempotency
+from .. import events, idempotency, workflows
 from ..conf import get_settings
 from ..enqueue import prepare as prepare_fields
 from ..exceptions import InvalidArgumentsError
@@ -217,6 +217,8 @@ def _redrive_one(alias: str, letter: DeadLetter, worker_id: str) -> Job | None:
             job.save(force_insert=True, using=alias)
             if key_row is not None:
                 idempotency.hand_to_replay(alias, key_row, job.pk, digest)
+            if letter.job_id is not None:
+                workflows.replayed(alias, letter.job_id, job.pk)
             moved = (
                 DeadLetter.objects.using(alias)
                 .filter(pk=letter.pk, replay_state=ReplayState.APPROVED, replay_job__isnull=True)

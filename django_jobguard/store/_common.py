@@ -27,7 +27,7 @@ TABLE = "jobguard_job"
 KEY_TABLE = "jobguard_idempotencykey"
 RETURNING = (
     "id, task_name, queue_name, args, kwargs, priority, attempts, max_attempts, lease_token, "
-    "visibility_timeout, idempotency_key, lock_key, handler_version"
+    "visibility_timeout, idempotency_key, lock_key, handler_version, workflow_id"
 )
 
 INSERT_COLUMNS = (
@@ -121,6 +121,8 @@ class ClaimedJob:
     idempotency_key: str | None
     lock_key: str
     handler_version: str
+    #: The workflow the job belongs to: its completion then settles the workflow's bookkeeping.
+    workflow_id: int | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> ClaimedJob:
@@ -139,6 +141,7 @@ class ClaimedJob:
             idempotency_key=row[10],
             lock_key=row[11] or "",
             handler_version=row[12] or "",
+            workflow_id=row[13] if len(row) > 13 else None,
         )
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
-from .. import _dispatch, _faults, dlq, events, idempotency, signals, store
+from .. import _dispatch, _faults, dlq, events, idempotency, signals, store, workflows
 from .._redact import payload_secrets, redact
 from .._text import clip
 from ..conf import get_settings
@@ -119,8 +119,12 @@ class Completer:
             idempotency.record_success(self.alias, scope, job.idempotency_key, job.id, result)
         if _faults.ENABLED:
             _faults.maybe_crash("in_complete")
-        if not store.complete(self.alias, job.id, job.lease_token, result_json, commit=commit):
+        # A workflow's bookkeeping commits with the ack, so the ack may not send the COMMIT.
+        last = commit and job.workflow_id is None
+        if not store.complete(self.alias, job.id, job.lease_token, result_json, commit=last):
             raise LeaseLost(f"job {job.id}: lease lost before the ack")
+        if job.workflow_id is not None:
+            workflows.job_settled(self.alias, job.id, job.workflow_id, "succeeded", result_json)
 
     def settle_many(self, settled: Iterable[tuple[Held, Outcome]]) -> None:
         """Settle several outcomes: the acks still to write together, the others one by one."""
@@ -237,6 +241,10 @@ class Completer:
                     idempotency.record_success(
                         self.alias, outcome.scope, job.idempotency_key, job.id, outcome.result
                     )
+                if job.workflow_id is not None and job.id in done:
+                    workflows.job_settled(
+                        self.alias, job.id, job.workflow_id, "succeeded", outcome.ack_json or "null"
+                    )
         return done
 
     def _ack_one_by_one(self, acks: list[tuple[Held, Succeeded]]) -> tuple[set[int], set[int]]:
@@ -316,9 +324,12 @@ class Completer:
     def _duplicate(self, held: Held, outcome: Duplicate) -> None:
         job = held.job
         with transaction.atomic(using=self.alias):
-            acked = store.complete(self.alias, job.id, job.lease_token, json.dumps(outcome.result))
+            result_json = json.dumps(outcome.result)
+            acked = store.complete(self.alias, job.id, job.lease_token, result_json)
             if acked:
                 idempotency.record_duplicate(self.alias, outcome.scope, job.idempotency_key or "")
+                if job.workflow_id is not None:
+                    workflows.job_settled(self.alias, job.id, job.workflow_id, "succeeded", result_json)
         if not acked:
             events.emit(events.LeaseLost(job.queue_name, job.task_name, "ack"))
             return

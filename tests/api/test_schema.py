@@ -38,6 +38,7 @@ EXPECTED_OPERATIONS = {
     ("post", "/dead-letters/{letter_id}/reject/"),
     ("get", "/queues/"),
     ("get", "/limits/"),
+    ("get", "/workflows/{workflow_id}/"),
 }
 
 

@@ -259,3 +259,38 @@ async def hangs_async(seconds: float = 3600) -> None:
 
 
 from . import tasks_checklist  # noqa: E402, F401
+
+
+@task(takes_context=True)
+def wf_step(context, marker: str, previous: object = None) -> str:
+    """A workflow step: records its run and what the previous step returned."""
+    Execution.objects.create(marker=marker, job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    if previous is not None:
+        LedgerEntry.objects.create(effect_key=f"{marker}<-{previous}", job_id=context.job_id)
+    return f"{marker}-done"
+
+
+@task(takes_context=True, max_attempts=1)
+def wf_fails(context, marker: str) -> None:
+    """A workflow step that is dead-lettered at once."""
+    Execution.objects.create(marker=marker, job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    raise PermanentError(f"{marker}: planned failure")
+
+
+@task(takes_context=True)
+def wf_callback(context, marker: str, progress: dict | None = None) -> None:
+    """A workflow callback: one Execution per run, the progress it was given in the ledger."""
+    Execution.objects.create(marker=marker, job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    if progress is not None:
+        LedgerEntry.objects.create(
+            effect_key=f"{marker}:{progress['succeeded']}/{progress['failed']}", job_id=context.job_id
+        )
+
+
+@task(takes_context=True, max_attempts=1)
+def wf_fails_until_allowed(context, marker: str) -> str:
+    """Dead-lettered until a ledger entry ``allow:<marker>`` exists (a fix deployed)."""
+    Execution.objects.create(marker=marker, job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    if not LedgerEntry.objects.filter(effect_key=f"allow:{marker}").exists():
+        raise PermanentError(f"{marker}: not allowed yet")
+    return f"{marker}-done"

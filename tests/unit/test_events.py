@@ -84,4 +84,6 @@ def test_events_carry_no_payload_fields():
         "lag",
         "cache",
         "status",
+        "kind",  # a workflow's kind: chain, group, batch, graph
+        "when",  # a workflow callback's: success, complete, dead
     }
