@@ -39,6 +39,7 @@ __all__ = [
     "ScheduleTicksMissed",
     "Sink",
     "StaleWriteRejected",
+    "StatementRetried",
     "UniqueConflict",
     "add_sink",
     "emit",
@@ -155,6 +156,17 @@ class ScheduleTicked:
 class ScheduleTicksMissed:
     schedule: str
     count: int = 1
+
+
+# -- the store ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StatementRetried:
+    """A store statement met a deadlock or a lock-wait timeout and ran again (MariaDB/MySQL)."""
+
+    operation: str
+    reason: str
 
 
 # -- the cache ----------------------------------------------------------------------------------

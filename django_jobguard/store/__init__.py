@@ -3,8 +3,8 @@
 Claim, heartbeat, complete, requeue, dead-mark, reap, the enqueue inserts, checkpoints and
 the LISTEN wake-up; :mod:`.beats` holds the console's worker-beat and per-minute upserts
 (the same SQL on both databases). The functions here take a database alias and hand the call to
-the alias's dialect, :mod:`.postgres` or :mod:`.sqlite`, looked up once per alias (a dict
-lookup per call). Both modules implement the :class:`~.dialect.Dialect` protocol, which
+the alias's dialect, :mod:`.postgres`, :mod:`.mysql` or :mod:`.sqlite`, looked up once per
+alias (a dict lookup per call). Each module implements the :class:`~.dialect.Dialect` protocol, which
 mypy checks them against.
 
 Every write a worker makes to a job it holds matches ``id AND lease_token``. A claim
@@ -34,7 +34,7 @@ from typing import Any
 from django.core.signals import setting_changed
 from django.db import connections
 
-from . import postgres, sqlite
+from . import mysql, postgres, sqlite
 from ._common import (
     LEASE_EXPIRED_ERROR,
     NOTIFY_CHANNEL,
@@ -96,7 +96,7 @@ __all__ = [
 
 #: vendor -> its dialect. The modules are assigned to the protocol, so mypy checks each
 #: module's functions against :class:`Dialect`.
-_DIALECTS: dict[str, Dialect] = {"postgresql": postgres, "sqlite": sqlite}
+_DIALECTS: dict[str, Dialect] = {"mysql": mysql, "postgresql": postgres, "sqlite": sqlite}
 #: alias -> what serves its jobs and keys: its database's dialect, filled on first use of
 #: each alias (an alias does not change vendor), or a test's substitute.
 _by_alias: dict[str, JobStore] = {}
@@ -112,7 +112,9 @@ def dialect_of(alias: str) -> Dialect:
     vendor = connections[alias].vendor
     found = _DIALECTS.get(vendor)
     if found is None:
-        raise NotImplementedError(f"django-jobguard supports PostgreSQL and SQLite, not {vendor}.")
+        raise NotImplementedError(
+            f"django-jobguard supports PostgreSQL, MariaDB/MySQL and SQLite, not {vendor}."
+        )
     return found
 
 
