@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, connections, transaction
+from django.db import DatabaseError, InterfaceError, transaction
 
 from .. import _dispatch, _faults, dlq, events, idempotency, signals, store
 from .._redact import payload_secrets, redact
@@ -43,7 +43,7 @@ from ..outcome import (
     Succeeded,
     Tally,
 )
-from .held import LOGGER_NAME, Held, reset_after_db_error
+from .held import LOGGER_NAME, Held, close_connection, reset_after_db_error
 from .slots import Slots
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -214,7 +214,7 @@ class Completer:
                 len(acks),
                 exc_info=True,
             )
-            connections[self.alias].close()
+            close_connection(self.alias)
             done, failed = self._ack_one_by_one(acks)
         for held, outcome in acks:
             job_id = held.job.id
