@@ -28,8 +28,8 @@ import contextlib
 import datetime
 import json
 import threading
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from django.core.signals import setting_changed
 from django.db import connections
@@ -88,6 +88,7 @@ __all__ = [
     "reap",
     "record_key_success",
     "requeue",
+    "retrying",
     "substitute",
     "supported_vendors",
     "write_checkpoints",
@@ -151,6 +152,22 @@ def _forget_aliases(*, setting: str, **kwargs: Any) -> None:
 
 
 setting_changed.connect(_forget_aliases, dispatch_uid="jobguard_store_aliases")
+
+
+_T = TypeVar("_T")
+
+
+def retrying(alias: str, operation: str, run: Callable[[], _T]) -> _T:
+    """Run ``run`` (a whole transaction of ours); on MariaDB/MySQL, again after a deadlock.
+
+    InnoDB rolls back a deadlock victim's transaction, so only a caller that owns the whole
+    transaction can run it again: call this outside any atomic block, with ``run`` opening
+    its own. Each retry is a :class:`~django_jobguard.events.StatementRetried` event. On
+    other databases ``run`` runs once.
+    """
+    if connections[alias].vendor != "mysql":
+        return run()
+    return mysql.retry_deadlocks(alias, operation, run)
 
 
 def guard_statements(alias: str) -> threading.RLock | None:

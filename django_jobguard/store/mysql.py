@@ -232,14 +232,20 @@ def insert_keyed_job(
     # Three statements in the caller's transaction or one of ours, as on SQLite. The key's
     # unique index serialises two inserters of one key: the second waits for the first's
     # commit, then yields to it.
-    with transaction.atomic(using=alias, savepoint=False):
-        key_id = insert_key(alias, scope, row["idempotency_key"], fingerprint, None, expires_at=expires_at)
-        if key_id is None:
-            return None
-        (inserted,) = insert_jobs(alias, [row], run_after)
-        with connections[alias].cursor() as cursor:
-            cursor.execute(f"UPDATE {KEY_TABLE} SET job_id = %s WHERE id = %s", [inserted[0], key_id])
-    return inserted
+    # Concurrent inserters of one key are InnoDB's shared-to-exclusive upgrade (the duplicate
+    # check's shared lock, then the update's exclusive one): a deadlock there reruns it all.
+    def run() -> Inserted | None:
+        with transaction.atomic(using=alias, savepoint=False):
+            key = row["idempotency_key"]
+            key_id = insert_key(alias, scope, key, fingerprint, None, expires_at=expires_at)
+            if key_id is None:
+                return None
+            (inserted,) = insert_jobs(alias, [row], run_after)
+            with connections[alias].cursor() as cursor:
+                cursor.execute(f"UPDATE {KEY_TABLE} SET job_id = %s WHERE id = %s", [inserted[0], key_id])
+        return inserted
+
+    return retry_deadlocks(alias, "enqueue_keyed", run)
 
 
 # -- claim ---------------------------------------------------------------------------------
@@ -451,10 +457,14 @@ def insert_key(
     # column). A new row reports its id; an existing one reports none.
     connection = connections[alias]
     expiry = connection.ops.adapt_datetimefield_value(expires_at)
-    with connection.cursor() as cursor:
-        cursor.execute(_INSERT_KEY, [key, scope, digest, expiry, job_id])
-        inserted = cursor.lastrowid
-    return int(inserted) if inserted else None
+
+    def run() -> int | None:
+        with connection.cursor() as cursor:
+            cursor.execute(_INSERT_KEY, [key, scope, digest, expiry, job_id])
+            inserted = cursor.lastrowid
+        return int(inserted) if inserted else None
+
+    return retry_deadlocks(alias, "insert_key", run)
 
 
 def key_owner(alias: str, scope: str, key: str) -> tuple[int | None, str] | None:

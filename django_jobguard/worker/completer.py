@@ -224,9 +224,15 @@ class Completer:
                 self._stale(held, _STALE_ACK)
 
     def _commit_acks(self, acks: list[tuple[Held, Succeeded]]) -> set[int]:
-        """Write the acks (and their keys' successes) in one transaction; the ids acked."""
+        """Write the acks (and their keys' successes) in one transaction; the ids acked.
+
+        A deadlock on MariaDB/MySQL runs the transaction again (``store.retrying``).
+        """
         if _faults.ENABLED:
             _faults.maybe_crash("in_complete")
+        return store.retrying(self.alias, "ack_batch", lambda: self._ack_transaction(acks))
+
+    def _ack_transaction(self, acks: list[tuple[Held, Succeeded]]) -> set[int]:
         with transaction.atomic(using=self.alias):
             rows = [(held.job.id, held.job.lease_token, outcome.ack_json or "null") for held, outcome in acks]
             done = store.complete_many(self.alias, rows)
