@@ -17,6 +17,8 @@ from django.utils.dateparse import parse_datetime
 if TYPE_CHECKING:
     from ..models import Job
 
+#: MariaDB/MySQL's error number of a duplicate key (a unique-constraint violation).
+ER_DUP_ENTRY = 1062
 #: Expired leases handled per reaper statement, so one pass never holds many row locks.
 REAP_BATCH = 200
 #: PostgreSQL channel the enqueue trigger notifies (payload: the queue name).
@@ -362,12 +364,15 @@ def acquire_lock_on_conflict(clock: Clock, alias: str, key: str, token: str, ttl
 
 
 def is_unique_violation(exc: BaseException) -> bool:
-    """Whether ``exc`` is a database unique-constraint violation (PostgreSQL or SQLite)."""
+    """Whether ``exc`` is a database unique-constraint violation (PostgreSQL, MariaDB/MySQL, SQLite)."""
     from django.db import IntegrityError
 
     if not isinstance(exc, IntegrityError):
         return False
     # psycopg puts the SQLSTATE on the original error; 23505 is unique_violation.
     if getattr(exc.__cause__, "sqlstate", None) == "23505":
+        return True
+    # mysqlclient: the server's error number first, 1062 is a duplicate entry (ER_DUP_ENTRY).
+    if exc.args and exc.args[0] == ER_DUP_ENTRY:
         return True
     return str(exc).startswith("UNIQUE constraint failed")

@@ -96,3 +96,20 @@ def test_a_server_without_skip_locked_is_refused(monkeypatch):
     assert "jobguard.E052" in server_ids()
     (error,) = [m for m in checks._mysql_server("default") if m.id == "jobguard.E052"]
     assert "MariaDB 10.5.9" in error.msg and "MariaDB 10.6 or later" in error.hint
+
+
+@mysql_only
+@pytest.mark.django_db
+def test_a_duplicate_key_on_mariadb_is_told_from_other_integrity_errors():
+    from django.db import IntegrityError, transaction
+
+    from django_jobguard import store
+    from django_jobguard.models import QueueState
+
+    QueueState.objects.create(queue_name="maria-dup")
+    with pytest.raises(IntegrityError) as duplicate, transaction.atomic():
+        QueueState.objects.create(queue_name="maria-dup")
+    assert store.is_unique_violation(duplicate.value)
+    with pytest.raises(IntegrityError) as null, transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("INSERT INTO jobguard_queuestate (queue_name) VALUES (NULL)")
+    assert not store.is_unique_violation(null.value)
