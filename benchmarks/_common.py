@@ -24,17 +24,28 @@ WARMUP_INDEX = 1_000_000_000
 
 
 def django_database(url: str) -> dict[str, Any]:
-    """A Django ``DATABASES`` entry for a ``postgres://user@host:port/name`` URL."""
+    """A Django ``DATABASES`` entry for a ``postgres://`` or ``mysql://user@host:port/name`` URL."""
     parsed = urlparse(url)
-    if parsed.scheme not in ("postgres", "postgresql"):
-        raise ValueError(f"not a postgres:// URL: {url!r}")
+    if parsed.scheme in ("postgres", "postgresql"):
+        engine, options = "django.db.backends.postgresql", {}
+    elif parsed.scheme in ("mysql", "mariadb"):
+        # What django-jobguard's checks ask of MariaDB/MySQL (docs/how-to/choose-a-database.md).
+        engine = "django.db.backends.mysql"
+        options = {
+            "charset": "utf8mb4",
+            "isolation_level": "read committed",
+            "init_command": "SET time_zone = '+00:00'",
+        }
+    else:
+        raise ValueError(f"not a postgres:// or mysql:// URL: {url!r}")
     return {
-        "ENGINE": "django.db.backends.postgresql",
+        "ENGINE": engine,
         "NAME": unquote(parsed.path.lstrip("/")),
         "USER": unquote(parsed.username or ""),
         "PASSWORD": unquote(parsed.password or ""),
         "HOST": parsed.hostname or "",
         "PORT": str(parsed.port or ""),
+        "OPTIONS": options,
     }
 
 

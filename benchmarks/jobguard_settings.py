@@ -25,8 +25,9 @@ DATABASES = {
         **django_database(
             os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/jg_bench")
         ),
-        # Experiments only (run.py --db-options '{"server_side_binding": true}'); empty by default.
-        "OPTIONS": json.loads(os.environ.get("BENCH_DB_OPTIONS") or "{}"),
+        # Experiments only (run.py --db-options '{"server_side_binding": true}'); empty by default
+        # (MariaDB/MySQL: the options its checks ask for, from the URL).
+        **({"OPTIONS": json.loads(_options)} if (_options := os.environ.get("BENCH_DB_OPTIONS")) else {}),
     }
 }
 CACHES = {

@@ -45,7 +45,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 # every command (Django skips database-tagged checks unless --database is given).
 @checks.register()
 def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """jobguard.E002: unknown alias; E003: unsupported database; W001: SQLite without IMMEDIATE."""
+    """jobguard.E002: unknown alias; E003: unsupported database; W001: SQLite without IMMEDIATE;
+    E050, E051: a MariaDB/MySQL alias not configured for utf8mb4 and READ COMMITTED."""
     try:
         alias = get_settings().database_alias
     except ImproperlyConfigured:
@@ -63,8 +64,9 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     if connection.vendor not in store.supported_vendors():
         messages.append(
             checks.Error(
-                f"django-jobguard supports PostgreSQL and SQLite; {alias!r} is {connection.vendor}.",
-                hint="Point JOBGUARD['DATABASE_ALIAS'] at a PostgreSQL or SQLite database.",
+                f"django-jobguard supports PostgreSQL, MariaDB/MySQL and SQLite; {alias!r} is "
+                f"{connection.vendor}.",
+                hint="Point JOBGUARD['DATABASE_ALIAS'] at a PostgreSQL, MariaDB/MySQL or SQLite database.",
                 id="jobguard.E003",
             )
         )
@@ -80,6 +82,44 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                     id="jobguard.W001",
                 )
             )
+    elif connection.vendor == "mysql":
+        messages += _mysql_options(alias, connection.settings_dict.get("OPTIONS", {}))
+    return messages
+
+
+#: What a MariaDB/MySQL alias must say in its OPTIONS (the fix every check below names).
+MYSQL_OPTIONS_HINT = (
+    "OPTIONS={'charset': 'utf8mb4', 'isolation_level': 'read committed', "
+    "'init_command': \"SET time_zone = '+00:00'\"}"
+)
+
+
+def _mysql_options(alias: str, options: dict[str, Any]) -> list[checks.CheckMessage]:
+    messages: list[checks.CheckMessage] = []
+    charset = str(options.get("charset", "utf8"))  # Django's default is utf8 (utf8mb3)
+    if charset.lower() != "utf8mb4":
+        messages.append(
+            checks.Error(
+                f"DATABASES[{alias!r}] talks to MariaDB/MySQL in {charset}: a job's arguments, "
+                "errors or keys with characters outside the Basic Multilingual Plane (emoji) "
+                "fail or lose characters.",
+                hint=f"Set {MYSQL_OPTIONS_HINT}, with tables in utf8mb4 (docs/how-to/choose-a-database.md).",
+                id="jobguard.E050",
+            )
+        )
+    # Django's default for MySQL is READ COMMITTED; REPEATABLE READ (the server's default)
+    # takes gap locks that deadlock concurrent enqueues and claims.
+    isolation = str(options.get("isolation_level", "read committed")).lower()
+    if isolation != "read committed":
+        messages.append(
+            checks.Error(
+                f"DATABASES[{alias!r}] runs at {isolation.upper()}: InnoDB then takes gap and "
+                "next-key locks, so concurrent enqueues, claims and deletes of finished jobs "
+                "deadlock one another.",
+                hint=f"Set {MYSQL_OPTIONS_HINT} (READ COMMITTED is the level django-jobguard needs).",
+                id="jobguard.E051",
+            )
+        )
     return messages
 
 
@@ -581,6 +621,115 @@ def check_observed_durations(
     return messages + _mixed_queues(by_queue, conf, source="observed p99")
 
 
+@checks.register(checks.Tags.database)
+def check_mysql_server(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """jobguard.E052-E057: a MariaDB/MySQL server or session that cannot hold the job store.
+
+    Tagged ``database``: Django runs it for ``check --database ALIAS`` and ``migrate``.
+    """
+    try:
+        alias = get_settings().database_alias
+    except ImproperlyConfigured:
+        return []
+    if not databases or alias not in databases or connections[alias].vendor != "mysql":
+        return []
+    try:
+        return _mysql_server(alias)
+    except DatabaseError as exc:
+        return [
+            checks.Warning(
+                f"Could not inspect the MariaDB/MySQL server of {alias!r}: {exc}",
+                hint="Run manage.py check --database again once the server answers.",
+                id="jobguard.W050",
+            )
+        ]
+
+
+def _mysql_server(alias: str) -> list[checks.CheckMessage]:
+    connection: Any = connections[alias]
+    messages: list[checks.CheckMessage] = []
+    version = ".".join(str(part) for part in connection.mysql_version)
+    if connection.mysql_is_mariadb:
+        product, too_old = "MariaDB", connection.mysql_version < (10, 6)
+    else:
+        product, too_old = "MySQL", connection.mysql_version < (8, 0, 1)
+    if too_old or not connection.features.has_select_for_update_skip_locked:
+        messages.append(
+            checks.Error(
+                f"{alias!r} is {product} {version}, which has no SELECT ... FOR UPDATE SKIP LOCKED: "
+                "concurrent workers would queue behind one another's claims.",
+                hint="Upgrade to MariaDB 10.6 or later, or MySQL 8.0 or later.",
+                id="jobguard.E052",
+            )
+        )
+    with connection.cursor() as cursor:
+        variable = "@@transaction_isolation" if not connection.mysql_is_mariadb else "@@tx_isolation"
+        cursor.execute(
+            f"SELECT {variable}, @@log_bin, @@binlog_format, TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(), NOW())"
+        )
+        isolation, log_bin, binlog_format, offset = cursor.fetchone()
+        cursor.execute(
+            "SELECT table_name, engine, table_collation FROM information_schema.tables "
+            "WHERE table_schema = DATABASE() AND table_name LIKE %s ORDER BY table_name",
+            ["jobguard\\_%"],
+        )
+        tables = cursor.fetchall()
+    if str(isolation).upper().replace("-", " ") != "READ COMMITTED":
+        messages.append(
+            checks.Error(
+                f"{alias!r}'s sessions run at {isolation}: InnoDB then takes gap and next-key "
+                "locks, so concurrent enqueues, claims and deletes deadlock one another.",
+                hint=f"Set {MYSQL_OPTIONS_HINT}, and no init_command that changes the level.",
+                id="jobguard.E057",
+            )
+        )
+    if int(log_bin or 0) and str(binlog_format).upper() == "STATEMENT":
+        messages.append(
+            checks.Error(
+                f"{alias!r} writes its binary log with binlog_format=STATEMENT: the claim's "
+                "UUID() lease tokens and SKIP LOCKED are unsafe to replay on a replica, which "
+                "would diverge.",
+                hint="Set binlog_format=ROW (or MIXED, which logs those statements as rows) in "
+                "the server's configuration.",
+                id="jobguard.E053",
+            )
+        )
+    myisam = [name for name, engine, _ in tables if str(engine).lower() != "innodb"]
+    if myisam:
+        messages.append(
+            checks.Error(
+                f"The tables {', '.join(myisam)} of {alias!r} are not InnoDB: without row locks "
+                "and transactions, claims, fencing and atomic acks do not hold.",
+                hint="ALTER TABLE <name> ENGINE=InnoDB for each (and set "
+                "default_storage_engine=InnoDB on the server).",
+                id="jobguard.E054",
+            )
+        )
+    narrow = [name for name, _, collation in tables if not str(collation).lower().startswith("utf8mb4")]
+    if narrow:
+        messages.append(
+            checks.Error(
+                f"The tables {', '.join(narrow)} of {alias!r} are not utf8mb4: arguments, "
+                "errors and keys with characters outside the Basic Multilingual Plane fail.",
+                hint="ALTER TABLE <name> CONVERT TO CHARACTER SET utf8mb4 for each, and create "
+                "the database with CHARACTER SET utf8mb4.",
+                id="jobguard.E055",
+            )
+        )
+    if offset:
+        messages.append(
+            checks.Error(
+                f"{alias!r}'s sessions are {offset} seconds away from UTC: the columns that "
+                "default to CURRENT_TIMESTAMP (due and enqueue times) would be off by as much.",
+                hint=f"Set {MYSQL_OPTIONS_HINT} (Django writes UTC under USE_TZ).",
+                id="jobguard.E056",
+            )
+        )
+    return messages
+
+
 @checks.register(checks.Tags.security)
 def check_replay_approval(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """jobguard.W008: the replay two-person rule is off in production (DEBUG=False)."""
@@ -656,3 +805,34 @@ def check_task_limits(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
             )
         )
     return messages
+
+
+@checks.register()
+def check_flow_control_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.E032: flow-control limits declared while the job store is MariaDB/MySQL.
+
+    The limited claim is built for PostgreSQL and SQLite only; a worker on MariaDB/MySQL would
+    otherwise run limited tasks without their limits.
+    """
+    try:
+        conf = get_settings()
+    except ImproperlyConfigured:
+        return []
+    vendor = connections[conf.database_alias].vendor if conf.database_alias in connections else ""
+    if vendor != "mysql":
+        return []
+    from . import store
+
+    plan = store.flow_plan()
+    if plan is None:
+        return []
+    return [
+        checks.Error(
+            "Flow-control limits are declared (task concurrency=, rate= or limit=, JOBGUARD['LIMITS'], "
+            "or a queue's concurrency), but the job store is MariaDB/MySQL, which does not enforce "
+            "them yet.",
+            hint="Use PostgreSQL or SQLite as JOBGUARD['DATABASE_ALIAS'], or remove the limits "
+            "(docs/how-to/choose-a-database.md).",
+            id="jobguard.E032",
+        )
+    ]

@@ -39,6 +39,7 @@ __all__ = [
     "ScheduleTicksMissed",
     "Sink",
     "StaleWriteRejected",
+    "StatementRetried",
     "UniqueConflict",
     "WorkflowCallbackEnqueued",
     "add_sink",
@@ -167,6 +168,17 @@ class WorkflowCallbackEnqueued:
 
     kind: str
     when: str
+
+
+# -- the store ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StatementRetried:
+    """A store statement met a deadlock or a lock-wait timeout and ran again (MariaDB/MySQL)."""
+
+    operation: str
+    reason: str
 
 
 # -- the cache ----------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -176,14 +176,14 @@ def insert_key(alias: str, scope: str, key: str, digest: str, job_id: int | None
 
 
 def _locked_key(alias: str, scope: str, key: str) -> IdempotencyKey | None:
-    """The key row with its job, locked until the transaction ends (PostgreSQL)."""
-    return (
-        IdempotencyKey.objects.using(alias)
-        .select_for_update(of=("self",))
-        .select_related("job")
-        .filter(scope=scope, key=key)
-        .first()
-    )
+    """The key row with its job, locked until the transaction ends (PostgreSQL, MariaDB/MySQL)."""
+    keys = IdempotencyKey.objects.using(alias).filter(scope=scope, key=key)
+    if not connections[alias].features.has_select_for_update_of:
+        # MariaDB has no FOR UPDATE OF: a join would lock the job row too, in an order a
+        # worker's ack (job, then key) could deadlock against. Lock the key alone; the job
+        # is read when used.
+        return keys.select_for_update().first()
+    return keys.select_for_update(of=("self",)).select_related("job").first()
 
 
 def _is_active(job: Job | None) -> bool:

@@ -209,6 +209,12 @@ UNIQUE_CONFLICTS = _counter(
     "Attempts that failed on a unique-constraint violation: a duplicate effect the database refused.",
     ("queue", "task"),
 )
+STATEMENT_RETRIES = _counter(
+    "jobguard_store_statement_retries_total",
+    "Store statements retried after a deadlock or a lock-wait timeout (MariaDB/MySQL).",
+    ("operation", "reason"),
+    source="enqueuing process and worker",
+)
 
 KEY_CONFLICTS = _counter(
     "jobguard_idempotency_unique_conflicts_total",
@@ -469,6 +475,11 @@ def unique_conflict(queue: str, task: str) -> None:
     """Count a unique-constraint conflict (handlers that catch their own may call this too)."""
     label = queue_label(queue)
     UNIQUE_CONFLICTS.labels(label, task).inc()
+
+
+def statement_retried(operation: str, reason: str) -> None:
+    """Count a store statement run again after a deadlock or a lock-wait timeout."""
+    STATEMENT_RETRIES.labels(operation, reason).inc()
 
 
 # -- the queue collector ---------------------------------------------------------------
@@ -788,6 +799,7 @@ _REPORTS: dict[type, Callable[[Any], None]] = {
     events.DuplicatePrevented: lambda e: duplicate_prevented(e.task, e.where),
     events.UniqueConflict: lambda e: unique_conflict(e.queue, e.task),
     events.KeyConflict: lambda e: key_conflict(e.task, e.where),
+    events.StatementRetried: lambda e: statement_retried(e.operation, e.reason),
     events.ScheduleTicked: lambda e: schedule_tick_enqueued(e.schedule, e.lag),
     events.ScheduleTicksMissed: lambda e: schedule_ticks_missed(e.schedule, e.count),
     events.WorkflowCallbackEnqueued: lambda e: WORKFLOW_CALLBACKS.labels(e.kind, e.when).inc(),

@@ -18,18 +18,31 @@ from django.db import connection
 pytest_plugins = ["tests.reliability.plugin"]
 
 ROOT = Path(__file__).resolve().parent.parent
-ON_POSTGRES = bool(os.environ.get("JOBGUARD_TEST_DATABASE_URL"))
+_DATABASE_SCHEME = os.environ.get("JOBGUARD_TEST_DATABASE_URL", "").partition("://")[0]
+#: The run is on PostgreSQL / on MariaDB or MySQL / on either (a database server, not SQLite).
+ON_POSTGRES = _DATABASE_SCHEME in ("postgres", "postgresql")
+ON_MYSQL = _DATABASE_SCHEME in ("mysql", "mariadb")
+ON_SERVER_DB = ON_POSTGRES or ON_MYSQL
 HAS_REDIS = bool(os.environ.get("JOBGUARD_TEST_REDIS_URL"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    skip_pg = pytest.mark.skip(
-        reason="needs PostgreSQL: set JOBGUARD_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/jobguard"
-    )
+    pg_url = "JOBGUARD_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/jobguard"
+    my_url = "JOBGUARD_TEST_DATABASE_URL=mysql://root@127.0.0.1:3306/jobguard"
+    pg_reason = f"needs PostgreSQL: set {pg_url}"
+    if ON_MYSQL:
+        pg_reason = "PostgreSQL only (this run is on MariaDB/MySQL)"
+    skip_pg = pytest.mark.skip(reason=pg_reason)
+    skip_mysql = pytest.mark.skip(reason=f"needs MariaDB or MySQL: set {my_url}")
+    skip_server = pytest.mark.skip(reason=f"needs a database server: set {pg_url} (or {my_url})")
     skip_redis = pytest.mark.skip(reason="needs Redis: set JOBGUARD_TEST_REDIS_URL=redis://127.0.0.1:6379/0")
     for item in items:
         if "postgres" in item.keywords and not ON_POSTGRES:
             item.add_marker(skip_pg)
+        if "mysql" in item.keywords and not ON_MYSQL:
+            item.add_marker(skip_mysql)
+        if "server_db" in item.keywords and not ON_SERVER_DB:
+            item.add_marker(skip_server)
         if "redis" in item.keywords and not HAS_REDIS:
             item.add_marker(skip_redis)
 

@@ -1,7 +1,8 @@
 """Settings for the test suite.
 
 SQLite (a file, so worker subprocesses share it) and local-memory cache by default.
-``JOBGUARD_TEST_DATABASE_URL=postgres://user@host:port/name`` switches to PostgreSQL;
+``JOBGUARD_TEST_DATABASE_URL=postgres://user@host:port/name`` switches to PostgreSQL,
+``mysql://user@host:port/name`` to MariaDB or MySQL (mysqlclient, utf8mb4, READ COMMITTED);
 ``JOBGUARD_TEST_REDIS_URL=redis://host:port/db`` adds a django-redis cache alias "redis".
 ``JOBGUARD_TEST_DB_NAME`` is set by the suite for the worker processes it spawns, so they
 use the test database pytest-django created.
@@ -26,18 +27,37 @@ REDIS_URL = os.environ.get("JOBGUARD_TEST_REDIS_URL", "")
 
 if DATABASE_URL:
     url = urlparse(DATABASE_URL)
-    if url.scheme not in ("postgres", "postgresql"):
-        raise ValueError("JOBGUARD_TEST_DATABASE_URL must be a postgres:// URL")
+    if url.scheme in ("postgres", "postgresql"):
+        _engine, _options = "django.db.backends.postgresql", dict[str, Any]()
+    elif url.scheme in ("mysql", "mariadb"):
+        _engine = "django.db.backends.mysql"
+        # What django-jobguard's checks ask of a MariaDB/MySQL alias (docs/how-to/choose-a-database.md).
+        _options = {
+            "charset": "utf8mb4",
+            "isolation_level": "read committed",
+            # Django writes UTC under USE_TZ; CURRENT_TIMESTAMP (the columns' db_default) must agree.
+            "init_command": "SET time_zone = '+00:00'",
+        }
+    else:
+        raise ValueError("JOBGUARD_TEST_DATABASE_URL must be a postgres:// or mysql:// URL")
     DATABASES: dict[str, dict[str, Any]] = {
         "default": {
-            "ENGINE": "django.db.backends.postgresql",
+            "ENGINE": _engine,
             "NAME": unquote(url.path.lstrip("/")) or "jobguard",
             "USER": unquote(url.username or ""),
             "PASSWORD": unquote(url.password or ""),
             "HOST": url.hostname or "",
             "PORT": str(url.port or ""),
+            "OPTIONS": _options,
         }
     }
+    if _engine.endswith("mysql"):
+        # The test database is <name>_test (a name under the server account's own prefix).
+        DATABASES["default"]["TEST"] = {
+            "NAME": f"{DATABASES['default']['NAME']}_test",
+            "CHARSET": "utf8mb4",
+            "COLLATION": "utf8mb4_unicode_ci",
+        }
 else:
     DB_DIR = BASE_DIR / ".db"
     DB_DIR.mkdir(exist_ok=True)

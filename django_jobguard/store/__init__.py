@@ -3,8 +3,8 @@
 Claim, heartbeat, complete, requeue, dead-mark, reap, the enqueue inserts, checkpoints and
 the LISTEN wake-up; :mod:`.beats` holds the console's worker-beat and per-minute upserts
 (the same SQL on both databases). The functions here take a database alias and hand the call to
-the alias's dialect, :mod:`.postgres` or :mod:`.sqlite`, looked up once per alias (a dict
-lookup per call). Both modules implement the :class:`~.dialect.Dialect` protocol, which
+the alias's dialect, :mod:`.postgres`, :mod:`.mysql` or :mod:`.sqlite`, looked up once per
+alias (a dict lookup per call). Each module implements the :class:`~.dialect.Dialect` protocol, which
 mypy checks them against.
 
 Every write a worker makes to a job it holds matches ``id AND lease_token``. A claim
@@ -28,15 +28,15 @@ import contextlib
 import datetime
 import json
 import threading
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from django.core.signals import setting_changed
 from django.db import connections
 
 from ..conf import get_settings
 from ..registry import registry
-from . import _flow, postgres, sqlite
+from . import _flow, mysql, postgres, sqlite
 from ._common import (
     LEASE_EXPIRED_ERROR,
     NOTIFY_CHANNEL,
@@ -98,6 +98,7 @@ __all__ = [
     "reap",
     "record_key_success",
     "requeue",
+    "retrying",
     "substitute",
     "supported_vendors",
     "write_checkpoints",
@@ -106,7 +107,7 @@ __all__ = [
 
 #: vendor -> its dialect. The modules are assigned to the protocol, so mypy checks each
 #: module's functions against :class:`Dialect`.
-_DIALECTS: dict[str, Dialect] = {"postgresql": postgres, "sqlite": sqlite}
+_DIALECTS: dict[str, Dialect] = {"mysql": mysql, "postgresql": postgres, "sqlite": sqlite}
 #: alias -> what serves its jobs and keys: its database's dialect, filled on first use of
 #: each alias (an alias does not change vendor), or a test's substitute.
 _by_alias: dict[str, JobStore] = {}
@@ -122,7 +123,9 @@ def dialect_of(alias: str) -> Dialect:
     vendor = connections[alias].vendor
     found = _DIALECTS.get(vendor)
     if found is None:
-        raise NotImplementedError(f"django-jobguard supports PostgreSQL and SQLite, not {vendor}.")
+        raise NotImplementedError(
+            f"django-jobguard supports PostgreSQL, MariaDB/MySQL and SQLite, not {vendor}."
+        )
     return found
 
 
@@ -159,6 +162,22 @@ def _forget_aliases(*, setting: str, **kwargs: Any) -> None:
 
 
 setting_changed.connect(_forget_aliases, dispatch_uid="jobguard_store_aliases")
+
+
+_T = TypeVar("_T")
+
+
+def retrying(alias: str, operation: str, run: Callable[[], _T]) -> _T:
+    """Run ``run`` (a whole transaction of ours); on MariaDB/MySQL, again after a deadlock.
+
+    InnoDB rolls back a deadlock victim's transaction, so only a caller that owns the whole
+    transaction can run it again: call this outside any atomic block, with ``run`` opening
+    its own. Each retry is a :class:`~django_jobguard.events.StatementRetried` event. On
+    other databases ``run`` runs once.
+    """
+    if connections[alias].vendor != "mysql":
+        return run()
+    return mysql.retry_deadlocks(alias, operation, run)
 
 
 def guard_statements(alias: str) -> threading.RLock | None:

@@ -6,6 +6,7 @@ import dataclasses
 import datetime
 import functools
 import json
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,8 @@ from django.utils.dateparse import parse_datetime
 if TYPE_CHECKING:
     from ..models import Job
 
+#: MariaDB/MySQL's error number of a duplicate key (a unique-constraint violation).
+ER_DUP_ENTRY = 1062
 #: Expired leases handled per reaper statement, so one pass never holds many row locks.
 REAP_BATCH = 200
 #: PostgreSQL channel the enqueue trigger notifies (payload: the queue name).
@@ -25,6 +28,7 @@ SQLITE_INSERT_CHUNK = 500
 
 TABLE = "jobguard_job"
 KEY_TABLE = "jobguard_idempotencykey"
+LOCK_TABLE = "jobguard_lock"
 RETURNING = (
     "id, task_name, queue_name, args, kwargs, priority, attempts, max_attempts, lease_token, "
     "visibility_timeout, idempotency_key, lock_key, handler_version, workflow_id"
@@ -61,6 +65,19 @@ DurationRow = tuple[str, str, int, list[float], float]
 # The partial index's own condition, repeated so that SQLite (which does not deduce it from
 # status = 'succeeded') picks the index too.
 FINISHED = "status IN ('succeeded', 'dead', 'cancelled') AND status = 'succeeded' AND started_at IS NOT NULL"
+
+
+def interpolate(fraction: float, count: int, values: dict[int, float]) -> float:
+    """``percentile_cont(fraction)`` of ``count`` sorted values, from the two at the ranks it needs.
+
+    ``values`` maps a 0-based rank to its value; it must hold ``floor(fraction * (count - 1))``
+    and the rank after it (or the last). For the databases without a percentile function.
+    """
+    position = fraction * (count - 1)
+    low = math.floor(position)
+    high = min(low + 1, count - 1)
+    return values[low] + (position - low) * (values[high] - values[low])
+
 
 #: What an insert returns per job: ``(id, run_after, enqueued_at)``.
 Inserted = tuple[int, datetime.datetime, datetime.datetime]
@@ -341,13 +358,36 @@ def reap(
     return requeued, exhausted
 
 
+def acquire_lock_on_conflict(clock: Clock, alias: str, key: str, token: str, ttl: float) -> int | None:
+    """The database lock's acquire as one ``INSERT ... ON CONFLICT ... RETURNING`` (PostgreSQL, SQLite).
+
+    Takes the row only if it is free or expired, and bumps the key's fencing counter in the
+    same statement (see :mod:`.locks`).
+    """
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {LOCK_TABLE} (key, token, expires_at, fencing_token, acquired_at) "
+            f"VALUES (%s, %s, {clock.later}, {clock.epoch_micros}, {clock.now}) "
+            "ON CONFLICT (key) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at, "
+            f"fencing_token = {LOCK_TABLE}.fencing_token + 1, acquired_at = excluded.acquired_at "
+            f"WHERE {LOCK_TABLE}.token IS NULL OR {LOCK_TABLE}.expires_at <= {clock.now} "
+            "RETURNING fencing_token",
+            [key, token, clock.seconds(ttl)],
+        )
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
+
+
 def is_unique_violation(exc: BaseException) -> bool:
-    """Whether ``exc`` is a database unique-constraint violation (PostgreSQL or SQLite)."""
+    """Whether ``exc`` is a database unique-constraint violation (PostgreSQL, MariaDB/MySQL, SQLite)."""
     from django.db import IntegrityError
 
     if not isinstance(exc, IntegrityError):
         return False
     # psycopg puts the SQLSTATE on the original error; 23505 is unique_violation.
     if getattr(exc.__cause__, "sqlstate", None) == "23505":
+        return True
+    # mysqlclient: the server's error number first, 1062 is a duplicate entry (ER_DUP_ENTRY).
+    if exc.args and exc.args[0] == ER_DUP_ENTRY:
         return True
     return str(exc).startswith("UNIQUE constraint failed")

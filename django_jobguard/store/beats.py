@@ -1,6 +1,7 @@
 """The console's rows: a worker's heartbeat row and the per-minute queue figures.
 
-The same SQL on both databases: ``INSERT ... ON CONFLICT`` is PostgreSQL's and SQLite's.
+The same SQL on every database but for the upsert clause: ``INSERT ... ON CONFLICT`` on
+PostgreSQL and SQLite, ``ON DUPLICATE KEY UPDATE`` on MariaDB/MySQL (:func:`_upsert`).
 Table names are the models' own (``db_table``), read when a statement is built.
 """
 
@@ -19,6 +20,14 @@ def _tables() -> tuple[str, str]:
     return WorkerBeat._meta.db_table, QueueMinute._meta.db_table
 
 
+def _upsert(alias: str, conflict: str) -> tuple[str, str, str]:
+    """The upsert clause on ``conflict``'s unique columns, the new row's prefix, and the time now."""
+    if connections[alias].vendor == "mysql":
+        # VALUES(column) is the new row's value; UTC whatever the session's time zone.
+        return "ON DUPLICATE KEY UPDATE", "VALUES({})", "UTC_TIMESTAMP(6)"
+    return f"ON CONFLICT ({conflict}) DO UPDATE SET", "excluded.{}", "CURRENT_TIMESTAMP"
+
+
 def upsert_worker_beat(
     alias: str,
     *,
@@ -33,14 +42,17 @@ def upsert_worker_beat(
     """Insert the worker's row, or update it to this process and its last beat to now (one statement)."""
     connection = connections[alias]
     table = _tables()[0]
+    upsert, new, now = _upsert(alias, "worker_id")
+    updated = ", ".join(
+        f"{column} = {new.format(column)}"
+        for column in ("jobs_in_hand", "host", "pid", "queues", "concurrency", "started_at")
+    )
     sql = (
         f"INSERT INTO {table} (worker_id, host, pid, queues, concurrency, started_at, last_beat_at, "
-        "jobs_in_hand) VALUES (%s, %s, %s, %s, %s, %s, CURRENT_TIMESTAMP, %s) "
+        f"jobs_in_hand) VALUES (%s, %s, %s, %s, %s, %s, {now}, %s) "
         # The identity too: a worker id reused by a restarted process (WORKER_ID from a pod
         # name, --worker-id) must show the process that beats now, not the first one.
-        "ON CONFLICT (worker_id) DO UPDATE SET last_beat_at = CURRENT_TIMESTAMP, "
-        "jobs_in_hand = excluded.jobs_in_hand, host = excluded.host, pid = excluded.pid, "
-        "queues = excluded.queues, concurrency = excluded.concurrency, started_at = excluded.started_at"
+        f"{upsert} last_beat_at = {now}, {updated}"
     )
     params: list[Any] = [
         worker_id,
@@ -66,10 +78,11 @@ def add_minute_counts(
     for queue, minute, values in counts:
         rows.append("(" + ", ".join(["%s"] * (2 + len(columns))) + ")")
         params += [queue, connection.ops.adapt_datetimefield_value(minute), *values]
-    added = ", ".join(f"{column} = {table}.{column} + excluded.{column}" for column in columns)
+    upsert, new, _ = _upsert(alias, "queue_name, minute")
+    added = ", ".join(f"{column} = {table}.{column} + {new.format(column)}" for column in columns)
     sql = (
         f"INSERT INTO {table} (queue_name, minute, {', '.join(columns)}) VALUES {', '.join(rows)} "
-        f"ON CONFLICT (queue_name, minute) DO UPDATE SET {added}"
+        f"{upsert} {added}"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -84,12 +97,13 @@ def record_oldest_ages(alias: str, minute: datetime.datetime, ages: Sequence[tup
     params: list[Any] = []
     for queue, age in ages:
         params += [queue, at, age]
+    upsert, new, _ = _upsert(alias, "queue_name, minute")
+    sample = new.format("oldest_age_seconds")
     sql = (
         f"INSERT INTO {table} (queue_name, minute, oldest_age_seconds) VALUES {rows} "
-        "ON CONFLICT (queue_name, minute) DO UPDATE SET oldest_age_seconds = "
-        f"CASE WHEN {table}.oldest_age_seconds IS NULL "
-        f"OR {table}.oldest_age_seconds < excluded.oldest_age_seconds "
-        f"THEN excluded.oldest_age_seconds ELSE {table}.oldest_age_seconds END"
+        f"{upsert} oldest_age_seconds = "
+        f"CASE WHEN {table}.oldest_age_seconds IS NULL OR {table}.oldest_age_seconds < {sample} "
+        f"THEN {sample} ELSE {table}.oldest_age_seconds END"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)

@@ -2,11 +2,11 @@
 
 :class:`JobStore` is the operations on jobs and keys; :class:`Dialect` adds what only a
 database has (its clock's SQL, for the statements written once in :mod:`.locks`).
-:mod:`.postgres` and :mod:`.sqlite` are *modules* that implement :class:`Dialect`: the
+:mod:`.postgres`, :mod:`.sqlite` and :mod:`.mysql` are *modules* that implement :class:`Dialect`: the
 package assigns them to ``Dialect`` in ``store/__init__.py``, so mypy checks every function
 of each module against the signatures below, and a dialect that drifts (a missing
 function, a renamed parameter, another return type) fails ``make lint``. A new database
-(MariaDB) is one more module that mypy checks here and the contract suite in
+is one more module that mypy checks here and the contract suite in
 ``tests/store_contract/`` runs against. The in-memory store (:mod:`.memory`) is a
 :class:`JobStore`, checked the same way.
 
@@ -194,3 +194,7 @@ class Dialect(JobStore, Protocol):
 
     #: The database clock's SQL (now, now plus some seconds), for the statements written once for all.
     CLOCK: Clock
+
+    def acquire_lock(self, alias: str, key: str, token: str, ttl: float) -> int | None:
+        """Take the database lock ``key`` for ``token`` if free or expired; its new fencing token, or None."""
+        ...

@@ -8,7 +8,8 @@ microseconds (as the Redis back end's does), so a key whose released row was pru
 extend match the owner token and an unexpired ``expires_at``. Times are the database
 clock's (the dialect's :class:`~._common.Clock`), never a worker's.
 
-The statements are standard SQL plus ``ON CONFLICT``, which PostgreSQL and SQLite share.
+The statements are standard SQL; acquire is each dialect's ``acquire_lock`` (``ON CONFLICT``
+on PostgreSQL and SQLite, ``_common.acquire_lock_on_conflict``; ``ON DUPLICATE KEY UPDATE`` on MariaDB/MySQL).
 The service around them (which calls may run in a transaction, what an outage raises) is
 :class:`django_jobguard.locks.db.DatabaseLock`.
 """
@@ -20,11 +21,15 @@ from typing import Any
 from django.db import connections
 
 from . import dialect_of
+from ._common import LOCK_TABLE as TABLE
 from ._common import Clock
 
 __all__ = ["TABLE", "acquire", "extend", "held", "prune_released", "release"]
 
-TABLE = "jobguard_lock"
+
+def _key(alias: str) -> str:
+    # "key" is a reserved word on MariaDB/MySQL: quoted the connection's way.
+    return str(connections[alias].ops.quote_name("key"))
 
 
 def _rows(alias: str, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
@@ -35,18 +40,7 @@ def _rows(alias: str, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
 
 def acquire(alias: str, key: str, token: str, ttl: float) -> int | None:
     """Take ``key`` for ``token`` for ``ttl`` seconds if free or expired; the new fencing token, or None."""
-    clock = dialect_of(alias).CLOCK
-    rows = _rows(
-        alias,
-        f"INSERT INTO {TABLE} (key, token, expires_at, fencing_token, acquired_at) "
-        f"VALUES (%s, %s, {clock.later}, {clock.epoch_micros}, {clock.now}) "
-        f"ON CONFLICT (key) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at, "
-        f"fencing_token = {TABLE}.fencing_token + 1, acquired_at = excluded.acquired_at "
-        f"WHERE {TABLE}.token IS NULL OR {TABLE}.expires_at <= {clock.now} "
-        "RETURNING fencing_token",
-        [key, token, clock.seconds(ttl)],
-    )
-    return int(rows[0][0]) if rows else None
+    return dialect_of(alias).acquire_lock(alias, key, token, ttl)
 
 
 def release(alias: str, key: str, token: str) -> bool:
@@ -55,7 +49,7 @@ def release(alias: str, key: str, token: str) -> bool:
     rows = _rows(
         alias,
         f"UPDATE {TABLE} SET token = NULL, expires_at = NULL "
-        f"WHERE key = %s AND token = %s AND expires_at > {clock.now}",
+        f"WHERE {_key(alias)} = %s AND token = %s AND expires_at > {clock.now}",
         [key, token],
     )
     return bool(rows[0][0] == 1)
@@ -71,7 +65,7 @@ def extend(alias: str, key: str, token: str, ttl: float) -> bool:
     rows = _rows(
         alias,
         f"UPDATE {TABLE} SET expires_at = {clock.later} "
-        f"WHERE key = %s AND token = %s AND expires_at > {clock.now}",
+        f"WHERE {_key(alias)} = %s AND token = %s AND expires_at > {clock.now}",
         [clock.seconds(ttl), key, token],
     )
     return bool(rows[0][0] == 1)
@@ -82,7 +76,7 @@ def held(alias: str, key: str) -> bool:
     clock = dialect_of(alias).CLOCK
     rows = _rows(
         alias,
-        f"SELECT 1 FROM {TABLE} WHERE key = %s AND token IS NOT NULL AND expires_at > {clock.now}",
+        f"SELECT 1 FROM {TABLE} WHERE {_key(alias)} = %s AND token IS NOT NULL AND expires_at > {clock.now}",
         [key],
     )
     return bool(rows)

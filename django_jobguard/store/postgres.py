@@ -574,6 +574,10 @@ def discard_queued(alias: str, job_id: int) -> None:
         )
 
 
+def acquire_lock(alias: str, key: str, token: str, ttl: float) -> int | None:
+    return _common.acquire_lock_on_conflict(CLOCK, alias, key, token, ttl)
+
+
 def requeue(
     alias: str,
     job_id: int,

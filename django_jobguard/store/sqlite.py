@@ -8,7 +8,6 @@ already exclusive (the status re-check guards the statement all the same). Times
 from __future__ import annotations
 
 import datetime
-import math
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -36,6 +35,7 @@ from ._common import (
     DurationRow,
     History,
     Inserted,
+    interpolate,
     placeholders,
     row_values,
     sqlite_datetime,
@@ -355,6 +355,10 @@ def discard_queued(alias: str, job_id: int) -> None:
         cursor.execute(f"DELETE FROM {TABLE} WHERE id = %s AND status = 'queued'", [job_id])
 
 
+def acquire_lock(alias: str, key: str, token: str, ttl: float) -> int | None:
+    return _common.acquire_lock_on_conflict(CLOCK, alias, key, token, ttl)
+
+
 def requeue(
     alias: str,
     job_id: int,
@@ -484,18 +488,6 @@ def observed_durations(alias: str, since: float, queue: str | None) -> list[Dura
     for queue_name, task_name, count, top, position, value in rows:
         groups.setdefault((queue_name, task_name), (count, top, {}))[2][position] = value
     return [
-        (queue_name, task_name, count, [_interpolate(f, count, kept) for f in PERCENTILES], top)
+        (queue_name, task_name, count, [interpolate(f, count, kept) for f in PERCENTILES], top)
         for (queue_name, task_name), (count, top, kept) in groups.items()
     ]
-
-
-def _ranks(fraction: float, count: int) -> tuple[int, int]:
-    """The two 0-based ranks ``percentile_cont(fraction)`` interpolates between."""
-    low = math.floor(fraction * (count - 1))
-    return low, min(low + 1, count - 1)
-
-
-def _interpolate(fraction: float, count: int, values: dict[int, float]) -> float:
-    position = fraction * (count - 1)
-    low, high = _ranks(fraction, count)
-    return values[low] + (position - low) * (values[high] - values[low])

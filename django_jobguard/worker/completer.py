@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, connections, transaction
+from django.db import DatabaseError, InterfaceError, transaction
 
 from .. import _dispatch, _faults, dlq, events, idempotency, signals, store, workflows
 from .._redact import payload_secrets, redact
@@ -43,7 +43,7 @@ from ..outcome import (
     Succeeded,
     Tally,
 )
-from .held import LOGGER_NAME, Held, reset_after_db_error
+from .held import LOGGER_NAME, Held, close_connection, reset_after_db_error
 from .slots import Slots
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -218,7 +218,7 @@ class Completer:
                 len(acks),
                 exc_info=True,
             )
-            connections[self.alias].close()
+            close_connection(self.alias)
             done, failed = self._ack_one_by_one(acks)
         for held, outcome in acks:
             job_id = held.job.id
@@ -228,9 +228,15 @@ class Completer:
                 self._stale(held, _STALE_ACK)
 
     def _commit_acks(self, acks: list[tuple[Held, Succeeded]]) -> set[int]:
-        """Write the acks (and their keys' successes) in one transaction; the ids acked."""
+        """Write the acks (and their keys' successes) in one transaction; the ids acked.
+
+        A deadlock on MariaDB/MySQL runs the transaction again (``store.retrying``).
+        """
         if _faults.ENABLED:
             _faults.maybe_crash("in_complete")
+        return store.retrying(self.alias, "ack_batch", lambda: self._ack_transaction(acks))
+
+    def _ack_transaction(self, acks: list[tuple[Held, Succeeded]]) -> set[int]:
         with transaction.atomic(using=self.alias):
             rows = [(held.job.id, held.job.lease_token, outcome.ack_json or "null") for held, outcome in acks]
             done = store.complete_many(self.alias, rows)

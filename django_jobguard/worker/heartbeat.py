@@ -20,7 +20,7 @@ from .. import _faults, beats, events, store
 from ..conf import get_settings
 from ..exceptions import LockUnavailable
 from ..log import job_fields
-from .held import LOGGER_NAME, Held
+from .held import LOGGER_NAME, Held, close_connection
 
 if TYPE_CHECKING:
     from .slots import Slots
@@ -158,7 +158,7 @@ class Heartbeat:
                     self.keeper.touch_liveness_file()
                 except (DatabaseError, InterfaceError):
                     logger.warning("heartbeat_failed worker_id=%s", self.worker_id, exc_info=True)
-                    connections[self.alias].close()
+                    close_connection(self.alias)
                 except Exception:
                     logger.exception("heartbeat_crashed worker_id=%s", self.worker_id)
         finally:

@@ -7,7 +7,7 @@ import logging
 import threading
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from .. import store
 from ..context import JobContext, RunSignals
@@ -61,4 +61,16 @@ def reset_after_db_error(held: Held, worker_id: str, alias: str, consequence: st
         worker_id=worker_id,
         outcome="db_error",
     )
-    connections[alias].close()
+    close_connection(alias)
+
+
+def close_connection(alias: str) -> None:
+    """Close this thread's connection after a database error; the next query reconnects.
+
+    mysqlclient raises when closing a connection the server already dropped; Django has
+    forgotten it by then all the same, so that error is moot.
+    """
+    try:
+        connections[alias].close()
+    except DatabaseError:
+        pass

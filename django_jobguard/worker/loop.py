@@ -43,7 +43,7 @@ from ..outcome import Tally
 from .completer import Completer
 from .executor import Executor
 from .heartbeat import Heartbeat, LeaseKeeper
-from .held import LOGGER_NAME
+from .held import LOGGER_NAME, close_connection
 from .pipeline import Runtime
 from .shutdown import Shutdown
 from .slots import Slots
@@ -374,7 +374,7 @@ class Worker:
                 logger.warning(
                     "claim_failed worker_id=%s; retrying in %.1fs", self.worker_id, backoff, exc_info=True
                 )
-                connections[self.alias].close()
+                close_connection(self.alias)
                 self._wake.wait(backoff)
                 backoff = min(backoff * 2, DB_ERROR_BACKOFF_MAX_SECONDS)
                 continue

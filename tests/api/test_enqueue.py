@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from django_jobguard.models import IdempotencyKey, Job
 from tests.api.support import BASE, as_user, client_for
-from tests.conftest import ON_POSTGRES
+from tests.conftest import ON_SERVER_DB
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -229,15 +229,15 @@ def _enqueue_from_threads(user, count: int) -> list[tuple[int, int]]:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.skipif(ON_POSTGRES, reason="the SQLite run of the test below")
+@pytest.mark.skipif(ON_SERVER_DB, reason="the SQLite run of the test below")
 def test_eight_clients_with_one_key_create_one_job_on_sqlite():
     _, user = as_user("producer", "add_job")
     _check_one_job(_enqueue_from_threads(user, 8))
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
-def test_eight_clients_with_one_key_create_one_job_on_postgres():
+def test_eight_clients_with_one_key_create_one_job_on_a_database_server():
     _, user = as_user("producer", "add_job")
     _check_one_job(_enqueue_from_threads(user, 8))
 

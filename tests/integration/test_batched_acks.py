@@ -81,7 +81,7 @@ def test_the_handler_returns_before_its_ack_which_a_batch_then_writes_in_one_sta
         for q in queries.captured_queries
         if q["sql"].lstrip().upper().startswith(("UPDATE", "EXECUTE"))
     ]
-    if connections[ALIAS].vendor == "postgresql":
+    if connections[ALIAS].vendor in ("postgresql", "mysql"):
         assert len(updates) == 1, updates  # one statement for the batch
     else:
         assert len(updates) == 5, updates  # one per row, in one transaction (one commit)

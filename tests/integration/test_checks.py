@@ -259,6 +259,6 @@ def test_a_database_without_a_store_dialect_is_an_error(monkeypatch):
     from django.db import connection
 
     assert all(message.id != "jobguard.E003" for message in checks.check_database())
-    monkeypatch.setattr(connection, "vendor", "mysql")
+    monkeypatch.setattr(connection, "vendor", "oracle")
     (error,) = [message for message in checks.check_database() if message.id == "jobguard.E003"]
-    assert error.msg == "django-jobguard supports PostgreSQL and SQLite; 'default' is mysql."
+    assert error.msg == "django-jobguard supports PostgreSQL, MariaDB/MySQL and SQLite; 'default' is oracle."

@@ -89,6 +89,12 @@ def test_bulk_enqueue_validates_every_call_before_writing():
 def test_claim_index_is_partial_on_queued_rows():
     with connection.cursor() as cursor:
         indexes = connection.introspection.get_constraints(cursor, "jobguard_job")
+    if connection.vendor == "mysql":
+        # No partial indexes there: the claim's index leads with status instead.
+        due = indexes["jobguard_job_due_my_idx"]["columns"]
+        assert due == ["status", "queue_name", "priority", "run_after", "id"]
+        assert indexes["jobguard_job_due_all_my_idx"]["columns"] == ["status", "priority", "run_after", "id"]
+        return
     assert "jobguard_job_due_idx" in indexes
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:

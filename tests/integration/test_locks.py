@@ -48,6 +48,12 @@ def stored_ttl(backend: str, held: BaseLock) -> float:
                 "WHERE key = %s",
                 [name],
             )
+        elif connection.vendor == "mysql":
+            cursor.execute(
+                "SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1e6 FROM jobguard_lock "
+                "WHERE `key` = %s",
+                [name],
+            )
         else:
             cursor.execute(
                 "SELECT (julianday(expires_at) - julianday('now')) * 86400 FROM jobguard_lock WHERE key = %s",

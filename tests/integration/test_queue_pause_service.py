@@ -96,8 +96,9 @@ def test_a_paused_queue_keeps_accepting_jobs_and_the_claim_skips_it():
     with CaptureQueriesContext(connection) as queries:
         claimed = store.claim("default", None, 10, "w")
     assert [job.id for job in claimed] == [other.pk]
-    # PostgreSQL reads the pauses in the claim statement itself; SQLite just before it.
-    assert len(queries) == (1 if connection.vendor == "postgresql" else 2)
+    # PostgreSQL reads the pauses in the claim statement itself; SQLite just before it;
+    # MariaDB/MySQL too, before its claim transaction (pick, lease, read back).
+    assert len(queries) == {"postgresql": 1, "sqlite": 2, "mysql": 4}[connection.vendor]
     assert Job.objects.get(pk=held.pk).status == "queued"
     # Resumed, it is claimed at the next poll.
     queues.resume("paused", actor="x")

@@ -168,7 +168,7 @@ def test_a_replay_whose_key_another_live_job_owns_is_reported_as_deferred(reques
     assert list(Job.objects.values_list("pk", flat=True)) == [owner.pk]
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 def test_a_pass_that_finds_the_throttle_held_elsewhere_is_reported_as_busy(requester):
     approved_letters(requester, 1)
     dlq.redrive_once(limit=0)  # creates the throttle row

@@ -182,6 +182,8 @@ def test_metrics_view_serves_the_queue_gauges_with_four_reads(client):
 
 
 def test_collector_reports_down_instead_of_failing_the_scrape(client):
+    if connection.vendor == "mysql":
+        pytest.skip("MariaDB/MySQL commit DDL at once: the rename would end the test's transaction")
     scenario()
     # A real failure: the dead-letter table is gone (the test's transaction restores it).
     with connection.cursor() as cursor:

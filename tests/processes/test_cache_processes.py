@@ -142,7 +142,7 @@ def test_a_refused_ack_rolls_back_the_invalidation_with_the_write(workers, tmp_p
     assert Account.objects.get(pk=account.pk).balance == 105
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 def test_a_frozen_workers_late_ack_does_not_invalidate(workers, cached_balance):
     # The stale-ack method of test_crash.py: the first worker freezes past its 2 s lease, a
     # healthy one finishes the job, then the first wakes and its fenced ack is refused.

@@ -39,9 +39,9 @@ def assert_each_ran_once(total: int) -> None:
     assert set(Job.objects.values_list("attempts", "reappearances").distinct()) == {(1, 0)}
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.slow
-def test_four_processes_drain_two_thousand_jobs_exactly_once_on_postgres():
+def test_four_processes_drain_two_thousand_jobs_exactly_once_on_a_database_server():
     tasks.record.bulk_enqueue([((f"job-{i}",), {}) for i in range(2000)])
     drain_with_processes(processes=4, concurrency=3)
     assert_each_ran_once(2000)

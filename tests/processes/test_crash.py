@@ -49,7 +49,7 @@ def freeze_until_another_worker_finishes(workers, job, handler_started=None):
     assert (job.status, job.attempts, job.worker_id) == ("succeeded", 2, "healthy")
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 def test_a_frozen_workers_late_atomic_ack_is_refused_and_its_writes_roll_back(workers):
     # PostgreSQL only: on SQLite a writer frozen inside its transaction blocks every other writer.
     job = tasks.short_lease.enqueue("stale", seconds=4, per_attempt=True)

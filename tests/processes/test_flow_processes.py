@@ -20,7 +20,15 @@ from tests.conftest import wait_for
 from tests.testapp import tasks_flow
 from tests.testapp.models import Interval
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.processes,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        connection.vendor == "mysql",
+        reason="flow-control limits are not enforced on MariaDB/MySQL yet (jobguard.E032)",
+    ),
+]
 
 WORKERS = 4
 KILL_EVERY_SECONDS = 2.0

@@ -28,11 +28,11 @@ EXHAUSTED = 10
 
 def expire_all_leases() -> None:
     """Move every running lease into the past, in one statement, on the database clock."""
-    past = (
-        "statement_timestamp() - interval '1 second'"
-        if connection.vendor == "postgresql"
-        else "strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 seconds')"
-    )
+    past = {
+        "postgresql": "statement_timestamp() - interval '1 second'",
+        "mysql": "UTC_TIMESTAMP(6) - INTERVAL 1 SECOND",
+        "sqlite": "strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 seconds')",
+    }[connection.vendor]
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE jobguard_job SET lease_expires_at = {past} WHERE status = 'running'")
 

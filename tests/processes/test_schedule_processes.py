@@ -58,7 +58,7 @@ def enqueued_by(workers: WorkerProcesses, proc: subprocess.Popen[bytes]) -> int:
     return workers.log(proc).count("schedule_tick_enqueued name=tick ")
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 def test_four_workers_enqueue_each_one_second_tick_exactly_once(workers):
     procs = [
         workers.start("--worker-id", f"s{index}", env={"JOBGUARD_TEST_SCHEDULES": EVERY_SECOND})
@@ -77,7 +77,7 @@ def test_four_workers_enqueue_each_one_second_tick_exactly_once(workers):
     assert Job.objects.filter(idempotency_key__startswith=PREFIX, status="succeeded").count() >= 25
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 def test_a_scheduler_killed_mid_tick_leaves_the_tick_to_another_and_it_is_enqueued_once(workers):
     # Each worker SIGKILLs itself inside a fifth of the tick transactions it wins, after the
     # job's insert and the schedule's advance, before the commit. Killed workers are restarted.

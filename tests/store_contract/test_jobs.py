@@ -2,9 +2,9 @@
 through ``store.*`` on the database under test.
 
 Written once against the protocol, not per database: it runs on SQLite under ``make test``,
-and on PostgreSQL with ``JOBGUARD_TEST_DATABASE_URL``, each time against the dialect that
-serves the ``default`` alias (``store.postgres`` or ``store.sqlite``). A new dialect
-(MariaDB) is done when this suite passes on it.
+and on PostgreSQL or MariaDB with ``JOBGUARD_TEST_DATABASE_URL``, each time against the
+dialect that serves the ``default`` alias (``store.postgres``, ``store.mysql`` or
+``store.sqlite``). A new dialect is done when this suite passes on it.
 """
 
 import datetime
@@ -18,7 +18,7 @@ from django.utils import timezone
 from django_jobguard import queues as queues_service
 from django_jobguard import store
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job
-from django_jobguard.store import postgres, sqlite
+from django_jobguard.store import mysql, postgres, sqlite
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -153,9 +153,9 @@ def test_no_claim_can_push_attempts_past_the_maximum():
 
 
 def test_each_alias_is_served_by_its_databases_module():
-    expected = postgres if connection.vendor == "postgresql" else sqlite
+    expected = {"postgresql": postgres, "mysql": mysql, "sqlite": sqlite}[connection.vendor]
     assert store.dialect_of("default") is expected
-    assert store.writes_while_busy("default") is (connection.vendor == "postgresql")
+    assert store.writes_while_busy("default") is (connection.vendor != "sqlite")
 
 
 def test_database_now_is_the_database_clock_and_aware():

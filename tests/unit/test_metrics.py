@@ -93,6 +93,9 @@ def test_unique_violations_are_told_from_other_integrity_errors():
     )
     assert not store.is_unique_violation(IntegrityError("NOT NULL constraint failed: jobguard_job.task_name"))
     assert not store.is_unique_violation(ValueError("UNIQUE constraint failed"))
+    # MariaDB/MySQL (mysqlclient): the server's error number comes first.
+    assert store.is_unique_violation(IntegrityError(1062, "Duplicate entry '7' for key 'effect_key'"))
+    assert not store.is_unique_violation(IntegrityError(1048, "Column 'task_name' cannot be null"))
 
     class UniqueViolation(Exception):
         sqlstate = "23505"

@@ -1,0 +1,594 @@
+"""The store on MariaDB 10.6+ and MySQL 8.0+ (Django's ``mysql`` back end, mysqlclient).
+
+Times come from ``UTC_TIMESTAMP(6)``, the database clock in UTC whatever the session's time
+zone, fixed for the length of each statement. A claim is a short transaction of its own:
+``SELECT ... FOR UPDATE SKIP LOCKED`` picks the rows (InnoDB cannot update with ``LIMIT``
+through a locking subquery), one ``UPDATE`` leases them and one ``SELECT`` reads them back
+(MySQL has no ``UPDATE ... RETURNING``). Lease tokens are ``UUID()`` without dashes: unique
+per row, which is what fencing needs, and evaluated on the server, so statement-based
+replication cannot copy them (a system check refuses ``binlog_format=STATEMENT``).
+
+InnoDB's gap and next-key locks are kept out of the way: the connection must run at READ
+COMMITTED (a system check says so), where a locking read locks only the rows it returns
+and no gaps. A deadlock (1213) or a lock-wait timeout (1205) that a statement of ours meets
+outside a caller's transaction is retried here a few times (:data:`DEADLOCK_RETRIES`) and
+reported as a :class:`~django_jobguard.events.StatementRetried` event; inside a caller's
+transaction the whole transaction is what must be retried, so the error goes to the caller.
+
+No ``LISTEN``/``NOTIFY``: workers poll (``POLL_INTERVAL``), or wake through Redis when one
+is configured (:mod:`.listener`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from django.db import NotSupportedError, OperationalError, connections, transaction
+
+from .. import events
+from . import _common
+from ._common import (
+    FINISHED,
+    INSERT_COLUMNS,
+    INSERT_CONSTANTS,
+    KEY_TABLE,
+    LEASE_EXPIRED_ERROR,
+    LEASE_EXPIRED_MESSAGE,
+    PERCENTILES,
+    REAP_BATCH,
+    RETURNING,
+    TABLE,
+    AttemptError,
+    ClaimedJob,
+    Clock,
+    DurationRow,
+    History,
+    Inserted,
+    interpolate,
+    placeholders,
+    row_values,
+    sqlite_datetime,
+)
+
+logger = logging.getLogger("django_jobguard.store")
+
+#: Times a statement of ours that met a deadlock or a lock-wait timeout is run again.
+DEADLOCK_RETRIES = 5
+#: Seconds before the first retry; each further one waits twice as long (plus jitter).
+DEADLOCK_BACKOFF_SECONDS = 0.01
+#: InnoDB's error numbers for a deadlock victim and a lock-wait timeout.
+ER_LOCK_DEADLOCK = 1213
+ER_LOCK_WAIT_TIMEOUT = 1205
+#: Rows per multi-row INSERT (10 parameters a row, far below max_allowed_packet for small payloads).
+INSERT_CHUNK = 500
+
+# Written for a cursor with parameters: mysqlclient turns %% back into %.
+NOW = "UTC_TIMESTAMP(6)"
+# Whole microseconds: INTERVAL ... SECOND would round a fractional count of seconds.
+_LATER = f"{NOW} + INTERVAL %s MICROSECOND"
+_LEASE_EXPIRES = f"{NOW} + INTERVAL ROUND(visibility_timeout * 1000000) MICROSECOND"
+# An ISO 8601 text with the offset, as PostgreSQL's jsonb renders a timestamptz.
+_ISO_NOW = f"DATE_FORMAT({NOW}, '%%Y-%%m-%%dT%%H:%%i:%%s.%%f+00:00')"
+_LAST = "CONCAT('$[', JSON_LENGTH(attempt_history) - 1, ']')"
+_HISTORY_STARTED = (
+    f"JSON_ARRAY_APPEND(attempt_history, '$', JSON_OBJECT('worker_id', %s, 'started_at', {_ISO_NOW}))"
+)
+# MariaDB before 10.9 has no $[last]: the path of the last entry is built from its length.
+_HISTORY_FAILED = (
+    "CASE WHEN JSON_LENGTH(attempt_history) > 0 THEN JSON_SET(attempt_history, "
+    f"CONCAT({_LAST}, '.finished_at'), {_ISO_NOW}, CONCAT({_LAST}, '.error_class'), %s, "
+    f"CONCAT({_LAST}, '.error'), %s, CONCAT({_LAST}, '.traceback'), %s) ELSE attempt_history END"
+)
+_HISTORY_DROPPED = (
+    f"CASE WHEN JSON_LENGTH(attempt_history) > 0 THEN JSON_REMOVE(attempt_history, {_LAST}) "
+    "ELSE attempt_history END"
+)
+_HISTORY = History(failed=_HISTORY_FAILED, dropped=_HISTORY_DROPPED)
+#: The database clock: ``UTC_TIMESTAMP(6)``, the start of each statement, in UTC.
+CLOCK = Clock(
+    now=NOW,
+    later=_LATER,
+    seconds=lambda seconds: round(seconds * 1_000_000),
+    # UNIX_TIMESTAMP of the session's own now converts back through the session's zone.
+    epoch_micros="CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)",
+)
+
+#: The paused queues are read before each claim (store.claim), not by the claim statement.
+CLAIM_READS_PAUSES = False
+
+_T = TypeVar("_T")
+
+
+def error_number(exc: BaseException) -> int | None:
+    """The server's error number of a database error raised through Django, if any."""
+    for candidate in (exc, exc.__cause__):
+        args = getattr(candidate, "args", ())
+        if args and isinstance(args[0], int):
+            return args[0]
+    return None
+
+
+def retry_deadlocks(alias: str, operation: str, run: Callable[[], _T]) -> _T:
+    """Run ``run``; on a deadlock or a lock-wait timeout, run it again (a bounded number of times).
+
+    Only where ``run`` is the whole transaction: outside a caller's atomic block (InnoDB
+    rolls a deadlock victim's transaction back, so a caller's earlier statements are gone
+    and only the caller can start again).
+    """
+    connection = connections[alias]
+    attempt = 0
+    while True:
+        try:
+            return run()
+        except OperationalError as exc:
+            number = error_number(exc)
+            if number not in (ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT) or connection.in_atomic_block:
+                raise
+            if attempt >= DEADLOCK_RETRIES:
+                raise
+            attempt += 1
+            reason = "deadlock" if number == ER_LOCK_DEADLOCK else "lock_wait_timeout"
+            events.emit(events.StatementRetried(operation=operation, reason=reason))
+            logger.info(
+                "statement_retried alias=%s operation=%s reason=%s attempt=%d",
+                alias,
+                operation,
+                reason,
+                attempt,
+            )
+            time.sleep(DEADLOCK_BACKOFF_SECONDS * (2 ** (attempt - 1)))
+
+
+def writes_while_busy(alias: str) -> bool:
+    return True  # row locks: an open job transaction blocks only the rows it wrote
+
+
+def guard_statements(alias: str) -> None:
+    return None  # nothing closes a job's connection from another thread here
+
+
+def database_now(alias: str) -> datetime.datetime:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(f"SELECT {NOW}", [])
+        return sqlite_datetime(cursor.fetchone()[0])
+
+
+def _aware(value: Any) -> datetime.datetime:
+    return sqlite_datetime(value)
+
+
+# -- inserts -------------------------------------------------------------------------------
+
+
+def _run_after_sql(
+    connection: Any, run_after: datetime.datetime | datetime.timedelta | None
+) -> tuple[str, list[Any]]:
+    """The ``<run_after>`` value of a job insert and its parameter (a delay: from the database clock)."""
+    if run_after is None:
+        return NOW, []
+    if isinstance(run_after, datetime.datetime):
+        return "%s", [connection.ops.adapt_datetimefield_value(run_after)]
+    return _LATER, [CLOCK.seconds(run_after.total_seconds())]
+
+
+def insert_jobs(
+    alias: str,
+    rows: Sequence[dict[str, Any]],
+    run_after: datetime.datetime | datetime.timedelta | None = None,
+) -> list[Inserted]:
+    connection = connections[alias]
+    run_after_sql, extra_params = _run_after_sql(connection, run_after)
+    # Both times written here, in UTC, so the session's time zone plays no part.
+    columns = INSERT_COLUMNS + ", run_after, enqueued_at"
+    placeholder = (
+        f"(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {INSERT_CONSTANTS}, '{{}}', '[]', {run_after_sql}, {NOW})"
+    )
+    results: list[Inserted] = []
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), INSERT_CHUNK):
+            chunk = rows[start : start + INSERT_CHUNK]
+            params: list[Any] = []
+            for row in chunk:
+                params += row_values(row)
+                params += extra_params
+            sql = f"INSERT INTO {TABLE} ({columns}) VALUES {', '.join([placeholder] * len(chunk))}"
+            if connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+                cursor.execute(sql + " RETURNING id, run_after, enqueued_at", params)
+                fetched = cursor.fetchall()
+            else:
+                # MySQL has no RETURNING. A multi-row INSERT ... VALUES is a "simple insert":
+                # InnoDB reserves its ids in one block, so they follow the first one.
+                cursor.execute(sql, params)
+                first, step = int(cursor.lastrowid), _autoinc_step(cursor)
+                ids = [first + step * index for index in range(len(chunk))]
+                cursor.execute(
+                    f"SELECT id, run_after, enqueued_at FROM {TABLE} WHERE id IN ({placeholders(ids)}) "
+                    "ORDER BY id",
+                    ids,
+                )
+                fetched = cursor.fetchall()
+            results += [(row[0], _aware(row[1]), _aware(row[2])) for row in fetched]
+    return results
+
+
+def _autoinc_step(cursor: Any) -> int:
+    cursor.execute("SELECT @@auto_increment_increment", [])
+    return int(cursor.fetchone()[0])
+
+
+def insert_keyed_job(
+    alias: str,
+    row: dict[str, Any],
+    run_after: datetime.datetime | datetime.timedelta | None,
+    *,
+    scope: str,
+    fingerprint: str,
+    expires_at: datetime.datetime,
+) -> Inserted | None:
+    # Three statements in the caller's transaction or one of ours, as on SQLite. The key's
+    # unique index serialises two inserters of one key: the second waits for the first's
+    # commit, then yields to it.
+    # Concurrent inserters of one key are InnoDB's shared-to-exclusive upgrade (the duplicate
+    # check's shared lock, then the update's exclusive one): a deadlock there reruns it all.
+    def run() -> Inserted | None:
+        with transaction.atomic(using=alias, savepoint=False):
+            key = row["idempotency_key"]
+            key_id = insert_key(alias, scope, key, fingerprint, None, expires_at=expires_at)
+            if key_id is None:
+                return None
+            (inserted,) = insert_jobs(alias, [row], run_after)
+            with connections[alias].cursor() as cursor:
+                cursor.execute(f"UPDATE {KEY_TABLE} SET job_id = %s WHERE id = %s", [inserted[0], key_id])
+        return inserted
+
+    return retry_deadlocks(alias, "enqueue_keyed", run)
+
+
+# -- claim ---------------------------------------------------------------------------------
+
+_DUE = f"status = 'queued' AND run_after <= {NOW} AND attempts < max_attempts"
+_ORDER = "ORDER BY priority DESC, run_after, id"
+_CLAIM_UPDATE = (
+    f"UPDATE {TABLE} SET status = 'running', attempts = attempts + 1, "
+    "lease_token = REPLACE(UUID(), '-', ''), "
+    f"lease_expires_at = {_LEASE_EXPIRES}, started_at = {NOW}, worker_id = %s, "
+    f"attempt_history = {_HISTORY_STARTED} "
+    "WHERE id IN ({ids}) AND status = 'queued'"
+)
+
+
+def claim_limited(
+    alias: str,
+    queues: Sequence[str] | None,
+    limit: int,
+    worker_id: str,
+    exclude: Sequence[str],
+    plan: Any,
+    throttle: Any = None,
+) -> list[ClaimedJob]:
+    # Flow control is not built on MariaDB/MySQL yet; jobguard.E032 refuses limits there, so a
+    # worker never gets here with its checks on.
+    raise NotSupportedError(
+        "Flow-control limits (concurrency=, rate=, limit=, a queue's concurrency) need PostgreSQL or "
+        "SQLite as the job store; MariaDB/MySQL does not enforce them yet."
+    )
+
+
+def claim(
+    alias: str, queues: Sequence[str] | None, limit: int, worker_id: str, exclude: Sequence[str]
+) -> list[ClaimedJob]:
+    queue_filter = ""
+    params: list[Any] = []
+    if queues:
+        queue_filter = f"AND queue_name IN ({placeholders(queues)}) "
+        params += list(queues)
+    elif exclude:
+        queue_filter = f"AND queue_name NOT IN ({placeholders(exclude)}) "
+        params += list(exclude)
+    # The indexes that start with status (jobguard_job_due_my_idx and _due_all_my_idx) give
+    # these rows in claim order, so the walk stops after `limit` rows it could lock.
+    picked = f"SELECT id FROM {TABLE} WHERE {_DUE} {queue_filter}{_ORDER} LIMIT %s FOR UPDATE SKIP LOCKED"
+
+    def run() -> list[ClaimedJob]:
+        with transaction.atomic(using=alias, savepoint=False):
+            with connections[alias].cursor() as cursor:
+                cursor.execute(picked, [*params, limit])
+                ids = [row[0] for row in cursor.fetchall()]
+                if not ids:
+                    return []
+                cursor.execute(_CLAIM_UPDATE.format(ids=placeholders(ids)), [worker_id, worker_id, *ids])
+                cursor.execute(f"SELECT {RETURNING} FROM {TABLE} WHERE id IN ({placeholders(ids)})", ids)
+                rows = cursor.fetchall()
+        return [ClaimedJob.from_row(row) for row in rows]
+
+    return retry_deadlocks(alias, "claim", run)
+
+
+# -- leases --------------------------------------------------------------------------------
+
+
+def heartbeat(alias: str, ids: list[int], tokens: list[str]) -> list[tuple[int, bool]]:
+    pairs = ", ".join(["(%s, %s)"] * len(ids))
+    flat = [value for pair in zip(ids, tokens, strict=True) for value in pair]
+    where = f"WHERE (id, lease_token) IN ({pairs})"
+
+    def run() -> list[tuple[int, bool]]:
+        # The renewed rows stay locked until the commit, so the read sees just them.
+        with transaction.atomic(using=alias, savepoint=False):
+            with connections[alias].cursor() as cursor:
+                cursor.execute(f"UPDATE {TABLE} SET lease_expires_at = {_LEASE_EXPIRES} {where}", flat)
+                if cursor.rowcount == 0:
+                    return []
+                cursor.execute(f"SELECT id, cancel_requested FROM {TABLE} {where}", flat)
+                return [(row[0], bool(row[1])) for row in cursor.fetchall()]
+
+    return retry_deadlocks(alias, "heartbeat", run)
+
+
+_COMPLETE = (
+    f"UPDATE {TABLE} SET status = 'succeeded', finished_at = {NOW}, lease_token = NULL, "
+    "lease_expires_at = NULL, result = %s WHERE id = %s AND lease_token = %s"
+)
+
+
+def complete(alias: str, job_id: int, lease_token: str, result_json: str, *, commit: bool = False) -> bool:
+    # commit: the block's own COMMIT follows; mysqlclient sends one statement per call.
+    def run() -> bool:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(_COMPLETE, [result_json, job_id, lease_token])
+            return bool(cursor.rowcount == 1)
+
+    return retry_deadlocks(alias, "complete", run)
+
+
+def complete_many(alias: str, acks: Sequence[tuple[int, str, str]]) -> list[int]:
+    # Lock the rows still held (one read), then one UPDATE of those: a CASE picks each result.
+    pairs = ", ".join(["(%s, %s)"] * len(acks))
+    flat = [value for job_id, token, _ in acks for value in (job_id, token)]
+    results = {job_id: result for job_id, _, result in acks}
+
+    def run() -> list[int]:
+        with transaction.atomic(using=alias, savepoint=False):
+            with connections[alias].cursor() as cursor:
+                cursor.execute(
+                    f"SELECT id FROM {TABLE} WHERE (id, lease_token) IN ({pairs}) ORDER BY id FOR UPDATE",
+                    flat,
+                )
+                held = [row[0] for row in cursor.fetchall()]
+                if not held:
+                    return []
+                cases = " ".join(["WHEN %s THEN %s"] * len(held))
+                cursor.execute(
+                    f"UPDATE {TABLE} SET status = 'succeeded', finished_at = {NOW}, lease_token = NULL, "
+                    f"lease_expires_at = NULL, result = CASE id {cases} END "
+                    f"WHERE id IN ({placeholders(held)})",
+                    [*(value for job_id in held for value in (job_id, results[job_id])), *held],
+                )
+        return held
+
+    return retry_deadlocks(alias, "complete_many", run)
+
+
+def discard_queued(alias: str, job_id: int) -> None:
+    def run() -> None:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(f"DELETE FROM {TABLE} WHERE id = %s AND status = 'queued'", [job_id])
+
+    retry_deadlocks(alias, "discard_queued", run)
+
+
+def requeue(
+    alias: str,
+    job_id: int,
+    lease_token: str,
+    *,
+    delay: float,
+    error: str | None,
+    refund_attempt: bool,
+    contention: bool,
+    attempt_error: AttemptError | None,
+) -> bool:
+    return retry_deadlocks(
+        alias,
+        "requeue",
+        lambda: _common.requeue(
+            CLOCK,
+            _HISTORY,
+            alias,
+            job_id,
+            lease_token,
+            delay=delay,
+            error=error,
+            refund_attempt=refund_attempt,
+            contention=contention,
+            attempt_error=attempt_error,
+        ),
+    )
+
+
+def mark_dead(
+    alias: str, job_id: int, lease_token: str, error: str, attempt_error: AttemptError | None
+) -> bool:
+    return retry_deadlocks(
+        alias,
+        "mark_dead",
+        lambda: _common.mark_dead(CLOCK, _HISTORY, alias, job_id, lease_token, error, attempt_error),
+    )
+
+
+_EXPIRED = f"status = 'running' AND lease_expires_at < {NOW}"
+_REAP_PICK = (
+    f"SELECT id, queue_name FROM {TABLE} WHERE {_EXPIRED} AND attempts < max_attempts "
+    "ORDER BY lease_expires_at LIMIT %s FOR UPDATE SKIP LOCKED"
+)
+_REAP_REQUEUE = (
+    f"UPDATE {TABLE} SET status = 'queued', lease_token = NULL, lease_expires_at = NULL, "
+    f"run_after = {NOW}, reappearances = reappearances + 1, worker_id = '', "
+    f"first_failed_at = COALESCE(first_failed_at, {NOW}), last_error = %s, "
+    f"attempt_history = {_HISTORY_FAILED} WHERE id IN ({{ids}})"
+)
+_REAP_EXHAUSTED = (
+    f"SELECT id, lease_token FROM {TABLE} WHERE {_EXPIRED} AND attempts >= max_attempts "
+    "ORDER BY lease_expires_at LIMIT %s FOR UPDATE SKIP LOCKED"
+)
+
+
+def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    def run() -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+        with transaction.atomic(using=alias, savepoint=False):
+            with connections[alias].cursor() as cursor:
+                cursor.execute(_REAP_PICK, [limit])
+                requeued = [(row[0], row[1]) for row in cursor.fetchall()]
+                if requeued:
+                    ids = [job_id for job_id, _ in requeued]
+                    cursor.execute(
+                        _REAP_REQUEUE.format(ids=placeholders(ids)),
+                        [LEASE_EXPIRED_MESSAGE, *LEASE_EXPIRED_ERROR, *ids],
+                    )
+                cursor.execute(_REAP_EXHAUSTED, [limit])
+                exhausted = [(row[0], row[1]) for row in cursor.fetchall()]
+        return requeued, exhausted
+
+    return retry_deadlocks(alias, "reap", run)
+
+
+# -- idempotency keys ----------------------------------------------------------------------
+
+# `key` is a reserved word in MySQL: quoted with backticks.
+_INSERT_KEY = (
+    f"INSERT INTO {KEY_TABLE} (`key`, scope, fingerprint, status, duplicates, expires_at, job_id) "
+    "VALUES (%s, %s, %s, 'in_progress', 0, %s, %s) ON DUPLICATE KEY UPDATE id = id"
+)
+_KEY_OWNER = f"SELECT job_id, status FROM {KEY_TABLE} WHERE scope = %s AND `key` = %s"
+
+
+def insert_key(
+    alias: str, scope: str, key: str, digest: str, job_id: int | None, *, expires_at: datetime.datetime
+) -> int | None:
+    # ON DUPLICATE KEY UPDATE with a no-op waits for a concurrent inserter of the key, then
+    # yields to it without an error (INSERT IGNORE would also hide a value too long for its
+    # column). A new row reports its id; an existing one reports none.
+    connection = connections[alias]
+    expiry = connection.ops.adapt_datetimefield_value(expires_at)
+
+    def run() -> int | None:
+        with connection.cursor() as cursor:
+            cursor.execute(_INSERT_KEY, [key, scope, digest, expiry, job_id])
+            inserted = cursor.lastrowid
+        return int(inserted) if inserted else None
+
+    return retry_deadlocks(alias, "insert_key", run)
+
+
+def key_owner(alias: str, scope: str, key: str) -> tuple[int | None, str] | None:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_KEY_OWNER, [scope, key])
+        row = cursor.fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+_KEY_SUCCEEDED = (
+    f"UPDATE {KEY_TABLE} SET status = 'succeeded', result = %s, updated_at = {NOW} "
+    "WHERE scope = %s AND `key` = %s AND job_id = %s"
+)
+
+
+def record_key_success(alias: str, scope: str, key: str, job_id: int, result_json: str | None) -> bool:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_KEY_SUCCEEDED, [result_json, scope, key, job_id])
+        return bool(cursor.rowcount > 0)
+
+
+# -- database locks (store/locks.py) --------------------------------------------------------
+
+
+def acquire_lock(alias: str, key: str, token: str, ttl: float) -> int | None:
+    # MySQL applies an ON DUPLICATE KEY UPDATE's assignments left to right, each seeing the
+    # ones before it: the token is decided first, from the old row, and the other columns
+    # follow "is the token now ours" (tokens are random per acquire, never reused).
+    table = "jobguard_lock"
+    taken = "token = VALUES(token)"
+    sql = (
+        f"INSERT INTO {table} (`key`, token, expires_at, fencing_token, acquired_at) "
+        f"VALUES (%s, %s, {_LATER}, {CLOCK.epoch_micros}, {NOW}) ON DUPLICATE KEY UPDATE "
+        f"token = IF(token IS NULL OR expires_at <= {NOW}, VALUES(token), token), "
+        f"expires_at = IF({taken}, VALUES(expires_at), expires_at), "
+        f"fencing_token = IF({taken}, fencing_token + 1, fencing_token), "
+        f"acquired_at = IF({taken}, VALUES(acquired_at), acquired_at)"
+    )
+
+    def run() -> int | None:
+        with transaction.atomic(using=alias, savepoint=False):
+            with connections[alias].cursor() as cursor:
+                cursor.execute(sql, [key, token, CLOCK.seconds(ttl)])
+                cursor.execute(
+                    f"SELECT fencing_token FROM {table} WHERE `key` = %s AND token = %s", [key, token]
+                )
+                row = cursor.fetchone()
+        return None if row is None else int(row[0])
+
+    return retry_deadlocks(alias, "acquire_lock", run)
+
+
+# -- reporting (jobguard_tune) -----------------------------------------------------------------
+
+_DURATION = "TIMESTAMPDIFF(MICROSECOND, started_at, finished_at) / 1000000.0"
+
+
+def durations_sql(since: float, queue: str | None) -> tuple[str, list[Any]]:
+    """The MariaDB/MySQL statement of :func:`observed_durations` and its parameters."""
+    params: list[Any] = [CLOCK.seconds(-since)]
+    queue_filter = ""
+    if queue is not None:
+        queue_filter = "AND queue_name = %s "
+        params.append(queue)
+    # MySQL has no percentile_cont: as on SQLite, window functions rank each task's
+    # durations and only the rows the percentiles interpolate between leave the database.
+    ranks = ", ".join(
+        f"FLOOR({fraction!r} * (n - 1)), FLOOR({fraction!r} * (n - 1)) + 1" for fraction in PERCENTILES
+    )
+    sql = (
+        "SELECT queue_name, task_name, n, top, position, d FROM ("
+        "SELECT queue_name, task_name, d, "
+        "row_number() OVER (PARTITION BY queue_name, task_name ORDER BY d) - 1 AS position, "
+        "count(*) OVER (PARTITION BY queue_name, task_name) AS n, "
+        "max(d) OVER (PARTITION BY queue_name, task_name) AS top "
+        f"FROM (SELECT queue_name, task_name, {_DURATION} AS d FROM {TABLE} "
+        f"WHERE {FINISHED} AND finished_at >= {_LATER} {queue_filter}) AS runs) AS ranked "
+        f"WHERE position IN ({ranks}) ORDER BY queue_name, task_name, position"
+    )
+    return sql, params
+
+
+_OLDEST_DUE = (
+    f"SELECT queue_name, TIMESTAMPDIFF(MICROSECOND, min(run_after), {NOW}) / 1000000.0 "
+    f"FROM {TABLE} WHERE status = 'queued' AND run_after <= {NOW} GROUP BY queue_name"
+)
+
+
+def oldest_due_ages(alias: str) -> dict[str, float]:
+    # A grouped min over the queued rows of the status-first due index.
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_OLDEST_DUE, [])
+        return {queue: max(0.0, float(age)) for queue, age in cursor.fetchall()}
+
+
+def observed_durations(alias: str, since: float, queue: str | None) -> list[DurationRow]:
+    """Run durations per (queue, task) in the window, percentiles interpolated here."""
+    sql, params = durations_sql(since, queue)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    groups: dict[tuple[str, str], tuple[int, float, dict[int, float]]] = {}
+    for queue_name, task_name, count, top, position, value in rows:
+        groups.setdefault((queue_name, task_name), (int(count), float(top), {}))[2][int(position)] = float(
+            value
+        )
+    return [
+        (queue_name, task_name, count, [interpolate(f, count, kept) for f in PERCENTILES], top)
+        for (queue_name, task_name), (count, top, kept) in groups.items()
+    ]
