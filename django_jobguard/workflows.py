@@ -28,7 +28,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import NotSupportedError, connections, transaction
 from django.db.models import Sum
 from django.db.models.functions import Now
 
@@ -128,7 +128,14 @@ def _same_task(registered: Task[Any, Any] | None, task: Task[Any, Any]) -> bool:
 
 
 def _alias() -> str:
-    return get_settings().database_alias
+    alias = get_settings().database_alias
+    if connections[alias].vendor == "mysql":
+        # The bookkeeping's statements are written for PostgreSQL and SQLite only.
+        raise NotSupportedError(
+            "Workflows (chain, group, Batch, using(after=...)) need PostgreSQL or SQLite as the job "
+            "store; MariaDB/MySQL does not run them yet."
+        )
+    return alias
 
 
 def _create(alias: str, kind: str, state: str, callbacks: dict[str, Signature], name: str = "") -> Workflow:

@@ -35,6 +35,7 @@ from ._common import (
     FINISHED,
     INSERT_COLUMNS,
     INSERT_CONSTANTS,
+    INSERT_FIELDS,
     KEY_TABLE,
     LEASE_EXPIRED_ERROR,
     LEASE_EXPIRED_MESSAGE,
@@ -185,7 +186,8 @@ def insert_jobs(
     # Both times written here, in UTC, so the session's time zone plays no part.
     columns = INSERT_COLUMNS + ", run_after, enqueued_at"
     placeholder = (
-        f"(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {INSERT_CONSTANTS}, '{{}}', '[]', {run_after_sql}, {NOW})"
+        f"({', '.join(['%s'] * len(INSERT_FIELDS))}, {INSERT_CONSTANTS}, '{{}}', '[]', "
+        f"{run_after_sql}, {NOW})"
     )
     results: list[Inserted] = []
     with connection.cursor() as cursor:

@@ -223,3 +223,16 @@ def test_flow_control_limits_on_a_mariadb_job_store_fail_the_checks():
         for task in tasks_flow.ALL:
             registry.unregister(task.name)
     assert error.id == "jobguard.E032" and "MariaDB/MySQL" in error.msg
+
+
+def test_workflows_on_a_mariadb_job_store_are_refused_before_anything_is_written():
+    from django.db import NotSupportedError
+
+    from django_jobguard import chain
+    from django_jobguard.models import Job
+    from tests.testapp import tasks
+
+    before = Job.objects.count()
+    with pytest.raises(NotSupportedError, match="PostgreSQL or SQLite"):
+        chain(tasks.add.s(1, 2), tasks.add.s(3, 4)).enqueue()
+    assert Job.objects.count() == before
