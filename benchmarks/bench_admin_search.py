@@ -24,12 +24,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+# The database set-up of the scrape benchmark (this script runs from benchmarks/, as it does).
+from bench_scrape import ensure_database, execute, setup_django
+
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/jobguard_bench_search"
 
 JOBS_SQL = """
@@ -78,35 +78,6 @@ CONTAINS = {
     ),
     "idempotencykey": ([], ["key"]),
 }
-
-
-def setup_django(url: str) -> None:
-    os.environ["JOBGUARD_TEST_DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-    sys.path.insert(0, str(ROOT))
-    import django
-
-    django.setup()
-
-
-def ensure_database(url: str) -> None:
-    from urllib.parse import urlparse
-
-    import psycopg
-
-    parsed = urlparse(url)
-    name = parsed.path.lstrip("/")
-    admin = parsed._replace(path="/postgres").geturl()
-    with psycopg.connect(admin, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
-
-
-def execute(sql: str, params: list[Any] | None = None) -> None:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params or [])
 
 
 def prepare(rows: int) -> None:

@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
 
-    from bench_admin_search import ensure_database, setup_django
+    from bench_scrape import ensure_database, setup_django
 
     ensure_database(args.database_url)
     setup_django(args.database_url)
