@@ -106,7 +106,7 @@ def test_concurrency_limits_hold_across_the_fleet_under_a_sigkill_storm(workers,
             last_kill = time.monotonic()
         if samples % 50 == 0:
             pending = Job.objects.filter(pk__in=[job.pk for job in jobs]).exclude(status="succeeded").count()
-        time.sleep(0.003)
+        time.sleep(0.003)  # the sampling period: what is awaited is `pending`, under `deadline`
 
     print(f"samples={samples} over_limit={over} kills={kills} most_at_once={dict(most)}")
     assert pending == 0, "the jobs did not all succeed in time"

@@ -44,6 +44,7 @@ def test_a_batch_survives_workers_killed_in_a_loop(workers):
     kills = 0
     deadline = time.monotonic() + 900
     while progress(batch.id).pending and time.monotonic() < deadline:
+        # The storm's cadence, not a wait: the loop ends on the batch's progress, under `deadline`.
         time.sleep(KILL_EVERY_SECONDS)
         victim = alive.pop(0)
         victim.kill()  # SIGKILL: whatever it held was mid-flight, acks included
