@@ -24,7 +24,8 @@ class JobguardConfig(AppConfig):
     def ready(self) -> None:
         # Imported here, not at the top: they import the models, which the app registry
         # loads after this module. checks register on import; cache registers the durable
-        # invalidation task; enqueue plugs itself into Task.enqueue() (see task.py).
+        # invalidation task; enqueue, which Task.enqueue() imports at its call (see task.py),
+        # loads here, before the first request.
         from . import beats, cache, checks, conf, enqueue, events, metrics, registry  # noqa: F401
 
         setting_changed.connect(conf.reload, dispatch_uid="jobguard_settings_reload")

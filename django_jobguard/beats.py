@@ -1,6 +1,9 @@
-"""Worker heartbeat rows and per-minute outcome counts: what the admin's workers and health pages read.
+"""Worker beats and per-minute outcome counts: what the admin's workers and health pages read.
 
-A worker's heartbeat thread calls :meth:`Beat.maybe_beat` on every tick; once per
+A *worker beat* is the upsert of the worker's own row (:class:`~django_jobguard.models.WorkerBeat`:
+alive, where, with how many jobs in hand); it is not the *heartbeat*, which renews the leases
+of the jobs the worker holds (:mod:`django_jobguard.worker.heartbeat`). The heartbeat thread
+calls :meth:`Beat.maybe_beat` on each of its ticks; once per
 :data:`WORKER_BEAT_INTERVAL_SECONDS` it writes one upsert of its
 :class:`~django_jobguard.models.WorkerBeat` row and one upsert of the outcome counts
 gathered since (:func:`count`, called where the worker records its metrics), so a job
@@ -16,7 +19,7 @@ import datetime
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.utils import timezone
@@ -34,7 +37,7 @@ __all__ = [
     "is_stale",
 ]
 
-#: Seconds between two heartbeat rows (and outcome flushes) of one worker.
+#: Seconds between two beats (row upserts and outcome flushes) of one worker.
 WORKER_BEAT_INTERVAL_SECONDS = 5.0
 #: A worker whose last beat is older than this is marked stale (three missed beats).
 STALE_AFTER_SECONDS = 3 * WORKER_BEAT_INTERVAL_SECONDS
@@ -86,12 +89,20 @@ def is_stale(last_beat_at: datetime.datetime, now: datetime.datetime | None = No
 
 
 class Beat:
-    """Writes one worker's heartbeat row and the outcome counts, once per interval."""
+    """Writes one worker's beat (its row) and the outcome counts, once per interval."""
 
     def __init__(
-        self, *, worker_id: str, alias: str, queues: Sequence[str] | None, concurrency: int, pid: int
+        self,
+        *,
+        worker_id: str,
+        alias: str,
+        queues: Sequence[str] | None,
+        concurrency: int,
+        pid: int,
+        async_slots: int = 0,
     ) -> None:
         self.worker_id = worker_id
+        self.async_slots = async_slots
         self.alias = alias
         self.queues = ",".join(queues) if queues else "*"
         self.concurrency = concurrency
@@ -101,19 +112,26 @@ class Beat:
         self._next_beat = 0.0
         self._next_sample = 0.0
 
-    def maybe_beat(self, now: float, jobs_in_hand: int) -> bool:
-        """Beat if the interval has passed since the last one; whether it did."""
+    def maybe_beat(
+        self, now: float, jobs_in_hand: int, loop: Callable[[], tuple[int, float]] | None = None
+    ) -> bool:
+        """Beat if the interval has passed since the last one; whether it did.
+
+        ``loop`` gives the event loop's coroutines running and its worst lag (seconds) since
+        it was last asked (workers with async slots).
+        """
         if now < self._next_beat:
             return False
         self._next_beat = now + WORKER_BEAT_INTERVAL_SECONDS
-        self.beat(jobs_in_hand)
+        in_use, lag = loop() if loop is not None else (0, 0.0)
+        self.beat(jobs_in_hand, in_use, round(lag * 1000))
         if now >= self._next_sample:
             self._next_sample = now + OLDEST_AGE_SAMPLE_SECONDS
             self.sample_oldest_ages()
             self.prune()
         return True
 
-    def beat(self, jobs_in_hand: int) -> None:
+    def beat(self, jobs_in_hand: int, async_in_use: int = 0, loop_lag_ms: int = 0) -> None:
         """Upsert this worker's row and add the pending outcome counts (two statements)."""
         store_beats.upsert_worker_beat(
             self.alias,
@@ -124,6 +142,9 @@ class Beat:
             concurrency=self.concurrency,
             started_at=self.started_at,
             jobs_in_hand=jobs_in_hand,
+            async_slots=self.async_slots,
+            async_in_use=async_in_use,
+            loop_lag_ms=loop_lag_ms,
         )
         self.flush()
 

@@ -19,9 +19,12 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "BreakerChanged",
     "CacheInvalidated",
+    "ClaimThrottled",
     "DuplicatePrevented",
     "DurableInvalidation",
+    "EventLoopSampled",
     "JobDeadLettered",
     "JobEnqueued",
     "JobFailed",
@@ -47,7 +50,7 @@ __all__ = [
     "remove_sink",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_jobguard.events")
 
 
 # -- jobs ---------------------------------------------------------------------------------------
@@ -65,6 +68,15 @@ class JobSucceeded:
     queue: str
     task: str
     duration: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EventLoopSampled:
+    """A worker's event loop (``--async-slots``) as the heartbeat saw it: coroutines, slots, lag."""
+
+    in_use: int
+    slots: int
+    lag: float
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,6 +112,25 @@ class LeaseReappeared:
 
     queue: str
     count: int = 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClaimThrottled:
+    """A limited claim took fewer jobs than it asked for while ``reason`` was closed to some jobs.
+
+    ``reason``: ``concurrency``, ``rate``, ``breaker`` or ``budget``.
+    """
+
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BreakerChanged:
+    """A named limit's circuit breaker moved (``closed``, ``open``, ``half_open``)."""
+
+    limit: str
+    from_state: str
+    to_state: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

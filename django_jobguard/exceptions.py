@@ -146,3 +146,11 @@ class LockReleaseError(JobguardError):
 
 class LockReleasePermissionDenied(LockReleaseError, PermissionDenied):  # noqa: N818 - after PermissionDenied
     """The user may not force-release locks; the admin answers 403."""
+
+
+class BreakerError(JobguardError):
+    """A circuit breaker cannot be opened or closed as asked (no such breaker, no reason given)."""
+
+
+class BreakerPermissionDenied(BreakerError, PermissionDenied):  # noqa: N818 - after Django's PermissionDenied
+    """The user may not open or close circuit breakers; the admin and the API answer 403."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import hashlib
 import hmac
 import json
 import logging
@@ -31,8 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connections, transaction
-from django.db.models import F
-from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
@@ -41,11 +38,12 @@ from ._json import normalize_json
 from .conf import get_settings
 from .exceptions import IdempotencyConflict, InvalidArgumentsError
 from .models import DeadLetter, IdempotencyKey, IdempotencyStatus, Job, JobStatus
+from .store import key_rows
 
 if TYPE_CHECKING:
     from .task import Task
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_jobguard.idempotency")
 
 __all__ = [
     "CONFLICT",
@@ -133,15 +131,13 @@ def fingerprint(task: Task[Any, Any], args: Any, kwargs: Any) -> str:
 def same_call(stored: str, digest: str, task: Task[Any, Any], args: Any, kwargs: Any) -> bool:
     """Whether a key's stored fingerprint is this call's.
 
-    Keys written before fingerprints were keyed hold the plain SHA-256: they still match
-    until they expire (``IDEMPOTENCY["TTL"]``). So does a key written under a former
-    ``SECRET_KEY`` only if it is also in ``SECRET_KEY_FALLBACKS``.
+    A key written under a former ``SECRET_KEY`` matches only while that key is in
+    ``SECRET_KEY_FALLBACKS``.
     """
     if hmac.compare_digest(stored, digest):
         return True
     canonical = _canonical_call(task, args, kwargs)
-    legacy = hashlib.sha256(canonical.encode()).hexdigest()
-    return hmac.compare_digest(stored, legacy) or any(
+    return any(
         hmac.compare_digest(stored, _keyed(canonical, secret)) for secret in settings.SECRET_KEY_FALLBACKS
     )
 
@@ -262,11 +258,10 @@ def _enqueue_round(
     create_job: Callable[[], Job],
 ) -> tuple[Job, bool] | IdempotencyConflict | None:
     """One try: the new job, the key's job, a conflict, or None if the key vanished meanwhile."""
-    keys = IdempotencyKey.objects.using(alias)
     key_id = insert_key(alias, scope, key, digest)
     if key_id is not None:
         job = create_job()
-        keys.filter(pk=key_id).update(job=job)
+        key_rows.adopt(alias, key_id, job.pk)
         return job, True
 
     existing = _locked_key(alias, scope, key)
@@ -280,9 +275,9 @@ def _enqueue_round(
             # The key is live but its job row was deleted (by hand): a new job carries it,
             # keeping the key's state, so a succeeded action is acked with its stored result.
             job = create_job()
-            keys.filter(pk=existing.pk).update(job=job, updated_at=Now())
+            key_rows.adopt(alias, existing.pk, job.pk, touched=True)
             return job, True
-        keys.filter(pk=existing.pk).update(duplicates=F("duplicates") + 1)
+        key_rows.count_duplicate(alias, key_id=existing.pk)
         logger.debug(
             "idempotency_duplicate where=enqueue scope=%s key=%s job_id=%s", scope, key, existing.job.pk
         )
@@ -290,16 +285,7 @@ def _enqueue_round(
 
     # Expired and its job finished (or gone): the key is forgotten and starts afresh.
     job = create_job()
-    keys.filter(pk=existing.pk).update(
-        fingerprint=digest,
-        status=IdempotencyStatus.IN_PROGRESS,
-        result=None,
-        job=job,
-        duplicates=0,
-        created_at=Now(),
-        updated_at=Now(),
-        expires_at=_expiry(),
-    )
+    key_rows.restart(alias, existing.pk, job_id=job.pk, fingerprint=digest, expires_at=_expiry())
     return job, True
 
 
@@ -380,16 +366,9 @@ def _decide(
 
 def _take_over(alias: str, existing: IdempotencyKey, job_id: int, digest: str, live: bool) -> None:
     """Make ``job_id`` the owner of a key whose action failed, whose job is gone, or that expired."""
-    changes: dict[str, Any] = {
-        "job_id": job_id,
-        "fingerprint": digest,
-        "status": IdempotencyStatus.IN_PROGRESS,
-        "result": None,
-        "updated_at": Now(),
-    }
-    if not live:
-        changes.update(duplicates=0, created_at=Now(), expires_at=_expiry())
-    IdempotencyKey.objects.using(alias).filter(pk=existing.pk).update(**changes)
+    key_rows.take_over(
+        alias, existing.pk, job_id=job_id, fingerprint=digest, expires_at=None if live else _expiry()
+    )
 
 
 # -- replays --------------------------------------------------------------------------------
@@ -430,13 +409,8 @@ def hand_to_replay(alias: str, row: IdempotencyKey, job_id: int, digest: str) ->
     :class:`IdempotencyConflict`, not a duplicate silently answered with the corrected job
     (see the dead-letter runbook).
     """
-    IdempotencyKey.objects.using(alias).filter(pk=row.pk).update(
-        job_id=job_id,
-        fingerprint=digest,
-        status=IdempotencyStatus.IN_PROGRESS,
-        result=None,
-        updated_at=Now(),
-        expires_at=max(row.expires_at, _expiry()),
+    key_rows.hand_to_replay(
+        alias, row.pk, job_id=job_id, fingerprint=digest, expires_at=max(row.expires_at, _expiry())
     )
 
 
@@ -460,7 +434,7 @@ def record_success(alias: str, scope: str, key: str, job_id: int, result: Any) -
 
 def record_duplicate(alias: str, scope: str, key: str) -> None:
     """Count a job acked with the key's stored result; call inside that ack's transaction."""
-    IdempotencyKey.objects.using(alias).filter(scope=scope, key=key).update(duplicates=F("duplicates") + 1)
+    key_rows.count_duplicate(alias, scope=scope, key=key)
 
 
 def record_failure(alias: str, scope: str | None, key: str, job_id: int) -> None:
@@ -469,9 +443,7 @@ def record_failure(alias: str, scope: str | None, key: str, job_id: int) -> None
     The owner job identifies the row, so ``scope`` is not needed: the reaper, which
     dead-letters jobs without loading their task, cannot know a custom scope.
     """
-    IdempotencyKey.objects.using(alias).filter(key=key, job_id=job_id).update(
-        status=IdempotencyStatus.FAILED, updated_at=Now()
-    )
+    key_rows.mark_failed(alias, key, job_id)
 
 
 # -- helpers for code that knows a task only by name (dead letters, the reaper) -------------

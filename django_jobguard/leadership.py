@@ -17,7 +17,7 @@ import logging
 from .exceptions import LockNotAcquired, LockUnavailable
 from .locks.db import DatabaseLock
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_jobguard.leadership")
 
 __all__ = ["LEADER_KEY", "LEADER_PREFIX", "MaintenanceLeadership"]
 

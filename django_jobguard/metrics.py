@@ -39,9 +39,9 @@ except ImportError:  # pragma: no cover - exercised only without the metrics ext
 
 from . import events
 from .conf import get_settings
-from .stats import limit_stats, queue_stats
+from .stats import breaker_stats, limit_stats, queue_stats, workflow_stats
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_jobguard.metrics")
 
 __all__ = [
     "CATALOGUE",
@@ -154,6 +154,19 @@ def _gauge(name: str, documentation: str, labels: tuple[str, ...]) -> MetricInfo
     return info
 
 
+def _worker_gauge(name: str, documentation: str) -> Any:
+    """A gauge the worker process sets itself (served by ``jobguard_worker --metrics-port``)."""
+    _CATALOGUE.append(MetricInfo(name, "gauge", (), documentation, "worker"))
+    if prometheus_client is None:
+        return _NoopGauge()
+    return prometheus_client.Gauge(name, documentation, multiprocess_mode="livemax")
+
+
+class _NoopGauge:
+    def set(self, value: float) -> None:
+        pass
+
+
 ENQUEUED = _counter(
     "jobguard_jobs_enqueued_total", "Jobs enqueued.", ("queue", "task"), source="enqueuing process"
 )
@@ -211,7 +224,9 @@ UNIQUE_CONFLICTS = _counter(
 )
 STATEMENT_RETRIES = _counter(
     "jobguard_store_statement_retries_total",
-    "Store statements retried after a deadlock or a lock-wait timeout (MariaDB/MySQL).",
+    "Store transactions run again: after a deadlock or a lock-wait timeout (MariaDB/MySQL, `reason` "
+    "`deadlock` or `lock_wait_timeout`), or after an undeclared pooler lost a prepared statement "
+    "(PostgreSQL, `prepared_statement_lost`).",
     ("operation", "reason"),
     source="enqueuing process and worker",
 )
@@ -252,6 +267,19 @@ WORKFLOW_CALLBACKS = _counter(
     "they run (success, complete, dead).",
     ("kind", "when"),
 )
+CLAIMS_THROTTLED = _counter(
+    "jobguard_claims_throttled_total",
+    "Limited claims that took fewer jobs than asked while a limit was at its bound, a breaker "
+    "open or a retry budget spent (reason: concurrency, rate, breaker, budget).",
+    ("reason",),
+)
+BREAKER_TRANSITIONS = _counter(
+    "jobguard_breaker_transitions_total",
+    "State changes of a named limit's circuit breaker made by this process, by the state entered "
+    "(status: open, half_open, closed).",
+    ("limit", "status"),
+    source="worker and web (admin, API)",
+)
 SCHEDULE_LAG = _histogram(
     "jobguard_schedule_lag_seconds",
     "Seconds from a tick's time to the enqueue of its job (database clock).",
@@ -287,6 +315,16 @@ CACHE_REFILL_LOADS = _counter(
 )
 
 # Queue gauges: computed from the database at scrape time by QueueCollector.
+ASYNC_SLOTS = _worker_gauge(
+    "jobguard_worker_async_slots", "Coroutines the worker's event loop may run at once."
+)
+ASYNC_SLOTS_IN_USE = _worker_gauge(
+    "jobguard_worker_async_slots_in_use", "Coroutines running on the worker's event loop (--async-slots)."
+)
+EVENT_LOOP_LAG = _worker_gauge(
+    "jobguard_worker_event_loop_lag_seconds",
+    "How late the worker's event loop last woke from a 0.1 s sleep: time a coroutine held the loop.",
+)
 QUEUE_DEPTH = _gauge(
     "jobguard_queue_depth", "Queued jobs that are due: the work waiting for a worker.", ("queue",)
 )
@@ -336,6 +374,40 @@ LIMIT_WAITING = _gauge(
     ("limit", "kind"),
 )
 _LIMIT_FIELDS = ((LIMIT_RUNNING, "running"), (LIMIT_FULL_KEYS, "full_keys"), (LIMIT_WAITING, "waiting"))
+# Workflow gauges: computed from the database at scrape time by QueueCollector (one query on
+# the partial index of unfinished workflows). `kind`: chain, group, batch or graph.
+WORKFLOWS_OPEN = _gauge(
+    "jobguard_queue_workflows_open",
+    "Workflows not finished: open batches, and closed ones whose members have not all settled.",
+    ("kind",),
+)
+WORKFLOW_OLDEST_OPEN_AGE = _gauge(
+    "jobguard_queue_workflow_oldest_open_age_seconds",
+    "Seconds since the oldest unfinished workflow of the kind was created (0 when none is).",
+    ("kind",),
+)
+_WORKFLOW_FIELDS = ((WORKFLOWS_OPEN, "open"), (WORKFLOW_OLDEST_OPEN_AGE, "oldest_age_seconds"))
+# Breaker gauges: one series per named limit that declares a breaker or a retry budget.
+BREAKER_STATE = _gauge(
+    "jobguard_breaker_state",
+    "A named limit's circuit breaker: 0 closed, 1 half-open (probing), 2 open (its jobs wait).",
+    ("limit",),
+)
+BREAKER_WAITING = _gauge(
+    "jobguard_breaker_waiting",
+    "Due queued jobs of the tasks behind a named limit's breaker or retry budget.",
+    ("limit",),
+)
+RETRY_BUDGET_REMAINING = _gauge(
+    "jobguard_retry_budget_remaining",
+    "Retries a named limit's retry budget still allows in its current window (0: retries wait).",
+    ("limit",),
+)
+_BREAKER_FIELDS = (
+    (BREAKER_STATE, "state_value"),
+    (BREAKER_WAITING, "waiting"),
+    (RETRY_BUDGET_REMAINING, "budget_remaining"),
+)
 QUEUE_STATS_UP = _gauge(
     "jobguard_queue_stats_up",
     "1 if the last scrape read the queue statistics from the database, 0 if that failed.",
@@ -350,8 +422,10 @@ QUEUE_STATS_DURATION = _gauge(
 #: Every metric django-jobguard exposes, in the order of the reference page.
 CATALOGUE: tuple[MetricInfo, ...] = tuple(_CATALOGUE)
 
-#: Prefix shared by the scrape-time gauges (none of them is served by a worker).
+#: Prefix shared by the scrape-time gauges of queues and limits (none of them is served by a worker).
 QUEUE_GAUGE_PREFIX = "jobguard_queue_"
+#: Prefixes of every scrape-time gauge: the queues' and limits', the breakers' and the budgets'.
+SCRAPE_GAUGE_PREFIXES = (QUEUE_GAUGE_PREFIX, "jobguard_breaker_", "jobguard_retry_budget_")
 
 
 _children: dict[tuple[int, tuple[str, ...]], Any] = {}
@@ -516,23 +590,31 @@ class QueueCollector:
         # (monotonic time, rows) of the last computation; scrapers queue on the lock, so
         # concurrent scrapes run one set of queries and share it.
         self._lock = threading.Lock()
-        self._computed: tuple[float, tuple[list[Any], list[Any]]] | None = None
+        self._computed: tuple[float, tuple[list[Any], list[Any], list[Any], list[Any]]] | None = None
 
-    def _queue_stats(self, alias: str) -> tuple[list[Any], list[Any]]:
-        """The queues' statistics and the flow-control limits' (none, with no query, if none)."""
+    def _queue_stats(self, alias: str) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+        """The queues' statistics, the flow-control limits', the breakers' (none, with no query,
+        if none is declared) and the workflows'."""
         ttl = get_settings().metrics_cache_seconds
         with self._lock:
             now = time.monotonic()
             if ttl > 0 and self._computed is not None and now - self._computed[0] < ttl:
                 return self._computed[1]
-            computed = (list(queue_stats(alias)), limit_stats(alias))
+            computed = (
+                list(queue_stats(alias)),
+                limit_stats(alias),
+                breaker_stats(alias),
+                workflow_stats(alias),
+            )
             self._computed = (time.monotonic(), computed)
             return computed
 
     def describe(self) -> list[Any]:
         # Registering calls describe(), or collect() if there is none: keep the
         # registration free of database queries.
-        return [_family(info) for info, _ in (*_QUEUE_FIELDS, *_LIMIT_FIELDS)] + [
+        return [
+            _family(info) for info, _ in (*_QUEUE_FIELDS, *_LIMIT_FIELDS, *_BREAKER_FIELDS, *_WORKFLOW_FIELDS)
+        ] + [
             _family(QUEUE_STATS_UP),
             _family(QUEUE_STATS_DURATION),
         ]
@@ -553,7 +635,7 @@ class QueueCollector:
             # poison it; in autocommit a failed query harms nothing.
             guard = transaction.atomic(using=alias) if connection.in_atomic_block else nullcontext()
             with guard:
-                rows, limits = self._queue_stats(alias)
+                rows, limits, breakers, flows = self._queue_stats(alias)
             for queue, values in _by_label(rows).items():
                 for family, field in families:
                     family.add_metric([queue], values[field])
@@ -562,6 +644,16 @@ class QueueCollector:
                 for family, field in limit_families:
                     family.add_metric([limit.limit, limit.kind], float(getattr(limit, field)))
             families += limit_families
+            workflow_families = [(_family(info), field) for info, field in _WORKFLOW_FIELDS]
+            for flow in flows:
+                for family, field in workflow_families:
+                    family.add_metric([flow.kind], float(getattr(flow, field)))
+            families += workflow_families
+            breaker_families = [(_family(info), field) for info, field in _BREAKER_FIELDS] if breakers else []
+            for breaker in breakers:
+                for family, field in breaker_families:
+                    family.add_metric([breaker.limit], float(getattr(breaker, field)))
+            families += breaker_families
         except Exception:
             # Whatever went wrong (database down, no database access at all), the rest of the
             # page must still be served: the scrape reports the gauges as down instead.
@@ -740,6 +832,13 @@ def reference_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def event_loop_sampled(in_use: int, slots: int, lag: float) -> None:
+    """Set the gauges of the worker's event loop."""
+    ASYNC_SLOTS.set(slots)
+    ASYNC_SLOTS_IN_USE.set(in_use)
+    EVENT_LOOP_LAG.set(lag)
+
+
 def schedule_tick_enqueued(schedule: str, lag: float) -> None:
     """Count one tick's job of ``schedule``, enqueued ``lag`` seconds after the tick's time."""
     _child(SCHEDULE_TICKS, schedule).inc()
@@ -793,6 +892,8 @@ _REPORTS: dict[type, Callable[[Any], None]] = {
     events.JobDeadLettered: lambda e: job_dead_lettered(e.queue, e.task, e.reason),
     events.ReplayMoved: lambda e: replay_transition(e.queue, e.task, e.action),
     events.LockContended: lambda e: lock_contended(e.queue, e.task),
+    events.ClaimThrottled: lambda e: _child(CLAIMS_THROTTLED, e.reason).inc(),
+    events.BreakerChanged: lambda e: _child(BREAKER_TRANSITIONS, e.limit, e.to_state).inc(),
     events.LockFailed: lambda e: lock_failed(e.queue, e.task, e.reason),
     events.LeaseReappeared: lambda e: reappeared(e.queue, e.count),
     events.LeaseLost: lambda e: lease_lost(e.queue, e.task, e.operation),
@@ -804,6 +905,7 @@ _REPORTS: dict[type, Callable[[Any], None]] = {
     events.ScheduleTicksMissed: lambda e: schedule_ticks_missed(e.schedule, e.count),
     events.WorkflowCallbackEnqueued: lambda e: WORKFLOW_CALLBACKS.labels(e.kind, e.when).inc(),
     events.CacheInvalidated: lambda e: cache_invalidated(e.cache, e.status, e.count),
+    events.EventLoopSampled: lambda e: event_loop_sampled(e.in_use, e.slots, e.lag),
     events.StaleWriteRejected: lambda e: stale_write_rejected(e.cache),
     events.DurableInvalidation: lambda e: durable_invalidation(e.cache, e.status),
     events.RefillLeaseTaken: lambda e: refill_lease_taken(e.cache),

@@ -606,7 +606,7 @@ class QueueEvent(models.Model):
 class QueueMinute(models.Model):
     """Outcomes of one queue in one minute, and the oldest due job's age then: the health charts.
 
-    Workers count outcomes in memory and add them here once per heartbeat interval (one
+    Workers count outcomes in memory and add them here once per beat interval (one
     statement for all queues, never one per job); a worker also samples the oldest due
     age once a minute. Rows older than a day are pruned by the same writer.
     """
@@ -635,7 +635,7 @@ class QueueMinute(models.Model):
 
 
 class WorkerBeat(models.Model):
-    """One worker process as its heartbeat last reported it (one upsert per beat interval)."""
+    """One worker process as its last beat reported it (one upsert per beat interval)."""
 
     worker_id = models.CharField(max_length=128, primary_key=True)
     host = models.CharField(max_length=255)
@@ -645,6 +645,13 @@ class WorkerBeat(models.Model):
     started_at = models.DateTimeField()
     last_beat_at = models.DateTimeField(help_text=_("Database clock."))
     jobs_in_hand = models.PositiveIntegerField(default=0, help_text=_("Jobs claimed and not yet settled."))
+    async_slots = models.PositiveIntegerField(
+        default=0, help_text=_("Coroutines it runs at once on its event loop (--async-slots); 0: none.")
+    )
+    async_in_use = models.PositiveIntegerField(default=0, help_text=_("Coroutines running at its last beat."))
+    loop_lag_ms = models.PositiveIntegerField(
+        default=0, help_text=_("The event loop's worst lag since the beat before, in milliseconds.")
+    )
 
     class Meta:
         verbose_name = _("worker")
@@ -688,6 +695,7 @@ class FlowRate(models.Model):
 
     Written by the claim, under the flow-control claims' lock, for the keys it admitted
     jobs of; a row whose time has passed holds no state (the key is idle) and may be deleted.
+    On MariaDB/MySQL one row, ``flow:turn`` (``tat`` 0), is that lock: it is kept.
     """
 
     key = models.CharField(max_length=255, primary_key=True)
@@ -719,9 +727,10 @@ class WorkflowState(models.TextChoices):
     FINISHED = "finished", _("finished")
 
 
-#: Counter rows per workflow: a member's completion updates the row of ``job id % SHARDS``,
-#: so concurrent completions rarely wait on one another's row.
-WORKFLOW_COUNTER_SHARDS = 16
+#: Counter rows per workflow, at most: a member's completion updates the row of
+#: ``job id % SHARDS``, so concurrent completions rarely wait on one another's row. A row
+#: is written when its first member joins: a three-step chain has three, a large batch 256.
+WORKFLOW_COUNTER_SHARDS = 256
 
 
 class Workflow(models.Model):
@@ -810,3 +819,74 @@ class JobDependency(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.child_id} after job {self.parent_id}"
+
+
+class BreakerState(models.TextChoices):
+    CLOSED = "closed", _("closed")
+    OPEN = "open", _("open")
+    HALF_OPEN = "half_open", _("half-open")
+
+
+class Breaker(models.Model):
+    """A named limit's circuit breaker and retry budget: one row per ``JOBGUARD["LIMITS"]`` entry.
+
+    Every limited claim reads these rows under the flow-control claims' lock: an open breaker's
+    jobs are left queued (no attempt charged), a half-open one admits its probes, a spent
+    budget leaves retries queued. Outcomes of the dependency's jobs update the window counts.
+    Times are seconds since the epoch on the database clock.
+    """
+
+    name = models.CharField(_("limit"), max_length=100, primary_key=True)
+    state = models.CharField(max_length=16, choices=BreakerState.choices, default=BreakerState.CLOSED)
+    #: When an open breaker half-opens; None while it is held open by hand.
+    open_until = models.FloatField(null=True, blank=True)
+    #: Opened or closed by an operator: the counts do not move it until it is changed again.
+    manual = models.BooleanField(default=False)
+    #: Half-open: probes admitted so far, and since when it is half-open.
+    probes = models.IntegerField(default=0)
+    half_open_since = models.FloatField(null=True, blank=True)
+    #: The breaker's current window: its start, the attempts that ended in it, the failed ones.
+    window_start = models.FloatField(default=0)
+    calls = models.IntegerField(default=0)
+    failures = models.IntegerField(default=0)
+    #: The retry budget's current window: its start, first attempts and retries started in it.
+    budget_start = models.FloatField(default=0)
+    first_attempts = models.IntegerField(default=0)
+    retries = models.IntegerField(default=0)
+    changed_at = models.DateTimeField(db_default=Now())
+    changed_by_name = models.CharField(max_length=150, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        verbose_name = _("circuit breaker")
+        verbose_name_plural = _("circuit breakers")
+        permissions = [("operate_breaker", _("Can open and close circuit breakers"))]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.state})"
+
+
+class BreakerEvent(models.Model):
+    """One state change of a breaker, by the fleet or by an operator: who, when, why. Append-only."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(_("limit"), max_length=100)
+    from_state = models.CharField(max_length=16, choices=BreakerState.choices)
+    to_state = models.CharField(max_length=16, choices=BreakerState.choices)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_name = models.CharField(
+        max_length=150, blank=True, default="", help_text=_("Kept if the user goes; 'system' for the fleet.")
+    )
+    reason = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        verbose_name = _("breaker event")
+        verbose_name_plural = _("breaker events")
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["name", "created_at"], name="jobguard_breaker_event_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.from_state} -> {self.to_state} by {self.actor_name or 'system'}"

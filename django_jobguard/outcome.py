@@ -64,6 +64,8 @@ class PutBackCause(enum.Enum):
     LOCK_CONTENDED = "lock_contended"
     IDEMPOTENCY_WAIT = "idempotency_wait"
     LOCK_UNAVAILABLE = "lock_unavailable"
+    #: A sync task claimed by a worker with no executor threads (``--concurrency 0``).
+    NEEDS_THREAD = "needs_thread"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

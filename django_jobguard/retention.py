@@ -35,6 +35,7 @@ from .models import (
     Schedule,
     WorkerBeat,
 )
+from .store import FLOW_TURN_KEY
 from .store import locks as lock_rows
 
 __all__ = [
@@ -324,7 +325,8 @@ def prune_idle_flow_rates(alias: str, *, dry_run: bool = False) -> int:
     Safe while workers claim: a claim that starts such a key's job writes its row again.
     """
     idle_before = timezone.now().timestamp() - FLOW_RATE_ROWS_KEPT_FOR.total_seconds()
-    rows = FlowRate.objects.using(alias).filter(tat__lt=idle_before)
+    # The turn row of MariaDB/MySQL's limited claims holds no rate: it stays.
+    rows = FlowRate.objects.using(alias).filter(tat__lt=idle_before).exclude(key=FLOW_TURN_KEY)
     if dry_run:
         return rows.count()
     return int(rows.delete()[0])

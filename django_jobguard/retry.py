@@ -16,7 +16,10 @@ from .exceptions import (
     InvalidArgumentsError,
     LockNotAcquired,
     LockUnavailable,
+    PermanentError,
+    RecoverableError,
     TaskError,
+    TransientError,
     UnknownTaskError,
 )
 
@@ -34,9 +37,11 @@ __all__ = [
     "requested_delay",
 ]
 
-TRANSIENT = "transient"
-RECOVERABLE = "recoverable"
-PERMANENT = "permanent"
+# The error categories, spelled once: by the errors a handler raises to choose one. The
+# ErrorCategory choices of the attempt history (models.py) take their values from these.
+TRANSIENT = TransientError.category
+RECOVERABLE = RecoverableError.category
+PERMANENT = PermanentError.category
 
 #: Classes outside the TaskError family we classify, checked after the task's mappings.
 _BUILT_IN: tuple[tuple[type[BaseException], str], ...] = (

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from .models import Job, Schedule
     from .task import Task
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_jobguard.schedules")
 
 __all__ = [
     "SchedulerPass",

@@ -31,19 +31,39 @@ from django.db.models.functions import Now
 
 from . import store
 from .conf import get_settings
-from .models import DeadLetter, Job, JobStatus, QueueState, ReplayState, Schedule
+from .models import (
+    Breaker,
+    BreakerState,
+    DeadLetter,
+    Job,
+    JobStatus,
+    QueueState,
+    ReplayState,
+    Schedule,
+    WorkerBeat,
+    Workflow,
+    WorkflowState,
+)
 
 __all__ = [
     "QUERIES",
     "QUERIES_WITH_RECENT",
     "RECENT_WINDOW_SECONDS",
+    "WORKFLOW_QUERIES",
+    "BreakerStats",
+    "EventLoopStats",
     "LimitStats",
     "QueueStats",
     "ScheduleStats",
+    "WorkflowStats",
+    "breaker_stats",
+    "event_loop_stats",
     "limit_stats",
     "oldest_due_ages",
     "queue_stats",
     "schedule_stats",
+    "waiting_keys",
+    "workflow_stats",
 ]
 
 #: Window of the "succeeded / failed in the last hour" counts, in seconds.
@@ -51,6 +71,8 @@ RECENT_WINDOW_SECONDS = 3600
 #: Queries :func:`queue_stats` runs without, and with, the last-hour counts.
 QUERIES = 4
 QUERIES_WITH_RECENT = 5
+#: Queries :func:`workflow_stats` runs (the workflow gauges, beside the queue gauges).
+WORKFLOW_QUERIES = 1
 
 
 @dataclasses.dataclass(slots=True)
@@ -235,6 +257,33 @@ class ScheduleStats:
         return data
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class EventLoopStats:
+    """One live worker's event loop (``--async-slots``) as its last beat reported it."""
+
+    worker_id: str
+    slots: int
+    in_use: int
+    #: The loop's worst lag over the beat interval before that beat, in milliseconds.
+    lag_ms: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def event_loop_stats(alias: str | None = None, *, live_within: float = 15.0) -> list[EventLoopStats]:
+    """The workers with async slots that beat in the last ``live_within`` seconds: one query."""
+    alias = alias or get_settings().database_alias
+    cutoff = ExpressionWrapper(Now() - datetime.timedelta(seconds=live_within), output_field=DurationField())
+    rows = (
+        WorkerBeat.objects.using(alias)
+        .filter(async_slots__gt=0, last_beat_at__gte=cutoff)
+        .order_by("worker_id")
+        .values_list("worker_id", "async_slots", "async_in_use", "loop_lag_ms")
+    )
+    return [EventLoopStats(*row) for row in rows]
+
+
 def schedule_stats(alias: str | None = None) -> list[ScheduleStats]:
     """Every schedule row, removed ones included, sorted by name: one query."""
 
@@ -331,3 +380,144 @@ def limit_stats(alias: str | None = None) -> list[LimitStats]:
         if row is not None:
             row.waiting += count
     return sorted(rows.values(), key=lambda row: (row.kind, row.limit))
+
+
+@dataclasses.dataclass(slots=True)
+class WorkflowStats:
+    """Unfinished workflows of one kind: how many, and how long the oldest has been open."""
+
+    kind: str
+    #: Workflows not finished: open batches, and closed ones with members still pending.
+    open: int = 0
+    #: Seconds since the oldest of them was created (0 when there is none).
+    oldest_age_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def workflow_stats(alias: str | None = None) -> list[WorkflowStats]:
+    """Unfinished workflows per kind (chain, group, batch, graph): one query.
+
+    Served by the partial index on unfinished workflows (``jobguard_workflow_unfinished``):
+    finished ones, however many, cost nothing. Every kind is listed, 0 when none is open.
+    """
+    alias = alias or get_settings().database_alias
+    rows = {kind: WorkflowStats(kind) for kind in ("chain", "group", "batch", "graph")}
+    found = (
+        Workflow.objects.using(alias)
+        .exclude(state=WorkflowState.FINISHED)
+        .values("kind")
+        .annotate(
+            n=Count("pk"),
+            oldest_age=ExpressionWrapper(Now() - Min("created_at"), output_field=DurationField()),
+        )
+    )
+    for item in found:
+        row = rows.setdefault(item["kind"], WorkflowStats(item["kind"]))
+        row.open = item["n"]
+        row.oldest_age_seconds = _seconds(item["oldest_age"])
+    return list(rows.values())
+
+
+def waiting_keys(alias: str | None = None, top: int = 20) -> list[tuple[str, int]]:
+    """The limit keys with the most due jobs waiting, most first: where a backlog sits."""
+    plan = store.flow_plan()
+    if plan is None:
+        return []
+    _, waiting = store.flow_usage(alias or get_settings().database_alias, plan)
+    return sorted(waiting.items(), key=lambda item: (-item[1], item[0]))[:top]
+
+
+# -- circuit breakers and retry budgets -----------------------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class BreakerStats:
+    """One named limit's breaker and retry budget at one moment."""
+
+    limit: str
+    #: ``closed``, ``open`` or ``half_open`` (``closed`` for a limit with a budget only).
+    state: str = BreakerState.CLOSED
+    #: Held open or closed by an operator.
+    manual: bool = False
+    #: Seconds until an open breaker half-opens (None: not open, or open by hand).
+    opens_in: float | None = None
+    #: The breaker's window so far: attempts that ended, and how many failed transiently.
+    calls: int = 0
+    failures: int = 0
+    #: The declared breaker, as text ("" without one).
+    breaker: str = ""
+    #: The retry budget: the declared one as text, first attempts and retries started in the
+    #: window, and the retries it still allows (None without a budget).
+    budget: str = ""
+    first_attempts: int = 0
+    retries: int = 0
+    budget_remaining: int | None = None
+    #: Due jobs of the guarded tasks, and of those the retries.
+    waiting: int = 0
+    waiting_retries: int = 0
+    changed_at: datetime.datetime | None = None
+    changed_by: str = ""
+    reason: str = ""
+
+    @property
+    def state_value(self) -> int:
+        """0 closed, 1 half-open, 2 open (the ``jobguard_breaker_state`` gauge)."""
+        return {"open": 2, "half_open": 1}.get(self.state, 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["changed_at"] = self.changed_at.isoformat() if self.changed_at is not None else None
+        return data
+
+
+def breaker_stats(alias: str | None = None) -> list[BreakerStats]:
+    """Every named limit with a breaker or a retry budget: two reads (their rows, their waiting jobs).
+
+    Empty, with no query, when none is declared.
+    """
+    plan = store.flow_plan()
+    if plan is None or not plan.guards:
+        return []
+    alias = alias or get_settings().database_alias
+    now = store.database_now(alias).timestamp()
+    rows = {row.name: row for row in Breaker.objects.using(alias).filter(name__in=list(plan.guards))}
+    waiting = (
+        Job.objects.using(alias)
+        .filter(status=JobStatus.QUEUED, run_after__lte=Now(), task_name__in=list(plan.guarded_tasks))
+        .values("task_name")
+        .annotate(total=Count("id"), retries=Count("id", filter=Q(attempts__gt=0)))
+    )
+    result: dict[str, BreakerStats] = {}
+    for name, guard in sorted(plan.guards.items()):
+        stats = result[name] = BreakerStats(name)
+        row = rows.get(name)
+        if guard.breaker is not None:
+            spec = guard.breaker
+            stats.breaker = (
+                f"{spec.failure_rate:.0%} of >= {spec.min_calls} calls in {spec.window:g}s; "
+                f"open {spec.open_for:g}s; {spec.probes} probes"
+            )
+            if row is not None:
+                stats.state, stats.manual = row.state, row.manual
+                if row.state == BreakerState.OPEN and row.open_until is not None:
+                    stats.opens_in = max(0.0, row.open_until - now)
+                if now - row.window_start < spec.window:
+                    stats.calls, stats.failures = row.calls, row.failures
+                stats.changed_at, stats.changed_by = row.changed_at, row.changed_by_name
+                stats.reason = row.reason
+        if guard.budget is not None:
+            budget = guard.budget
+            stats.budget = (
+                f"{budget.ratio:.0%} of first attempts, at least {budget.min_retries} per {budget.window:g}s"
+            )
+            if row is not None and now - row.budget_start < budget.window:
+                stats.first_attempts, stats.retries = row.first_attempts, row.retries
+            stats.budget_remaining = max(0, budget.allowed(stats.first_attempts) - stats.retries)
+    for entry in waiting:
+        stats_of = result.get(plan.guarded_tasks.get(entry["task_name"], ""))
+        if stats_of is not None:
+            stats_of.waiting += entry["total"]
+            stats_of.waiting_retries += entry["retries"]
+    return list(result.values())

@@ -72,10 +72,6 @@ def _exception_types(value: Any, option: str) -> ExceptionTypes:
     return types
 
 
-#: The argument names a key template formats (one language for lock=, idempotency_key= and limits).
-_template_fields = template_fields
-
-
 #: The earliest and latest times a job may be scheduled at: a day inside what Python's
 #: datetime holds, so the value reads back and shows in any time zone (the admin's lists).
 EARLIEST_DATETIME = datetime.datetime.min.replace(tzinfo=datetime.UTC) + datetime.timedelta(days=1)
@@ -123,7 +119,7 @@ class Task(Generic[P, R]):
     timeout: float | None = None
     handler_version: str = ""
     idempotency_scope: str | None = None
-    # Classification (the checklist that ``manage.py check`` holds tasks to, see checks.py):
+    # Classification (the checklist that ``manage.py check`` holds tasks to, see checks/tasks.py):
     # None means "not declared". The decorator's ``idempotency_key=`` is stored as
     # ``idempotency_key_template``, because ``idempotency_key`` below is using()'s per-call key.
     idempotent: bool | None = None
@@ -167,7 +163,7 @@ class Task(Generic[P, R]):
         if self.lock is not None:
             if not self.lock:
                 raise InvalidTaskError("lock must be a non-empty key template such as 'order:{order_id}'.")
-            unknown = [f for f in _template_fields(self.lock) if f not in self.parameters]
+            unknown = [f for f in template_fields(self.lock) if f not in self.parameters]
             if unknown:
                 raise InvalidTaskError(
                     f"lock template {self.lock!r} names {unknown[0]!r}, which is not a parameter "
@@ -209,7 +205,7 @@ class Task(Generic[P, R]):
         for option, spec in (("concurrency", self.concurrency), ("rate", self.rate)):
             if spec is None or spec.key is None:
                 continue
-            unknown = [f for f in _template_fields(spec.key) if f not in self.parameters]
+            unknown = [f for f in template_fields(spec.key) if f not in self.parameters]
             if unknown:
                 raise InvalidTaskError(
                     f"{option} key template {spec.key!r} names {unknown[0]!r}, which is not a parameter "
@@ -243,7 +239,7 @@ class Task(Generic[P, R]):
                 f"{self.name} has idempotent=False and an idempotency_key template: a key makes "
                 "the task safe to run twice, so drop idempotent=False (or the key)."
             )
-        fields = _template_fields(template)
+        fields = template_fields(template)
         if not fields:
             raise InvalidTaskError(
                 f"idempotency_key template {template!r} names no parameter, so every call of "

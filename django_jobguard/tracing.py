@@ -5,6 +5,10 @@ imports OpenTelemetry and the claim-and-ack path runs no code of this module.
 
 - **Enqueue** runs in a ``send <queue>`` span (kind PRODUCER); the job row stores that span's
   W3C context (``traceparent``, ``tracestate``, ``baggage``) in ``trace_context``.
+- **Workflows**: storing a chain, a batch (or adding to one) or a job with ``after=`` runs in
+  a ``send workflow`` span (kind PRODUCER) that names the workflow; its members and callbacks
+  store *that* span as their enqueue, and a dependent job also keeps its parents' enqueue
+  contexts (``parents``), so its run links to them as well.
 - **Run**: each attempt is a ``process <queue>`` span (kind CONSUMER) that *links* to the
   enqueue span and to the job's earlier attempts (the convention of Sidekiq and River), or,
   with ``OPENTELEMETRY_PARENT``, is its child. Baggage carries over in both cases. Attributes
@@ -20,11 +24,13 @@ conventions; they never hold the payload.
 
 from __future__ import annotations
 
+import contextvars
 import datetime
+import functools
 import json
 import logging
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
@@ -55,15 +61,21 @@ __all__ = [
     "exemplar",
     "flush",
     "record_enqueued",
+    "record_workflow",
     "run",
+    "run_async",
     "sink",
     "trace_fields",
+    "with_parents",
+    "workflow_span",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_jobguard.tracing")
 
 #: Earlier attempts a run links to (the latest ones): a job retried forever stays bounded.
 MAX_LINKED_ATTEMPTS = 32
+#: Parents a dependent job's run links to (``after=`` takes any number of jobs).
+MAX_LINKED_PARENTS = 32
 #: Seconds the worker waits for the tracer provider to export what it holds when it exits.
 FLUSH_TIMEOUT_SECONDS = 10.0
 #: The value of ``messaging.system``.
@@ -78,6 +90,12 @@ _trace_context = TraceContextTextMapPropagator()
 _baggage = W3CBaggagePropagator()
 
 RunPipeline = Callable[["Held", "Runtime"], Outcome]
+
+#: The workflow span being recorded in this context: ``Batch.enqueue`` opens, adds and closes
+#: in one span, not three.
+_workflow_span: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
+    "jobguard_workflow_span", default=None
+)
 
 
 # -- enqueue -----------------------------------------------------------------------------------
@@ -108,6 +126,52 @@ def record_enqueued(span: Span, job: Any, created: bool = True) -> None:
         span.set_attribute("jobguard.duplicate", True)
 
 
+@contextmanager
+def workflow_span(operation: str, kind: str) -> Iterator[Span]:
+    """The producer span that stores a workflow's jobs (or adds to it); nested calls share it."""
+    current = _workflow_span.get()
+    if current is not None:
+        yield current
+        return
+    attributes = {
+        "messaging.system": SYSTEM,
+        "messaging.destination.name": "workflow",
+        "messaging.operation.type": "send",
+        "messaging.operation.name": operation,
+        "jobguard.workflow.kind": kind,
+    }
+    with _tracer.start_as_current_span(
+        "send workflow", kind=SpanKind.PRODUCER, attributes=attributes
+    ) as span:
+        token = _workflow_span.set(span)
+        try:
+            yield span
+        finally:
+            _workflow_span.reset(token)
+
+
+def record_workflow(span: Span, workflow_id: int | None, members: int) -> None:
+    """Name the workflow the span stored, and how many jobs it stored in it."""
+    if not span.is_recording():
+        return
+    if workflow_id is not None:
+        span.set_attribute("jobguard.workflow.id", workflow_id)
+    if members:
+        span.set_attribute("messaging.batch.message_count", members)
+
+
+def with_parents(stored: dict[str, Any] | None, parents: Sequence[Any]) -> dict[str, Any] | None:
+    """A dependent job's trace context: its own, plus its parents' enqueue contexts."""
+    traceparents = [
+        context["traceparent"]
+        for context in parents
+        if isinstance(context, Mapping) and isinstance(context.get("traceparent"), str)
+    ][:MAX_LINKED_PARENTS]
+    if not traceparents:
+        return stored
+    return {**(stored or {}), "parents": traceparents}
+
+
 def carrier() -> dict[str, str] | None:
     """The current W3C trace context to store with a job; None when no span is current."""
     values: dict[str, str] = {}
@@ -121,6 +185,41 @@ def carrier() -> dict[str, str] | None:
 
 def run(held: Held, runtime: Runtime, completer: Completer, run_pipeline: RunPipeline) -> None:
     """Run one claimed job through ``run_pipeline`` in its consumer span, then settle it."""
+    parent, links, attributes, stored = _begin(held, runtime)
+    with _process_span(held.job, parent, links, attributes) as span:
+        outcome = run_pipeline(held, runtime)
+        _record_outcome(span, held.job, outcome)
+        if type(outcome) is Retry or type(outcome) is Dead:
+            # Before the settle: the next attempt, or the dead letter (and its replay), links to it.
+            _remember_attempt(runtime.alias, held.job, stored, span)
+        with _settle_span(held, outcome):
+            completer.settle_run(held, outcome)
+
+
+async def run_async(
+    held: Held,
+    runtime: Runtime,
+    run_pipeline: Callable[[Held], Awaitable[Outcome]],
+    settle: Callable[[Held, Outcome], Awaitable[None]],
+    in_thread: Callable[..., Awaitable[Any]],
+) -> None:
+    """:func:`run` for a coroutine job (``--async-slots``): its reads and writes on a DB thread.
+
+    The spans are current in the job's asyncio task; ``in_thread`` carries that context to
+    the DB thread, so the settle's log lines join the trace there too.
+    """
+    parent, links, attributes, stored = await in_thread(_begin, held, runtime)
+    with _process_span(held.job, parent, links, attributes) as span:
+        outcome = await run_pipeline(held)
+        _record_outcome(span, held.job, outcome)
+        if type(outcome) is Retry or type(outcome) is Dead:
+            await in_thread(_remember_attempt, runtime.alias, held.job, stored, span)
+        with _settle_span(held, outcome):
+            await settle(held, outcome)
+
+
+def _begin(held: Held, runtime: Runtime) -> tuple[otel_context.Context, list[Link], dict[str, Any], Any]:
+    """What an attempt's span starts with: its context, links and attributes; the stored context."""
     job = held.job
     stored, waited = _stored(runtime.alias, job.id)
     parent, links = _continuation(job, stored)
@@ -129,7 +228,13 @@ def run(held: Held, runtime: Runtime, completer: Completer, run_pipeline: RunPip
     attributes["messaging.operation.type"] = "process"
     attributes["messaging.operation.name"] = "run"
     attributes["jobguard.worker_id"] = runtime.worker_id
-    with _tracer.start_as_current_span(
+    return parent, links, attributes, stored
+
+
+def _process_span(
+    job: ClaimedJob, parent: otel_context.Context, links: list[Link], attributes: dict[str, Any]
+) -> AbstractContextManager[Span]:
+    return _tracer.start_as_current_span(
         f"process {job.queue_name}",
         context=parent,
         kind=SpanKind.CONSUMER,
@@ -137,23 +242,26 @@ def run(held: Held, runtime: Runtime, completer: Completer, run_pipeline: RunPip
         attributes=attributes,
         record_exception=False,
         set_status_on_exception=False,
-    ) as span:
-        outcome = run_pipeline(held, runtime)
-        _record_outcome(span, job, outcome)
-        if type(outcome) is Retry or type(outcome) is Dead:
-            # Before the settle: the next attempt, or the dead letter (and its replay), links to it.
-            _remember_attempt(runtime.alias, job, stored, span)
-        settle_attributes = {
-            "messaging.system": SYSTEM,
-            "messaging.destination.name": job.queue_name,
-            "messaging.operation.type": "settle",
-            "messaging.operation.name": "ack" if type(outcome) in (Succeeded, Duplicate) else "nack",
-            "messaging.message.id": str(job.id),
-        }
-        with _tracer.start_as_current_span(
-            f"settle {job.queue_name}", kind=SpanKind.INTERNAL, attributes=settle_attributes
-        ):
-            completer.settle_run(held, outcome)
+    )
+
+
+@contextmanager
+def _settle_span(held: Held, outcome: Outcome) -> Iterator[Span]:
+    """The span settling an outcome runs in (the ack, the retry or the dead letter)."""
+    job = held.job
+    attributes = {
+        "messaging.system": SYSTEM,
+        "messaging.destination.name": job.queue_name,
+        "messaging.operation.type": "settle",
+        "messaging.operation.name": "ack" if type(outcome) in (Succeeded, Duplicate) else "nack",
+        "messaging.message.id": str(job.id),
+    }
+    with _tracer.start_as_current_span(
+        f"settle {job.queue_name}", kind=SpanKind.INTERNAL, attributes=attributes
+    ) as settle:
+        # A batched ack is reported later, on the ack thread: in this span's context again.
+        held.trace_scope = functools.partial(trace.use_span, settle, end_on_exit=False)
+        yield settle
 
 
 def _stored(alias: str, job_id: int) -> tuple[Any, dict[str, float]]:
@@ -196,7 +304,7 @@ def _aware(value: Any) -> datetime.datetime | None:
 
 
 def _continuation(job: ClaimedJob, stored: Any) -> tuple[otel_context.Context, list[Link]]:
-    """The context the run's span starts in, and its links (enqueue, earlier attempts)."""
+    """The context the run's span starts in, and its links (enqueue, parents, earlier attempts)."""
     fresh = otel_context.Context()  # the executor thread's own context is not the job's
     if stored is None:
         logger.debug("trace_context_missing job_id=%s; the run starts a trace of its own", job.id)
@@ -219,13 +327,14 @@ def _continuation(job: ClaimedJob, stored: Any) -> tuple[otel_context.Context, l
         start = trace.set_span_in_context(trace.NonRecordingSpan(enqueued), start)
     else:
         links.append(Link(enqueued, {"jobguard.link": "enqueue"}))
-    attempts = stored.get("attempts")
-    for number, traceparent in enumerate(attempts if isinstance(attempts, list) else [], start=1):
-        earlier = _span_context({"traceparent": traceparent}) if isinstance(traceparent, str) else None
-        if earlier is not None:
-            links.append(Link(earlier, {"jobguard.link": "earlier_attempt"}))
-        else:
-            logger.debug("trace_context_invalid job_id=%s attempt_link=%d; ignored", job.id, number)
+    for key, label, name in (("parents", "parent", "parent"), ("attempts", "earlier_attempt", "attempt")):
+        listed = stored.get(key)
+        for number, traceparent in enumerate(listed if isinstance(listed, list) else [], start=1):
+            earlier = _span_context({"traceparent": traceparent}) if isinstance(traceparent, str) else None
+            if earlier is not None:
+                links.append(Link(earlier, {"jobguard.link": label}))
+            else:
+                logger.debug("trace_context_invalid job_id=%s %s_link=%d; ignored", job.id, name, number)
     return start, links
 
 
@@ -272,6 +381,9 @@ def _job_attributes(job: Any, *, attempt: bool = True) -> dict[str, Any]:
         attributes["jobguard.idempotency_key"] = fields["idempotency_key"]
     if fields["lock_key"]:
         attributes["jobguard.lock_key"] = fields["lock_key"]
+    workflow_id = getattr(job, "workflow_id", None)
+    if workflow_id is not None:
+        attributes["jobguard.workflow.id"] = workflow_id
     return attributes
 
 

@@ -28,7 +28,6 @@ from .conf import Settings, get_settings
 from .registry import registry
 
 __all__ = [
-    "PERCENTILES",
     "SPLIT_FLOOR_SECONDS",
     "Durations",
     "QueueReport",
@@ -38,8 +37,6 @@ __all__ = [
     "report",
 ]
 
-#: The percentiles reported, as fractions.
-PERCENTILES = store.PERCENTILES
 #: Durations below this count as this much when tasks of a queue are compared: splitting
 #: off work that takes a few milliseconds from work that takes a second gains nothing.
 SPLIT_FLOOR_SECONDS = 1.0

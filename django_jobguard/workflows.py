@@ -25,10 +25,10 @@ import functools
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
-from django.db import NotSupportedError, connections, transaction
+from django.db import connections, transaction
 from django.db.models import Sum
 from django.db.models.functions import Now
 
@@ -37,8 +37,6 @@ from .conf import get_settings
 from .exceptions import InvalidArgumentsError
 from .models import (
     WORKFLOW_COUNTER_SHARDS,
-    IdempotencyKey,
-    IdempotencyStatus,
     Job,
     JobDependency,
     JobStatus,
@@ -49,17 +47,30 @@ from .models import (
     WorkflowState,
 )
 from .registry import registry
+from .store import key_rows
 from .task import Signature, Task
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Batch", "Progress", "chain", "enqueue_after", "group", "job_settled", "replayed"]
+__all__ = [
+    "Batch",
+    "Progress",
+    "add_to_counters",
+    "chain",
+    "enqueue_after",
+    "finish_if_settled",
+    "group",
+    "job_settled",
+    "jobs_settled",
+    "replayed",
+]
 
 #: When each callback of a finished workflow runs.
 CALLBACK_WHENS = ("success", "complete", "dead")
 
 _JOB = "jobguard_job"
-_COUNTER = "jobguard_workflowcounter"
+#: Jobs joined to their workflow per UPDATE statement.
+_JOIN_CHUNK = 5000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,14 +139,7 @@ def _same_task(registered: Task[Any, Any] | None, task: Task[Any, Any]) -> bool:
 
 
 def _alias() -> str:
-    alias = get_settings().database_alias
-    if connections[alias].vendor == "mysql":
-        # The bookkeeping's statements are written for PostgreSQL and SQLite only.
-        raise NotSupportedError(
-            "Workflows (chain, group, Batch, using(after=...)) need PostgreSQL or SQLite as the job "
-            "store; MariaDB/MySQL does not run them yet."
-        )
-    return alias
+    return get_settings().database_alias
 
 
 def _create(alias: str, kind: str, state: str, callbacks: dict[str, Signature], name: str = "") -> Workflow:
@@ -150,10 +154,7 @@ def _create(alias: str, kind: str, state: str, callbacks: dict[str, Signature], 
         callbacks=stored,
         closed_at=None if state == WorkflowState.OPEN else Now(),
     )
-    WorkflowCounter.objects.using(alias).bulk_create(
-        [WorkflowCounter(workflow=workflow, shard=shard) for shard in range(WORKFLOW_COUNTER_SHARDS)]
-    )
-    return workflow
+    return workflow  # its counter rows are written as members join (add_to_counters)
 
 
 def _insert(alias: str, steps: Sequence[Signature], rows: Sequence[dict[str, Any]]) -> list[Job]:
@@ -200,27 +201,80 @@ def _insert_one(task: Task[Any, Any], fields: dict[str, Any], alias: str) -> Job
     return enqueue.insert_prepared(task, [fields], alias)[0]
 
 
-def _join(alias: str, workflow_id: int, job_ids: Sequence[int], waiting: dict[int, int]) -> None:
-    """Make the jobs members of the workflow (pending in its counters); ``waiting``: id → waiting_on."""
+def _join(
+    alias: str, workflow_id: int, job_ids: Sequence[int], waiting: dict[int, int], adopt: Sequence[int] = ()
+) -> None:
+    """Count the jobs as pending members of the workflow; ``waiting``: id → waiting_on.
+
+    New members are inserted with their ``workflow_id``; ``adopt`` names jobs stored before
+    (a dependency's parents), whose rows are updated to join.
+    """
     if not job_ids:
         return
-    Job.objects.using(alias).filter(pk__in=job_ids).update(workflow_id=workflow_id)
+    # In chunks: a statement's parameters are bounded (SQLite's, and any driver's binding).
+    for start in range(0, len(adopt), _JOIN_CHUNK):
+        chunk = adopt[start : start + _JOIN_CHUNK]
+        Job.objects.using(alias).filter(pk__in=chunk).update(workflow_id=workflow_id)
     by_count: dict[int, list[int]] = defaultdict(list)
     for job_id, count in waiting.items():
         by_count[count].append(job_id)
     for count, ids in by_count.items():
-        Job.objects.using(alias).filter(pk__in=ids).update(status=JobStatus.WAITING, waiting_on=count)
+        for start in range(0, len(ids), _JOIN_CHUNK):
+            Job.objects.using(alias).filter(pk__in=ids[start : start + _JOIN_CHUNK]).update(
+                status=JobStatus.WAITING, waiting_on=count
+            )
     per_shard: dict[int, int] = defaultdict(int)
     for job_id in job_ids:
         per_shard[job_id % WORKFLOW_COUNTER_SHARDS] += 1
-    with connections[alias].cursor() as cursor:
-        for shard, count in sorted(per_shard.items()):  # one order: no deadlock between adders
-            cursor.execute(
-                f"UPDATE {_COUNTER} SET pending = pending + %s WHERE workflow_id = %s AND shard = %s",
-                [count, workflow_id, shard],
-            )
+    add_to_counters(alias, workflow_id, {shard: (count, 0) for shard, count in per_shard.items()})
     for job_id in waiting:
         _note(job_id, waiting[job_id])
+
+
+def add_to_counters(alias: str, workflow_id: int, changes: dict[int, tuple[int, int]]) -> None:
+    """Add ``(pending, failed)`` to each shard's counters of a workflow, creating missing rows.
+
+    One store call, its rows in shard order: two writers lock the rows they share in the
+    same order, so they may wait for each other but never in a circle.
+    """
+    rows = [
+        (workflow_id, shard, pending, 0, failed)
+        for shard, (pending, failed) in sorted(changes.items())
+        if pending or failed
+    ]
+    store.add_workflow_counts(alias, rows)
+
+
+_Verb = TypeVar("_Verb", bound=Callable[..., Any])
+
+
+def _traced(operation: str, kind: str | None = None) -> Callable[[_Verb], _Verb]:
+    """Run a verb in the workflow's producer span when tracing is on (see :mod:`.tracing`).
+
+    Its jobs store that span as their enqueue, so every member's run links to it. ``kind``
+    None: the verb is a :class:`Batch` method, whose own kind (batch or group) is used.
+    """
+
+    def decorate(verb: _Verb) -> _Verb:
+        @functools.wraps(verb)
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            if not get_settings().opentelemetry:
+                return verb(*args, **kwargs)
+            from . import tracing  # an optional extra, imported only with the setting on
+
+            with tracing.workflow_span(operation, kind or args[0].kind) as span:
+                result = verb(*args, **kwargs)
+                if isinstance(result, Workflow):  # a chain
+                    tracing.record_workflow(span, result.pk, len(getattr(result, "jobs", ())))
+                elif isinstance(result, Job):  # a job with after=
+                    tracing.record_workflow(span, result.workflow_id, 1)
+                else:  # Batch.open / enqueue (the batch), Batch.add (its new members)
+                    tracing.record_workflow(span, args[0].id, len(result) if isinstance(result, list) else 0)
+            return result
+
+        return traced  # type: ignore[return-value]
+
+    return decorate
 
 
 def _note(job_id: int, count: int) -> None:
@@ -253,12 +307,15 @@ class chain:  # noqa: N801 - named like the other verbs users write (group, task
                 f"{self.steps[0].task.name}: the first step of a chain has no previous result to receive."
             )
 
+    @_traced("enqueue", WorkflowKind.CHAIN)
     def enqueue(self, *, name: str = "") -> Workflow:
         """Store the chain (joining the caller's transaction); its workflow, with ``jobs`` set."""
         rows = [step.prepared() for step in self.steps]  # every check before any write
         alias = _alias()
         with transaction.atomic(using=alias):
             workflow = _create(alias, WorkflowKind.CHAIN, WorkflowState.CLOSED, {}, name)
+            for fields in rows:
+                fields["workflow_id"] = workflow.pk
             jobs = _insert(alias, self.steps, rows)
             ids = [job.pk for job in jobs]
             _join(alias, workflow.pk, ids, dict.fromkeys(ids[1:], 1))
@@ -317,6 +374,7 @@ class Batch:
         batch.id = row.pk
         return batch
 
+    @_traced("open")
     def open(self) -> Batch:
         """Store the batch, open: members may be added until :meth:`close`."""
         if self.id is not None:
@@ -324,6 +382,7 @@ class Batch:
         self.id = _create(_alias(), self.kind, WorkflowState.OPEN, self.callbacks, self.name).pk
         return self
 
+    @_traced("add")
     def add(self, members: Iterable[Signature]) -> list[Job]:
         """Enqueue members of this open batch (joining the caller's transaction)."""
         if self.id is None:
@@ -337,6 +396,8 @@ class Batch:
         rows = [step.prepared() for step in steps]
         if not rows:
             return []
+        for fields in rows:
+            fields["workflow_id"] = self.id
         alias = _alias()
         with transaction.atomic(using=alias):
             # Counters first, the workflow row after: the order an ack takes them in, so an add
@@ -370,6 +431,7 @@ class Batch:
             if updated:
                 _maybe_finish(alias, self.id)
 
+    @_traced("enqueue")
     def enqueue(self, members: Iterable[Signature]) -> Batch:
         """Store the batch with its members, closed (joining the caller's transaction)."""
         steps = _steps(members, "batch member")
@@ -409,6 +471,7 @@ class _GroupBatch(Batch):
 # -- dependencies --------------------------------------------------------------------------
 
 
+@_traced("enqueue", WorkflowKind.GRAPH)
 def enqueue_after(task: Task[Any, Any], args: Sequence[Any], kwargs: Any) -> Job:
     """Enqueue one job that waits for ``task.after`` (see :meth:`Task.using`)."""
     fields = enqueue.prepare(task, args, kwargs)
@@ -416,13 +479,13 @@ def enqueue_after(task: Task[Any, Any], args: Sequence[Any], kwargs: Any) -> Job
     parents = list(task.after)
     alias = _alias()
     with transaction.atomic(using=alias):
-        found = {
-            pk: (status, workflow_id)
-            for pk, status, workflow_id in Job.objects.using(alias)
+        rows = list(
+            Job.objects.using(alias)
             .select_for_update()
             .filter(pk__in=parents)
-            .values_list("pk", "status", "workflow_id")
-        }
+            .values_list("pk", "status", "workflow_id", "trace_context")
+        )
+        found = {pk: (status, workflow_id) for pk, status, workflow_id, _ in rows}
         missing = [pk for pk in parents if pk not in found]
         if missing:
             raise InvalidArgumentsError(f"after: no job #{missing[0]}; nothing was enqueued.")
@@ -439,6 +502,13 @@ def enqueue_after(task: Task[Any, Any], args: Sequence[Any], kwargs: Any) -> Job
                     "another job; declare dependencies before it starts (in the transaction that "
                     "enqueues it)."
                 )
+        if "trace_context" in fields:  # tracing on: its run links to its parents' enqueues too
+            from . import tracing
+
+            contexts = {pk: context for pk, _, _, context in rows}
+            fields["trace_context"] = tracing.with_parents(
+                fields["trace_context"], [contexts[pk] for pk in parents]
+            )
         if fields["idempotency_key"] is not None:
             job, created = idempotency.enqueue_once(
                 task, fields, alias, create_job=lambda: enqueue.insert_prepared(task, [fields], alias)[0]
@@ -458,7 +528,8 @@ def enqueue_after(task: Task[Any, Any], args: Sequence[Any], kwargs: Any) -> Job
         workflow_id = _create(alias, WorkflowKind.GRAPH, WorkflowState.CLOSED, {}).pk
         unsettled = [pk for pk in parents if found[pk][0] != JobStatus.SUCCEEDED]
         newcomers = [pk for pk in unsettled if found[pk][1] is None]
-        _join(alias, workflow_id, [*newcomers, job.pk], {job.pk: len(unsettled)} if unsettled else {})
+        joining = [*newcomers, job.pk]
+        _join(alias, workflow_id, joining, {job.pk: len(unsettled)} if unsettled else {}, adopt=joining)
         JobDependency.objects.using(alias).bulk_create(
             [JobDependency(parent_id=pk, child_id=job.pk) for pk in parents]
         )
@@ -495,35 +566,46 @@ def job_settled(
     Dependents are released (all their dependencies succeeded) or cancelled (one of them
     failed), and so on down the graph.
     """
-    work: list[tuple[int, int, str, str | None]] = [(job_id, workflow_id, status, result_json)]
+    jobs_settled(alias, [(job_id, workflow_id, status, result_json)])
+
+
+def jobs_settled(alias: str, settled: Sequence[tuple[int, int, str, str | None]]) -> None:
+    """:func:`job_settled` for several members at once: ``(job_id, workflow_id, status, result_json)``.
+
+    A worker's batched ack calls it once. The counters are updated once per shard touched,
+    in one order (workflow, shard) for every transaction: two acks that touch the same shards
+    wait for each other at most, never in a circle (a deadlock costs PostgreSQL a second to
+    detect, and the batch its retry; MariaDB/MySQL detect one at once).
+    """
+    counts: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0])  # -> [succeeded, failed]
+    work = list(settled)
     while work:
-        job_id, workflow_id, status, result_json = work.pop()
-        _count(alias, workflow_id, job_id, status)
-        children = list(
-            JobDependency.objects.using(alias).filter(parent_id=job_id).values_list("child_id", "result_as")
-        )
-        if not children:
-            continue
-        if status == JobStatus.SUCCEEDED:
-            _release(alias, job_id, children, result_json)
-        else:
-            work.extend(_cancel_dependents(alias, job_id, status, [child for child, _ in children]))
-
-
-def _count(alias: str, workflow_id: int, job_id: int, status: str) -> None:
-    shard = job_id % WORKFLOW_COUNTER_SHARDS
-    ok = 1 if status == JobStatus.SUCCEEDED else 0
-    with connections[alias].cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {_COUNTER} SET pending = pending - 1, succeeded = succeeded + %s, "
-            "failed = failed + %s WHERE workflow_id = %s AND shard = %s",
-            [ok, 1 - ok, workflow_id, shard],
-        )
-        cursor.execute(
-            f"SELECT pending FROM {_COUNTER} WHERE workflow_id = %s AND shard = %s", [workflow_id, shard]
-        )
-        row = cursor.fetchone()
-    if row is not None and row[0] == 0:
+        for job_id, workflow_id, status, _ in work:
+            counts[(workflow_id, job_id % WORKFLOW_COUNTER_SHARDS)][
+                0 if status == JobStatus.SUCCEEDED else 1
+            ] += 1
+        children: dict[int, list[tuple[int, str]]] = defaultdict(list)
+        for parent, child, name in store.workflow_children(alias, [job_id for job_id, *_ in work]):
+            children[parent].append((child, name))
+        found: list[tuple[int, int, str, str | None]] = []
+        for job_id, _, status, result_json in work:
+            if job_id not in children:
+                continue
+            if status == JobStatus.SUCCEEDED:
+                _release(alias, job_id, children[job_id], result_json)
+            else:
+                found.extend(
+                    _cancel_dependents(alias, job_id, status, [child for child, _ in children[job_id]])
+                )
+        work = found
+    # Every row touched in one store call, in (workflow, shard) order: its rows are locked
+    # in that order. Every row exists (its members joined).
+    rows = [
+        (workflow_id, shard, -(ok + failed), ok, failed)
+        for (workflow_id, shard), (ok, failed) in sorted(counts.items())
+    ]
+    emptied = {workflow_id for workflow_id, pending in store.add_workflow_counts(alias, rows) if pending == 0}
+    for workflow_id in sorted(emptied):
         _maybe_finish(alias, workflow_id)
 
 
@@ -541,10 +623,12 @@ def _release(alias: str, parent_id: int, children: list[tuple[int, str]], result
     # One statement per child set: each row's decrement is atomic under its row lock, and the
     # completion that takes the count to zero is the one that queues the job.
     with connections[alias].cursor() as cursor:
+        # waiting_on last: MariaDB/MySQL apply assignments left to right, each seeing the
+        # ones before it (PostgreSQL and SQLite read the old row throughout).
         cursor.execute(
-            f"UPDATE {_JOB} SET waiting_on = waiting_on - 1, "
-            f"status = CASE WHEN waiting_on = 1 THEN 'queued' ELSE status END, "
-            f"run_after = CASE WHEN waiting_on = 1 THEN {_now(alias)} ELSE run_after END "
+            f"UPDATE {_JOB} SET status = CASE WHEN waiting_on = 1 THEN 'queued' ELSE status END, "
+            f"run_after = CASE WHEN waiting_on = 1 THEN {_now(alias)} ELSE run_after END, "
+            "waiting_on = waiting_on - 1 "
             f"WHERE id IN ({', '.join(['%s'] * len(ids))}) AND status = 'waiting'",
             ids,
         )
@@ -572,13 +656,16 @@ def _cancel_dependents(
     Job.objects.using(alias).filter(pk__in=ids, status=JobStatus.WAITING).update(
         status=JobStatus.CANCELLED, finished_at=Now(), last_error=reason
     )
-    IdempotencyKey.objects.using(alias).filter(job_id__in=ids).update(
-        status=IdempotencyStatus.FAILED, expires_at=Now(), updated_at=Now()
-    )
+    key_rows.release_for_jobs(alias, ids)
     logger.info("jobs_upstream_failed parent=%s count=%d ids=%s", parent_id, len(ids), ids[:20])
     return [
         (pk, workflow_id, JobStatus.CANCELLED, None) for pk, workflow_id in rows if workflow_id is not None
     ]
+
+
+def finish_if_settled(alias: str, workflow_id: int) -> None:
+    """Finish a closed workflow whose members have all settled (callbacks enqueued once); else nothing."""
+    _maybe_finish(alias, workflow_id)
 
 
 def _maybe_finish(alias: str, workflow_id: int) -> None:
@@ -702,13 +789,10 @@ def replayed(alias: str, dead_job_id: int, replay_job_id: int) -> None:
             .filter(parent_id=child_id)
             .values_list("child_id", flat=True)
         )
-    with connections[alias].cursor() as cursor:
-        for shard, (pending, failed) in sorted(moves.items()):
-            cursor.execute(
-                f"UPDATE {_COUNTER} SET pending = pending + %s, failed = failed + %s "
-                "WHERE workflow_id = %s AND shard = %s",
-                [pending, failed, workflow_id, shard],
-            )
+    # The replay's shard may have no row yet.
+    add_to_counters(
+        alias, workflow_id, {shard: (pending, failed) for shard, (pending, failed) in moves.items()}
+    )
     Workflow.objects.using(alias).filter(pk=workflow_id, state=WorkflowState.FINISHED).update(
         state=WorkflowState.CLOSED, finished_at=None
     )

@@ -89,7 +89,8 @@ class WorkerProcesses:
     def log(self, proc: subprocess.Popen[bytes]) -> str:
         return self._logs[proc.pid].read_text(errors="replace")
 
-    def wait_started(self, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    def wait_started(self, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
+        # Generous: four workers starting at once on a loaded 2-core machine took over 30 s.
         wait_for(lambda: "worker_started" in self.log(proc), timeout, message="the worker to start")
 
     def burst(

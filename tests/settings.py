@@ -93,6 +93,19 @@ if os.environ.get("JOBGUARD_TEST_CLOCK_OFFSET"):
 if os.environ.get("JOBGUARD_TEST_DB_NAME"):
     DATABASES["default"]["NAME"] = os.environ["JOBGUARD_TEST_DB_NAME"]
 
+if os.environ.get("JOBGUARD_TEST_FAILOVER_PORTS"):
+    # Processes of the failover tests (tests/support/pg_replica.py): "default" names the
+    # test's own primary and standby, and libpq picks whichever accepts writes.
+    DATABASES["default"] = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ.get("JOBGUARD_TEST_FAILOVER_DB", "jobguard_failover"),
+        "USER": "postgres",
+        "PASSWORD": "",
+        "HOST": "127.0.0.1,127.0.0.1",
+        "PORT": os.environ["JOBGUARD_TEST_FAILOVER_PORTS"],
+        "OPTIONS": {"target_session_attrs": "read-write", "connect_timeout": 2},
+    }
+
 if os.environ.get("JOBGUARD_TEST_PGBOUNCER_PORT"):
     # Processes of the PgBouncer tests (tests/support/pgbouncer.py): "default" goes through the
     # pooler in transaction mode with Django's settings for it; "direct" bypasses it for LISTEN.
@@ -198,12 +211,20 @@ JOBGUARD: dict[str, Any] = {
     "METRICS_MAX_UNDECLARED_QUEUES": 100_000,
     # Shared limits of the flow-control tests (tests/testapp/tasks_flow.py); a limit no task
     # names changes no claim.
-    "LIMITS": {"flow-shared": {"concurrency": 2}},
+    "LIMITS": {
+        "flow-shared": {"concurrency": 2},
+        # The breaker tests' dependency (tests/testapp/tasks_flow.py): small numbers so an
+        # outage of a few seconds opens, probes and closes it.
+        "flow-dep": {
+            "breaker": {"failure_rate": 0.5, "min_calls": 6, "window": 10, "open_for": 1.5, "probes": 2},
+            "retry_budget": {"ratio": 0.5, "min_retries": 4, "window": 3},
+        },
+    },
 }
 # The suite's purpose-built tasks exercise one behaviour each and are not classified, and
 # some lock with a deliberately short TTL; the checks that say so are tested in
 # tests/integration/test_checks.py, which calls them directly (silencing does not apply there).
-SILENCED_SYSTEM_CHECKS = ["jobguard.W002", "jobguard.W003", "jobguard.W007"]
+SILENCED_SYSTEM_CHECKS = ["jobguard.W002", "jobguard.W003", "jobguard.W007", "jobguard.W033"]
 if os.environ.get("JOBGUARD_TEST_STRICT_QUEUES"):
     # Worker processes of the queue-refusal tests: undeclared queues refused, as in a project.
     JOBGUARD["ALLOW_UNDECLARED_QUEUES"] = False
@@ -233,6 +254,9 @@ if os.environ.get("JOBGUARD_TEST_MAINTENANCE_LEADER"):
     JOBGUARD["MAINTENANCE_LEADER"] = True
 if os.environ.get("JOBGUARD_TEST_LIVENESS_FILE"):
     JOBGUARD["LIVENESS_FILE"] = os.environ["JOBGUARD_TEST_LIVENESS_FILE"]
+if os.environ.get("JOBGUARD_TEST_WAKEUP_CACHE"):
+    # Process tests of Redis wake-ups: the cache alias enqueues publish through.
+    JOBGUARD["WAKEUP_CACHE"] = os.environ["JOBGUARD_TEST_WAKEUP_CACHE"]
 if os.environ.get("JOBGUARD_TEST_LOCK_BACKEND") == "redis":
     JOBGUARD["LOCKS"] = {**JOBGUARD["LOCKS"], "BACKEND": "redis", "CACHE_ALIAS": "redis"}
 

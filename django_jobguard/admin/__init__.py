@@ -7,15 +7,19 @@ schedules' pause / resume / run now, which call :mod:`django_jobguard.schedules`
 Payloads, stored results and tracebacks show only to users with ``jobguard.view_payload``.
 """
 
+from .breakers import BreakerEventAdmin, FlowControlAdmin
 from .dead_letters import DeadLetterAdmin
 from .jobs import IdempotencyKeyAdmin, JobAdmin
 from .locks import LockAdmin, LockReleaseAdmin
 from .queues import QueueEventAdmin, QueueHealthAdmin
 from .schedules import ScheduleAdmin
 from .workers import WorkerAdmin
+from .workflows import WorkflowAdmin
 
 __all__ = [
+    "BreakerEventAdmin",
     "DeadLetterAdmin",
+    "FlowControlAdmin",
     "IdempotencyKeyAdmin",
     "JobAdmin",
     "LockAdmin",
@@ -24,4 +28,5 @@ __all__ = [
     "QueueHealthAdmin",
     "ScheduleAdmin",
     "WorkerAdmin",
+    "WorkflowAdmin",
 ]

@@ -64,8 +64,6 @@ _DONE: dict[str, StrOrPromise] = {
     dlq.APPROVE: _("Replay approved; a worker will redrive it within the replay rate limit."),
     dlq.REJECT: _("Replay rejected."),
 }
-#: Event data keys that carry payload, hidden from users without jobguard.view_payload.
-_PAYLOAD_KEYS = dlq.PAYLOAD_EVENT_KEYS
 
 
 @admin.register(DeadLetter)
@@ -196,7 +194,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             data = (
                 event.data
                 if show_payload
-                else {k: v for k, v in event.data.items() if k not in _PAYLOAD_KEYS}
+                else {k: v for k, v in event.data.items() if k not in dlq.PAYLOAD_EVENT_KEYS}
             )
             events.append(
                 {

@@ -25,9 +25,10 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from .. import jobs, retention
+from .. import retention
 from ..conf import get_settings
 from ..models import TERMINAL_STATUSES, IdempotencyKey, Job, JobQuerySet, JobStatus
+from ..operations import jobs
 from ..registry import registry
 from . import timeline
 from .base import (
@@ -242,7 +243,8 @@ class JobAdmin(ReadOnlyAdmin):
     payload_derived_fields = ["idempotency_key", "last_error", "error_preview"]
     # The lock admin links to the running jobs holding a lock key.
     # The workers page links to a worker's jobs.
-    extra_lookups = ["lock_key", "idempotency_key", "status__exact", "worker_id", "id__lt"]
+    # A workflow's page links to all its members.
+    extra_lookups = ["lock_key", "idempotency_key", "status__exact", "worker_id", "id__lt", "workflow_id"]
     deletion = Deletion(retention.deletable_jobs, retention.delete_jobs, retention.JOB_DELETION_RULE)
     ordering = ["-id"]
     show_full_result_count = False  # a count(*) over millions of finished rows is slow

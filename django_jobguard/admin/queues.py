@@ -17,10 +17,11 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext_lazy as _
 
-from .. import health, queues
+from .. import health
 from ..conf import get_settings
 from ..exceptions import QueueError, QueuePermissionDenied
 from ..models import QueueEvent, QueueState
+from ..operations import queues
 from .base import ReadOnlyAdmin, format_time, refusal, refuse_nul
 from .charts import bar_chart
 

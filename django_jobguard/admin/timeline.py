@@ -91,6 +91,13 @@ def span(start: datetime.datetime | None, end: datetime.datetime | None) -> str:
     return f"{hours} h {minutes} min"
 
 
+def _cancel_reason(job: Job) -> str:
+    """Why a job was cancelled, when the text is jobguard's own (an operator's reason, or the
+    dependency that failed): a handler's error may echo its payload, and is not shown here."""
+    text = job.last_error or ""
+    return text if text.startswith(("cancelled", "upstream failed")) else ""
+
+
 def _first_line(text: str) -> str:
     stripped = text.strip()
     return stripped.splitlines()[0] if stripped else ""
@@ -136,7 +143,13 @@ def build(job: Job, request: HttpRequest, now: datetime.datetime | None = None) 
     if job.status == JobStatus.CANCELLED and not any(step.outcome == "cancelled" for step in steps):
         # Cancelled while queued (before its first attempt, or waiting for a retry).
         steps.append(
-            Step("cancelled", _("Cancelled"), start=format_time(job.finished_at), outcome="cancelled")
+            Step(
+                "cancelled",
+                _("Cancelled"),
+                start=format_time(job.finished_at),
+                outcome="cancelled",
+                details=_cancel_reason(job),
+            )
         )
     if letter is not None:
         steps.append(_dead_letter_step(letter))

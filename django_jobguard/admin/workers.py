@@ -1,4 +1,4 @@
-"""The workers page: one row per worker process, from the heartbeat row it upserts (beats.py)."""
+"""The workers page: one row per worker process, the beat row it upserts (beats.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _stale_cutoff() -> Any:
 class StaleFilter(admin.SimpleListFilter):
     """Live or stale, by the database clock (the clock the beats are written with)."""
 
-    title = _("heartbeat")
+    title = _("last beat")
     parameter_name = "stale"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
@@ -50,6 +50,8 @@ class WorkerAdmin(ReadOnlyAdmin):
         "pid",
         "queues",
         "concurrency",
+        "async_slots_in_use",
+        "loop_lag",
         "jobs_in_hand_link",
         "started_at",
         "last_beat_at",
@@ -69,7 +71,7 @@ class WorkerAdmin(ReadOnlyAdmin):
             )
         )
 
-    @admin.display(description=_("heartbeat"), ordering="last_beat_at")
+    @admin.display(description=_("last beat"), ordering="last_beat_at")
     def liveness(self, obj: WorkerBeat) -> SafeString:
         stale = getattr(obj, "is_stale", None)
         if stale is None:
@@ -85,6 +87,14 @@ class WorkerAdmin(ReadOnlyAdmin):
             'padding:1px 6px;border-radius:8px">{}</span>',
             _("live"),
         )
+
+    @admin.display(description=_("async slots in use"), ordering="async_in_use")
+    def async_slots_in_use(self, obj: WorkerBeat) -> str:
+        return f"{obj.async_in_use}/{obj.async_slots}" if obj.async_slots else "-"
+
+    @admin.display(description=_("event loop lag"), ordering="loop_lag_ms")
+    def loop_lag(self, obj: WorkerBeat) -> str:
+        return f"{obj.loop_lag_ms} ms" if obj.async_slots else "-"
 
     @admin.display(description=_("jobs in hand"), ordering="jobs_in_hand")
     def jobs_in_hand_link(self, obj: WorkerBeat) -> SafeString:

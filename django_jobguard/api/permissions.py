@@ -9,9 +9,7 @@ from rest_framework.request import Request
 
 from .. import dlq
 
-__all__ = ["VIEW_PAYLOAD", "JobguardPermission", "can_view_payload"]
-
-VIEW_PAYLOAD = dlq.VIEW_PAYLOAD
+__all__ = ["JobguardPermission", "can_view_payload"]
 
 
 class JobguardPermission(BasePermission):

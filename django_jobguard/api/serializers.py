@@ -428,6 +428,35 @@ class LimitSerializer(serializers.Serializer):
     waiting = serializers.IntegerField(read_only=True, help_text="Due queued jobs counted under it.")
 
 
+class BreakerSerializer(serializers.Serializer):
+    """A named limit's circuit breaker and retry budget, as ``jobguard_status`` shows them."""
+
+    limit = serializers.CharField(read_only=True, help_text="The JOBGUARD['LIMITS'] entry.")
+    state = serializers.ChoiceField(
+        choices=["closed", "open", "half_open"],
+        read_only=True,
+        help_text="open: its jobs wait unclaimed; half_open: probes only.",
+    )
+    manual = serializers.BooleanField(read_only=True, help_text="Opened or closed by an operator.")
+    opens_in = serializers.FloatField(
+        read_only=True, allow_null=True, help_text="Seconds until an open breaker half-opens."
+    )
+    calls = serializers.IntegerField(read_only=True, help_text="Attempts that ended in the current window.")
+    failures = serializers.IntegerField(read_only=True, help_text="Of those, transient failures.")
+    breaker = serializers.CharField(read_only=True, help_text="The declared breaker, or empty.")
+    budget = serializers.CharField(read_only=True, help_text="The declared retry budget, or empty.")
+    first_attempts = serializers.IntegerField(read_only=True, help_text="First attempts in the window.")
+    retries = serializers.IntegerField(read_only=True, help_text="Retries started in the window.")
+    budget_remaining = serializers.IntegerField(
+        read_only=True, allow_null=True, help_text="Retries the window still allows."
+    )
+    waiting = serializers.IntegerField(read_only=True, help_text="Due queued jobs of its tasks.")
+    waiting_retries = serializers.IntegerField(read_only=True, help_text="Of those, retries.")
+    changed_at = serializers.CharField(read_only=True, allow_null=True)
+    changed_by = serializers.CharField(read_only=True)
+    reason = serializers.CharField(read_only=True)
+
+
 class WorkflowMemberSerializer(serializers.Serializer):
     """A member of a workflow: its job id, task and status."""
 
@@ -459,3 +488,54 @@ class WorkflowSerializer(serializers.Serializer):
     pending = serializers.IntegerField()
     callbacks = WorkflowCallbackSerializer(many=True)
     members = WorkflowMemberSerializer(many=True, help_text="The first members, by job id.")
+
+
+class WorkflowCancelSerializer(serializers.Serializer):
+    """``POST workflows/{id}/cancel/``: an optional reason, kept in each cancelled member's ``last_error``."""
+
+    reason = serializers.CharField(max_length=1000, required=False, allow_blank=True, default="")
+
+
+class WorkflowCancelResultSerializer(serializers.Serializer):
+    """What a workflow's cancel did."""
+
+    workflow_id = serializers.IntegerField()
+    cancelled = serializers.ListField(
+        child=serializers.IntegerField(), help_text="Members (and their dependents) cancelled."
+    )
+    asked_to_stop = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="Running members asked to stop (their handlers see it at the next heartbeat).",
+    )
+    closed = serializers.BooleanField(help_text="Whether an open batch was closed.")
+
+
+class WorkflowRetrySerializer(serializers.Serializer):
+    """``POST workflows/{id}/retry-failed/``: the reason goes into each replay's audit trail."""
+
+    reason = serializers.CharField(max_length=1000, help_text="Why; required, kept in the audit trail.")
+
+
+class RefusedMemberSerializer(serializers.Serializer):
+    """A member left alone, and why."""
+
+    job_id = serializers.IntegerField()
+    reason = serializers.CharField()
+
+
+class WorkflowRetryResultSerializer(serializers.Serializer):
+    """What retrying a workflow's failed members did."""
+
+    workflow_id = serializers.IntegerField()
+    requeued = serializers.ListField(
+        child=serializers.IntegerField(), help_text="Cancelled members queued (or waiting) again."
+    )
+    replays_requested = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="Dead letters of dead members whose replay now awaits another user's approval.",
+    )
+    awaiting_approval = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="Dead letters whose replay was requested or approved before.",
+    )
+    refused = RefusedMemberSerializer(many=True, help_text="Members left alone, each with why.")

@@ -25,7 +25,16 @@ urlpatterns = [
     path("dead-letters/<int:letter_id>/reject/", views.ReplayRejectView.as_view(), name="dead-letter-reject"),
     path("queues/", views.QueueListView.as_view(), name="queues"),
     path("limits/", views.LimitListView.as_view(), name="limits"),
+    path("breakers/", views.BreakerListView.as_view(), name="breakers"),
+    path("breakers/<str:name>/open/", views.BreakerOpenView.as_view(), name="breaker-open"),
+    path("breakers/<str:name>/close/", views.BreakerCloseView.as_view(), name="breaker-close"),
     path("workflows/<int:workflow_id>/", views.WorkflowDetailView.as_view(), name="workflow"),
+    path("workflows/<int:workflow_id>/cancel/", views.WorkflowCancelView.as_view(), name="workflow-cancel"),
+    path(
+        "workflows/<int:workflow_id>/retry-failed/",
+        views.WorkflowRetryView.as_view(),
+        name="workflow-retry-failed",
+    ),
     path("schema/", SchemaView.as_view(), name="schema"),
     # Last: a path that matches nothing above (a job id that is not a number...) answers a
     # problem-details 404 like the rest of the API, not the project's HTML page.

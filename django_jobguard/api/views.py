@@ -1,7 +1,7 @@
 """The API's views: parse the request, check the user's permissions, call one service function.
 
 Every rule lives in the service layer: :func:`~django_jobguard.enqueue.enqueue_exposed`,
-:func:`~django_jobguard.jobs.cancel`, :func:`~django_jobguard.jobs.run_now`, the replay
+:func:`~django_jobguard.operations.jobs.cancel`, :func:`~django_jobguard.operations.jobs.run_now`, the replay
 transitions of :mod:`django_jobguard.dlq` (its permissions and two-person rule) and
 :func:`~django_jobguard.stats.queue_stats`.
 """
@@ -24,11 +24,20 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.throttling import BaseThrottle, ScopedRateThrottle
 
-from .. import dlq, jobs, stats, workflows
+from .. import breakers, dlq, stats, workflows
 from ..conf import get_settings
 from ..enqueue import enqueue_exposed
-from ..exceptions import InvalidArgumentsError, InvalidTaskError, TaskNotExposedError, UnknownTaskError
+from ..exceptions import (
+    BreakerError,
+    BreakerPermissionDenied,
+    InvalidArgumentsError,
+    InvalidTaskError,
+    TaskNotExposedError,
+    UnknownTaskError,
+)
 from ..models import DeadLetter, DeadLetterReason, Job, JobStatus, ReplayState, Workflow, WorkflowCallback
+from ..operations import jobs
+from ..operations import workflows as workflow_ops
 from . import serializers as s
 from .permissions import JobguardPermission, can_view_payload
 from .problems import PROBLEM_CONTENT_TYPE, Conflict, SafeJSONParser, exception_handler
@@ -566,6 +575,72 @@ class LimitListView(JobguardView):
         return Response(self.get_serializer(rows, many=True).data)
 
 
+class BreakerListView(JobguardView):
+    """``GET breakers/``: each named limit's circuit breaker and retry budget."""
+
+    required_permissions: ClassVar[dict[str, tuple[str, ...]]] = {"GET": ("jobguard.view_job",)}
+    serializer_class = s.BreakerSerializer
+
+    @documented(
+        operation_id="breakers_list", responses={200: s.BreakerSerializer(many=True), **COMMON_ERRORS}
+    )
+    def get(self, request: Request) -> Response:
+        """Every breaker and retry budget: state, window counts, retries left, jobs waiting."""
+        rows = [row.as_dict() for row in stats.breaker_stats()]
+        return Response(self.get_serializer(rows, many=True).data)
+
+
+class BreakerChangeSerializer(serializers.Serializer):
+    """``POST breakers/{name}/open/`` or ``close/``: why (required to open; kept in the audit trail)."""
+
+    reason = serializers.CharField(max_length=breakers.MAX_REASON_LENGTH, required=False, allow_blank=True)
+
+
+class _BreakerChangeView(JobguardView):
+    required_permissions: ClassVar[dict[str, tuple[str, ...]]] = {
+        "POST": ("jobguard.view_job", "jobguard.operate_breaker")
+    }
+    serializer_class = s.BreakerSerializer
+    opens = False
+
+    def change(self, request: Request, name: str) -> Response:
+        data = self.validated(BreakerChangeSerializer, request.data)
+        change = breakers.open_breaker if self.opens else breakers.close
+        try:
+            change(name, user=request.user, reason=data.get("reason", ""))
+        except BreakerPermissionDenied as exc:
+            raise exceptions.PermissionDenied(str(exc)) from None
+        except BreakerError as exc:
+            if "No breaker is named" in str(exc):
+                raise exceptions.NotFound(str(exc)) from None
+            raise exceptions.ValidationError({"reason": [str(exc)]}) from None
+        row = next(row for row in stats.breaker_stats() if row.limit == name)
+        return Response(self.get_serializer(row.as_dict()).data)
+
+
+_BREAKER_RESPONSES: dict[Any, Any] = {200: s.BreakerSerializer, **NOT_FOUND, **WRITE_ERRORS, **COMMON_ERRORS}
+
+
+class BreakerOpenView(_BreakerChangeView):
+    """``POST breakers/{name}/open/``: open a breaker by hand; it holds until closed by hand."""
+
+    opens = True
+
+    @documented(operation_id="breakers_open", request=BreakerChangeSerializer, responses=_BREAKER_RESPONSES)
+    def post(self, request: Request, name: str) -> Response:
+        """Open the breaker: the dependency's jobs wait unclaimed until it is closed. A reason is required."""
+        return self.change(request, name)
+
+
+class BreakerCloseView(_BreakerChangeView):
+    """``POST breakers/{name}/close/``: close a breaker by hand; its jobs are claimed again."""
+
+    @documented(operation_id="breakers_close", request=BreakerChangeSerializer, responses=_BREAKER_RESPONSES)
+    def post(self, request: Request, name: str) -> Response:
+        """Close the breaker: its jobs are claimed at the next poll, its counts start over."""
+        return self.change(request, name)
+
+
 # -- workflows ------------------------------------------------------------------------------------
 
 #: Members a workflow's page lists; the job list (``GET jobs/``) has them all.
@@ -608,6 +683,78 @@ class WorkflowDetailView(JobguardView):
             "members": list(members.values("id", "task_name", "status")[:WORKFLOW_MEMBERS_SHOWN]),
         }
         return Response(self.get_serializer(data).data)
+
+
+class _WorkflowObjectView(JobguardView):
+    def workflow(self, workflow_id: int) -> Workflow:
+        return get_object_or_404(Workflow.objects.using(get_settings().database_alias), pk=workflow_id)
+
+
+class WorkflowCancelView(_WorkflowObjectView):
+    """``POST workflows/{id}/cancel/``: cancel a workflow's queued and waiting members."""
+
+    required_permissions: ClassVar[dict[str, tuple[str, ...]]] = {
+        "POST": ("jobguard.view_job", workflow_ops.CANCEL_PERMISSION)
+    }
+    serializer_class = s.WorkflowCancelResultSerializer
+
+    @documented(
+        operation_id="workflows_cancel",
+        request=s.WorkflowCancelSerializer,
+        responses={
+            200: OpenApiResponse(s.WorkflowCancelResultSerializer, description="Cancelled."),
+            **NOT_FOUND,
+            **WRITE_ERRORS,
+            **COMMON_ERRORS,
+        },
+    )
+    def post(self, request: Request, workflow_id: int) -> Response:
+        """Cancel the queued and waiting members, ask running ones to stop, close an open batch."""
+        data = self.validated(s.WorkflowCancelSerializer, request.data)
+        row = self.workflow(workflow_id)
+        who = request.user.get_username()
+        reason = f"by {who} over the API" + (f": {data['reason']}" if data["reason"] else "")
+        result = workflow_ops.cancel(row.pk, reason=reason)
+        return Response(self.get_serializer(result.as_dict()).data)
+
+
+class WorkflowRetryView(_WorkflowObjectView):
+    """``POST workflows/{id}/retry-failed/``: re-queue cancelled members, request replays of dead ones."""
+
+    required_permissions: ClassVar[dict[str, tuple[str, ...]]] = {"POST": ("jobguard.view_job",)}
+    serializer_class = s.WorkflowRetryResultSerializer
+
+    @documented(
+        operation_id="workflows_retry_failed",
+        request=s.WorkflowRetrySerializer,
+        responses={
+            200: OpenApiResponse(
+                s.WorkflowRetryResultSerializer,
+                description="Done; each member left alone is in `refused`, with why.",
+            ),
+            **NOT_FOUND,
+            **WRITE_ERRORS,
+            **COMMON_ERRORS,
+        },
+    )
+    def post(self, request: Request, workflow_id: int) -> Response:
+        """Retry the failed members (``jobguard.retry_job`` for cancelled ones, and
+        ``jobguard.request_replay`` for dead ones, whose replays another user approves)."""
+        data = self.validated(s.WorkflowRetrySerializer, request.data)
+        row = self.workflow(workflow_id)
+        user = request.user
+        if not (
+            user.has_perm(workflow_ops.RETRY_PERMISSION) or user.has_perm(workflow_ops.REPLAY_PERMISSION)
+        ):
+            raise exceptions.PermissionDenied(
+                f"Retrying failed members needs {workflow_ops.RETRY_PERMISSION} (cancelled members) "
+                f"or {workflow_ops.REPLAY_PERMISSION} (dead members)."
+            )
+        try:
+            result = workflow_ops.retry_failed(row.pk, user, data["reason"])
+        except InvalidArgumentsError as exc:
+            raise exceptions.ValidationError({"reason": [str(exc)]}, code="invalid") from None
+        return Response(self.get_serializer(result.as_dict()).data)
 
 
 class NotFoundView(JobguardView):

@@ -23,7 +23,7 @@ from django.utils.module_loading import import_string
 
 from .. import enqueue as enqueue_service
 from .. import signals
-from ..checks import check_tasks_backend
+from ..checks.tasks import check_tasks_backend
 from ..conf import get_settings
 from ..exceptions import InvalidArgumentsError, InvalidTaskError
 from ..models import Job, JobStatus
@@ -130,7 +130,7 @@ class JobGuardBackend(_compat.BaseTaskBackend):
         return await sync_to_async(self.get_result, thread_sensitive=True)(result_id)
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
-        """Django's checks of the backend, then jobguard.E013 and W017 (see checks.py)."""
+        """Django's checks of the backend, then jobguard.E013 and W017 (see checks/tasks.py)."""
         return [*super().check(**kwargs), *check_tasks_backend(self.alias, self.queues)]
 
     # -- rows to results -------------------------------------------------------------------

@@ -12,9 +12,10 @@ from .. import idempotency
 from .._annotations import mismatches
 from .._json import validate_payload
 from ..exceptions import InvalidArgumentsError, ReplayError
+from ..flow import template_fields
 from ..models import DeadLetter
 from ..registry import registry
-from ..task import Task, _template_fields
+from ..task import Task
 
 __all__ = [
     "ABSENT",
@@ -149,7 +150,7 @@ def review_correction(
     lock_fields: tuple[str, ...] = ()
     corrected_lock = letter.lock_key
     if template and task is not None:
-        names = set(_template_fields(template))
+        names = set(template_fields(template))
         lock_fields = tuple(change.name for change in changes if change.name in names)
         corrected_lock = task.lock_key_for(task.bind(new_args, new_kwargs))
     return CorrectionReview(

@@ -32,7 +32,7 @@ from ..task import Task
 from .transitions import announce_transition
 
 # The package's logger: records keep the name they had before dlq became a package.
-logger = logging.getLogger(__name__.rpartition(".")[0])
+logger = logging.getLogger("django_jobguard.dlq")
 
 __all__ = [
     "BURST_WINDOW_SECONDS",

@@ -10,6 +10,8 @@ compared exactly, as on PostgreSQL, not case- and accent-insensitively.
 
 from django.db import migrations
 
+from ._operations import MySQLOnlySQL
+
 CREATE = [
     "CREATE INDEX jobguard_job_due_my_idx ON jobguard_job (status, queue_name, priority DESC, run_after, id)",
     "CREATE INDEX jobguard_job_due_all_my_idx ON jobguard_job (status, priority DESC, run_after, id)",
@@ -28,18 +30,6 @@ DROP = [
     "DROP INDEX jobguard_job_due_all_my_idx ON jobguard_job",
     "DROP INDEX jobguard_job_due_my_idx ON jobguard_job",
 ]
-
-
-class MySQLOnlySQL(migrations.RunSQL):
-    """RunSQL that does nothing on databases other than MariaDB/MySQL."""
-
-    def database_forwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor == "mysql":
-            super().database_forwards(app_label, schema_editor, from_state, to_state)
-
-    def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor == "mysql":
-            super().database_backwards(app_label, schema_editor, from_state, to_state)
 
 
 class Migration(migrations.Migration):

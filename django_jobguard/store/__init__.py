@@ -45,20 +45,25 @@ from ._common import (
     SQLITE_INSERT_CHUNK,
     AttemptError,
     ClaimedJob,
+    CounterChange,
     DurationRow,
     Inserted,
     build_job,
     is_unique_violation,
     paused_queue_names,
     read_checkpoints,
+    workflow_children,
     write_checkpoints,
 )
+from ._flow import TURN_KEY as FLOW_TURN_KEY
 from ._flow import FlowPlan, RateSpec, Throttle, build_plan
 from ._flow import family as limit_family
 from .dialect import Dialect, JobStore
 from .listener import Listener
+from .wakeup import announce, wakeup_source
 
 __all__ = [
+    "FLOW_TURN_KEY",
     "LEASE_EXPIRED_ERROR",
     "NOTIFY_CHANNEL",
     "PERCENTILES",
@@ -66,6 +71,7 @@ __all__ = [
     "SQLITE_INSERT_CHUNK",
     "AttemptError",
     "ClaimedJob",
+    "CounterChange",
     "Dialect",
     "DurationRow",
     "FlowPlan",
@@ -73,6 +79,8 @@ __all__ = [
     "Listener",
     "RateSpec",
     "Throttle",
+    "add_workflow_counts",
+    "announce",
     "build_job",
     "claim",
     "complete",
@@ -101,6 +109,9 @@ __all__ = [
     "retrying",
     "substitute",
     "supported_vendors",
+    "take_flow_turn",
+    "wakeup_source",
+    "workflow_children",
     "write_checkpoints",
     "writes_while_busy",
 ]
@@ -168,16 +179,33 @@ _T = TypeVar("_T")
 
 
 def retrying(alias: str, operation: str, run: Callable[[], _T]) -> _T:
-    """Run ``run`` (a whole transaction of ours); on MariaDB/MySQL, again after a deadlock.
+    """Run ``run`` (a whole transaction of ours); again after a failure that a rerun cures.
 
-    InnoDB rolls back a deadlock victim's transaction, so only a caller that owns the whole
-    transaction can run it again: call this outside any atomic block, with ``run`` opening
-    its own. Each retry is a :class:`~django_jobguard.events.StatementRetried` event. On
-    other databases ``run`` runs once.
+    On MariaDB/MySQL after a deadlock; on PostgreSQL after a prepared statement that an
+    undeclared pooler lost, once: the pooler is detected by then and the rerun sends text.
+    The failure rolled the whole transaction back, so only a caller that owns it can run it
+    again: call this outside any atomic block, with ``run`` opening its own. Each retry is a
+    :class:`~django_jobguard.events.StatementRetried` event. On SQLite ``run`` runs once.
     """
-    if connections[alias].vendor != "mysql":
-        return run()
-    return mysql.retry_deadlocks(alias, operation, run)
+    vendor = connections[alias].vendor
+    if vendor == "mysql":
+        return mysql.retry_deadlocks(alias, operation, run)
+    if vendor == "postgresql":
+        return postgres.rerun_after_lost_statement(alias, operation, run)
+    return run()
+
+
+def add_workflow_counts(alias: str, changes: Sequence[CounterChange]) -> list[tuple[int, int]]:
+    """Add ``(workflow, shard, pending, succeeded, failed)`` changes to the workflow counters.
+
+    Missing rows are created. Give the changes in (workflow, shard) order, one per row: the
+    rows are locked in that order (the workflow bookkeeping's rule, see
+    :mod:`django_jobguard.workflows`). ``(workflow id, pending)`` of each row after the
+    change. Call it inside the transaction that settles the members.
+    """
+    if not changes:
+        return []
+    return dialect_of(alias).add_workflow_counts(alias, changes)
 
 
 def guard_statements(alias: str) -> threading.RLock | None:
@@ -224,6 +252,7 @@ def insert_jobs(
     results = _store(alias).insert_jobs(alias, rows, run_after)
     if len(results) != len(rows):  # pragma: no cover - the database returned a row per insert
         raise RuntimeError(f"inserted {len(rows)} jobs but got {len(results)} rows back")
+    announce(alias, {row["queue_name"] for row in rows})
     return results
 
 
@@ -241,9 +270,12 @@ def insert_keyed_job(
     On PostgreSQL one statement does both (atomic on its own, so it needs no transaction
     around it); on SQLite three, in the caller's transaction or one of their own.
     """
-    return _store(alias).insert_keyed_job(
+    inserted = _store(alias).insert_keyed_job(
         alias, row, run_after, scope=scope, fingerprint=fingerprint, expires_at=expires_at
     )
+    if inserted is not None:
+        announce(alias, (row["queue_name"],))
+    return inserted
 
 
 def insert_key(
@@ -275,6 +307,22 @@ def flow_plan() -> FlowPlan | None:
     """
     tasks = [task for name in registry.names() if (task := registry.find(name)) is not None]
     return build_plan(get_settings(), tasks)
+
+
+def take_flow_turn(alias: str) -> None:
+    """Inside a transaction: wait for its turn among the fleet's limited claims, held to its end.
+
+    A breaker that opens by an outcome or by hand takes the turn first, so no claim that read
+    it closed can commit a lease after it opened.
+    """
+    turns: dict[str, _flow.FlowSQL] = {
+        "mysql": mysql.FLOW_SQL,
+        "postgresql": postgres.FLOW_SQL,
+        "sqlite": sqlite.FLOW_SQL,
+    }
+    flow_sql = turns[connections[alias].vendor]
+    with connections[alias].cursor() as cursor:
+        flow_sql.take_turn(alias, cursor)
 
 
 def flow_usage(alias: str, plan: FlowPlan) -> tuple[dict[str, int], dict[str, int]]:
@@ -310,6 +358,9 @@ def claim(
     """
     if throttle is not None:
         throttle.retry_after = None
+        throttle.held_back.clear()
+        throttle.breaker_changes = []
+        throttle.breaker_states = {}
     if limit <= 0:
         return []
     db = _store(alias)

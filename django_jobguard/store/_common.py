@@ -23,12 +23,14 @@ ER_DUP_ENTRY = 1062
 REAP_BATCH = 200
 #: PostgreSQL channel the enqueue trigger notifies (payload: the queue name).
 NOTIFY_CHANNEL = "jobguard_jobs"
-#: Rows per INSERT statement on SQLite (12 parameters a row, well under its variable limit).
+#: Rows per INSERT statement on SQLite (13 parameters a row, well under its variable limit).
 SQLITE_INSERT_CHUNK = 500
 
 TABLE = "jobguard_job"
 KEY_TABLE = "jobguard_idempotencykey"
 LOCK_TABLE = "jobguard_lock"
+COUNTER_TABLE = "jobguard_workflowcounter"
+WORKFLOW_TABLE = "jobguard_workflow"
 RETURNING = (
     "id, task_name, queue_name, args, kwargs, priority, attempts, max_attempts, lease_token, "
     "visibility_timeout, idempotency_key, lock_key, handler_version, workflow_id"
@@ -36,7 +38,8 @@ RETURNING = (
 
 INSERT_COLUMNS = (
     "task_name, queue_name, args, kwargs, priority, max_attempts, visibility_timeout, "
-    "idempotency_key, lock_key, handler_version, flow_keys, trace_context, status, attempts, worker_id, "
+    "idempotency_key, lock_key, handler_version, flow_keys, trace_context, workflow_id, status, attempts, "
+    "worker_id, "
     "last_error, "
     "reappearances, lock_contentions, checkpoints, attempt_history"
 )
@@ -52,8 +55,10 @@ INSERT_FIELDS = (
     "lock_key",
     "handler_version",
     "flow_keys",
-    # Last, and optional in a row (None: tracing is off); see django_jobguard.tracing.
+    # Optional in a row (None: tracing is off); see django_jobguard.tracing.
     "trace_context",
+    # Optional: a workflow's members are inserted as its members (no UPDATE of each row after).
+    "workflow_id",
 )
 #: The constant columns of a new job row, after the INSERT_FIELDS (status ... lock_contentions).
 INSERT_CONSTANTS = "'queued', 0, '', '', 0, 0"
@@ -168,11 +173,11 @@ def placeholders(values: Sequence[Any]) -> str:
 
 def row_values(row: dict[str, Any]) -> list[Any]:
     """The INSERT_FIELDS of one job row, ``args``/``kwargs``/``flow_keys``/``trace_context`` as JSON text."""
-    values = [row.get(field) for field in INSERT_FIELDS[:-1]]
+    values = [row.get(field) for field in INSERT_FIELDS]
     values[2] = json.dumps(values[2])
     values[3] = json.dumps(values[3])
     values[10] = json.dumps(values[10] or [])
-    values.append(trace_context_json(row))
+    values[11] = trace_context_json(row)
     return values
 
 
@@ -376,6 +381,50 @@ def acquire_lock_on_conflict(clock: Clock, alias: str, key: str, token: str, ttl
         )
         row = cursor.fetchone()
     return None if row is None else int(row[0])
+
+
+#: One change to a workflow's counters: ``(workflow id, shard, pending, succeeded, failed)`` to add.
+CounterChange = tuple[int, int, int, int, int]
+
+
+def workflow_children(alias: str, parent_ids: Sequence[int]) -> list[tuple[int, int, str]]:
+    """``(parent_id, child_id, result_as)`` of the jobs waiting for any of ``parent_ids``.
+
+    Raw SQL, not the ORM: every ack of workflow members asks it, and compiling the query cost
+    more than running it.
+    """
+    found: list[tuple[int, int, str]] = []
+    with connections[alias].cursor() as cursor:
+        for start in range(0, len(parent_ids), SQLITE_INSERT_CHUNK):
+            chunk = parent_ids[start : start + SQLITE_INSERT_CHUNK]
+            cursor.execute(
+                "SELECT parent_id, child_id, result_as FROM jobguard_jobdependency "
+                f"WHERE parent_id IN ({placeholders(chunk)})",
+                list(chunk),
+            )
+            found += cursor.fetchall()
+    return found
+
+
+def add_workflow_counts_on_conflict(alias: str, changes: Sequence[CounterChange]) -> list[tuple[int, int]]:
+    """Add to workflow counter rows, creating missing ones, as one ``INSERT ... ON CONFLICT ... RETURNING``.
+
+    PostgreSQL and SQLite. The upsert takes its rows' locks in the order of its VALUES, the
+    callers' (workflow, shard) order. ``(workflow id, pending)`` of each row after the change.
+    """
+    values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(changes))
+    params = [value for change in changes for value in change]
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {COUNTER_TABLE} (workflow_id, shard, pending, succeeded, failed) VALUES {values} "
+            "ON CONFLICT (workflow_id, shard) DO UPDATE SET "
+            f"pending = {COUNTER_TABLE}.pending + excluded.pending, "
+            f"succeeded = {COUNTER_TABLE}.succeeded + excluded.succeeded, "
+            f"failed = {COUNTER_TABLE}.failed + excluded.failed "
+            "RETURNING workflow_id, pending",
+            params,
+        )
+        return [(int(workflow_id), int(pending)) for workflow_id, pending in cursor.fetchall()]
 
 
 def is_unique_violation(exc: BaseException) -> bool:

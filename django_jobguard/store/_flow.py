@@ -6,7 +6,8 @@ the dialect's one-statement claim; every other claim keeps that statement, so a 
 unlimited queues pay nothing for limits elsewhere.
 
 One limited claim is one transaction, and limited claims take turns across the fleet (a
-transaction-scoped advisory lock on PostgreSQL, the write lock on SQLite):
+transaction-scoped advisory lock on PostgreSQL, the write lock on SQLite, the row lock of one
+row, :data:`TURN_KEY` of the rate table, on MariaDB/MySQL):
 
 1. count the running jobs of every concurrency key, from the job rows themselves: a slot
    *is* a running job, so it frees when the job's lease ends, however it ends (an ack, a
@@ -33,22 +34,58 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import connections, transaction
 
-from ._common import ClaimedJob, paused_queue_names
+from ._common import ClaimedJob, paused_queue_names, placeholders
 
 if TYPE_CHECKING:
-    from ..conf import Settings
+    from ..conf import BreakerSpec, RetryBudgetSpec, Settings
     from ..flow import Rate
     from ..task import Task
 
-__all__ = ["FlowPlan", "FlowSQL", "RateSpec", "Throttle", "build_plan", "claim_limited"]
+__all__ = [
+    "TURN_KEY",
+    "ConflictUpserts",
+    "FlowPlan",
+    "FlowSQL",
+    "Guard",
+    "RateSpec",
+    "Throttle",
+    "build_plan",
+    "claim_limited",
+]
 
 #: Due jobs read per job the claim may take: room to pass over jobs of keys that fill up
 #: within this claim (a key with one slot left and ten due jobs) and still fill the batch.
 CANDIDATES_PER_JOB = 4
 CANDIDATES_EXTRA = 16
+#: Candidate reads a limited claim makes again, after keys that filled up during it hid the
+#: rows of other keys (one hot key must not stall the rest; each pass costs one more read).
+REFILL_PASSES = 2
 #: Float slack when comparing arrival times (seconds): well under any rate's interval.
 _EPSILON = 1e-6
 RATE_TABLE = "jobguard_flowrate"
+BREAKER_TABLE = "jobguard_breaker"
+#: The rate table's row whose lock is the limited claims' turn on a database without a
+#: transaction-scoped advisory lock (MariaDB/MySQL). Its ``tat`` stays 0, so a claim never
+#: reads it as a rate, and pruning leaves it alone; no rate key has this form.
+TURN_KEY = "flow:turn"
+#: A breaker row as the claim reads it.
+_BREAKER_COLUMNS = (
+    "name, state, open_until, manual, probes, half_open_since, budget_start, first_attempts, retries"
+)
+#: A new breaker row (closed, no counts): its columns, and one row's values (name, manual).
+BREAKER_INSERT_COLUMNS = (
+    "name, state, manual, probes, window_start, calls, failures, budget_start, first_attempts, retries, "
+    "changed_by_name, reason"
+)
+BREAKER_INSERT_ROW = "(%s, 'closed', %s, 0, 0, 0, 0, 0, 0, 0, '', '')"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Guard:
+    """A named limit's breaker and retry budget (either may be None)."""
+
+    breaker: BreakerSpec | None
+    budget: RetryBudgetSpec | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -75,6 +112,13 @@ class Throttle:
     #: Seconds until the earliest rate key that held jobs back admits one again; None if no
     #: rate held any back (a full concurrency key frees only when a job ends).
     retry_after: float | None = None
+    #: What was closed to some jobs in this claim: a concurrency key at its bound, a rate key
+    #: ahead of the clock, an open breaker, a spent retry budget.
+    held_back: set[str] = dataclasses.field(default_factory=set)
+    #: Breakers this claim moved, as ``(name, from state, to state)``.
+    breaker_changes: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
+    #: Each breaker's state as this claim read it (after any half-opening it made).
+    breaker_states: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -101,6 +145,10 @@ class FlowPlan:
     queues: frozenset[str]
     #: The key template of each keyed family (``c:<task>``, ``r:<task>``), for reports.
     templates: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: The breaker and budget of each named limit that declares one.
+    guards: Mapping[str, Guard] = dataclasses.field(default_factory=dict)
+    #: The guarded named limit of each task that uses one.
+    guarded_tasks: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def covers(self, queues: Sequence[str] | None, exclude: Sequence[str]) -> bool:
         """Whether a claim of ``queues`` (all but ``exclude`` if None) may meet a limited job."""
@@ -144,6 +192,8 @@ def build_plan(conf: Settings, tasks: Iterable[Task[Any, Any]]) -> FlowPlan | No
     keyed_capacity: dict[str, int] = {}
     keyed_rates: dict[str, RateSpec] = {}
     templates: dict[str, str] = {}
+    guards: dict[str, Guard] = {}
+    guarded_tasks: dict[str, str] = {}
     queues: set[str] = set()
     for name, queue in conf.queues.items():
         if queue.concurrency is not None:
@@ -175,11 +225,24 @@ def build_plan(conf: Settings, tasks: Iterable[Task[Any, Any]]) -> FlowPlan | No
             if shared.rate is not None:
                 rates[f"rate:limit:{shared.name}"] = RateSpec.of(shared.rate)
                 keys.append(f"rate:limit:{shared.name}")
+            if shared.breaker is not None or shared.retry_budget is not None:
+                guards[shared.name] = Guard(shared.breaker, shared.retry_budget)
+                guarded_tasks[task.name] = shared.name
         task_keys[task.name] = tuple(keys)
         queues.add(task.queue_name or conf.default_queue)
     if not queues:
         return None
-    return FlowPlan(capacities, rates, task_keys, keyed_capacity, keyed_rates, frozenset(queues), templates)
+    return FlowPlan(
+        capacities,
+        rates,
+        task_keys,
+        keyed_capacity,
+        keyed_rates,
+        frozenset(queues),
+        templates,
+        guards,
+        guarded_tasks,
+    )
 
 
 class FlowSQL(Protocol):
@@ -202,16 +265,46 @@ class FlowSQL(Protocol):
         blocked_tasks: Sequence[str],
         blocked_keys: Sequence[str],
         count: int,
-    ) -> list[tuple[int, str, str, Any]]:
-        """Due jobs in claim order but those of ``blocked_tasks`` and ``blocked_keys``.
+        blocked_retries: Sequence[str] = (),
+    ) -> list[tuple[int, str, str, Any, int]]:
+        """Due jobs in claim order but those of ``blocked_tasks`` and ``blocked_keys``, and
+        the retries (jobs attempted before) of ``blocked_retries``.
 
-        Each as ``(id, task, queue, flow_keys)``.
+        Each as ``(id, task, queue, flow_keys, attempts)``.
         """
         ...
 
     def lease(self, alias: str, cursor: Any, ids: Sequence[int], worker_id: str) -> list[ClaimedJob]:
         """Lease the jobs ``ids`` (still queued) as the plain claim leases its rows."""
         ...
+
+    def upsert_rates(self, alias: str, cursor: Any, arrivals: Mapping[str, float]) -> None:
+        """Write each rate key's new theoretical arrival time (insert or replace)."""
+        ...
+
+    def ensure_breakers(self, alias: str, cursor: Any, names: Sequence[str]) -> None:
+        """Insert a closed breaker row for each of ``names`` that has none; leave the others."""
+        ...
+
+
+class ConflictUpserts:
+    """:meth:`FlowSQL.upsert_rates` and :meth:`FlowSQL.ensure_breakers` as ``INSERT ... ON CONFLICT``
+    (PostgreSQL, SQLite)."""
+
+    def upsert_rates(self, alias: str, cursor: Any, arrivals: Mapping[str, float]) -> None:
+        cursor.execute(
+            f"INSERT INTO {RATE_TABLE} (key, tat) VALUES {', '.join(['(%s, %s)'] * len(arrivals))} "
+            "ON CONFLICT (key) DO UPDATE SET tat = excluded.tat",
+            [value for pair in arrivals.items() for value in pair],
+        )
+
+    def ensure_breakers(self, alias: str, cursor: Any, names: Sequence[str]) -> None:
+        cursor.execute(
+            f"INSERT INTO {BREAKER_TABLE} ({BREAKER_INSERT_COLUMNS}) VALUES "
+            + ", ".join([BREAKER_INSERT_ROW] * len(names))
+            + " ON CONFLICT (name) DO NOTHING",
+            [value for name in names for value in (name, False)],
+        )
 
 
 def _keys(value: Any) -> list[str]:
@@ -220,8 +313,39 @@ def _keys(value: Any) -> list[str]:
     return list(value or [])
 
 
-def _placeholders(values: Sequence[Any]) -> str:
-    return ", ".join(["%s"] * len(values))
+def candidate_filters(
+    due: str,
+    key_held: str,
+    queues: Sequence[str] | None,
+    exclude: Sequence[str],
+    blocked_tasks: Sequence[str],
+    blocked_keys: Sequence[str],
+    blocked_retries: Sequence[str],
+) -> tuple[list[str], list[Any]]:
+    """The WHERE conditions (and parameters) of a limited claim's candidate read, in ``%s`` style.
+
+    For the dialects that spell lists as ``IN (%s, ...)``; ``key_held`` is a subquery, with
+    ``{keys}`` for the list, that finds one of a row's flow keys among the full ones.
+    """
+    where = [due]
+    params: list[Any] = []
+    if queues:
+        where.append(f"queue_name IN ({placeholders(queues)})")
+        params += list(queues)
+    elif exclude:
+        where.append(f"queue_name NOT IN ({placeholders(exclude)})")
+        params += list(exclude)
+    if blocked_tasks:
+        where.append(f"task_name NOT IN ({placeholders(blocked_tasks)})")
+        params += list(blocked_tasks)
+    if blocked_keys:
+        where.append(f"NOT EXISTS ({key_held.format(keys=placeholders(blocked_keys))})")
+        params += list(blocked_keys)
+    if blocked_retries:
+        # A spent retry budget: that dependency's first attempts still start.
+        where.append(f"(attempts = 0 OR task_name NOT IN ({placeholders(blocked_retries)}))")
+        params += list(blocked_retries)
+    return where, params
 
 
 def running_counts(cursor: Any, plan: FlowPlan) -> Counter[str]:
@@ -230,10 +354,10 @@ def running_counts(cursor: Any, plan: FlowPlan) -> Counter[str]:
     conditions = []
     params: list[Any] = []
     if tasks:
-        conditions.append(f"task_name IN ({_placeholders(tasks)})")
+        conditions.append(f"task_name IN ({placeholders(tasks)})")
         params += tasks
     if queues:
-        conditions.append(f"queue_name IN ({_placeholders(queues)})")
+        conditions.append(f"queue_name IN ({placeholders(queues)})")
         params += queues
     cursor.execute(
         "SELECT task_name, queue_name, flow_keys FROM jobguard_job "
@@ -274,7 +398,7 @@ def usage(alias: str, now_sql: str, plan: FlowPlan) -> tuple[Counter[str], Count
         cursor.execute(
             "SELECT task_name, queue_name, flow_keys, count(*) FROM jobguard_job "
             f"WHERE status = 'queued' AND run_after <= {now_sql} AND attempts < max_attempts "
-            f"AND queue_name IN ({_placeholders(queues)}) GROUP BY task_name, queue_name, flow_keys",
+            f"AND queue_name IN ({placeholders(queues)}) GROUP BY task_name, queue_name, flow_keys",
             queues,
         )
         waiting: Counter[str] = Counter()
@@ -282,6 +406,175 @@ def usage(alias: str, now_sql: str, plan: FlowPlan) -> tuple[Counter[str], Count
             for key in plan.keys_of(task_name, queue_name, _keys(flow_keys)):
                 waiting[key] += count
     return running, waiting
+
+
+@dataclasses.dataclass(slots=True)
+class _Gate:
+    """A guarded limit inside one limited claim: what its breaker and budget let through."""
+
+    name: str
+    guard: Guard
+    state: str = "closed"
+    open_until: float | None = None
+    manual: bool = False
+    #: Half-open: probes this claim may still admit (None: not half-open, no cap).
+    probe_room: int | None = None
+    probes_taken: int = 0
+    budget_start: float = 0.0
+    first_attempts: int = 0
+    retries: int = 0
+    #: What this claim writes back: the budget's counts, a half-opening, a new probe round.
+    budget_moved: bool = False
+    half_opened: bool = False
+    new_round: bool = False
+
+    @property
+    def closed_to_all(self) -> bool:
+        return self.state == "open" or (self.probe_room is not None and self.probe_room <= 0)
+
+    @property
+    def retries_spent(self) -> bool:
+        budget = self.guard.budget
+        return budget is not None and self.retries >= budget.allowed(self.first_attempts)
+
+    def admits(self, attempts: int) -> bool:
+        return not self.closed_to_all and not (attempts > 0 and self.retries_spent)
+
+    def admit(self, attempts: int) -> None:
+        if self.probe_room is not None:
+            self.probe_room -= 1
+            self.probes_taken += 1
+        if self.guard.budget is not None:
+            self.budget_moved = True
+            if attempts > 0:
+                self.retries += 1
+            else:
+                self.first_attempts += 1
+
+    def wait(self, now: float) -> float | None:
+        """Seconds until this gate may admit more, when it is the reason jobs wait."""
+        if self.state == "open":
+            return None if self.open_until is None else max(0.0, self.open_until - now)
+        if self.closed_to_all and self.guard.breaker is not None:
+            return self.guard.breaker.open_for
+        if self.retries_spent and self.guard.budget is not None:
+            return max(0.0, self.budget_start + self.guard.budget.window - now)
+        return None
+
+
+def read_gates(cursor: Any, plan: FlowPlan, now: float) -> dict[str, _Gate]:
+    """The guarded limits' breaker and budget state (one read of their few rows).
+
+    An open breaker whose time is up half-opens here, and a half-open one whose probes all
+    went out ``open_for`` ago with no verdict (their workers died) starts a new probe round.
+    """
+    names = sorted(plan.guards)
+    cursor.execute(
+        f"SELECT {_BREAKER_COLUMNS} FROM {BREAKER_TABLE} WHERE name IN ({placeholders(names)})", names
+    )
+    rows = {row[0]: row for row in cursor.fetchall()}
+    gates: dict[str, _Gate] = {}
+    for name in names:
+        guard = plan.guards[name]
+        gate = gates[name] = _Gate(name, guard)
+        row = rows.get(name)
+        if row is None:
+            continue
+        _, state, open_until, manual, probes, half_open_since, budget_start, first_attempts, retries = row
+        breaker = guard.breaker
+        if breaker is not None:
+            gate.state, gate.open_until, gate.manual = state, open_until, bool(manual)
+            if state == "open" and not gate.manual and open_until is not None and open_until <= now:
+                gate.state, gate.half_opened, probes, half_open_since = "half_open", True, 0, now
+            if gate.state == "half_open":
+                since = half_open_since if half_open_since is not None else now
+                if probes >= breaker.probes and now - since >= breaker.open_for:
+                    gate.new_round, probes = True, 0
+                gate.probe_room = breaker.probes - probes
+        budget = guard.budget
+        if budget is not None and now - float(budget_start) < budget.window:
+            gate.budget_start, gate.first_attempts = float(budget_start), first_attempts
+            gate.retries = retries
+    for gate in gates.values():
+        if gate.guard.budget is not None and not gate.budget_start:
+            gate.budget_start = now
+    return gates
+
+
+def write_gates(
+    sql: FlowSQL, alias: str, cursor: Any, gates: Mapping[str, _Gate], now: float
+) -> list[tuple[str, str, str]]:
+    """Write what this claim moved; the breakers it half-opened, as ``(name, from, to)``."""
+    from ..models import Breaker, BreakerEvent, BreakerState
+
+    moved = [gate for gate in gates.values() if gate.budget_moved or gate.half_opened or gate.new_round]
+    if not moved:
+        return []
+    sql.ensure_breakers(alias, cursor, [gate.name for gate in moved])
+    changes = []
+    for gate in moved:
+        if gate.budget_moved:
+            cursor.execute(
+                f"UPDATE {BREAKER_TABLE} SET budget_start = %s, first_attempts = %s, retries = %s "
+                "WHERE name = %s",
+                [gate.budget_start, gate.first_attempts, gate.retries, gate.name],
+            )
+        if gate.half_opened:
+            # Only from the open state it was read in: an operator or an outcome may have
+            # moved it since (they do not take the claims' turn).
+            updated = (
+                Breaker.objects.using(alias)
+                .filter(name=gate.name, state=BreakerState.OPEN, manual=False)
+                .update(state=BreakerState.HALF_OPEN, probes=gate.probes_taken, half_open_since=now)
+            )
+            if updated:
+                BreakerEvent.objects.using(alias).create(
+                    name=gate.name,
+                    from_state=BreakerState.OPEN,
+                    to_state=BreakerState.HALF_OPEN,
+                    actor_name="system",
+                    reason="open time over: probing the dependency",
+                )
+                changes.append((gate.name, "open", "half_open"))
+        elif gate.new_round:
+            cursor.execute(
+                f"UPDATE {BREAKER_TABLE} SET probes = %s, half_open_since = %s "
+                "WHERE name = %s AND state = %s",
+                [gate.probes_taken, now, gate.name, "half_open"],
+            )
+        elif gate.probes_taken:
+            cursor.execute(
+                f"UPDATE {BREAKER_TABLE} SET probes = probes + %s WHERE name = %s AND state = %s",
+                [gate.probes_taken, gate.name, "half_open"],
+            )
+    return changes
+
+
+def _note(
+    throttle: Throttle | None,
+    plan: FlowPlan,
+    blocked: set[str],
+    gates: Mapping[str, _Gate],
+    now: float,
+    arrivals: Mapping[str, float],
+) -> None:
+    """Tell the caller what held jobs back, and when the earliest of them admits more."""
+    if throttle is None:
+        return
+    throttle.breaker_states = {name: gate.state for name, gate in gates.items() if gate.guard.breaker}
+    waits = [wait] if (wait := _next_start(plan, arrivals, now)) is not None else []
+    for key in blocked:
+        throttle.held_back.add("concurrency" if plan.capacity(key) is not None else "rate")
+    for gate in gates.values():
+        if gate.closed_to_all:
+            throttle.held_back.add("breaker")
+        elif gate.retries_spent:
+            throttle.held_back.add("budget")
+        else:
+            continue
+        if (gate_wait := gate.wait(now)) is not None:
+            waits.append(gate_wait)
+    throttle.retry_after = min(waits) if waits else None
 
 
 def claim_limited(
@@ -309,7 +602,8 @@ def claim_limited(
             exclude = []
         running = running_counts(cursor, plan)
         now = sql.now_seconds(alias, cursor)
-        cursor.execute(f"SELECT key, tat FROM {RATE_TABLE} WHERE tat > %s", [now])
+        key_column = connections[alias].ops.quote_name("key")  # reserved on MariaDB/MySQL
+        cursor.execute(f"SELECT {key_column}, tat FROM {RATE_TABLE} WHERE tat > %s", [now])
         arrivals = {key: float(tat) for key, tat in cursor.fetchall()}
 
         def full(key: str) -> bool:
@@ -320,48 +614,75 @@ def claim_limited(
             return rate is not None and max(arrivals.get(key, now), now) - now > rate.tolerance + _EPSILON
 
         blocked = {key for key in [*running, *arrivals] if full(key)}
-        blocked_tasks = sorted(task for task, keys in plan.task_keys.items() if blocked.intersection(keys))
-        blocked_queues = {key[6:] for key in blocked if key.startswith("queue:")}
-        blocked_keys = sorted(key for key in blocked if key[:2] in ("c:", "r:"))
-        if queues:
-            queues = [name for name in queues if name not in blocked_queues]
-            if not queues:
-                return []
-        else:
-            exclude = sorted({*exclude, *blocked_queues})
-        rows = sql.candidates(
-            alias,
-            cursor,
-            queues,
-            exclude,
-            blocked_tasks,
-            blocked_keys,
-            limit * CANDIDATES_PER_JOB + CANDIDATES_EXTRA,
-        )
+        gates = read_gates(cursor, plan, now) if plan.guards else {}
+        closed = {name for name, gate in gates.items() if gate.closed_to_all}
+        spent = {name for name, gate in gates.items() if gate.retries_spent}
         admitted: list[int] = []
         advanced: dict[str, float] = {}
-        for job_id, task_name, queue_name, flow_keys in rows:
-            keys = plan.keys_of(task_name, queue_name, _keys(flow_keys))
-            if any(full(key) for key in keys):
-                continue
-            admitted.append(job_id)
-            for key in keys:
-                if plan.capacity(key) is not None:
-                    running[key] += 1
-                rate = plan.rate(key)
-                if rate is not None:
-                    arrivals[key] = advanced[key] = max(arrivals.get(key, now), now) + rate.interval
-            if len(admitted) >= limit:
+        seen: set[int] = set()
+        count = limit * CANDIDATES_PER_JOB + CANDIDATES_EXTRA
+        for _ in range(1 + REFILL_PASSES):
+            blocked_tasks = sorted(
+                task
+                for task, keys in plan.task_keys.items()
+                if blocked.intersection(keys) or plan.guarded_tasks.get(task) in closed
+            )
+            blocked_retries = sorted(
+                task
+                for task, name in plan.guarded_tasks.items()
+                if name in spent and task not in blocked_tasks
+            )
+            blocked_queues = {key[6:] for key in blocked if key.startswith("queue:")}
+            blocked_keys = sorted(key for key in blocked if key[:2] in ("c:", "r:"))
+            if queues:
+                queues = [name for name in queues if name not in blocked_queues]
+                if not queues:
+                    if not admitted:
+                        _note(throttle, plan, blocked, gates, now, arrivals)
+                        return []
+                    break
+            else:
+                exclude = sorted({*exclude, *blocked_queues})
+            rows = sql.candidates(
+                alias, cursor, queues, exclude, blocked_tasks, blocked_keys, count, blocked_retries
+            )
+            # Keys that filled up during this claim and hid rows behind them: a hot key's jobs
+            # fill the window once its slot frees, and the cold keys' jobs behind them would
+            # wait for a claim that finds it full. Read again without it (up to REFILL_PASSES).
+            filled = False
+            for job_id, task_name, queue_name, flow_keys, attempts in rows:
+                if job_id in seen:
+                    continue  # our own lock from the pass before: SKIP LOCKED returns it again
+                seen.add(job_id)
+                keys = plan.keys_of(task_name, queue_name, _keys(flow_keys))
+                if any(full(key) for key in keys):
+                    newly = {key for key in keys if full(key)} - blocked
+                    filled = filled or bool(newly)
+                    blocked.update(newly)
+                    continue
+                gate = gates.get(plan.guarded_tasks.get(task_name, ""))
+                if gate is not None:
+                    if not gate.admits(attempts):
+                        continue
+                    gate.admit(attempts)
+                admitted.append(job_id)
+                for key in keys:
+                    if plan.capacity(key) is not None:
+                        running[key] += 1
+                    rate = plan.rate(key)
+                    if rate is not None:
+                        arrivals[key] = advanced[key] = max(arrivals.get(key, now), now) + rate.interval
+                if len(admitted) >= limit:
+                    break
+            if len(admitted) >= limit or not filled or len(rows) < count:
                 break
+        _note(throttle, plan, blocked, gates, now, arrivals)
+        changes = write_gates(sql, alias, cursor, gates, now) if gates else []
         if throttle is not None:
-            throttle.retry_after = _next_start(plan, arrivals, now)
+            throttle.breaker_changes = changes
         if not admitted:
             return []
         jobs = sql.lease(alias, cursor, admitted, worker_id)
         if advanced:
-            cursor.execute(
-                f"INSERT INTO {RATE_TABLE} (key, tat) VALUES {', '.join(['(%s, %s)'] * len(advanced))} "
-                "ON CONFLICT (key) DO UPDATE SET tat = excluded.tat",
-                [value for pair in advanced.items() for value in pair],
-            )
+            sql.upsert_rates(alias, cursor, advanced)
         return jobs

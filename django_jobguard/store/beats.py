@@ -38,6 +38,9 @@ def upsert_worker_beat(
     concurrency: int,
     started_at: datetime.datetime,
     jobs_in_hand: int,
+    async_slots: int = 0,
+    async_in_use: int = 0,
+    loop_lag_ms: int = 0,
 ) -> None:
     """Insert the worker's row, or update it to this process and its last beat to now (one statement)."""
     connection = connections[alias]
@@ -45,11 +48,22 @@ def upsert_worker_beat(
     upsert, new, now = _upsert(alias, "worker_id")
     updated = ", ".join(
         f"{column} = {new.format(column)}"
-        for column in ("jobs_in_hand", "host", "pid", "queues", "concurrency", "started_at")
+        for column in (
+            "jobs_in_hand",
+            "host",
+            "pid",
+            "queues",
+            "concurrency",
+            "started_at",
+            "async_slots",
+            "async_in_use",
+            "loop_lag_ms",
+        )
     )
     sql = (
         f"INSERT INTO {table} (worker_id, host, pid, queues, concurrency, started_at, last_beat_at, "
-        f"jobs_in_hand) VALUES (%s, %s, %s, %s, %s, %s, {now}, %s) "
+        f"jobs_in_hand, async_slots, async_in_use, loop_lag_ms) VALUES (%s, %s, %s, %s, %s, %s, {now}, %s, "
+        "%s, %s, %s) "
         # The identity too: a worker id reused by a restarted process (WORKER_ID from a pod
         # name, --worker-id) must show the process that beats now, not the first one.
         f"{upsert} last_beat_at = {now}, {updated}"
@@ -62,6 +76,9 @@ def upsert_worker_beat(
         concurrency,
         connection.ops.adapt_datetimefield_value(started_at),
         jobs_in_hand,
+        async_slots,
+        async_in_use,
+        loop_lag_ms,
     ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)

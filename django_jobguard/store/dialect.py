@@ -30,7 +30,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ._common import REAP_BATCH, AttemptError, ClaimedJob, Clock, DurationRow, Inserted
+from ._common import REAP_BATCH, AttemptError, ClaimedJob, Clock, CounterChange, DurationRow, Inserted
 from ._flow import FlowPlan, Throttle
 
 __all__ = ["Dialect", "JobStore"]
@@ -197,4 +197,14 @@ class Dialect(JobStore, Protocol):
 
     def acquire_lock(self, alias: str, key: str, token: str, ttl: float) -> int | None:
         """Take the database lock ``key`` for ``token`` if free or expired; its new fencing token, or None."""
+        ...
+
+    def add_workflow_counts(self, alias: str, changes: Sequence[CounterChange]) -> list[tuple[int, int]]:
+        """Add ``(pending, succeeded, failed)`` to workflow counter rows, creating missing ones.
+
+        ``changes`` come in (workflow, shard) order, one per row, and the rows are locked in
+        that order, so two writers never wait for each other in a circle. Returns
+        ``(workflow id, pending)`` of each row after the change; the caller's transaction
+        holds the rows until it ends.
+        """
         ...

@@ -15,6 +15,12 @@ outside a caller's transaction is retried here a few times (:data:`DEADLOCK_RETR
 reported as a :class:`~django_jobguard.events.StatementRetried` event; inside a caller's
 transaction the whole transaction is what must be retried, so the error goes to the caller.
 
+The flow-control limited claim (``store/_flow.py``) is written here in MariaDB's SQL: the
+fleet's limited claims take turns on a row lock (the rate table's :data:`~._flow.TURN_KEY`
+row) instead of PostgreSQL's advisory lock, full keys are left out with ``JSON_TABLE``, and
+rate and breaker rows are written with ``ON DUPLICATE KEY UPDATE``; a deadlock runs the
+whole claim again.
+
 No ``LISTEN``/``NOTIFY``: workers poll (``POLL_INTERVAL``), or wake through Redis when one
 is configured (:mod:`.listener`).
 """
@@ -24,14 +30,15 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from django.db import NotSupportedError, OperationalError, connections, transaction
+from django.db import OperationalError, connections, transaction
 
 from .. import events
-from . import _common
+from . import _common, _flow
 from ._common import (
+    COUNTER_TABLE,
     FINISHED,
     INSERT_COLUMNS,
     INSERT_CONSTANTS,
@@ -43,9 +50,11 @@ from ._common import (
     REAP_BATCH,
     RETURNING,
     TABLE,
+    WORKFLOW_TABLE,
     AttemptError,
     ClaimedJob,
     Clock,
+    CounterChange,
     DurationRow,
     History,
     Inserted,
@@ -64,7 +73,7 @@ DEADLOCK_BACKOFF_SECONDS = 0.01
 #: InnoDB's error numbers for a deadlock victim and a lock-wait timeout.
 ER_LOCK_DEADLOCK = 1213
 ER_LOCK_WAIT_TIMEOUT = 1205
-#: Rows per multi-row INSERT (10 parameters a row, far below max_allowed_packet for small payloads).
+#: Rows per multi-row INSERT (13 parameters a row, far below max_allowed_packet for small payloads).
 INSERT_CHUNK = 500
 
 # Written for a cursor with parameters: mysqlclient turns %% back into %.
@@ -263,21 +272,116 @@ _CLAIM_UPDATE = (
 )
 
 
+# -- flow control ----------------------------------------------------------------------------
+
+#: Each limit key a job's ``flow_keys`` holds, as rows: compared byte for byte, as on PostgreSQL
+#: (a database whose default collation ignores case would otherwise hold back a key that only
+#: differs in case from a full one).
+_FLOW_KEYS = (
+    f"JSON_TABLE({TABLE}.flow_keys, '$[*]' COLUMNS "
+    "(flow_key VARCHAR(1000) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$')) AS held_keys"
+)
+_RATE_TABLE, _BREAKER_TABLE = _flow.RATE_TABLE, _flow.BREAKER_TABLE
+
+
+class _FlowSQL:
+    """The limited claim's statements on MariaDB/MySQL (see ``store/_flow.py``).
+
+    No transaction-scoped advisory lock here (``GET_LOCK`` belongs to the session and
+    outlives a rollback), so the turn is a row lock: one row of the rate table, locked by an
+    upsert that leaves it as it is. InnoDB holds it to the transaction's end and sees any
+    cycle through it, as it sees one through the rows a claim leases.
+    """
+
+    def take_turn(self, alias: str, cursor: Any) -> None:
+        # An existing primary key: an exclusive lock on that one record, no gap.
+        cursor.execute(
+            f"INSERT INTO {_RATE_TABLE} (`key`, tat) VALUES (%s, 0) ON DUPLICATE KEY UPDATE tat = tat",
+            [_flow.TURN_KEY],
+        )
+
+    def now_seconds(self, alias: str, cursor: Any) -> float:
+        cursor.execute(f"SELECT {CLOCK.epoch_micros}", [])
+        return int(cursor.fetchone()[0]) / 1_000_000
+
+    def candidates(
+        self,
+        alias: str,
+        cursor: Any,
+        queues: Sequence[str] | None,
+        exclude: Sequence[str],
+        blocked_tasks: Sequence[str],
+        blocked_keys: Sequence[str],
+        count: int,
+        blocked_retries: Sequence[str] = (),
+    ) -> list[tuple[int, str, str, Any, int]]:
+        # The plain claim's walk of the status-first due index, in claim order; the rows of
+        # full keys are passed over on the walk (and, at READ COMMITTED, left unlocked).
+        where, params = _flow.candidate_filters(
+            _DUE,
+            f"SELECT 1 FROM {_FLOW_KEYS} WHERE held_keys.flow_key IN ({{keys}})",
+            queues,
+            exclude,
+            blocked_tasks,
+            blocked_keys,
+            blocked_retries,
+        )
+        cursor.execute(
+            f"SELECT id, task_name, queue_name, flow_keys, attempts FROM {TABLE} "
+            f"WHERE {' AND '.join(where)} {_ORDER} LIMIT %s FOR UPDATE SKIP LOCKED",
+            [*params, count],
+        )
+        return list(cursor.fetchall())
+
+    def lease(self, alias: str, cursor: Any, ids: Sequence[int], worker_id: str) -> list[ClaimedJob]:
+        # The candidates' rows are locked by this transaction: every one is still queued.
+        cursor.execute(_CLAIM_UPDATE.format(ids=placeholders(ids)), [worker_id, worker_id, *ids])
+        cursor.execute(f"SELECT {RETURNING} FROM {TABLE} WHERE id IN ({placeholders(ids)})", list(ids))
+        return [ClaimedJob.from_row(row) for row in cursor.fetchall()]
+
+    def upsert_rates(self, alias: str, cursor: Any, arrivals: Mapping[str, float]) -> None:
+        # Inside the turn: no other limited claim inserts a rate key at the same time, so the
+        # duplicate checks' locks meet no one.
+        cursor.execute(
+            f"INSERT INTO {_RATE_TABLE} (`key`, tat) VALUES {', '.join(['(%s, %s)'] * len(arrivals))} "
+            "ON DUPLICATE KEY UPDATE tat = VALUES(tat)",
+            [value for pair in arrivals.items() for value in pair],
+        )
+
+    def ensure_breakers(self, alias: str, cursor: Any, names: Sequence[str]) -> None:
+        # A no-op update, not INSERT IGNORE, which would also hide a value too long for its column.
+        cursor.execute(
+            f"INSERT INTO {_BREAKER_TABLE} ({_flow.BREAKER_INSERT_COLUMNS}) VALUES "
+            + ", ".join([_flow.BREAKER_INSERT_ROW] * len(names))
+            + " ON DUPLICATE KEY UPDATE name = name",
+            [value for name in names for value in (name, False)],
+        )
+
+
+FLOW_SQL = _FlowSQL()
+
+
 def claim_limited(
     alias: str,
     queues: Sequence[str] | None,
     limit: int,
     worker_id: str,
     exclude: Sequence[str],
-    plan: Any,
-    throttle: Any = None,
+    plan: _flow.FlowPlan,
+    throttle: _flow.Throttle | None = None,
 ) -> list[ClaimedJob]:
-    # Flow control is not built on MariaDB/MySQL yet; jobguard.E032 refuses limits there, so a
-    # worker never gets here with its checks on.
-    raise NotSupportedError(
-        "Flow-control limits (concurrency=, rate=, limit=, a queue's concurrency) need PostgreSQL or "
-        "SQLite as the job store; MariaDB/MySQL does not enforce them yet."
-    )
+    # The limited claim is one transaction of several statements: a deadlock rolls all of it
+    # back (its rate and breaker writes too), so it runs again from the start, its report
+    # to the caller cleared first.
+    def run() -> list[ClaimedJob]:
+        if throttle is not None:
+            throttle.retry_after = None
+            throttle.held_back.clear()
+            throttle.breaker_changes = []
+            throttle.breaker_states = {}
+        return _flow.claim_limited(FLOW_SQL, alias, queues, limit, worker_id, exclude, plan, throttle)
+
+    return retry_deadlocks(alias, "claim_limited", run)
 
 
 def claim(
@@ -534,6 +638,82 @@ def acquire_lock(alias: str, key: str, token: str, ttl: float) -> int | None:
         return None if row is None else int(row[0])
 
     return retry_deadlocks(alias, "acquire_lock", run)
+
+
+# -- workflow counters ---------------------------------------------------------------------------
+
+# The unique index on (workflow, shard), named: the locking read must walk it, in its order.
+# A full scan (the optimizer's pick for a small table) would lock rows in insertion order,
+# and wait on rows that do not match.
+_COUNTER_INDEX = "jobguard_wfcounter_unique"
+
+
+def _counter_filter(changes: Sequence[CounterChange]) -> tuple[str, list[int]]:
+    shards: dict[int, list[int]] = {}
+    for workflow_id, shard, *_ in changes:
+        shards.setdefault(workflow_id, []).append(shard)
+    where = " OR ".join(f"(workflow_id = %s AND shard IN ({placeholders(each)}))" for each in shards.values())
+    return where, [value for workflow_id, each in shards.items() for value in (workflow_id, *each)]
+
+
+_COUNTER_COLUMNS = ("pending", "succeeded", "failed")
+
+
+def add_workflow_counts(alias: str, changes: Sequence[CounterChange]) -> list[tuple[int, int]]:
+    # No RETURNING on an upsert here, and an INSERT (even one that meets an existing row)
+    # checks the workflow foreign key: a shared lock on the workflow row, which a completion
+    # finishing the workflow, or an add() checking it is open, then wants exclusively; two
+    # such transactions deadlock. So: lock the rows that exist, in (workflow, shard) order,
+    # and update them by id knowing what they held. Rows still missing (joining, a replay's
+    # shard) are inserted only once the workflow row is locked exclusively, the lock taken
+    # last as every writer takes it, so the check's shared lock is already ours.
+    def run() -> list[tuple[int, int]]:
+        with transaction.atomic(using=alias, savepoint=False), connections[alias].cursor() as cursor:
+            where, params = _counter_filter(changes)
+            cursor.execute(
+                f"SELECT id, workflow_id, shard, pending FROM {COUNTER_TABLE} FORCE INDEX ({_COUNTER_INDEX}) "
+                f"WHERE {where} ORDER BY workflow_id, shard FOR UPDATE",
+                params,
+            )
+            found = {(row[1], row[2]): (row[0], row[3]) for row in cursor.fetchall()}
+            present = [(found[change[:2]][0], change) for change in changes if change[:2] in found]
+            after = {change[:2]: found[change[:2]][1] + change[2] for _, change in present}
+            if present:
+                _update_counters(cursor, present)
+            missing = [change for change in changes if change[:2] not in found]
+            if missing:
+                after.update(_insert_counters(cursor, missing))
+        return [(change[0], int(after[change[:2]])) for change in changes]
+
+    return retry_deadlocks(alias, "add_workflow_counts", run)
+
+
+def _update_counters(cursor: Any, present: Sequence[tuple[int, CounterChange]]) -> None:
+    """Add the changes to the rows (locked) by id: ``(row id, change)`` each."""
+    cases = " ".join(["WHEN %s THEN %s"] * len(present))
+    sets = ", ".join(f"{column} = {column} + CASE id {cases} END" for column in _COUNTER_COLUMNS)
+    params = [value for index in (2, 3, 4) for row_id, change in present for value in (row_id, change[index])]
+    ids = [row_id for row_id, _ in present]
+    cursor.execute(f"UPDATE {COUNTER_TABLE} SET {sets} WHERE id IN ({placeholders(ids)})", [*params, *ids])
+
+
+def _insert_counters(cursor: Any, missing: Sequence[CounterChange]) -> dict[tuple[int, int], int]:
+    """Insert the rows (or add to them, if another transaction inserted one first); their pending now."""
+    workflows = sorted({change[0] for change in missing})
+    cursor.execute(
+        f"SELECT id FROM {WORKFLOW_TABLE} WHERE id IN ({placeholders(workflows)}) ORDER BY id FOR UPDATE",
+        workflows,
+    )
+    added = ", ".join(f"{column} = {column} + VALUES({column})" for column in _COUNTER_COLUMNS)
+    cursor.execute(
+        f"INSERT INTO {COUNTER_TABLE} (workflow_id, shard, {', '.join(_COUNTER_COLUMNS)}) "
+        f"VALUES {', '.join(['(%s, %s, %s, %s, %s)'] * len(missing))} ON DUPLICATE KEY UPDATE {added}",
+        [value for change in missing for value in change],
+    )
+    where, params = _counter_filter(missing)
+    # The rows are this transaction's now (inserted or updated): what they hold is final until it ends.
+    cursor.execute(f"SELECT workflow_id, shard, pending FROM {COUNTER_TABLE} WHERE {where}", params)
+    return {(row[0], row[1]): row[2] for row in cursor.fetchall()}
 
 
 # -- reporting (jobguard_tune) -----------------------------------------------------------------

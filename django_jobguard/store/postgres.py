@@ -14,12 +14,13 @@ import logging
 import re
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, DataError, connections, transaction
 
+from .. import events
 from ..conf import get_settings
 from . import _common, _flow
 from ._common import (
@@ -35,6 +36,7 @@ from ._common import (
     AttemptError,
     ClaimedJob,
     Clock,
+    CounterChange,
     DurationRow,
     History,
     Inserted,
@@ -54,6 +56,8 @@ except ImportError:  # psycopg 2, or a project on SQLite only
     _SIMPLE_QUERY_CURSORS = ()
 
 logger = logging.getLogger("django_jobguard.store")
+
+_T = TypeVar("_T")
 
 NOW = "statement_timestamp()"
 _RETURNING_J = ", ".join(f"j.{column}" for column in RETURNING.split(", "))
@@ -123,6 +127,27 @@ def _pooler_detected(alias: str, exc: DatabaseError) -> None:
         alias,
         extra={"database_alias": alias},
     )
+
+
+def rerun_after_lost_statement(alias: str, operation: str, run: Callable[[], _T]) -> _T:
+    """Run ``run`` (a whole transaction); once more if a prepared statement went stale in it.
+
+    Outside a transaction :class:`Statement` runs such a statement again itself; inside one
+    the failure aborted the transaction, so the whole of it is run again here, without a
+    warning of its own (the pooler's detection logged one). A second failure is raised.
+    """
+    try:
+        return run()
+    except DatabaseError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) not in _STALE_PREPARED_SQLSTATES:
+            raise
+        if connections[alias].in_atomic_block:
+            raise
+        events.emit(events.StatementRetried(operation=operation, reason="prepared_statement_lost"))
+        logger.info(
+            "statement_retried alias=%s operation=%s reason=prepared_statement_lost", alias, operation
+        )
+        return run()
 
 
 @dataclass
@@ -246,24 +271,25 @@ def insert_jobs(
             # than the whole rest of the enqueue (measured: 1,340 -> about 2,000 enqueues/s).
             cursor.execute(
                 f"INSERT INTO {TABLE} ({columns}) VALUES (%s, %s, %s::jsonb, %s::jsonb, %s, %s, %s, %s, %s, "
-                f"%s, %s::jsonb, %s::jsonb, {INSERT_CONSTANTS}, '{{}}'::jsonb, '[]'::jsonb{run_after_sql}) "
+                f"%s, %s::jsonb, %s::jsonb, %s::bigint, {INSERT_CONSTANTS}, '{{}}'::jsonb, "
+                f"'[]'::jsonb{run_after_sql}) "
                 "RETURNING id, run_after, enqueued_at",
                 [*row_values(rows[0]), *extra_params],
             )
             return list(cursor.fetchall())
         # One statement whatever the count: one array parameter per column, unnested server-side.
-        arrays = [[row.get(field) for row in rows] for field in INSERT_FIELDS[:-1]]
+        arrays = [[row.get(field) for row in rows] for field in INSERT_FIELDS]
         arrays[2] = [json.dumps(value) for value in arrays[2]]
         arrays[3] = [json.dumps(value) for value in arrays[3]]
         arrays[10] = [json.dumps(value or []) for value in arrays[10]]
-        arrays.append([trace_context_json(row) for row in rows])
+        arrays[11] = [trace_context_json(row) for row in rows]
         cursor.execute(
             f"INSERT INTO {TABLE} ({columns}) "
-            f"SELECT t, q, a::jsonb, k::jsonb, p, m, v, i, l, h, f::jsonb, c::jsonb, {INSERT_CONSTANTS}, "
+            f"SELECT t, q, a::jsonb, k::jsonb, p, m, v, i, l, h, f::jsonb, c::jsonb, w, {INSERT_CONSTANTS}, "
             f"'{{}}'::jsonb, '[]'::jsonb{run_after_sql} "
             "FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::smallint[], %s::int[], "
-            "%s::float8[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[]) "
-            "AS u(t, q, a, k, p, m, v, i, l, h, f, c) "
+            "%s::float8[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[]) "
+            "AS u(t, q, a, k, p, m, v, i, l, h, f, c, w) "
             "RETURNING id, run_after, enqueued_at",
             [*extra_params, *arrays],  # the run_after parameter comes first in the text
         )
@@ -291,8 +317,8 @@ def insert_keyed_job(
         "ON CONFLICT (scope, key) DO NOTHING RETURNING job_id) "
         f"INSERT INTO {TABLE} (id, {INSERT_COLUMNS}{', run_after' if run_after_sql else ''}) "
         "SELECT k.job_id, %s::varchar, %s::varchar, %s::jsonb, %s::jsonb, %s::smallint, %s::int, "
-        "%s::float8, %s::varchar, %s::varchar, %s::varchar, %s::jsonb, %s::jsonb, "
-        "'queued', 0, '', '', 0, 0, '{}'::jsonb, "
+        "%s::float8, %s::varchar, %s::varchar, %s::varchar, %s::jsonb, %s::jsonb, %s::bigint, "
+        f"{INSERT_CONSTANTS}, '{{}}'::jsonb, "
         f"'[]'::jsonb{run_after_sql} FROM k RETURNING id, run_after, enqueued_at"
     )
     expiry = connection.ops.adapt_datetimefield_value(expires_at)
@@ -406,7 +432,7 @@ def _claim(
 FLOW_LOCK_ID = 0x6A67666C
 
 
-class _FlowSQL:
+class _FlowSQL(_flow.ConflictUpserts):
     """The limited claim's statements on PostgreSQL (see ``store/_flow.py``)."""
 
     def take_turn(self, alias: str, cursor: Any) -> None:
@@ -426,7 +452,8 @@ class _FlowSQL:
         blocked_tasks: Sequence[str],
         blocked_keys: Sequence[str],
         count: int,
-    ) -> list[tuple[int, str, str, Any]]:
+        blocked_retries: Sequence[str] = (),
+    ) -> list[tuple[int, str, str, Any, int]]:
         # The shapes of the plain claim (_picked): one index walk per queue, in claim order,
         # stopping after `count` rows; the full keys' rows are skipped over on the walk.
         where = [_DUE]
@@ -437,7 +464,11 @@ class _FlowSQL:
         if blocked_keys:
             where.append("NOT (flow_keys ?| %s::text[])")
             params.append(list(blocked_keys))
-        columns = "id, task_name, queue_name, flow_keys"
+        if blocked_retries:
+            # A spent retry budget: that dependency's first attempts still start.
+            where.append("(attempts = 0 OR task_name <> ALL(%s))")
+            params.append(list(blocked_retries))
+        columns = "id, task_name, queue_name, flow_keys, attempts"
         if queues and len(queues) > 1:
             cursor.execute(
                 f"SELECT c.{columns.replace(', ', ', c.')} FROM unnest(%s::text[]) AS q(name), LATERAL ("
@@ -468,7 +499,7 @@ class _FlowSQL:
         return [ClaimedJob.from_row(row) for row in cursor.fetchall()]
 
 
-_FLOW_SQL = _FlowSQL()
+FLOW_SQL = _FlowSQL()
 
 
 def claim_limited(
@@ -482,7 +513,7 @@ def claim_limited(
 ) -> list[ClaimedJob]:
     if not _pooled(alias):
         _tune_for_claims(alias)
-    return _flow.claim_limited(_FLOW_SQL, alias, queues, limit, worker_id, exclude, plan, throttle)
+    return _flow.claim_limited(FLOW_SQL, alias, queues, limit, worker_id, exclude, plan, throttle)
 
 
 # -- leases --------------------------------------------------------------------------------
@@ -576,6 +607,10 @@ def discard_queued(alias: str, job_id: int) -> None:
 
 def acquire_lock(alias: str, key: str, token: str, ttl: float) -> int | None:
     return _common.acquire_lock_on_conflict(CLOCK, alias, key, token, ttl)
+
+
+def add_workflow_counts(alias: str, changes: Sequence[CounterChange]) -> list[tuple[int, int]]:
+    return _common.add_workflow_counts_on_conflict(alias, changes)
 
 
 def requeue(

@@ -32,6 +32,7 @@ from ._common import (
     AttemptError,
     ClaimedJob,
     Clock,
+    CounterChange,
     DurationRow,
     History,
     Inserted,
@@ -242,7 +243,7 @@ _CLAIM_SET = (
 # -- flow control ----------------------------------------------------------------------------
 
 
-class _FlowSQL:
+class _FlowSQL(_flow.ConflictUpserts):
     """The limited claim's statements on SQLite (see ``store/_flow.py``)."""
 
     def take_turn(self, alias: str, cursor: Any) -> None:
@@ -263,26 +264,19 @@ class _FlowSQL:
         blocked_tasks: Sequence[str],
         blocked_keys: Sequence[str],
         count: int,
-    ) -> list[tuple[int, str, str, Any]]:
-        where = [f"status = 'queued' AND run_after <= {NOW} AND attempts < max_attempts"]
-        params: list[Any] = []
-        if queues:
-            where.append(f"queue_name IN ({placeholders(queues)})")
-            params += list(queues)
-        elif exclude:
-            where.append(f"queue_name NOT IN ({placeholders(exclude)})")
-            params += list(exclude)
-        if blocked_tasks:
-            where.append(f"task_name NOT IN ({placeholders(blocked_tasks)})")
-            params += list(blocked_tasks)
-        if blocked_keys:
-            where.append(
-                f"NOT EXISTS (SELECT 1 FROM json_each({TABLE}.flow_keys) "
-                f"WHERE value IN ({placeholders(blocked_keys)}))"
-            )
-            params += list(blocked_keys)
+        blocked_retries: Sequence[str] = (),
+    ) -> list[tuple[int, str, str, Any, int]]:
+        where, params = _flow.candidate_filters(
+            f"status = 'queued' AND run_after <= {NOW} AND attempts < max_attempts",
+            f"SELECT 1 FROM json_each({TABLE}.flow_keys) WHERE value IN ({{keys}})",
+            queues,
+            exclude,
+            blocked_tasks,
+            blocked_keys,
+            blocked_retries,
+        )
         cursor.execute(
-            f"SELECT id, task_name, queue_name, flow_keys FROM {TABLE} WHERE {' AND '.join(where)} "
+            f"SELECT id, task_name, queue_name, flow_keys, attempts FROM {TABLE} WHERE {' AND '.join(where)} "
             "ORDER BY priority DESC, run_after, id LIMIT %s",
             [*params, count],
         )
@@ -296,7 +290,7 @@ class _FlowSQL:
         return [ClaimedJob.from_row(row) for row in cursor.fetchall()]
 
 
-_FLOW_SQL = _FlowSQL()
+FLOW_SQL = _FlowSQL()
 
 
 def claim_limited(
@@ -308,7 +302,7 @@ def claim_limited(
     plan: _flow.FlowPlan,
     throttle: _flow.Throttle | None = None,
 ) -> list[ClaimedJob]:
-    return _flow.claim_limited(_FLOW_SQL, alias, queues, limit, worker_id, exclude, plan, throttle)
+    return _flow.claim_limited(FLOW_SQL, alias, queues, limit, worker_id, exclude, plan, throttle)
 
 
 # -- leases --------------------------------------------------------------------------------
@@ -357,6 +351,10 @@ def discard_queued(alias: str, job_id: int) -> None:
 
 def acquire_lock(alias: str, key: str, token: str, ttl: float) -> int | None:
     return _common.acquire_lock_on_conflict(CLOCK, alias, key, token, ttl)
+
+
+def add_workflow_counts(alias: str, changes: Sequence[CounterChange]) -> list[tuple[int, int]]:
+    return _common.add_workflow_counts_on_conflict(alias, changes)
 
 
 def requeue(

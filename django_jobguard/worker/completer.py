@@ -15,6 +15,7 @@ until their leases expire, and they run again: at-least-once, as for any crash b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
@@ -25,10 +26,10 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, transaction
 
-from .. import _dispatch, _faults, dlq, events, idempotency, signals, store, workflows
+from .. import _dispatch, _faults, breakers, dlq, events, idempotency, signals, store, workflows
 from .._redact import payload_secrets, redact
 from .._text import clip
-from ..conf import get_settings
+from ..conf import BreakerSpec, get_settings
 from ..exceptions import LeaseLost
 from ..log import job_fields
 from ..outcome import (
@@ -51,6 +52,8 @@ logger = logging.getLogger(LOGGER_NAME)
 __all__ = ["Completer"]
 
 _STALE_ACK = Stale("ack")
+#: Seconds a worker may hold the successes of a closed breaker before it counts them.
+BREAKER_SUCCESSES_HELD = 1.0
 #: Outcomes that spend an attempt: dropped for a job shutdown has taken over (see settle).
 _FAILURES = frozenset({Retry, Dead})
 
@@ -84,6 +87,14 @@ class Completer:
         #: Guards the tally and the count of acks awaited.
         self.lock = threading.Lock()
         self._note_run_time = note_run_time or (lambda seconds: None)
+        #: The breaker each guarded task's calls count under: task name -> (limit, its breaker).
+        #: Empty unless a named limit declares a breaker (the plain path looks no further).
+        self.breakers: dict[str, tuple[str, BreakerSpec]] = {}
+        #: Each breaker's state as this worker's last limited claim read it (the worker sets it).
+        self.breaker_states: dict[str, str] = {}
+        #: Successes of closed breakers not counted yet, and since when they are held.
+        self._successes_held: dict[str, int] = {}
+        self._successes_since: dict[str, float] = {}
         #: Outcomes of the jobs settled, for the summary on exit (see Worker.summary()).
         self.outcomes: dict[str, int] = {tally.value: 0 for tally in Tally}
         self._settlers: dict[type, Callable[[Held, Any], None]] = {
@@ -223,7 +234,8 @@ class Completer:
         for held, outcome in acks:
             job_id = held.job.id
             if job_id in done:
-                self._report_succeeded(held, outcome)
+                with held.trace_scope() if held.trace_scope is not None else contextlib.nullcontext():
+                    self._report_succeeded(held, outcome)
             elif job_id not in failed:
                 self._stale(held, _STALE_ACK)
 
@@ -240,6 +252,7 @@ class Completer:
         with transaction.atomic(using=self.alias):
             rows = [(held.job.id, held.job.lease_token, outcome.ack_json or "null") for held, outcome in acks]
             done = store.complete_many(self.alias, rows)
+            members: list[tuple[int, int, str, str | None]] = []
             for held, outcome in acks:
                 job = held.job
                 # Only for acked jobs: a key must not read succeeded for a job that lost its lease.
@@ -248,9 +261,10 @@ class Completer:
                         self.alias, outcome.scope, job.idempotency_key, job.id, outcome.result
                     )
                 if job.workflow_id is not None and job.id in done:
-                    workflows.job_settled(
-                        self.alias, job.id, job.workflow_id, "succeeded", outcome.ack_json or "null"
-                    )
+                    members.append((job.id, job.workflow_id, "succeeded", outcome.ack_json or "null"))
+            if members:
+                # Together: each counter row touched once, in one order across workers.
+                workflows.jobs_settled(self.alias, members)
         return done
 
     def _ack_one_by_one(self, acks: list[tuple[Held, Succeeded]]) -> tuple[set[int], set[int]]:
@@ -310,6 +324,8 @@ class Completer:
             _faults.maybe_crash("after_complete")
         self.count(Tally.SUCCEEDED)
         self._note_run_time(duration)
+        if self.breakers:
+            self._call(job, failed=False)
         events.emit(events.JobSucceeded(job.queue_name, job.task_name, duration))
         if logger.isEnabledFor(logging.INFO):  # skip building the fields for a dropped record
             logger.info(
@@ -378,6 +394,8 @@ class Completer:
             )
             return
         self.count(Tally.RETRIED)
+        if self.breakers:
+            self._call(job, failed=outcome.category in breakers.FAILED_CATEGORIES)
         events.emit(
             events.JobFailed(job.queue_name, job.task_name, outcome.category, outcome.duration, retried=True)
         )
@@ -433,6 +451,8 @@ class Completer:
             )
             return
         self.count(Tally.DEAD_LETTERED)
+        if self.breakers and outcome.error is not None:
+            self._call(job, failed=outcome.category in breakers.FAILED_CATEGORIES)
         logger.error(
             "job_dead_lettered job_id=%s task=%s reason=%s error=%s",
             job.id,
@@ -482,6 +502,15 @@ class Completer:
                 outcome.delay,
                 extra=fields,
             )
+        elif cause is PutBackCause.NEEDS_THREAD:
+            logger.warning(
+                "job_refused job_id=%s task=%s; %s; back in the queue, retry in %.0fs",
+                job.id,
+                job.task_name,
+                outcome.error,
+                outcome.delay,
+                extra=job_fields(job, self.worker_id, outcome="refused"),
+            )
         elif cause is PutBackCause.LOCK_UNAVAILABLE:
             fields = job_fields(job, self.worker_id, outcome="lock_unavailable")
             logger.warning(
@@ -492,6 +521,35 @@ class Completer:
                 outcome.detail,
                 extra=fields,
             )
+
+    def _call(self, job: store.ClaimedJob, *, failed: bool) -> None:
+        """Count an attempt that reached its end under the task's breaker, if it has one.
+
+        A failure is counted at once (it may open the breaker), and so is any outcome while
+        the breaker was not closed at this worker's last claim (a probe's answer closes or
+        reopens it). The successes of a closed breaker are gathered and counted with the next
+        count, or after ``BREAKER_SUCCESSES_HELD`` seconds: a transaction per success would
+        make the breaker's row the fleet's busiest. Lost in a crash, they only delay a trip.
+        """
+        guarded = self.breakers.get(job.task_name)
+        if guarded is None:
+            return
+        name, spec = guarded
+        now = time.monotonic()
+        with self.lock:
+            held = self._successes_held.get(name, 0)
+            quiet = self.breaker_states.get(name, "closed") == "closed"
+            if not failed and quiet and now - self._successes_since.get(name, now) < BREAKER_SUCCESSES_HELD:
+                self._successes_held[name] = held + 1
+                self._successes_since.setdefault(name, now)
+                return
+            self._successes_held.pop(name, None)
+            self._successes_since.pop(name, None)
+        try:
+            breakers.record(self.alias, name, spec, failed=failed, earlier_successes=held)
+        except (DatabaseError, InterfaceError):
+            # The outcome is written already; a lost count only delays a trip.
+            logger.warning("breaker_count_failed job_id=%s limit=%s", job.id, name, exc_info=True)
 
     def _hand_back(self, held: Held, outcome: HandBack) -> None:
         """The worker stops: give the job back at once, its attempt refunded."""

@@ -21,8 +21,10 @@ from ..conf import get_settings
 from ..exceptions import LockUnavailable
 from ..log import job_fields
 from .held import LOGGER_NAME, Held, close_connection
+from .outage import DatabaseOutage, backoff_delay
 
 if TYPE_CHECKING:
+    from .aio import AsyncExecutor
     from .slots import Slots
     from .watchdog import Watchdog
 
@@ -41,6 +43,9 @@ __all__ = [
 HEARTBEAT_TICK_SECONDS = 0.25
 #: Leases are renewed when this fraction of the visibility timeout has passed.
 HEARTBEAT_FRACTION = 1 / 3
+#: First and longest wait (seconds) before the heartbeat tries the database again after an error.
+HEARTBEAT_BACKOFF_SECONDS = 0.5
+HEARTBEAT_BACKOFF_MAX_SECONDS = 5.0
 #: Seconds between two touches of JOBGUARD["LIVENESS_FILE"] by the heartbeat thread.
 LIVENESS_TOUCH_SECONDS = 1.0
 
@@ -141,8 +146,19 @@ class LeaseKeeper:
 class Heartbeat:
     """The heartbeat thread: a :meth:`tick` every :data:`HEARTBEAT_TICK_SECONDS` until stopped."""
 
-    def __init__(self, slots: Slots, keeper: LeaseKeeper, watchdog: Watchdog, beat: beats.Beat) -> None:
+    def __init__(
+        self,
+        slots: Slots,
+        keeper: LeaseKeeper,
+        watchdog: Watchdog,
+        beat: beats.Beat,
+        outage: DatabaseOutage | None = None,
+        aio: AsyncExecutor | None = None,
+    ) -> None:
+        self.outage = outage or DatabaseOutage(keeper.worker_id)
         self.slots = slots
+        #: The event loop whose slots in use and lag the beat row and the metrics show.
+        self.aio = aio
         self.keeper = keeper
         self.watchdog = watchdog
         self.beat = beat
@@ -151,14 +167,24 @@ class Heartbeat:
         self._stop = threading.Event()
 
     def run(self) -> None:
+        failures = 0
+        retry_at = 0.0
         try:
             while not self._stop.wait(HEARTBEAT_TICK_SECONDS):
+                if failures and time.monotonic() < retry_at:
+                    continue  # backing off: the database failed the last try
                 try:
                     self.tick()
                     self.keeper.touch_liveness_file()
-                except (DatabaseError, InterfaceError):
-                    logger.warning("heartbeat_failed worker_id=%s", self.worker_id, exc_info=True)
+                    failures = 0
+                except (DatabaseError, InterfaceError) as exc:
+                    failures += 1
+                    # One line per outage interval, shared with the claim loop, not one per tick.
+                    self.outage.failed("heartbeat", exc)
                     close_connection(self.alias)
+                    retry_at = time.monotonic() + backoff_delay(
+                        failures, HEARTBEAT_BACKOFF_SECONDS, HEARTBEAT_BACKOFF_MAX_SECONDS
+                    )
                 except Exception:
                     logger.exception("heartbeat_crashed worker_id=%s", self.worker_id)
         finally:
@@ -176,5 +202,8 @@ class Heartbeat:
         self.keeper.renew_locks(active, now)
         held = self.keeper.renew_leases(active, now)
         self.watchdog.check(held, now)
+        aio = self.aio
+        if aio is not None:
+            events.emit(events.EventLoopSampled(aio.running, aio.size, aio.lag))
         # The worker's own row and the outcome counts: one upsert each per beat interval.
-        self.beat.maybe_beat(now, len(active))
+        self.beat.maybe_beat(now, len(active), None if aio is None else aio.sample)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from django.db import DatabaseError, connections
@@ -42,6 +44,11 @@ class Held:
     connection: Any = None
     #: Held by that connection while a cursor is open (SQLite; ``store.guard_statements``).
     statement_guard: threading.RLock | None = None
+    #: Runs as a coroutine on the worker's event loop (``--async-slots``), not on a thread.
+    on_loop: bool = False
+    #: With tracing on, makes the attempt's settle span current again: its batched ack is
+    #: written and reported on the ack thread, whose log lines and exemplars join the trace.
+    trace_scope: Callable[[], AbstractContextManager[Any]] | None = None
 
 
 def reset_after_db_error(held: Held, worker_id: str, alias: str, consequence: str) -> None:

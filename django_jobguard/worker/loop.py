@@ -11,6 +11,8 @@ One process runs:
 - a **heartbeat thread** (:mod:`.heartbeat`) that extends the leases (and renews the locks)
   of held jobs every third of their visibility timeout, and fails jobs past their hard
   ``timeout`` (:mod:`.watchdog`);
+- with ``--async-slots``, an **event loop thread** running the ``async def`` tasks as
+  coroutines, its few DB threads and a watch thread (:mod:`.aio`);
 - with ``ACK_WINDOW`` above 0, an **ack thread** that writes the acks of non-atomic tasks
   in batches (:meth:`.completer.Completer.run_acks`), and writes what is left before the exit.
 
@@ -36,14 +38,16 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from .. import _faults, beats, store
+from .. import _faults, beats, breakers, events, store
 from ..conf import WORKER_ID_MAX_LENGTH, get_settings
 from ..maintenance import Maintenance
 from ..outcome import Tally
+from .aio import AsyncExecutor
 from .completer import Completer
 from .executor import Executor
 from .heartbeat import Heartbeat, LeaseKeeper
 from .held import LOGGER_NAME, close_connection
+from .outage import DatabaseOutage, backoff_delay
 from .pipeline import Runtime
 from .shutdown import Shutdown
 from .slots import Slots
@@ -51,9 +55,10 @@ from .watchdog import Watchdog
 
 logger = logging.getLogger(LOGGER_NAME)
 
-__all__ = ["EXIT_THREAD_DIED", "OUTCOMES", "Worker", "default_worker_id"]
+__all__ = ["EXIT_THREAD_DIED", "OUTCOMES", "Worker", "claim_size", "default_worker_id"]
 
-#: Back-off after a database error in the loop (the connection is reopened), doubling to the max.
+#: Back-off after a database error in the loop (the connection is reopened), doubling to the max,
+#: jittered (:func:`.outage.backoff_delay`).
 DB_ERROR_BACKOFF_SECONDS = 0.5
 #: Shortest wait for a rate's next start, in seconds: a fast rate is claimed in batches of its
 #: burst, not one claim per start.
@@ -68,6 +73,11 @@ PREFETCH_TARGET_SECONDS = 0.02
 PREFETCH_MAX_JOBS = 64
 #: Weight of the newest run in the mean handler time.
 RUN_TIME_SMOOTHING = 0.1
+#: With async slots, the claimer refills once this many slots are free, or a tenth of them if
+#: more (never more than half). Refilling only at half of 500 slots starts 250 coroutines at
+#: once, which holds the loop up for tens of milliseconds, and leaves a quarter of the slots
+#: empty on average (measured in benchmarks/bench_slow_calls.py).
+ASYNC_REFILL_MIN_JOBS = 50
 #: What summary() counts: acked (a duplicate acked with the stored result included), put
 #: back to retry after a failed attempt, dead-lettered, put back without using an attempt
 #: (lock contention, another job owning the key, shutdown hand-back).
@@ -94,6 +104,16 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"[:WORKER_ID_MAX_LENGTH]
 
 
+def claim_size(capacity: int, free: int, *, holding: bool) -> int:
+    """How many jobs to claim now, with room for ``free`` of the ``capacity`` to hold.
+
+    Refills in batches: one claim per half a capacity of room, not one per freed slot
+    (measured: a third less CPU per job, in the worker and in PostgreSQL). A worker that
+    holds nothing claims whatever room it has.
+    """
+    return free if free >= max(1, capacity // 2) or (free > 0 and not holding) else 0
+
+
 class Worker:
     """Runs jobs of some queues until stopped. ``manage.py jobguard_worker`` builds one."""
 
@@ -103,6 +123,7 @@ class Worker:
         queues: Sequence[str] | None = None,
         exclude_queues: Sequence[str] = (),
         concurrency: int = 1,
+        async_slots: int | None = None,
         batch_size: int | None = None,
         burst: bool = False,
         max_jobs: int | None = None,
@@ -115,13 +136,17 @@ class Worker:
         run_scheduler: bool = True,
     ) -> None:
         conf = get_settings()
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
+        if async_slots is not None and async_slots < 1:
+            raise ValueError("async_slots must be at least 1")
+        if concurrency < (0 if async_slots else 1):
+            raise ValueError("concurrency must be at least 1 (0 only with async_slots: an async-only worker)")
+        #: Coroutines run at once on the event loop (None: async tasks run on the threads).
+        self.async_slots = async_slots
         self.queues = list(queues) if queues else None
         #: Queues never claimed from (django-tasks-db's --exclude-queues).
         self.exclude_queues = list(exclude_queues)
         self.concurrency = concurrency
-        self.capacity = batch_size or conf.batch_size or concurrency * 2
+        self.capacity = batch_size or conf.batch_size or max(1, concurrency * 2)
         self._explicit_batch = bool(batch_size or conf.batch_size)
         self._mean_run_seconds = 0.0
         self._runs_noted = 0
@@ -147,6 +172,7 @@ class Worker:
         self._wake = threading.Event()
         self._stopping = False
         self._forced = False
+        self._signalled = False
         self._threads: list[threading.Thread] = []
         self._listener: store.Listener | None = None
         self.exit_code = 0
@@ -166,8 +192,23 @@ class Worker:
         self._acker: threading.Thread | None = None
         #: Outcomes of the jobs this worker finished, for the summary on exit (see summary()).
         self.outcomes: dict[str, int] = self.completer.outcomes
+        if self.flow is not None:
+            limits = get_settings().limits
+            for task_name, name in self.flow.guarded_tasks.items():
+                breaker = limits[name].breaker if name in limits else None
+                if breaker is not None:
+                    self.completer.breakers[task_name] = (name, breaker)
         self.runtime = Runtime(self.alias, self.worker_id, self.completer)
+        #: The event loop of the ``async def`` tasks (``--async-slots``); None: they run on threads.
+        self.aio: AsyncExecutor | None = None
+        if self.async_slots:
+            self.aio = AsyncExecutor(
+                self.slots, self.completer, self.runtime, size=self.async_slots, threads=self.concurrency > 0
+            )
+            self.slots.route(self.aio.routes, self.aio.submit)
         self.lease_keeper = LeaseKeeper(self.alias, self.worker_id)
+        #: Whether the database answers; one log line per interval while it does not.
+        self.outage = DatabaseOutage(self.worker_id)
         self.watchdog = Watchdog(
             self.slots,
             self.completer,
@@ -185,8 +226,9 @@ class Worker:
             queues=self.queues,
             concurrency=self.concurrency,
             pid=os.getpid(),
+            async_slots=self.async_slots or 0,
         )
-        self.heartbeat = Heartbeat(self.slots, self.lease_keeper, self.watchdog, beat)
+        self.heartbeat = Heartbeat(self.slots, self.lease_keeper, self.watchdog, beat, self.outage, self.aio)
         self._shutdown = Shutdown(self.slots, self.completer, self.alias, self.worker_id)
 
     @property
@@ -201,21 +243,29 @@ class Worker:
         self._started_at = time.monotonic()
         if self.install_signal_handlers:
             self._install_signal_handlers()
-        listener = self._listener = store.Listener(get_settings().listen_alias(self.alias), self.queues)
+        listener = self._listener = store.Listener(
+            get_settings().listen_alias(self.alias), self.queues, wakeup=store.wakeup_source(self.alias)
+        )
         if not self.burst:
             # LISTEN before announcing readiness, so no enqueue after "worker_started" is missed.
             listener.start()
         logger.info(
-            "worker_started worker_id=%s queues=%s concurrency=%d batch=%d",
+            "worker_started worker_id=%s queues=%s concurrency=%d batch=%d%s",
             self.worker_id,
             ",".join(self.queues) if self.queues else "*",
             self.concurrency,
             self.capacity,
+            f" async_slots={self.async_slots}" if self.async_slots else "",
             extra={"worker_id": self.worker_id},
         )
         if self.completer.batches_acks:
             completer = self.completer
             self._acker = self._spawn(lambda: _run_acks(completer), "jobguard-acker")
+        aio = self.aio
+        if aio is not None:
+            self._spawn(aio.run, "jobguard-aio")
+            aio.wait_started()
+            self._spawn(lambda: aio.watch(lambda: self._stopping), "jobguard-aio-watch")
         for index in range(self.concurrency):
             self._start_executor(index)
         heartbeat = self._spawn(self.heartbeat.run, "jobguard-heartbeat")
@@ -226,11 +276,19 @@ class Worker:
             self.maintenance.resign()
             self._stopping = True
             abandoned = self._shutdown.run(self._threads, self.shutdown_grace, lambda: self._forced)
+            if aio is not None:
+                aio.stop()  # cancels the coroutines still running: shutdown handed their jobs back
             # Every ack handed over is written before the worker exits.
             self.completer.close_acks(self._acker, timeout=ACK_FLUSH_TIMEOUT_SECONDS)
             self.heartbeat.stop()
             heartbeat.join(timeout=5)
             connections.close_all()
+            if self._signalled:
+                # Python puts the default handlers back as the interpreter exits, so a repeated
+                # Ctrl-C (or a supervisor's second SIGTERM) landing then would turn this clean
+                # exit into death by signal. The process is leaving: ignore further stop signals.
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
             if get_settings().opentelemetry:
                 # Spans of the last jobs sit in the provider's batch: export them before exit.
                 from .. import tracing  # an optional extra: imported only when enabled
@@ -283,6 +341,25 @@ class Worker:
             return self.capacity
         per_thread = int(PREFETCH_TARGET_SECONDS / mean) if mean > 0 else PREFETCH_MAX_JOBS
         return max(self.capacity, min(PREFETCH_MAX_JOBS, self.concurrency * per_thread))
+
+    def _room(self) -> tuple[int, int]:
+        """The jobs to hold (half of it is the least room worth a claim), and the room left.
+
+        Jobs done but not acked yet are still "running" in the database: they count, so a
+        completer that falls behind holds the claimer back (a crash re-runs at most the
+        capacity). With async slots the coroutines' room is what is claimed; sync jobs that
+        come with them run on the threads, and while those have their fill waiting, nothing
+        more is claimed. Async slots refill in steps of a tenth of them (ASYNC_REFILL_MIN_JOBS
+        at least), not of half.
+        """
+        capacity = self.capacity_now()
+        if self.async_slots is None:
+            return capacity, capacity - len(self.slots) - self.completer.awaiting_acks
+        if self.concurrency and self.slots.on_threads >= capacity:
+            return self.async_slots, 0
+        refill = max(ASYNC_REFILL_MIN_JOBS, self.async_slots // 10)
+        free = self.async_slots - self.slots.on_loop - self.completer.awaiting_acks
+        return min(self.async_slots, 2 * refill), free
 
     def note_run_time(self, seconds: float) -> None:
         """Fold one handler run time into the mean that decides how much to prefetch."""
@@ -337,6 +414,7 @@ class Worker:
             # short-lived thread sets the Events.
             self._forced = self._forced or self._stopping
             self._stopping = True
+            self._signalled = True
             self.slots.close()
             logger.info("worker_stopping worker_id=%s signal=%s", self.worker_id, signal.Signals(signum).name)
             if self._listener is not None:
@@ -349,34 +427,33 @@ class Worker:
     # -- main loop ---------------------------------------------------------------------
 
     def _loop(self, listener: store.Listener) -> None:
-        backoff = DB_ERROR_BACKOFF_SECONDS
+        failures = 0
         wait = self.poll_interval
         while not self._stopping:
             self.slots.clear_freed()
             try:
+                if not self.outage.healthy:
+                    # A full worker asks for nothing, so it would never learn that the
+                    # database is back: ask it directly.
+                    store.database_now(self.alias)
                 self.maintenance.run_due(time.monotonic())
                 self._look_for_paused_queues()
-                capacity = self.capacity_now()
-                # Jobs done but not acked yet are still "running" in the database: they count,
-                # so a completer that falls behind holds the claimer back (a crash re-runs at
-                # most `capacity` jobs).
-                free = capacity - len(self.slots) - self.completer.awaiting_acks
+                capacity, free = self._room()
                 if self.max_jobs is not None:
                     free = min(free, self.max_jobs - self.claimed)
                     if free <= 0 and not self.slots:
                         return
-                # Refill in batches: one claim per half a batch of room, not one per freed slot
-                # (measured: a third less CPU per job, in the worker and in PostgreSQL).
-                asked = free if free >= max(1, capacity // 2) or (free > 0 and not self.slots) else 0
+                asked = claim_size(capacity, free, holding=bool(self.slots))
                 claimed = self._claim(asked) if asked else 0
-                backoff = DB_ERROR_BACKOFF_SECONDS
-            except (DatabaseError, InterfaceError):
-                logger.warning(
-                    "claim_failed worker_id=%s; retrying in %.1fs", self.worker_id, backoff, exc_info=True
-                )
+                failures = 0
+                self.outage.recovered()
+            except (DatabaseError, InterfaceError) as exc:
+                failures += 1
+                self.outage.failed("claim", exc)
                 close_connection(self.alias)
-                self._wake.wait(backoff)
-                backoff = min(backoff * 2, DB_ERROR_BACKOFF_MAX_SECONDS)
+                self._wake.wait(
+                    backoff_delay(failures, DB_ERROR_BACKOFF_SECONDS, DB_ERROR_BACKOFF_MAX_SECONDS)
+                )
                 continue
             # Not when there was no room to ask (acks still being written): that is not "drained".
             if self.burst and asked and claimed == 0 and not self.slots:
@@ -423,11 +500,25 @@ class Worker:
             )
         self._paused_seen = paused
 
+    def _report_throttle(self, short: bool) -> None:
+        """Count a limited claim held back by a limit, and report the breakers it half-opened."""
+        throttle = self._throttle
+        if throttle.breaker_states:
+            # What the completer counts at once (a probe's answer) and what it may gather.
+            self.completer.breaker_states = dict(throttle.breaker_states)
+        for name, before, after in throttle.breaker_changes:
+            breakers.report_change(name, before, after, "system", "open time over: probing the dependency")
+        if short:
+            for reason in sorted(throttle.held_back):
+                events.emit(events.ClaimThrottled(reason))
+
     def _claim(self, limit: int) -> int:
         # Every claim leaves the paused queues alone, so a pause reaches us within one poll.
         jobs = store.claim(
             self.alias, self.queues, limit, self.worker_id, self.exclude_queues, self.flow, self._throttle
         )
+        if self.flow is not None:
+            self._report_throttle(len(jobs) < limit)
         if not jobs:
             return 0
         if _faults.ENABLED:

@@ -13,6 +13,7 @@ import inspect
 import json
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -34,7 +35,7 @@ from .completer import Completer
 from .heartbeat import renew_lock
 from .held import Held, logger
 
-__all__ = ["Runtime", "failure_outcome", "run"]
+__all__ = ["HandlerTimedOut", "Runtime", "failure_outcome", "handler_outcome", "prepare", "run"]
 
 #: Argument shapes remembered as valid per worker (binding is checked once per shape).
 MAX_REMEMBERED_SHAPES = 10_000
@@ -54,6 +55,12 @@ class Runtime:
     completer: Completer
     #: (task, positional count, keyword names) known to bind, so each shape is checked once.
     valid_shapes: set[tuple[str, int, tuple[str, ...]]] = dataclasses.field(default_factory=set)
+    #: Calls the handler (None: :func:`invoke`); the async executor's DB threads give their own.
+    invoke: Callable[[Task[Any, Any], JobContext | None, store.ClaimedJob], Any] | None = None
+
+
+class HandlerTimedOut(TimeoutError):  # noqa: N818 (named as the event, like LeaseLost)
+    """A coroutine handler ran past its task's hard ``timeout`` and was cancelled."""
 
 
 class _InvalidResultError(Exception):
@@ -66,6 +73,18 @@ class _LockLostError(Exception):
 
 def run(held: Held, rt: Runtime) -> Outcome:
     """Run one claimed job (its state already ``RUNNING``); what became of it, not yet reported."""
+    step = prepare(held, rt)
+    if not isinstance(step, tuple):
+        return step
+    return run_handler(rt, held, *step)
+
+
+def prepare(held: Held, rt: Runtime) -> Outcome | tuple[Task[Any, Any], str]:
+    """The steps before the handler: the task and the key's scope to run with, or the outcome instead.
+
+    Only the idempotency check and the lock touch a store: a job with neither key runs these
+    steps without any I/O (the async executor runs them on its event loop then).
+    """
     job = held.job
     task = resolve_task(job.task_name)
     if task is None:
@@ -88,7 +107,7 @@ def run(held: Held, rt: Runtime) -> Outcome:
         refused = take_lock(held, task)
         if refused is not None:
             return refused
-    return run_handler(rt, held, task, scope)
+    return task, scope
 
 
 # -- steps before the handler ------------------------------------------------------------
@@ -196,9 +215,9 @@ def take_lock(held: Held, task: Task[Any, Any]) -> Outcome | None:
 def run_handler(rt: Runtime, held: Held, task: Task[Any, Any], scope: str) -> Outcome:
     """Run the handler (in a transaction when atomic) and ack; release the lock; classify errors."""
     job = held.job
-    if task.timeout:
+    if task.timeout and not held.on_loop:  # a coroutine's own timeout cancels it instead
         held.deadline = held.started_at + task.timeout
-    context = _context(rt, held, task) if task.takes_context else None
+    context = make_context(rt, held, task) if task.takes_context else None
     _dispatch.send(signals.job_started, job_id=job.id, task_name=job.task_name, attempt=job.attempts)
     began = time.perf_counter()
     try:
@@ -206,20 +225,31 @@ def run_handler(rt: Runtime, held: Held, task: Task[Any, Any], scope: str) -> Ou
             result, ack_json = _invoke_and_ack(rt, held, task, context, scope)
         finally:
             release_lock(held, rt.worker_id)
-    except LeaseLost:
-        return _STALE_ACK
-    except _InvalidResultError as exc:
-        scope_of = idempotency.scope_of(task)
-        return Dead(DeadLetterReason.INVALID_RESULT, retry.PERMANENT, "TypeError", str(exc), scope=scope_of)
     except (KeyboardInterrupt, GeneratorExit):
         raise
     except BaseException as exc:
         # SystemExit from a handler is a failing job, not a request to stop the worker.
-        return failure_outcome(job, task, exc, time.perf_counter() - began)
+        return handler_outcome(job, task, exc, time.perf_counter() - began)
     return Succeeded(result, time.perf_counter() - began, ack_json, scope)
 
 
-def _context(rt: Runtime, held: Held, task: Task[Any, Any]) -> JobContext:
+def handler_outcome(
+    job: store.ClaimedJob, task: Task[Any, Any], exc: BaseException, duration: float
+) -> Outcome:
+    """What an exception out of the handler-and-ack step makes of the job."""
+    if isinstance(exc, LeaseLost):
+        return _STALE_ACK
+    if isinstance(exc, _InvalidResultError):
+        scope_of = idempotency.scope_of(task)
+        return Dead(DeadLetterReason.INVALID_RESULT, retry.PERMANENT, "TypeError", str(exc), scope=scope_of)
+    if isinstance(exc, HandlerTimedOut):
+        return failure_outcome(
+            job, task, exc, duration, forced_category=retry.TRANSIENT, reason=DeadLetterReason.HARD_TIMEOUT
+        )
+    return failure_outcome(job, task, exc, duration)
+
+
+def make_context(rt: Runtime, held: Held, task: Task[Any, Any]) -> JobContext:
     job = held.job
     held.context = JobContext(
         task=task,
@@ -243,21 +273,28 @@ def _invoke_and_ack(
 ) -> tuple[Any, str | None]:
     """The handler's result, and its JSON when the ack is left to the completer's batch."""
     job = held.job
+    call = rt.invoke or invoke
     if task.atomic:
         # Its writes and its ack commit together: one transaction per job, never batched.
         with transaction.atomic(using=rt.alias):
-            result = invoke(task, context, job)
+            result = call(task, context, job)
             if _faults.ENABLED:
                 _faults.maybe_crash("after_effect")
             ack(rt, held, scope, result, commit=True)  # the block's last statement
         return result, None
-    result = invoke(task, context, job)
+    result = call(task, context, job)
     if _faults.ENABLED:
         _faults.maybe_crash("after_effect")
+    return after_handler(rt, held, scope, result)
+
+
+def after_handler(rt: Runtime, held: Held, scope: str, result: Any) -> tuple[Any, str | None]:
+    """A non-atomic handler returned ``result``: ack it now, or check it for the completer's batch."""
     if rt.completer.batches_acks:
         result, result_json = checked_result(rt, held, result)
         return result, result_json
-    if scope:
+    if scope or held.job.workflow_id is not None:
+        # A key's success, and a workflow member's bookkeeping, commit with the ack or not at all.
         with transaction.atomic(using=rt.alias):
             ack(rt, held, scope, result, commit=True)
     else:

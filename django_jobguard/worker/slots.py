@@ -6,6 +6,9 @@ one, :meth:`~Slots.start`\\ s and :meth:`~Slots.finish`\\ es it; the watchdog
 slots and :meth:`~Slots.drain`\\ s them. Every change happens under one lock, so exactly one of
 those settles a job: a job the watchdog abandoned is not finished by its thread as well.
 
+With ``--async-slots``, :meth:`~Slots.route` sends the jobs of coroutine tasks to the async
+executor (:mod:`.aio`) instead of the executor threads' queue; the same methods settle them.
+
 Nothing here touches the database: the unit tests drive every transition without one.
 """
 
@@ -14,7 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .. import store
 from ..outcome import HeldState
@@ -38,22 +41,48 @@ class Slots:
         self.finished = 0
         #: Running jobs given up on (hard timeout, or shutdown's grace period over).
         self.abandoned = 0
+        #: Held jobs that run on the event loop (see :meth:`route`).
+        self.on_loop = 0
+        self._to_loop: Callable[[store.ClaimedJob], bool] | None = None
+        self._loop_sink: Callable[[list[Held]], None] = lambda helds: None
 
     def __len__(self) -> int:
         """Jobs held: waiting for an executor or running."""
         return len(self._held)
+
+    @property
+    def on_threads(self) -> int:
+        """Held jobs that run on the executor threads."""
+        return len(self._held) - self.on_loop
+
+    def route(self, to_loop: Callable[[store.ClaimedJob], bool], sink: Callable[[list[Held]], None]) -> None:
+        """Send the jobs ``to_loop`` picks to ``sink`` (the async executor), not to the threads."""
+        self._to_loop = to_loop
+        self._loop_sink = sink
+
+    def _forget(self, held: Held) -> None:
+        if self._held.pop(held.job.id, None) is not None and held.on_loop:
+            self.on_loop -= 1
 
     # -- the claimer --------------------------------------------------------------------
 
     def add(self, jobs: Iterable[store.ClaimedJob], now: float) -> int:
         """Hold freshly claimed jobs and queue them for the executors; how many."""
         added = 0
+        to_loop, loop_jobs = self._to_loop, []
         with self._lock:
             for job in jobs:
                 held = Held(job=job, renewed_at=now)
                 self._held[job.id] = held
-                self._ready.put(held)
+                if to_loop is not None and to_loop(job):
+                    held.on_loop = True
+                    self.on_loop += 1
+                    loop_jobs.append(held)
+                else:
+                    self._ready.put(held)
                 added += 1
+        if loop_jobs:
+            self._loop_sink(loop_jobs)
         return added
 
     def freed(self) -> None:
@@ -95,7 +124,7 @@ class Slots:
                 return True
             if held.state in _ACTIVE:
                 held.state = HeldState.DONE
-            self._held.pop(held.job.id, None)
+            self._forget(held)
             self.finished += 1
         self._freed.set()
         return False
@@ -123,7 +152,7 @@ class Slots:
             if held.state is not HeldState.RUNNING:
                 return False
             held.state = HeldState.ABANDONED
-            self._held.pop(held.job.id, None)
+            self._forget(held)
             self.abandoned += 1
         self._freed.set()
         return True
@@ -155,4 +184,4 @@ class Slots:
     def remove(self, held: Held) -> None:
         """Forget a job handed back by shutdown."""
         with self._lock:
-            self._held.pop(held.job.id, None)
+            self._forget(held)

@@ -3,10 +3,10 @@
 Directives (write them in MyST as ```` ```{jobguard-settings} ````):
 
 - ``jobguard-settings``: every key of ``django_jobguard.conf.DEFAULTS``, its default, and the
-  comment written above it in ``conf.py`` (a key without a comment fails the build).
+  comment written above it in ``conf/defaults.py`` (a key without a comment fails the build).
 - ``jobguard-queue-options``: the options a ``JOBGUARD["QUEUES"]`` entry takes.
 - ``jobguard-commands``: every management command of the package, from its argparse parser.
-- ``jobguard-checks``: every system check ID in ``checks.py``, with its level, message and hint.
+- ``jobguard-checks``: every system check ID in the ``checks`` package, with its level, message and hint.
 - ``jobguard-signals``: every signal in ``signals.py``, its comment, and the modules that send it.
 
 Two settings keep a docs tree that other branches add pages to buildable with ``-W``:
@@ -29,6 +29,7 @@ from typing import Any
 
 from docutils import nodes
 from jobguard_reference import (
+    check_modules,
     collect_checks,
     collect_settings,
     collect_signals,
@@ -112,7 +113,7 @@ class SettingsDirective(_GeneratedDirective):
                 out.append(f"### {title}\n")
             if not setting.comment:
                 logger.warning(
-                    "django_jobguard/conf.py: setting %s has no comment above it; the settings "
+                    "django_jobguard/conf/defaults.py: setting %s has no comment above it; the settings "
                     "reference is generated from those comments",
                     setting.name,
                     location=(self.env.docname, self.lineno),
@@ -142,7 +143,8 @@ class QueueOptionsDirective(_GeneratedDirective):
         from django_jobguard import conf
         from django_jobguard.task import Task
 
-        self.depends_on(conf)
+        self.depends_on(conf.queues)
+        self.depends_on(conf.defaults)
         options = [f.name for f in dataclasses.fields(conf.QueueConfig) if f.name != "name"]
         if set(options) != set(conf.QUEUE_OPTIONS):
             logger.warning(
@@ -235,17 +237,16 @@ class CommandsDirective(_GeneratedDirective):
 
 
 class ChecksDirective(_GeneratedDirective):
-    """Every check ID in ``checks.py``: level, message template and hint."""
+    """Every check ID in the ``checks`` package: level, message template and hint."""
 
     def markdown(self) -> str:
-        from django_jobguard import checks
-
-        self.depends_on(checks)
+        for module in check_modules():
+            self.depends_on(module)
         out: list[str] = []
         seen: set[str] = set()
         for check in collect_checks():
             if check.id in seen:
-                logger.warning("checks.py: check ID %s is used twice", check.id)
+                logger.warning("checks: check ID %s is used twice", check.id)
             seen.add(check.id)
             anchor = check.id.replace(".", "-").lower()
             message = (
@@ -263,7 +264,7 @@ class ChecksDirective(_GeneratedDirective):
                 "",
             ]
             if not check.hint:
-                logger.warning("checks.py: %s has no hint; STYLE.md wants one on every check", check.id)
+                logger.warning("checks: %s has no hint; STYLE.md wants one on every check", check.id)
         return "\n".join(out)
 
 

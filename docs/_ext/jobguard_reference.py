@@ -78,10 +78,10 @@ def _is_group(node: ast.expr) -> bool:
 
 
 def collect_settings() -> list[Setting]:
-    """Every leaf of ``DEFAULTS``, in source order, with the comment above it in conf.py."""
-    from django_jobguard import conf
+    """Every leaf of ``DEFAULTS``, in source order, with the comment above it in conf/defaults.py."""
+    from django_jobguard.conf import defaults
 
-    _, source = source_of(conf)
+    _, source = source_of(defaults)
     lines = source.splitlines()
     tree = ast.parse(source)
     value: ast.expr | None = None
@@ -92,19 +92,19 @@ def collect_settings() -> list[Setting]:
         if isinstance(target, ast.Name) and target.id == "DEFAULTS":
             value = node.value  # type: ignore[attr-defined]
     if not isinstance(value, ast.Dict):
-        raise RuntimeError("django_jobguard/conf.py: DEFAULTS is no longer a dict literal")
+        raise RuntimeError("django_jobguard/conf/defaults.py: DEFAULTS is no longer a dict literal")
 
     found: list[Setting] = []
 
     def walk(node: ast.Dict, prefix: tuple[str, ...]) -> None:
         for key_node, value_node in zip(node.keys, node.values, strict=True):
             if not isinstance(key_node, ast.Constant):
-                raise RuntimeError("django_jobguard/conf.py: DEFAULTS keys must be string literals")
+                raise RuntimeError("django_jobguard/conf/defaults.py: DEFAULTS keys must be string literals")
             path = (*prefix, str(key_node.value))
             if _is_group(value_node):
                 walk(value_node, path)  # type: ignore[arg-type]
                 continue
-            default: Any = conf.DEFAULTS
+            default: Any = defaults.DEFAULTS
             for part in path:
                 default = default[part]
             found.append(
@@ -131,9 +131,13 @@ def runtime_paths(value: dict[str, Any], prefix: tuple[str, ...] = ()) -> set[tu
 
 
 def read_elsewhere(attribute: str) -> bool:
-    """Whether a module other than conf.py mentions the parsed setting's attribute name."""
+    """Whether a module outside the ``conf`` package mentions the parsed setting's attribute name."""
     pattern = re.compile(rf"\b{re.escape(attribute)}\b")
-    return any(pattern.search(source) for name, source in package_sources() if name != "django_jobguard.conf")
+    return any(
+        pattern.search(source)
+        for name, source in package_sources()
+        if name != "django_jobguard.conf" and not name.startswith("django_jobguard.conf.")
+    )
 
 
 def command_names() -> list[str]:
@@ -168,12 +172,17 @@ def _template(node: ast.expr | None) -> str | None:
     return None
 
 
-def collect_checks() -> list[Check]:
+def check_modules() -> list[Any]:
+    """The modules of the ``checks`` package, each of which registers its checks."""
     from django_jobguard import checks
 
-    _, source = source_of(checks)
+    return [checks, *(getattr(checks, name) for name in checks.__all__)]
+
+
+def collect_checks() -> list[Check]:
     found = []
-    for node in ast.walk(ast.parse(source)):
+    nodes = [node for module in check_modules() for node in ast.walk(ast.parse(source_of(module)[1]))]
+    for node in nodes:
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name)):
             continue
         level = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id

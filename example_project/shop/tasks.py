@@ -145,6 +145,25 @@ def export_orders(context: Any, export_id: int) -> int:
     return rows
 
 
+# The nightly report, as a batch (shop/demo/acts.py): one tally per slice of the orders,
+# side by side, then build_report once, after the last tally settled.
+@task(queue_name="exports", idempotent=True, retry_on=(TimeoutError,))
+def tally_orders(part: int, parts: int) -> dict[str, Any]:
+    amounts = [
+        amount
+        for pk, amount in Order.objects.filter(paid=True).values_list("pk", "amount")
+        if pk % parts == part
+    ]
+    return {"part": part, "orders": len(amounts), "amount": str(sum(amounts, Decimal(0)))}
+
+
+@task(queue_name="exports", idempotent=True, retry_on=(TimeoutError,))
+def build_report(day: str, progress: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The batch's ``on_complete`` callback: ``progress`` says how many tallies succeeded."""
+    progress = progress or {}
+    return {"day": day, "tallies": progress.get("succeeded", 0), "failed": progress.get("failed", 0)}
+
+
 # Not idempotent by itself (it adds an amount): every caller passes the update's event id as
 # the idempotency key, which is what stops a redelivered update.
 @task(queue_name="accounts", lock="account:{account_id}", atomic=True, idempotent=False, max_attempts=1)

@@ -204,7 +204,7 @@ def test_a_method_an_endpoint_does_not_have_is_405_and_changes_nothing():
 
 
 def test_the_check_warns_when_exposed_tasks_have_no_rest_framework(settings):
-    from django_jobguard.checks import check_api
+    from django_jobguard.checks.settings import check_api
 
     assert check_api() == []
     settings.INSTALLED_APPS = [app for app in settings.INSTALLED_APPS if app != "rest_framework"]

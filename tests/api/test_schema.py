@@ -38,7 +38,12 @@ EXPECTED_OPERATIONS = {
     ("post", "/dead-letters/{letter_id}/reject/"),
     ("get", "/queues/"),
     ("get", "/limits/"),
+    ("get", "/breakers/"),
+    ("post", "/breakers/{name}/open/"),
+    ("post", "/breakers/{name}/close/"),
     ("get", "/workflows/{workflow_id}/"),
+    ("post", "/workflows/{workflow_id}/cancel/"),
+    ("post", "/workflows/{workflow_id}/retry-failed/"),
 }
 
 

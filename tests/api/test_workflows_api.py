@@ -1,7 +1,6 @@
 """``GET workflows/{id}/``: a workflow's progress, callbacks and members, for job viewers."""
 
 import pytest
-from django.db import connection
 
 from django_jobguard import Batch
 from django_jobguard.models import Job
@@ -11,7 +10,6 @@ from tests.testapp import tasks
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(connection.vendor == "mysql", reason="workflows do not run on MariaDB/MySQL yet"),
 ]
 
 
@@ -41,3 +39,45 @@ def test_a_workflow_needs_the_view_job_permission_and_an_existing_id():
     missing = reader.get(f"{BASE}workflows/987654/")
     assert missing.status_code == 404
     assert missing["Content-Type"].startswith("application/problem+json")
+
+
+def test_cancel_needs_the_cancel_permission_and_cancels_the_pending_members():
+    from django_jobguard import chain
+
+    wf = chain(tasks.add.s(1), tasks.add.s(2), tasks.add.s(3)).enqueue()
+    reader, _ = as_user("reader", "view_job")
+    refused = reader.post(f"{BASE}workflows/{wf.pk}/cancel/", {"reason": "no"}, format="json")
+    assert refused.status_code == 403
+    statuses = set(Job.objects.filter(workflow_id=wf.pk).values_list("status", flat=True))
+    assert statuses == {"queued", "waiting"}
+    operator, _ = as_user("operator", "view_job", "cancel_job")
+    bad = operator.post(f"{BASE}workflows/{wf.pk}/cancel/", {"reason": ["not", "text"]}, format="json")
+    assert bad.status_code == 400 and "reason" in bad.json()["errors"]
+    assert operator.post(f"{BASE}workflows/987654/cancel/", {}, format="json").status_code == 404
+    body = operator.post(f"{BASE}workflows/{wf.pk}/cancel/", {"reason": "withdrawn"}, format="json").json()
+    assert sorted(body["cancelled"]) == sorted(job.pk for job in wf.jobs)
+    assert (body["asked_to_stop"], body["closed"]) == ([], False)
+    first = Job.objects.get(pk=wf.jobs[0].pk)
+    assert first.last_error == f"cancelled: workflow #{wf.pk} cancelled: by operator over the API: withdrawn"
+
+
+def test_retry_failed_needs_a_reason_and_a_retry_permission():
+    from django_jobguard import jobs
+
+    batch = Batch().enqueue([tasks.add.s(1), tasks.add.s(2)])
+    member = Job.objects.filter(workflow_id=batch.id).order_by("pk").first()
+    jobs.cancel([member.pk], reason="by hand")
+    url = f"{BASE}workflows/{batch.id}/retry-failed/"
+    reader, _ = as_user("reader", "view_job")
+    assert reader.post(url, {"reason": "again"}, format="json").status_code == 403
+    retrier, _ = as_user("retrier", "view_job", "retry_job")
+    missing = retrier.post(url, {}, format="json")
+    assert missing.status_code == 400 and "reason" in missing.json()["errors"]
+    blank = retrier.post(url, {"reason": "   "}, format="json")
+    assert blank.status_code == 400 and "reason" in blank.json()["errors"]
+    assert Job.objects.get(pk=member.pk).status == "cancelled"
+    body = retrier.post(url, {"reason": "cancelled by mistake"}, format="json").json()
+    assert body["requeued"] == [member.pk] and body["refused"] == []
+    assert Job.objects.get(pk=member.pk).status == "queued"
+    reader_view = reader.get(f"{BASE}workflows/{batch.id}/").json()
+    assert (reader_view["failed"], reader_view["pending"]) == (0, 2)

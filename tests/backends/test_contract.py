@@ -372,7 +372,7 @@ def test_the_checklists_classification_passes_through_djangos_decorator():
     assert Job.objects.get(pk=int(first.id)).idempotency_key == "thing:5"
     tasks_django.natural.enqueue(thing_id=5)
     names = {"tests.testapp.tasks_django.keyed", "tests.testapp.tasks_django.natural"}
-    said = [m for m in checks.check_task_classification() if getattr(m.obj, "name", None) in names]
+    said = [m for m in checks.tasks.check_task_classification() if getattr(m.obj, "name", None) in names]
     assert said == []
 
 

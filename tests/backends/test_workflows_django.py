@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from django.conf import settings
-from django.db import connection
 
 if not getattr(settings, "TASKS_ROOT", None):
     pytest.skip(
@@ -23,7 +22,6 @@ from tests.testapp import tasks, tasks_django
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(connection.vendor == "mysql", reason="workflows do not run on MariaDB/MySQL yet"),
 ]
 
 

@@ -130,7 +130,7 @@ def test_a_setting_without_a_comment_fails_the_build(tmp_path: Path) -> None:
     shutil.copytree(
         ROOT / "django_jobguard", shadow / "django_jobguard", ignore=shutil.ignore_patterns("__pycache__")
     )
-    conf = shadow / "django_jobguard" / "conf.py"
+    conf = shadow / "django_jobguard" / "conf" / "defaults.py"
     source = conf.read_text()
     anchor = '    "DEFAULT_QUEUE": "default",\n'
     assert anchor in source

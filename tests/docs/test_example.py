@@ -177,6 +177,21 @@ def check_against_database(out: str, summary: dict[str, Any], query: Query) -> N
     [(export_seconds,)] = query("SELECT seconds FROM shop_export")
     assert export_seconds >= 4.0
 
+    # The nightly report: a batch of four tallies, finished, and its callback enqueued and run once.
+    report = figures(summary, "report")
+    wf = int(report["workflow_id"])
+    assert query(f"SELECT kind, state FROM jobguard_workflow WHERE id = {wf}") == [("batch", "finished")]
+    assert query(f"SELECT status, COUNT(*) FROM jobguard_job WHERE workflow_id = {wf} GROUP BY status") == [
+        ("succeeded", 4)
+    ]
+    [(when, callback)] = query(
+        f'SELECT "when", job_id FROM jobguard_workflowcallback WHERE workflow_id = {wf}'
+    )
+    assert (when, callback) == ("complete", report["report_job_id"])
+    assert query(f"SELECT task_name, status, attempts FROM jobguard_job WHERE id = {int(callback)}") == [
+        ("shop.tasks.build_report", "succeeded", 1)
+    ]
+
     # Account balances: the sum of the updates that ran, each once.
     jobs = query(
         "SELECT kwargs FROM jobguard_job WHERE task_name = 'shop.tasks.apply_account_update' "

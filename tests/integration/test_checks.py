@@ -57,7 +57,7 @@ def test_unclassified_task_warns_and_a_classified_one_does_not(define):
     natural = define("natural", idempotent=True, max_attempts=1)
     accepted = define("accepted", idempotent=False, max_attempts=1)
     keyed = define("keyed", idempotency_key="charge:{order_id}", max_attempts=1)
-    messages = checks.check_task_classification()
+    messages = checks.tasks.check_task_classification()
     warning = one(messages, "jobguard.W002", bare)
     assert warning.level == django_checks.WARNING
     assert "Unclassified: is it safe to run twice?" in warning.msg
@@ -72,7 +72,7 @@ def test_retries_without_error_classification_warn(define):
     retried = define("retried", idempotent=True)  # the queue's 5 attempts
     classified = define("classified", idempotent=True, retry_on=(TimeoutError,))
     single = define("single", idempotent=True, max_attempts=1)
-    messages = checks.check_task_classification()
+    messages = checks.tasks.check_task_classification()
     warning = one(messages, "jobguard.W003", retried)
     assert warning.msg.startswith("5 attempts and no error classification: every exception")
     assert "retry_on=" in warning.hint
@@ -83,14 +83,14 @@ def test_retries_without_error_classification_warn(define):
 @override_settings(JOBGUARD={**BASE, "UNCLASSIFIED_ERRORS": "permanent"})
 def test_retries_are_not_blind_when_unclassified_errors_are_permanent(define):
     retried = define("retried_permanent", idempotent=True)
-    assert ids_for(checks.check_task_classification(), retried) == []
+    assert ids_for(checks.tasks.check_task_classification(), retried) == []
 
 
 @override_settings(JOBGUARD={**BASE, "LOCKS": {"TTL": 30}, "TUNING": {"HEARTBEAT_MARGIN": 5}})
 def test_a_lock_ttl_below_two_heartbeat_margins_warns(define):
     short = define("short_lock", idempotent=True, max_attempts=1, lock="o:{order_id}", lock_ttl=8)
     fine = define("fine_lock", idempotent=True, max_attempts=1, lock="o:{order_id}")  # 30s
-    messages = checks.check_task_classification()
+    messages = checks.tasks.check_task_classification()
     warning = one(messages, "jobguard.W007", short)
     assert "Lock TTL of 8s, shorter than two heartbeat margins (10s)" in warning.msg
     assert "lock_ttl=10" in warning.hint
@@ -103,7 +103,7 @@ def test_a_visibility_timeout_below_expected_duration_plus_margin_warns(define):
     tight = define("tight", idempotent=True, max_attempts=1, expected_duration=26)
     own = define("own", idempotent=True, max_attempts=1, expected_duration=26, visibility_timeout=60)
     fits = define("fits", idempotent=True, max_attempts=1, expected_duration=25)
-    messages = checks.check_expected_durations()
+    messages = checks.tasks.check_expected_durations()
     warning = one(messages, "jobguard.W004", tight)
     assert "Expected duration 26s, but the visibility timeout is 30s, below 31s" in warning.msg
     assert (
@@ -120,7 +120,7 @@ def test_a_queue_mixing_fast_and_slow_expected_durations_warns(define):
     slow = define("slow", idempotent=True, max_attempts=1, queue_name="mixed", expected_duration=50)
     define("near", idempotent=True, max_attempts=1, queue_name="even", expected_duration=2)
     define("near_slow", idempotent=True, max_attempts=1, queue_name="even", expected_duration=20)
-    messages = checks.check_expected_durations()
+    messages = checks.tasks.check_expected_durations()
     mixed = [m for m in messages if m.id == "jobguard.W006"]
     assert len(mixed) == 1, messages
     assert mixed[0].obj is slow
@@ -133,7 +133,7 @@ def test_a_queue_mixing_fast_and_slow_expected_durations_warns(define):
             "TUNING": {"QUEUE_SPLIT_FACTOR": 30},
         }
     ):
-        assert [m for m in checks.check_expected_durations() if m.id == "jobguard.W006"] == []
+        assert [m for m in checks.tasks.check_expected_durations() if m.id == "jobguard.W006"] == []
 
 
 @pytest.mark.parametrize(
@@ -141,7 +141,7 @@ def test_a_queue_mixing_fast_and_slow_expected_durations_warns(define):
 )
 def test_self_approval_of_replays_warns_only_in_production(debug, self_approval, fires):
     with override_settings(DEBUG=debug, JOBGUARD={"REPLAY": {"ALLOW_SELF_APPROVAL": self_approval}}):
-        messages = checks.check_replay_approval()
+        messages = checks.settings.check_replay_approval()
     assert [m.id for m in messages] == (["jobguard.W008"] if fires else [])
     if fires:
         assert "one person can request and approve the replay" in messages[0].msg
@@ -150,7 +150,7 @@ def test_self_approval_of_replays_warns_only_in_production(debug, self_approval,
 
 @override_settings(JOBGUARD=BASE)
 def test_the_tasks_of_the_suite_and_example_raise_no_checklist_error():
-    messages = checks.check_task_classification() + checks.check_expected_durations()
+    messages = checks.tasks.check_task_classification() + checks.tasks.check_expected_durations()
     assert [m for m in messages if m.is_serious()] == []
     # The module written for these tests follows the docs: nothing to say about it.
     from tests.testapp import tasks_checklist
@@ -174,8 +174,8 @@ def test_manage_check_reports_the_task_by_name_and_silencing_works(define):
 @override_settings(JOBGUARD=BASE)
 def test_bad_settings_do_not_break_the_checklist_checks():
     with override_settings(JOBGUARD={"TUNING": {"SAFETY_FACTOR": 0.5}}):
-        assert checks.check_task_classification() == []
-        errors = checks.check_settings()
+        assert checks.tasks.check_task_classification() == []
+        errors = checks.settings.check_settings()
     assert [e.id for e in errors] == ["jobguard.E001"]
     assert "JOBGUARD['TUNING']['SAFETY_FACTOR'] must be at least 1, not 0.5." in errors[0].msg
 
@@ -208,8 +208,8 @@ def test_observed_p99_above_the_timeout_warns_only_with_check_database(define):
     finished(fast.name, "tune", [0.2] * 50)
     finished("tests.checks.too_few", "tune", [30.0] * 4)  # under MIN_RUNS: not trusted
     finished(fast.name, "tune", [60.0] * 50, hours_ago=30)  # outside the 24h window
-    assert checks.check_observed_durations(databases=None) == []
-    messages = checks.check_observed_durations(databases=["default"])
+    assert checks.tasks.check_observed_durations(databases=None) == []
+    messages = checks.tasks.check_observed_durations(databases=["default"])
     warning = one(messages, "jobguard.W005", slow)
     assert "100 runs in the last 24h with a p99 of 25s (max 25s), above its visibility timeout of 10s" in (
         warning.msg
@@ -226,7 +226,7 @@ def test_observed_p99_above_the_timeout_warns_only_with_check_database(define):
 def test_observed_durations_within_the_timeout_say_nothing(define):
     steady = define("observed_steady", idempotent=True, max_attempts=1, queue_name="tune")
     finished(steady.name, "tune", [2.0] * 30)
-    assert checks.check_observed_durations(databases=["default"]) == []
+    assert checks.tasks.check_observed_durations(databases=["default"]) == []
 
 
 @pytest.mark.django_db
@@ -249,7 +249,7 @@ def test_the_durable_invalidation_task_of_the_cache_module_is_classified():
     from django_jobguard.exceptions import TransientError
     from django_jobguard.retry import classify
 
-    assert ids_for(checks.check_task_classification(), delete_keys) == []
+    assert ids_for(checks.tasks.check_task_classification(), delete_keys) == []
     # A cache that fails is still retried; a bug in the payload is not.
     assert classify(TransientError("cache down"), delete_keys) == "transient"
     assert classify(KeyError("keys"), delete_keys) == "permanent"
@@ -258,7 +258,7 @@ def test_the_durable_invalidation_task_of_the_cache_module_is_classified():
 def test_a_database_without_a_store_dialect_is_an_error(monkeypatch):
     from django.db import connection
 
-    assert all(message.id != "jobguard.E003" for message in checks.check_database())
+    assert all(message.id != "jobguard.E003" for message in checks.database.check_database())
     monkeypatch.setattr(connection, "vendor", "oracle")
-    (error,) = [message for message in checks.check_database() if message.id == "jobguard.E003"]
+    (error,) = [message for message in checks.database.check_database() if message.id == "jobguard.E003"]
     assert error.msg == "django-jobguard supports PostgreSQL, MariaDB/MySQL and SQLite; 'default' is oracle."

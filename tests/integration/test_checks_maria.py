@@ -18,13 +18,15 @@ def ids(messages):
 
 
 def test_good_options_pass_and_each_missing_one_names_the_fix():
-    assert checks._mysql_options("default", GOOD) == []
-    (charset,) = checks._mysql_options("default", {**GOOD, "charset": "utf8"})
+    assert checks.database._mysql_options("default", GOOD) == []
+    (charset,) = checks.database._mysql_options("default", {**GOOD, "charset": "utf8"})
     assert charset.id == "jobguard.E050"
     assert "in utf8:" in charset.msg and "'charset': 'utf8mb4'" in charset.hint
     # Django's own default charset (utf8, which is utf8mb3) is refused too.
-    assert ids(checks._mysql_options("default", {"isolation_level": "read committed"})) == ["jobguard.E050"]
-    (isolation,) = checks._mysql_options("default", {**GOOD, "isolation_level": "repeatable read"})
+    assert ids(checks.database._mysql_options("default", {"isolation_level": "read committed"})) == [
+        "jobguard.E050"
+    ]
+    (isolation,) = checks.database._mysql_options("default", {**GOOD, "isolation_level": "repeatable read"})
     assert isolation.id == "jobguard.E051"
     assert "REPEATABLE READ" in isolation.msg and "'isolation_level': 'read committed'" in isolation.hint
 
@@ -33,13 +35,13 @@ mysql_only = pytest.mark.mysql
 
 
 def server_ids():
-    return ids(checks._mysql_server("default"))
+    return ids(checks.database._mysql_server("default"))
 
 
 @mysql_only
 @pytest.mark.django_db
 def test_the_test_server_passes_every_server_check():
-    assert checks.check_mysql_server(databases=["default"]) == []
+    assert checks.database.check_mysql_server(databases=["default"]) == []
 
 
 @mysql_only
@@ -48,7 +50,7 @@ def test_a_session_at_repeatable_read_is_refused():
     with connection.cursor() as cursor:
         cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
     try:
-        (error,) = checks._mysql_server("default")
+        (error,) = checks.database._mysql_server("default")
         assert error.id == "jobguard.E057"
         assert "REPEATABLE-READ" in error.msg and "read committed" in error.hint
     finally:
@@ -62,7 +64,7 @@ def test_a_session_off_utc_is_refused():
     with connection.cursor() as cursor:
         cursor.execute("SET time_zone = '+02:00'")
     try:
-        (error,) = checks._mysql_server("default")
+        (error,) = checks.database._mysql_server("default")
         assert error.id == "jobguard.E056"
         assert "7200 seconds away from UTC" in error.msg and "SET time_zone = '+00:00'" in error.hint
     finally:
@@ -76,7 +78,7 @@ def test_a_myisam_table_and_a_non_utf8mb4_table_are_refused_by_name():
     with connection.cursor() as cursor:
         cursor.execute("CREATE TABLE jobguard_maria_probe (id int PRIMARY KEY) ENGINE=MyISAM CHARSET latin1")
     try:
-        messages = {message.id: message for message in checks._mysql_server("default")}
+        messages = {message.id: message for message in checks.database._mysql_server("default")}
         assert sorted(messages) == ["jobguard.E054", "jobguard.E055"]
         assert "jobguard_maria_probe" in messages["jobguard.E054"].msg
         assert "ENGINE=InnoDB" in messages["jobguard.E054"].hint
@@ -94,7 +96,7 @@ def test_a_server_without_skip_locked_is_refused(monkeypatch):
     monkeypatch.setattr(connection, "mysql_version", (10, 5, 9))
     monkeypatch.setattr(connection.features, "has_select_for_update_skip_locked", False)
     assert "jobguard.E052" in server_ids()
-    (error,) = [m for m in checks._mysql_server("default") if m.id == "jobguard.E052"]
+    (error,) = [m for m in checks.database._mysql_server("default") if m.id == "jobguard.E052"]
     assert "MariaDB 10.5.9" in error.msg and "MariaDB 10.6 or later" in error.hint
 
 

@@ -8,7 +8,9 @@ Each class Solid Queue's users met on MySQL, reproduced against our statements:
   REPEATABLE READ take gap locks the inserts wait on;
 - concurrent inserts of one idempotency key (the duplicate check's shared lock upgraded to
   the update's exclusive one);
-- bulk deletes of finished rows beside inserts and claims.
+- bulk deletes of finished rows beside inserts and claims;
+- the flow-control limited claim (its turn, its leases, its rate upserts) beside inserts,
+  acks and the idle-rate pruner.
 
 Run with ``JOBGUARD_TEST_DATABASE_URL=mysql://...``; skipped elsewhere.
 """
@@ -210,29 +212,142 @@ def test_bulk_deletes_of_finished_rows_beside_enqueues_and_claims_meet_no_deadlo
     assert Job.objects.count() == 2 * 210  # every new job kept, claimed or not
 
 
-def test_flow_control_limits_on_a_mariadb_job_store_fail_the_checks():
-    from django_jobguard.checks import check_flow_control_database
+def test_limited_claims_beside_enqueues_acks_and_rate_pruning_meet_no_deadlock_and_keep_their_limits(
+    retried,
+):
+    """The limited claim (its turn row, locking reads, leases and rate upserts) beside
+    enqueues of limited jobs, batched acks and the idle-rate pruner: nothing reaches a
+    caller, and a sampler never sees a key over its limit."""
+    from collections import Counter
+
     from django_jobguard.registry import registry
     from tests.testapp import tasks_flow
 
     for task in tasks_flow.ALL:
         registry.register(task)
+    plan = store.flow_plan()
+    assert plan is not None
+    accounts, per_producer, producers = 3, 60, 3
+    total = per_producer * producers
+    done: list[int] = []
+    finished = threading.Event()
+    most: Counter[str] = Counter()
+    limits = {f"c:{tasks_flow.per_account.name}|account:{a}": 2 for a in range(accounts)} | {
+        "three_at_once": 3
+    }
+
+    def produce() -> None:
+        for n in range(per_producer):
+            if n % 2:
+                tasks_flow.per_account.enqueue(n % accounts, 0)
+            else:
+                tasks_flow.three_at_once.enqueue(0)
+
+    def consume() -> None:
+        while len(done) < total:
+            batch = store.claim("default", ["flow-keyed", "flow-global"], 3, "consumer", flow=plan)
+            if not batch:
+                wait_for(lambda: Job.objects.filter(status="queued").exists() or len(done) >= total, 60)
+                continue
+            done.extend(store.complete_many("default", [(job.id, job.lease_token, "null") for job in batch]))
+        finished.set()
+
+    def rate_and_prune() -> None:
+        while not finished.is_set():
+            tasks_flow.rated.enqueue(0)
+            store.claim("default", ["flow-rate"], 5, "rater", flow=plan)
+            retention.prune_idle_flow_rates("default")
+
+    def sample() -> None:
+        while not finished.is_set():
+            rows = Job.objects.filter(status="running", queue_name__in=["flow-keyed", "flow-global"])
+            counts: Counter[str] = Counter()
+            for queue_name, flow_keys in rows.values_list("queue_name", "flow_keys"):
+                counts.update(["three_at_once"] if queue_name == "flow-global" else flow_keys)
+            for key, count in counts.items():
+                most[key] = max(most[key], count)
+
     try:
-        [error] = check_flow_control_database()
+        errors = run_threads(*[produce] * producers, *[consume] * 3, rate_and_prune, sample)
     finally:
         for task in tasks_flow.ALL:
             registry.unregister(task.name)
-    assert error.id == "jobguard.E032" and "MariaDB/MySQL" in error.msg
+    assert errors == []
+    assert len(done) == len(set(done)) == total
+    print(f"most_at_once={dict(most)} retried={len(retried)}")
+    assert all(most[key] <= limit for key, limit in limits.items()), dict(most)
+    assert {(event.operation, event.reason) for event in retried} <= {
+        (operation, reason)
+        for operation in ("claim_limited", "claim", "complete_many", "enqueue_keyed")
+        for reason in ("deadlock", "lock_wait_timeout")
+    }
 
 
-def test_workflows_on_a_mariadb_job_store_are_refused_before_anything_is_written():
-    from django.db import NotSupportedError
+def test_two_members_emptying_their_shards_at_once_finish_the_batch_once_with_no_deadlock(retried):
+    # An upsert (INSERT ... ON DUPLICATE KEY UPDATE) of a counter row that exists still checks
+    # its workflow foreign key: a shared lock on the workflow row. Two members that each empty
+    # a shard then both hold it and both want it exclusively, to see whether the batch is
+    # done: a deadlock, rolled back into the caller's transaction (a job's own, for an atomic
+    # task). The counters are written without that lock; one completion finishes the batch.
+    from django_jobguard import Batch, workflows
+    from django_jobguard.models import Workflow, WorkflowCallback
 
-    from django_jobguard import chain
-    from django_jobguard.models import Job
-    from tests.testapp import tasks
+    batch = Batch(on_success=tasks.add.s(99)).enqueue([tasks.add.s(1), tasks.add.s(2)])
+    first, second = Job.objects.filter(workflow_id=batch.id).order_by("pk").values_list("pk", flat=True)
+    assert first % 256 != second % 256, "the members share a shard: the test would prove nothing"
+    Job.objects.filter(pk__in=[first, second]).update(status="succeeded")
+    errors: list[BaseException] = []
 
-    before = Job.objects.count()
-    with pytest.raises(NotSupportedError, match="PostgreSQL or SQLite"):
-        chain(tasks.add.s(1, 2), tasks.add.s(3, 4)).enqueue()
-    assert Job.objects.count() == before
+    def settle_second() -> None:
+        try:
+            with transaction.atomic():
+                workflows.job_settled("default", second, batch.id, "succeeded", "3")
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=settle_second)
+    try:
+        with transaction.atomic():
+            # The first member's shard is emptied (its row locked), the batch not yet checked...
+            store.add_workflow_counts("default", [(batch.id, first % 256, -1, 1, 0)])
+            thread.start()
+            # ...while the second member settles in full: done, or waiting for a lock of ours.
+            wait_for(
+                lambda: not thread.is_alive() or lock_waits() >= 1,
+                timeout=60,
+                message="the second member to settle or to wait",
+            )
+            workflows.finish_if_settled("default", batch.id)
+    finally:
+        thread.join(120)
+    assert errors == []
+    assert Workflow.objects.get(pk=batch.id).state == "finished"
+    assert list(WorkflowCallback.objects.filter(workflow_id=batch.id).values_list("when", flat=True)) == [
+        "success"
+    ]
+    assert not [event for event in retried if event.operation == "add_workflow_counts"]
+
+
+def test_concurrent_adds_to_one_open_batch_meet_no_deadlock(retried):
+    # Each add() inserts the counter rows of shards its members are the first in (the foreign
+    # key's check: a shared lock on the batch's row), then locks that row to check the batch
+    # is still open. Two adds holding it shared and both wanting it exclusively deadlocked;
+    # the missing rows are now inserted under the row's exclusive lock, taken last.
+    from django_jobguard import Batch
+    from django_jobguard.workflows import progress
+
+    batch = Batch(on_success=tasks.add.s(99)).open()
+    assert batch.id is not None
+    adds, members = 10, 40
+
+    def add(n: int) -> None:
+        for round_ in range(adds):
+            with transaction.atomic():
+                Batch.get(batch.id).add([tasks.add.s(n * 10_000 + round_ * 100 + i) for i in range(members)])
+
+    errors = run_threads(*[lambda n=n: add(n) for n in range(4)])
+    assert errors == []
+    assert progress(batch.id).total == 4 * adds * members
+    assert Job.objects.filter(workflow_id=batch.id).count() == 4 * adds * members

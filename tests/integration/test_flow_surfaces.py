@@ -4,20 +4,19 @@ import io
 import json
 
 import pytest
-from django.core.management import call_command
-from django.db import connection
+from django.contrib.auth.models import Permission, User
+from django.core.management import CommandError, call_command
+from django.urls import reverse
 
-from django_jobguard import metrics, store
+from django_jobguard import breakers, metrics, store
+from django_jobguard.conf import get_settings
+from django_jobguard.models import Breaker, BreakerEvent
 from django_jobguard.registry import registry
 from django_jobguard.stats import limit_stats
 from tests.testapp import tasks_flow
 
 pytestmark = [
     pytest.mark.django_db,
-    pytest.mark.skipif(
-        connection.vendor == "mysql",
-        reason="flow-control limits are not enforced on MariaDB/MySQL yet (jobguard.E032)",
-    ),
 ]
 
 PER_ACCOUNT = f"{tasks_flow.per_account.name}[account:{{account_id}}]"
@@ -112,3 +111,129 @@ def test_the_api_lists_the_limits_to_readers_of_jobs(busy_limits):
         "waiting": 2,
     }
     assert rows[PER_ACCOUNT]["full_keys"] == 1
+
+
+# -- breakers and retry budgets ------------------------------------------------------------------
+
+DEP = "flow-dep"
+
+
+@pytest.fixture
+def tripped():
+    """flow-dep's breaker opened by six failed calls, with two of its jobs waiting."""
+    for task in tasks_flow.ALL:
+        registry.register(task)
+    tasks_flow.call_dependency.enqueue(1)
+    tasks_flow.call_dependency.enqueue(2)
+    spec = get_settings().limits[DEP].breaker
+    for _ in range(6):
+        breakers.record("default", DEP, spec, failed=True)
+    yield
+    for task in tasks_flow.ALL:
+        registry.unregister(task.name)
+
+
+def staff(name, *perms):
+    person = User.objects.create_user(name, is_staff=True)
+    for perm in perms:
+        person.user_permissions.add(Permission.objects.get(codename=perm))
+    return person
+
+
+def test_jobguard_status_lists_the_breakers(tripped):
+    out = io.StringIO()
+    call_command("jobguard_status", stdout=out)
+    lines = out.getvalue().splitlines()
+    header = next(line for line in lines if line.startswith("BREAKER "))
+    assert header.split() == [
+        "BREAKER",
+        "STATE",
+        "CALLS",
+        "FAILED",
+        "OPENS",
+        "IN",
+        "RETRIES",
+        "BUDGET",
+        "LEFT",
+        "WAITING",
+    ]
+    row = lines[lines.index(header) + 1]
+    assert row.split()[:4] == [DEP, "open", "6", "6"] and row.split()[-1] == "2"
+    out = io.StringIO()
+    call_command("jobguard_status", "--json", stdout=out)
+    (guard,) = json.loads(out.getvalue())["breakers"]
+    assert (guard["limit"], guard["state"], guard["waiting"], guard["budget_remaining"]) == (
+        DEP,
+        "open",
+        2,
+        4,
+    )
+
+
+def test_the_scrape_reports_the_breaker_gauges(tripped):
+    pytest.importorskip("prometheus_client")
+    samples = {
+        (family.name, sample.labels.get("limit")): sample.value
+        for family in metrics.QueueCollector().collect()
+        for sample in family.samples
+    }
+    assert samples[("jobguard_breaker_state", DEP)] == 2
+    assert samples[("jobguard_breaker_waiting", DEP)] == 2
+    assert samples[("jobguard_retry_budget_remaining", DEP)] == 4
+
+
+def test_the_command_opens_and_closes_a_breaker_in_the_audit_trail(tripped):
+    out = io.StringIO()
+    call_command("jobguard_breaker", "close", DEP, stdout=out)
+    assert f"Breaker '{DEP}' closed." in out.getvalue()
+    with pytest.raises(CommandError, match="A reason is required"):
+        call_command("jobguard_breaker", "open", DEP)
+    call_command("jobguard_breaker", "open", DEP, "--reason", "provider incident", stdout=out)
+    with pytest.raises(CommandError, match="No breaker is named 'stripe'"):
+        call_command("jobguard_breaker", "open", "stripe", "--reason", "x")
+    out = io.StringIO()
+    call_command("jobguard_breaker", "list", stdout=out)
+    assert out.getvalue().startswith(f"{DEP}  open (by hand)")
+    moves = list(BreakerEvent.objects.order_by("created_at", "id").values_list("to_state", "actor_name"))
+    assert [state for state, _ in moves] == ["open", "closed", "open"]
+    assert moves[0][1] == "system" and moves[1][1].startswith("shell")
+
+
+def test_the_api_lists_breakers_and_operators_open_and_close_them(tripped):
+    from tests.api.support import BASE, as_user
+
+    reader, _ = as_user("reader", "view_job")
+    (row,) = reader.get(BASE + "breakers/").json()
+    assert (row["limit"], row["state"], row["calls"], row["failures"]) == (DEP, "open", 6, 6)
+    assert reader.post(BASE + f"breakers/{DEP}/close/", {}, format="json").status_code == 403
+    operator, _ = as_user("operator", "view_job", "operate_breaker")
+    response = operator.post(BASE + f"breakers/{DEP}/close/", {"reason": "back"}, format="json")
+    assert response.status_code == 200 and response.json()["state"] == "closed"
+    assert operator.post(BASE + f"breakers/{DEP}/open/", {}, format="json").status_code == 400
+    assert operator.post(BASE + "breakers/stripe/open/", {"reason": "x"}, format="json").status_code == 404
+    response = operator.post(BASE + f"breakers/{DEP}/open/", {"reason": "incident"}, format="json")
+    assert response.json()["state"] == "open" and response.json()["manual"] is True
+    assert BreakerEvent.objects.filter(actor_name="operator", reason="incident").exists()
+
+
+def test_the_console_shows_limits_waiting_keys_and_breakers_and_operates_them(client, busy_limits, tripped):
+    url = "/admin/jobguard/breaker/"
+    client.force_login(staff("viewer", "view_job"))
+    html = client.get(url).content.decode()
+    assert f'id="breaker-{DEP}" data-limit="{DEP}" data-state="open"' in html
+    assert 'data-key="c:' in html and f'data-limit="{THREE}"' in html
+    assert 'name="close"' not in html  # no form without the permission
+    refused = client.post(reverse("admin:jobguard_breaker_close"), {"limit": DEP})
+    assert refused.status_code == 403
+    client.force_login(staff("operator", "view_job", "operate_breaker"))
+    assert 'name="close"' in client.get(url).content.decode()
+    response = client.post(
+        reverse("admin:jobguard_breaker_close"), {"limit": DEP, "reason": "fixed"}, follow=True
+    )
+    assert f"Breaker &#x27;{DEP}&#x27; closed." in response.content.decode()
+    assert Breaker.objects.get(name=DEP).state == "closed"
+    event = BreakerEvent.objects.latest("id")
+    assert (event.to_state, event.actor_name, event.reason) == ("closed", "operator", "fixed")
+    client.force_login(User.objects.create_superuser("admin"))
+    trail = client.get("/admin/jobguard/breakerevent/").content.decode()
+    assert "fixed" in trail and "6 of 6 calls failed" in trail

@@ -1,8 +1,6 @@
 """Idempotency keys at enqueue and at execution (the worker runs in this process, burst mode)."""
 
 import datetime
-import hashlib
-import json
 import logging
 import time
 
@@ -385,18 +383,3 @@ def test_a_duplicate_folded_onto_a_job_due_far_ahead_is_logged_at_warning(caplog
         tasks.add.using(idempotency_key="near:1").enqueue(1)
         tasks.add.using(idempotency_key="near:1").enqueue(1)
     assert not [r for r in caplog.records if "duplicate_onto_scheduled_job" in r.getMessage()]
-
-
-def test_a_key_written_with_a_plain_fingerprint_still_deduplicates_its_call_and_refuses_others():
-    first = tasks.add.using(idempotency_key="sum:legacy").enqueue(1, b=2)
-    # As a key written before fingerprints were keyed with SECRET_KEY holds it.
-    arguments = json.dumps(
-        {"task": tasks.add.name, "arguments": {"a": 1, "b": 2}}, sort_keys=True, separators=(",", ":")
-    )
-    IdempotencyKey.objects.filter(key="sum:legacy").update(
-        fingerprint=hashlib.sha256(arguments.encode()).hexdigest()
-    )
-    again = tasks.add.using(idempotency_key="sum:legacy").enqueue(1, b=2)
-    assert again.pk == first.pk
-    with pytest.raises(IdempotencyConflict):
-        tasks.add.using(idempotency_key="sum:legacy").enqueue(1, b=3)

@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from django.test import override_settings
 
 from django_jobguard import LockNotAcquired, LockUnavailable, lock
-from django_jobguard.checks import check_lock_backend
+from django_jobguard.checks.caches import check_lock_backend
 from django_jobguard.locks import BaseLock
 from django_jobguard.models import Lock
 from tests.conftest import wait_for

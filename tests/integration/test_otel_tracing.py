@@ -17,9 +17,9 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from django_jobguard import events
+from django_jobguard import Batch, chain, events
 from django_jobguard.dlq import replay
-from django_jobguard.models import DeadLetter, Job
+from django_jobguard.models import DeadLetter, Job, JobStatus
 from django_jobguard.worker.held import LOGGER_NAME
 from tests.conftest import ROOT
 from tests.support.dlq import make_user, run_burst
@@ -229,12 +229,16 @@ def test_settle_events_from_the_event_stream_land_on_the_settle_span(spans):
 
 def test_job_log_lines_carry_the_trace_and_span_ids(spans, caplog):
     job = tasks_otel.logs_a_line.enqueue(order_id=15)
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO), caplog.at_level(logging.INFO, logger=LOGGER_NAME):
         assert run_burst() == 0
     (process,) = _of_job(_finished(spans), job.pk, "process otel")
     (line,) = [r for r in caplog.records if r.getMessage() == "otel_line order_id=15"]
     assert line.trace_id == trace.format_trace_id(process.context.trace_id)
     assert line.span_id == trace.format_span_id(process.context.span_id)
+    # Its success is logged by the ack thread (a batched ack), in the attempt's trace still.
+    (succeeded,) = [r for r in caplog.records if r.getMessage().startswith(f"job_succeeded job_id={job.pk} ")]
+    assert succeeded.threadName != line.threadName
+    assert succeeded.trace_id == trace.format_trace_id(process.context.trace_id)
     # The worker's own lines too: a retry is logged while its settle span is current.
     retried = tasks_otel.checkout.enqueue(order_id=15, card="x", failures=1)
     with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
@@ -301,10 +305,9 @@ def test_the_duration_histogram_carries_the_attempts_trace_as_an_exemplar(spans)
     prometheus = pytest.importorskip("prometheus_client.openmetrics.exposition")
     from prometheus_client import REGISTRY
 
-    with override_settings(JOBGUARD={**TRACED, "ACK_WINDOW": 0}):  # acked in the attempt's thread
-        job = tasks_otel.checkout.enqueue(order_id=17, card="x", failures=1)
-        while Job.objects.get(pk=job.pk).status != "succeeded":
-            assert run_burst() == 0
+    job = tasks_otel.checkout.enqueue(order_id=17, card="x", failures=1)
+    while Job.objects.get(pk=job.pk).status != "succeeded":
+        assert run_burst() == 0  # the success's ack is batched: written on the ack thread
     first, second = _of_job(_finished(spans), job.pk, "process otel")
     text = prometheus.generate_latest(REGISTRY).decode()
     lines = [line for line in text.splitlines() if line.startswith("jobguard_job_duration_seconds_bucket")]
@@ -313,3 +316,93 @@ def test_the_duration_histogram_carries_the_attempts_trace_as_an_exemplar(spans)
         assert any(f'status="{status}"' in line and f'trace_id="{trace_id}"' in line for line in lines), (
             status
         )
+
+
+def _drain() -> None:
+    """Bursts until no job is left to run: a workflow's next jobs are queued by the last settle."""
+    for _ in range(10):
+        assert run_burst() == 0
+        if not Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.WAITING]).exists():
+            return
+    raise AssertionError("jobs still queued after 10 bursts")
+
+
+def _links(span: ReadableSpan) -> list[tuple[int, str]]:
+    return [(link.context.span_id, dict(link.attributes or {})["jobguard.link"]) for link in span.links]
+
+
+def test_batch_members_and_its_callback_link_to_the_one_workflow_span(spans):
+    with _view_span() as request_span:
+        batch = Batch(on_success=tasks_otel.noop.s(99)).enqueue([tasks_otel.noop.s(n) for n in (1, 2, 3)])
+    _drain()
+    finished = _finished(spans)
+    # open, add and close in one producer span, a child of the request.
+    (send,) = by_name(finished, "send workflow")
+    assert send.kind is SpanKind.PRODUCER
+    assert send.parent is not None and send.parent.span_id == request_span.get_span_context().span_id
+    attributes = dict(send.attributes or {})
+    assert attributes["jobguard.workflow.id"] == batch.id
+    assert attributes["jobguard.workflow.kind"] == "batch"
+    assert attributes["messaging.batch.message_count"] == 3
+    runs = by_name(finished, "process otel-bulk")
+    members = Job.objects.filter(workflow_id=batch.id).values_list("pk", flat=True)
+    callback = Job.objects.filter(task_name=tasks_otel.noop.name, args=[99]).get()
+    assert len(runs) == 4  # three members and the callback
+    for job_id in [*members, callback.pk]:
+        (run,) = _of_job(finished, job_id, "process otel-bulk")
+        assert _links(run) == [(send.context.span_id, "enqueue")], job_id
+    for job_id in members:
+        (run,) = _of_job(finished, job_id, "process otel-bulk")
+        assert dict(run.attributes or {})["jobguard.workflow.id"] == batch.id
+
+
+def test_a_chain_is_one_workflow_span_its_steps_link_to(spans):
+    workflow = chain(tasks_otel.noop.s(1), tasks_otel.noop.s(2)).enqueue()
+    _drain()
+    finished = _finished(spans)
+    (send,) = by_name(finished, "send workflow")
+    assert dict(send.attributes or {})["jobguard.workflow.kind"] == "chain"
+    assert dict(send.attributes or {})["messaging.batch.message_count"] == 2
+    for job in workflow.jobs:
+        (run,) = _of_job(finished, job.pk, "process otel-bulk")
+        assert _links(run) == [(send.context.span_id, "enqueue")]
+
+
+def test_a_job_with_after_links_to_its_own_enqueue_and_to_each_parents(spans):
+    first, second = tasks_otel.noop.enqueue(1), tasks_otel.noop.enqueue(2)
+    child = tasks_otel.noop.using(after=[first, second]).enqueue(3)
+    _drain()
+    finished = _finished(spans)
+    sends = by_name(finished, "send otel-bulk")
+    by_job = {dict(s.attributes or {})["jobguard.job.id"]: s for s in sends}
+    (graph,) = by_name(finished, "send workflow")
+    assert dict(graph.attributes or {})["jobguard.workflow.kind"] == "graph"
+    (run,) = _of_job(finished, child.pk, "process otel-bulk")
+    assert _links(run) == [
+        (graph.context.span_id, "enqueue"),
+        (by_job[first.pk].context.span_id, "parent"),
+        (by_job[second.pk].context.span_id, "parent"),
+    ]
+
+
+def test_a_coroutine_job_on_async_slots_is_traced_like_a_threaded_one(spans, caplog):
+    with _view_span():
+        job = tasks_otel.fetch.enqueue(order_id=21, failures=1)
+    with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
+        while Job.objects.get(pk=job.pk).status != "succeeded":
+            assert run_burst(async_slots=4) == 0
+    finished = _finished(spans)
+    (send,) = by_name(finished, "send otel")
+    first, second = _of_job(finished, job.pk, "process otel")
+    assert _links(first) == [(send.context.span_id, "enqueue")]
+    assert _links(second) == [(send.context.span_id, "enqueue"), (first.context.span_id, "earlier_attempt")]
+    assert [dict(s.attributes or {})["jobguard.outcome"] for s in (first, second)] == ["retry", "succeeded"]
+    # The handler's span and each settle span are children of their attempt's span.
+    for attempt in (first, second):
+        children = [s.name for s in finished if s.parent and s.parent.span_id == attempt.context.span_id]
+        assert sorted(children) == ["call partner", "settle otel"], children
+    # The retry is written on a DB thread and the success on the ack thread: both in the trace.
+    (retry_line,) = [r for r in caplog.records if r.getMessage().startswith(f"job_retry job_id={job.pk} ")]
+    assert retry_line.trace_id == trace.format_trace_id(first.context.trace_id)
+    (done_line,) = [r for r in caplog.records if r.getMessage().startswith(f"job_succeeded job_id={job.pk} ")]
+    assert done_line.trace_id == trace.format_trace_id(second.context.trace_id)

@@ -126,6 +126,37 @@ def test_inside_a_transaction_the_lost_statement_fails_once_and_text_is_sent_aft
     assert statuses([first, second]) == ["succeeded"] * 2
 
 
+def test_a_whole_transaction_of_ours_runs_again_after_its_statement_is_lost_with_one_warning(caplog):
+    # A worker's batched ack is one transaction of ours (store.retrying): when its prepared
+    # statement was lost, it runs again, as text, instead of failing to its one-by-one path
+    # with a second warning and a traceback.
+    from django_jobguard import events
+
+    first, second, third = claimed(3)
+    assert store.complete_many("default", [(first.id, first.lease_token, "1")]) == {first.id}
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")
+    retried = []
+    sink = retried.append
+    events.add_sink(sink)
+    try:
+
+        def ack_batch():
+            with transaction.atomic():
+                return store.complete_many(
+                    "default", [(second.id, second.lease_token, "2"), (third.id, third.lease_token, "3")]
+                )
+
+        assert set(store.retrying("default", "ack_batch", ack_batch)) == {second.id, third.id}
+    finally:
+        events.remove_sink(sink)
+    assert [(e.operation, e.reason) for e in retried if isinstance(e, events.StatementRetried)] == [
+        ("ack_batch", "prepared_statement_lost")
+    ]
+    assert len(pooler_warnings(caplog)) == 1
+    assert statuses([first, second, third]) == ["succeeded"] * 3
+
+
 def test_a_name_another_client_prepared_on_the_session_marks_the_alias_pooled(caplog):
     # Behind a pooler a server session may already hold a name another client prepared:
     # PREPARE then fails with "already exists" (42P05).

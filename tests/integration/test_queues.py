@@ -78,7 +78,7 @@ def test_the_worker_process_exits_non_zero_on_an_undeclared_queue():
 
 def test_the_system_check_reports_a_task_whose_queue_is_not_declared():
     with strict():
-        messages = {m.msg: m for m in checks.check_task_queues() if m.id == "jobguard.E030"}
+        messages = {m.msg: m for m in checks.tasks.check_task_queues() if m.id == "jobguard.E030"}
     context = (
         "Task tests.testapp.tasks.describe_context names queue 'context', which JOBGUARD['QUEUES'] "
         "does not declare; its enqueues are refused."
@@ -87,6 +87,6 @@ def test_the_system_check_reports_a_task_whose_queue_is_not_declared():
     assert "known queues: default, jobguard.cache, slow" in messages[context].hint
     assert not any("tests.testapp.tasks.slow_record " in msg for msg in messages)  # "slow" is declared
     with strict(ALLOW_UNDECLARED_QUEUES=True):
-        assert checks.check_task_queues() == []
+        assert checks.tasks.check_task_queues() == []
     with strict(QUEUES={}):
-        assert checks.check_task_queues() == []
+        assert checks.tasks.check_task_queues() == []

@@ -161,11 +161,12 @@ def scrape(client) -> dict[tuple[str, tuple], float]:
     return samples
 
 
-def test_metrics_view_serves_the_queue_gauges_with_four_reads(client):
+def test_metrics_view_serves_the_queue_gauges_with_five_reads(client):
     scenario()
     with CaptureQueriesContext(connection) as ctx:
         samples = scrape(client)
-    assert len(selects(ctx)) == stats.QUERIES == 4
+    # The queues' four, and one for the workflow gauges.
+    assert len(selects(ctx)) == stats.QUERIES + stats.WORKFLOW_QUERIES == 5
     default = (("queue", "default"),)
     assert samples[("jobguard_queue_depth", default)] == 3
     assert samples[("jobguard_queue_scheduled", default)] == 2
@@ -332,3 +333,27 @@ def test_oldest_due_ages_take_each_queues_earliest_due_job_over_every_priority()
     # job made 30 s due can read 29.999998 s old. The next candidate of "default" is 300 s old.
     assert 899 <= ages["default"] < 960
     assert 29 <= ages["emails"] < 90
+
+
+def test_status_names_the_workers_that_stopped_beating():
+    from django_jobguard.models import WorkerBeat
+
+    now = timezone.now()
+    for worker_id, age in (("live-1", 1), ("cut-off", 40), ("gone-long-ago", 7200)):
+        WorkerBeat.objects.create(
+            worker_id=worker_id,
+            host="h",
+            pid=1,
+            queues="*",
+            concurrency=1,
+            started_at=now - datetime.timedelta(seconds=age + 60),
+            last_beat_at=now - datetime.timedelta(seconds=age),
+        )
+    first_line = status().splitlines()[0]
+    assert "; workers: 1 live, 1 not beating (stopped, frozen or cut off from the database): cut-off (4" in (
+        first_line
+    )
+    document = json.loads(status("--json"))
+    assert document["workers"]["live"] == ["live-1"]
+    [stale] = document["workers"]["stale"]
+    assert stale["worker_id"] == "cut-off" and 40 <= stale["seconds_since_beat"] < 50

@@ -1,4 +1,4 @@
-"""A worker's heartbeat row follows the process that beats now."""
+"""A worker's beat row follows the process that beats now."""
 
 import datetime
 

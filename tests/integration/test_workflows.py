@@ -13,7 +13,6 @@ from tests.testapp.models import Execution, LedgerEntry
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(connection.vendor == "mysql", reason="workflows do not run on MariaDB/MySQL yet"),
 ]
 
 
@@ -316,3 +315,139 @@ def test_a_member_that_runs_twice_is_counted_once():
     assert (p.total, p.succeeded, p.failed, p.pending) == (1, 1, 0, 0)
     assert ran("cb") == 1
     assert WorkflowCallback.objects.filter(workflow_id=batch.id).count() == 1
+
+
+def test_the_batch_record_outlives_its_callbacks_and_the_pruning_of_its_jobs():
+    import datetime
+
+    from django_jobguard import retention
+
+    batch = Batch(on_complete=tasks.wf_callback.s("cb")).enqueue(
+        [tasks.wf_step.s("m1"), tasks.wf_step.s("m2")]
+    )
+    drain()
+    assert ran("cb") == 1
+    assert retention.prune_finished_jobs(older_than=datetime.timedelta(seconds=-60)) >= 3
+    assert not Job.objects.filter(workflow_id=batch.id).exists()
+    p = progress(batch.id)
+    assert (p.state, p.total, p.succeeded, p.failed, p.pending) == ("finished", 2, 2, 0, 0)
+    assert WorkflowCallback.objects.filter(workflow_id=batch.id, when="complete").count() == 1
+
+
+def test_a_member_cancelled_and_retried_then_succeeding_counts_once_as_a_success():
+    from django_jobguard import workflow_ops
+    from tests.support.dlq import make_user
+
+    batch = Batch(on_success=tasks.wf_callback.s("ok")).enqueue(
+        [tasks.wf_step.s("m1"), tasks.wf_step.s("m2")]
+    )
+    member = Job.objects.filter(workflow_id=batch.id).order_by("pk").first()
+    jobs.cancel([member.pk], reason="by mistake")
+    drain()
+    assert ran("ok") == 0
+    assert (batch.progress().succeeded, batch.progress().failed) == (1, 1)
+    result = workflow_ops.retry_failed(batch.id, make_user("ops", "retry_job"), "cancelled by mistake")
+    assert result.requeued == [member.pk]
+    drain()
+    p = batch.progress()
+    assert (p.state, p.total, p.succeeded, p.failed, p.pending) == ("finished", 2, 2, 0, 0)
+    assert ran("ok") == 1
+
+
+def test_workflow_actions_refuse_bad_input_and_change_nothing():
+    from django_jobguard import workflow_ops
+    from tests.support.dlq import make_user
+
+    with pytest.raises(InvalidArgumentsError, match=r"No workflow #987654"):
+        workflow_ops.cancel(987654)
+    batch = Batch().enqueue([tasks.wf_step.s("m1")])
+    with pytest.raises(InvalidArgumentsError, match=r"reason"):
+        workflow_ops.retry_failed(batch.id, make_user("ops", "retry_job"), "  ")
+    assert batch.progress().pending == 1
+
+
+def test_settling_many_members_writes_their_counters_in_one_statement_in_shard_order():
+    import re
+
+    from django.test.utils import CaptureQueriesContext
+
+    from django_jobguard.workflows import jobs_settled
+
+    batch = Batch().enqueue([tasks.wf_step.s(f"m{i}") for i in range(6)])
+    members = list(Job.objects.filter(workflow_id=batch.id).values_list("pk", flat=True))
+    Job.objects.filter(pk__in=members).update(status="succeeded")
+    with transaction.atomic(), CaptureQueriesContext(connection) as ctx:
+        # Given in reverse: the statement orders the rows, so two acks never lock them in a circle.
+        jobs_settled(connection.alias, [(pk, batch.id, "succeeded", "null") for pk in reversed(members)])
+    counters = [q["sql"] for q in ctx.captured_queries if "jobguard_workflowcounter" in q["sql"]]
+    if connection.vendor == "mysql":
+        # No RETURNING on an upsert: one locking read in index order, then one UPDATE by id.
+        (lock,) = [sql for sql in counters if sql.endswith("FOR UPDATE")]
+        assert len([sql for sql in counters if sql.startswith("UPDATE")]) == 1
+        assert "ORDER BY workflow_id, shard FOR UPDATE" in lock
+        assert not [sql for sql in counters if sql.startswith("INSERT")]
+        shards = [int(shard) for shard in re.findall(r"shard IN \(([^)]*)\)", lock)[0].split(", ")]
+    else:
+        (write,) = [sql for sql in counters if "INSERT" in sql]
+        shards = [int(shard) for shard in re.findall(rf"\({batch.id}, (\d+),", write)]
+    assert shards == sorted(shards) and len(shards) == len({pk % 256 for pk in members})
+    p = batch.progress()
+    assert (p.state, p.succeeded, p.pending) == ("finished", 6, 0)
+
+
+def test_without_ack_batching_a_members_ack_and_its_bookkeeping_commit_together(monkeypatch):
+    """ACK_WINDOW = 0: the pipeline acks a non-atomic member itself, in one transaction with
+    its workflow bookkeeping; a failure between the two leaves neither written."""
+    import time
+
+    from django_jobguard import workflows
+    from django_jobguard.outcome import HeldState, Retry
+    from django_jobguard.worker import pipeline
+    from django_jobguard.worker.completer import Completer
+    from django_jobguard.worker.held import Held
+
+    batch = Batch(on_complete=tasks.add.s(1)).enqueue([tasks.add.s(2)])
+    (claimed,) = store.claim("default", None, 1, "ack-window-0")
+    now = time.monotonic()
+    held = Held(job=claimed, renewed_at=now, state=HeldState.RUNNING, started_at=now)
+    completer = Completer("default", "ack-window-0")  # no ack window: the pipeline writes the ack
+    assert not completer.batches_acks
+
+    def cut_off(*args, **kwargs):
+        raise RuntimeError("the process died between the ack and the workflow's bookkeeping")
+
+    monkeypatch.setattr(workflows, "job_settled", cut_off)
+    outcome = pipeline.run(held, pipeline.Runtime("default", "ack-window-0", completer))
+    assert type(outcome) is Retry
+    # The ack rolled back with the bookkeeping: the member is still held, its batch not settled.
+    member = Job.objects.get(pk=claimed.id)
+    assert member.status == "running" and member.lease_token == claimed.lease_token
+    assert progress(batch.id).pending == 1
+    completer.settle(held, outcome)
+    assert Job.objects.get(pk=claimed.id).status == "queued"
+    monkeypatch.undo()
+    drain()
+    assert Job.objects.get(pk=claimed.id).status == "succeeded"
+    assert WorkflowCallback.objects.filter(workflow_id=batch.id).count() == 1
+
+
+@pytest.mark.parametrize("how", ["batch", "open-add", "chain"])
+def test_members_are_inserted_as_members_without_a_second_write_of_their_rows(how):
+    from django.test.utils import CaptureQueriesContext
+
+    steps = [tasks.wf_step.s(f"m{i}") for i in range(3)]
+    with CaptureQueriesContext(connection) as ctx:
+        if how == "batch":
+            workflow_id = Batch().enqueue(steps).id
+        elif how == "open-add":
+            batch = Batch().open()
+            batch.add(steps)
+            workflow_id = batch.id
+        else:
+            workflow_id = chain(*steps).enqueue().pk
+    member_updates = [
+        q["sql"] for q in ctx.captured_queries if q["sql"].startswith("UPDATE") and "workflow_id" in q["sql"]
+    ]
+    assert member_updates == []  # a 100,000-member batch would otherwise write each row twice
+    assert Job.objects.filter(workflow_id=workflow_id).count() == 3
+    assert progress(workflow_id).pending == 3

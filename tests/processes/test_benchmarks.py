@@ -59,3 +59,22 @@ def test_bench_drains_jobs_and_verifies_each_ran_once(servers: tuple[str, str, s
     assert figures["processing_rate"]["median"] > 0
     assert figures["worker_cpu_ms_per_job"]["median"] > 0
     assert data["meta"]["postgresql"]
+
+
+def test_slow_calls_bench_drains_its_jobs_and_prints_its_table(servers: tuple[str, str, str]) -> None:
+    # The modes that need no peer virtualenv: jobguard's async executor, and the calls alone.
+    pg_server, _, prefix = servers
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "bench_slow_calls.py"),
+        "--jobs", "40",
+        "--runs", "1",
+        "--modes", "jobguard async 500,bare asyncio 500",
+        "--pg-url", f"{pg_server}/{prefix}",
+        "--no-save",
+    ]  # fmt: skip
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {line.split(" | ")[0].strip(): line for line in proc.stdout.splitlines() if " | " in line}
+    assert set(rows) == {"mode", "jobguard async 500", "bare asyncio 500"}, proc.stdout
+    assert "not succeeded exactly once" not in proc.stderr

@@ -1,10 +1,13 @@
 """Crashed, frozen and stopped workers: leases expire, jobs come back, stale acks are refused."""
 
 import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
+from django_jobguard.models import Job
 from tests.conftest import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Execution, LedgerEntry
@@ -71,6 +74,9 @@ def test_a_frozen_workers_late_ack_is_refused(workers):
 
 def test_sigterm_lets_the_running_job_finish_and_exits_zero(workers):
     job = tasks.short_lease.enqueue("graceful", seconds=1.5)
+    # This test is about the grace period, not leases: a lease long enough that a renewal
+    # delayed on a loaded machine cannot expire it (the 2 s one did, under a load of 14).
+    Job.objects.filter(pk=job.pk).update(visibility_timeout=60)
     proc = workers.start("--shutdown-grace", "20")
     wait_for(lambda: status_of(job) == "running", message="the worker to claim the job")
     proc.send_signal(signal.SIGTERM)
@@ -145,19 +151,42 @@ def test_a_job_cut_off_between_its_statements_is_handed_back_and_the_worker_exit
         job.delete()  # the next round's worker runs only that round's job
 
 
-def test_double_sigint_skips_the_grace_period(workers):
-    job = tasks.short_lease.enqueue("impatient", seconds=30)
+def test_double_sigint_skips_the_grace_period(workers, tmp_path):
+    # The handler blocks until released (never, here) under the default lease: a 2 s lease can
+    # lapse on a loaded machine, and a job run again and finished would leave nothing to cut short.
+    job = tasks.blocks_atomic.enqueue("impatient", path=str(tmp_path / "never"))
     proc = workers.start("--shutdown-grace", "600")
-    wait_for(lambda: status_of(job) == "running", message="the worker to claim the job")
+    wait_for(lambda: (tmp_path / "never.started").exists(), message="the handler to start")
     proc.send_signal(signal.SIGINT)
     wait_for(lambda: "worker_stopping" in workers.log(proc), message="the first SIGINT to be seen")
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=30) == 0
+    assert proc.wait(timeout=60) == 0, workers.log(proc)[-2000:]
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.lease_token) == ("queued", 0, None)
     assert not LedgerEntry.objects.exists()
+
+
+def test_stop_signals_that_keep_coming_while_the_worker_exits_leave_its_exit_clean(workers):
+    # Python restores the default handlers as the interpreter exits: a SIGINT landing then
+    # killed an idle worker that had already stopped cleanly (exit status -2 instead of 0).
+    proc = workers.start()
+    workers.wait_started(proc)
+    proc.send_signal(signal.SIGINT)
+    wait_for(lambda: "worker_stopping" in workers.log(proc), message="the first SIGINT to be seen")
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=0.001)  # the exit, waited on between signals
+        except subprocess.TimeoutExpired:
+            continue
+    assert proc.wait(timeout=60) == 0, workers.log(proc)[-2000:]
+    assert "worker_stopped" in workers.log(proc)
 
 
 def test_jobs_not_yet_started_are_handed_back_on_sigterm(workers):
     blocker = tasks.short_lease.enqueue("blocker", seconds=3)
+    Job.objects.filter(pk=blocker.pk).update(visibility_timeout=60)  # about hand-backs, not leases
     waiting = tasks.add.enqueue(1)
     proc = workers.start("--concurrency", "1", "--batch-size", "2", "--shutdown-grace", "20")
     wait_for(

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import signal
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 
 backend = locking.backend
 make_lock = locking.make_lock
+assert_runs_never_overlap = locking.assert_runs_never_overlap
 
 
 def lock_env(backend: str, **extra: str) -> dict[str, str]:
@@ -35,18 +34,6 @@ def succeeded(count: int) -> bool:
     if dead is not None:
         pytest.fail(f"job {dead.job_id} was dead-lettered: {dead.error_class}: {dead.error_message}")
     return Job.objects.filter(status="succeeded").count() >= count
-
-
-def assert_runs_never_overlap() -> dict[str, list[Interval]]:
-    """No two runs on one resource overlap, and their fencing tokens grow in start order."""
-    by_resource: dict[str, list[Interval]] = defaultdict(list)
-    for run in Interval.objects.order_by("started"):
-        by_resource[run.resource].append(run)
-    for resource, runs in by_resource.items():
-        for before, after in itertools.pairwise(runs):
-            assert after.started >= before.ended, f"{resource}: {before} overlaps {after}"
-            assert after.fencing_token > before.fencing_token, f"{resource}: {before} then {after}"
-    return by_resource
 
 
 @pytest.mark.slow

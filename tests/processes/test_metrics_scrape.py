@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterable
 
 import pytest
@@ -21,12 +20,12 @@ from django.db import transaction
 from django.db.models import Sum
 from django.test import RequestFactory
 from django.utils import timezone
-from prometheus_client.parser import text_string_to_metric_families
 
 from django_jobguard import lock
 from django_jobguard.metrics import metrics_view
 from django_jobguard.models import DeadLetter, Job
 from tests.conftest import wait_for
+from tests.support.prometheus import Samples, free_port, parse, scrape_worker, value
 from tests.testapp import tasks, tasks_cache
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
@@ -37,32 +36,6 @@ RECORD = "tests.testapp.tasks.record"
 LOCKED = "tests.testapp.tasks.locked_interval"
 SHORT = "tests.testapp.tasks.short_lease_plain"
 CHURN = "tests.testapp.tasks_cache.cache_churn"
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def parse(text: str) -> Samples:
-    samples: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
-    return samples
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    """The sample's value; 0 when the labelled child was never touched (as Prometheus reads it)."""
-    return samples.get((name, frozenset(labels.items())), 0.0)
-
-
-def scrape_worker(port: int) -> Samples:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        return parse(response.read().decode())
 
 
 def scrape_web(client) -> Samples:

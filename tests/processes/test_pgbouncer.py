@@ -20,8 +20,8 @@ from django.db import connection
 
 from django_jobguard.models import DeadLetter, Job
 from tests.conftest import ROOT, wait_for, worker_env
-from tests.processes.test_lock_processes import assert_runs_never_overlap
 from tests.support import pgbouncer as pgbouncer_module
+from tests.support.locking import assert_runs_never_overlap
 from tests.support.pgbouncer import PgBouncer
 from tests.testapp import tasks, tasks_locks
 from tests.testapp.models import Execution, LedgerEntry

@@ -1,4 +1,4 @@
-"""A real worker upserts its heartbeat row and its outcome counts; the workers page shows it."""
+"""A real worker upserts its beat row and its outcome counts; the workers page shows it."""
 
 import datetime
 import socket

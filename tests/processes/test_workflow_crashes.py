@@ -4,7 +4,6 @@ import os
 import time
 
 import pytest
-from django.db import connection
 from django.db.models import Count
 
 from django_jobguard import Batch
@@ -17,7 +16,6 @@ from tests.testapp.models import Execution, LedgerEntry
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.processes,
-    pytest.mark.skipif(connection.vendor == "mysql", reason="workflows do not run on MariaDB/MySQL yet"),
 ]
 
 #: Members of the batch; a few thousand take minutes on a loaded 2-core machine.

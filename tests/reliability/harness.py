@@ -95,6 +95,13 @@ def drop_transition_trigger() -> None:
         cursor.execute(_DROP_TRIGGER_SQL)
 
 
+def django_backend_pid() -> int:
+    """The PostgreSQL backend pid of the test's own Django connection (to spare it from kills)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return int(cursor.fetchone()[0])
+
+
 def observer_connection() -> psycopg.Connection[Any]:
     """A connection of its own (autocommit) for watching the database while workers run."""
     params = connection.get_connection_params()

@@ -20,8 +20,7 @@ from django.db.models import Count
 from django_jobguard import metrics
 from django_jobguard.models import DeadLetter, Job
 
-from .harness import Pool, enqueue_probes, open_jobs, run_until
-from .test_t3_database_faults import _django_backend_pid
+from .harness import Pool, django_backend_pid, enqueue_probes, open_jobs, run_until
 
 pytestmark = [pytest.mark.reliability, pytest.mark.postgres, pytest.mark.processes, pytest.mark.slow]
 
@@ -106,7 +105,7 @@ def test_t12_gauges_equal_the_database_and_counters_never_decrease_under_faults(
         env={"PROMETHEUS_MULTIPROC_DIR": str(directory)},
     ).start()
     samples, decreases = [], []
-    django_pid = _django_backend_pid()
+    django_pid = django_backend_pid()
     state = {"kill": time.monotonic() + 1, "terminate": time.monotonic() + 2, "terminations": 0}
 
     def tick():

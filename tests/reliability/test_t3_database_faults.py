@@ -15,15 +15,17 @@ from django.db import connection
 
 from tests.conftest import wait_for
 
-from .harness import Pool, check, enqueue_probes, observer_connection, open_jobs, run_until
+from .harness import (
+    Pool,
+    check,
+    django_backend_pid,
+    enqueue_probes,
+    observer_connection,
+    open_jobs,
+    run_until,
+)
 
 pytestmark = [pytest.mark.reliability, pytest.mark.postgres, pytest.mark.processes, pytest.mark.slow]
-
-
-def _django_backend_pid():
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        return cursor.fetchone()[0]
 
 
 @pytest.mark.scenario("T3")
@@ -53,7 +55,7 @@ def test_t3_terminated_connections_lose_nothing_and_crash_no_worker(scenario, ob
     enqueue_probes(history, calls)
     pool = Pool(workers, history, observer, size=3, concurrency=3, respawn=False).start()
     pool.wait_started()
-    own = {_django_backend_pid()}
+    own = {django_backend_pid()}
     terminated = []
     restarted = []
     state = {"observer": observer, "next": time.monotonic() + rng.uniform(1, 5)}
@@ -81,7 +83,7 @@ def test_t3_terminated_connections_lose_nothing_and_crash_no_worker(scenario, ob
             state["observer"] = observer_connection()
             connection.close()
             own.clear()
-            own.add(_django_backend_pid())
+            own.add(django_backend_pid())
             restarted.append(round(time.monotonic() - began, 2))
 
     drained = run_until(lambda: open_jobs(state["observer"]) == 0, timeout=300 * scenario.scale, tick=chaos)
@@ -146,7 +148,7 @@ def test_an_idle_workers_dropped_connections_cost_the_next_job_no_attempt(scenar
     cut = observer.execute(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
         "AND pid <> pg_backend_pid() AND pid <> %s AND backend_type = 'client backend'",
-        [_django_backend_pid()],
+        [django_backend_pid()],
     ).fetchall()
     time.sleep(1.5)  # idle long enough for the executors to check before the next job
     after = enqueue_probes(scenario.history, [((), {"marker": f"t3-next-{i}"}) for i in range(6)])

@@ -11,8 +11,7 @@ import pytest
 from django.test import override_settings
 
 from django_jobguard.locks import lock
-
-from .test_t5_locks_redis import PrivateRedis
+from tests.support.redis_server import RedisServer
 
 pytestmark = [
     pytest.mark.reliability,
@@ -23,7 +22,7 @@ PORT = 6399
 
 
 def test_fencing_tokens_keep_increasing_after_redis_restarts_without_persistence(tmp_path):
-    redis = PrivateRedis(PORT, tmp_path)
+    redis = RedisServer(tmp_path, PORT)
     caches = {
         "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
         "fencing": {

@@ -37,18 +37,13 @@ REDIS_PORT = 6398
 RESOURCES = ("r0", "r1", "r2", "r3")
 
 
-def PrivateRedis(port: int, workdir) -> RedisServer:  # noqa: N802 - kept as the suite's name for it
-    """A throw-away redis-server on a fixed loopback port, without persistence."""
-    return RedisServer(workdir, port)
-
-
 class LockedRun:
     """Workers on a private Redis, four fenced counters, and the figures of what committed."""
 
     def __init__(self, scenario, observer, workers, tmp_path) -> None:
         self.scenario = scenario
         self.history = scenario.history
-        self.redis = PrivateRedis(REDIS_PORT, tmp_path)
+        self.redis = RedisServer(tmp_path, REDIS_PORT)
         self.env = {
             "JOBGUARD_TEST_REDIS_URL": f"redis://127.0.0.1:{REDIS_PORT}/0",
             "JOBGUARD_TEST_LOCK_BACKEND": "redis",

@@ -1,6 +1,6 @@
 """The store contract, for flow control: the limited claim on the database under test.
 
-Runs on SQLite by default and on PostgreSQL with ``JOBGUARD_TEST_DATABASE_URL``, against
+Runs on SQLite by default and on PostgreSQL or MariaDB with ``JOBGUARD_TEST_DATABASE_URL``, against
 the dialect that serves the ``default`` alias. The fleet-wide proof (worker processes
 killed while a sampler watches the running rows) is tests/processes/test_flow_processes.py.
 """
@@ -9,7 +9,6 @@ import io
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
 from django.db.models import F
 from django.test import override_settings
 from django.utils import timezone
@@ -23,10 +22,6 @@ from tests.testapp import tasks_flow
 
 pytestmark = [
     pytest.mark.django_db,
-    pytest.mark.skipif(
-        connection.vendor == "mysql",
-        reason="flow-control limits are not enforced on MariaDB/MySQL yet (jobguard.E032)",
-    ),
 ]
 
 
@@ -78,6 +73,16 @@ def test_a_saturated_key_does_not_hold_back_the_others(flow_tasks):
     assert [job.id for job in first] == [hot[0].id, hot[1].id]
     # Sixty due jobs of the full key stand before the cold one: it is claimed all the same.
     assert [job.id for job in claim(limit=1)] == [cold.id]
+
+
+def test_a_key_that_fills_up_within_a_claim_does_not_hide_the_keys_behind_it(flow_tasks):
+    # The hot key has free slots, so the claim's first read is all its jobs; once they fill the
+    # slots, the cold keys' jobs behind them are taken in the same claim, not the next one.
+    hot = [tasks_flow.per_account.enqueue(1, 0) for _ in range(60)]
+    cold = [tasks_flow.per_account.enqueue(account, 0) for account in (2, 3, 4)]
+    claimed = claim(limit=5)
+    assert [job.id for job in claimed] == [hot[0].id, hot[1].id, *(job.id for job in cold)]
+    assert claim() == []  # every key is full now, the hot one included
 
 
 def test_a_claim_of_several_limited_queues_keeps_each_limit_and_the_priority_order(flow_tasks):
@@ -175,6 +180,22 @@ def test_keyed_rates_throttle_each_key_apart(flow_tasks):
     claimed = claim()
     assert sorted(job.args[0] for job in claimed) == [1, 1, 2, 2]
     assert claim() == []
+
+
+def test_keys_that_differ_only_in_case_or_accents_are_different_keys(flow_tasks):
+    # As on PostgreSQL: a database whose default collation ignores case and accents (MariaDB's
+    # and MySQL's do) must still keep "acme", "ACME" and "acmé" apart, for rates and slots alike.
+    partners = ("acme", "ACME", "acmé")
+    for partner in partners:
+        for _ in range(3):
+            tasks_flow.per_partner.enqueue(partner)
+            tasks_flow.per_account.enqueue(partner, 0)
+    claimed = claim(limit=30)
+    rated = sorted(job.args[0] for job in claimed if job.task_name == tasks_flow.per_partner.name)
+    keyed = sorted(job.args[0] for job in claimed if job.task_name == tasks_flow.per_account.name)
+    assert rated == sorted(partners * 2)  # each key's own burst of 2
+    assert keyed == sorted(partners * 2)  # each key's own 2 slots
+    assert FlowRate.objects.filter(key__startswith="r:").count() == 3
 
 
 def test_enqueue_stores_the_keyed_limits_with_the_job(flow_tasks):

@@ -396,6 +396,16 @@ def test_claim_never_takes_jobs_of_a_paused_queue(queues):
     assert [job.id for job in store.claim("default", queues, 5, "w")] == [held.pk]
 
 
+def test_queue_names_that_differ_only_in_case_are_different_queues():
+    # MariaDB's and MySQL's default collations ignore case: the names must still be exact.
+    upper = tasks.add.using(queue_name="Mail").enqueue(1)
+    lower = tasks.add.using(queue_name="mail").enqueue(2)
+    queues_service.pause("mail", actor="test", reason="contract")
+    assert [job.id for job in store.claim("default", None, 5, "w")] == [upper.pk]
+    queues_service.resume("mail", actor="test")
+    assert [job.id for job in store.claim("default", ["MAIL", "mail"], 5, "w")] == [lower.pk]
+
+
 def test_a_job_out_of_attempts_is_not_claimed_even_when_due():
     tasks.add.enqueue(1)
     Job.objects.update(attempts=3, max_attempts=3)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,6 +12,7 @@ import pytest
 from django_jobguard import lock
 from django_jobguard.conf import get_settings
 from django_jobguard.locks import BaseLock
+from tests.testapp.models import Interval
 
 #: Each lock test runs on the database back end (SQLite, or PostgreSQL with
 #: JOBGUARD_TEST_DATABASE_URL) and on Redis (with JOBGUARD_TEST_REDIS_URL).
@@ -42,3 +45,15 @@ def backend(request: pytest.FixtureRequest) -> Iterator[str]:
     yield request.param
     if request.param == "redis":
         clear_redis_locks()
+
+
+def assert_runs_never_overlap() -> dict[str, list[Interval]]:
+    """No two runs on one resource overlap, and their fencing tokens grow in start order."""
+    by_resource: dict[str, list[Interval]] = defaultdict(list)
+    for run in Interval.objects.order_by("started"):
+        by_resource[run.resource].append(run)
+    for resource, runs in by_resource.items():
+        for before, after in itertools.pairwise(runs):
+            assert after.started >= before.ended, f"{resource}: {before} overlaps {after}"
+            assert after.fencing_token > before.fencing_token, f"{resource}: {before} then {after}"
+    return by_resource

@@ -37,6 +37,13 @@ def record(context, marker: str, amount: int = 1) -> str:
     return marker
 
 
+@task(atomic=True, takes_context=True)
+def record_atomic(context, marker: str) -> str:
+    """Atomic, and no unique key: a second committed run of a job shows as a second row."""
+    Execution.objects.create(marker=marker, job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    return marker
+
+
 @task(takes_context=True)
 def record_plain(context, marker: str) -> str:
     """Not atomic: each write commits on its own."""
@@ -294,3 +301,71 @@ def wf_fails_until_allowed(context, marker: str) -> str:
     if not LedgerEntry.objects.filter(effect_key=f"allow:{marker}").exists():
         raise PermanentError(f"{marker}: not allowed yet")
     return f"{marker}-done"
+
+
+# -- the async executor (--async-slots) ------------------------------------------------------
+
+
+@task(takes_context=True, visibility_timeout=2)
+async def sleep_async(context, marker: str, seconds: float = 0.0, first_only: bool = False) -> int:
+    """A slow call: waits on the loop, then records its run (through Django's sync_to_async).
+
+    A 2 s lease, so a crash test sees it expire quickly; with ``first_only`` a rerun does not wait.
+    """
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    if context.attempt == 1 or not first_only:
+        await asyncio.sleep(seconds)
+    await sync_to_async(Execution.objects.create)(
+        marker=marker, job_id=context.job_id, attempt=context.attempt, pid=os.getpid()
+    )
+    return os.getpid()
+
+
+@task(atomic=True, takes_context=True, visibility_timeout=2)
+async def record_async(context, marker: str, seconds: float = 0.0) -> str:
+    """Atomic coroutine: its writes and its ack commit together, or none of them (waits on attempt 1)."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    def write() -> None:
+        Execution.objects.create(
+            marker=marker, job_id=context.job_id, attempt=context.attempt, pid=os.getpid()
+        )
+        LedgerEntry.objects.create(effect_key=marker, job_id=context.job_id)
+
+    await sync_to_async(write)()
+    if context.attempt == 1:
+        await asyncio.sleep(seconds)
+    return marker
+
+
+@task(timeout=0.5, max_attempts=1)
+async def times_out_async(seconds: float = 30) -> None:
+    """Past its 0.5 s timeout: only this coroutine is cancelled."""
+    import asyncio
+
+    await asyncio.sleep(seconds)
+
+
+@task(max_attempts=1)
+async def blocks_loop_async(seconds: float = 1.5) -> None:
+    """Blocking code inside a coroutine: it stalls the event loop for ``seconds``."""
+    time.sleep(seconds)
+
+
+@task()
+def thread_name() -> str:
+    """A sync task: the name of the thread it ran on."""
+    import threading
+
+    return threading.current_thread().name
+
+
+@task(takes_context=True, idempotency_key="keyed-async:{n}", lock="keyed-async-lock:{n}")
+async def keyed_async(context, n: int) -> dict:
+    """A coroutine with a key and a lock: both are taken on a DB thread before it starts."""
+    return {"n": n, "fencing": context.fencing_token is not None}

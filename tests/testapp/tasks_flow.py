@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import time
 
-from django_jobguard import Limit, Rate, task
+from django_jobguard import JobContext, Limit, Rate, task
 from django_jobguard.registry import registry
 
-from .models import Interval
+from .models import Execution, Interval
 
 #: Seconds a killed worker's lease lasts: short, so its slots free within the test.
 SHORT_LEASE = 3
@@ -65,12 +65,40 @@ def shared_keyed(account_id: int) -> None:
     """Under the shared limit and one per account: counted under both."""
 
 
+#: The test dependency's outage: an Interval row of this resource; calls fail between its
+#: ``started`` and ``ended`` (wall clock), as a service that is down and then recovers.
+OUTAGE = "dependency-outage"
+
+
+class DependencyDown(ConnectionError):
+    """The test dependency did not answer."""
+
+
+@task(
+    queue_name="flow-dep",
+    limit="flow-dep",
+    max_attempts=40,
+    retry={"base": 0.2, "max": 0.6, "jitter": 0.1},
+    retry_on=(DependencyDown,),
+    atomic=True,
+    takes_context=True,
+    visibility_timeout=SHORT_LEASE,
+)
+def call_dependency(ctx: JobContext, n: int) -> None:
+    """One call of the test dependency; a success is recorded with the ack (atomic)."""
+    now = time.time()
+    down = Interval.objects.filter(resource=OUTAGE, started__lte=now, ended__gt=now).exists()
+    if down:
+        raise DependencyDown(f"dependency down (call {n}, attempt {ctx.attempt})")
+    Execution.objects.create(marker="dependency-ok", job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
+
+
 @task(queue_name="flow-plain")
 def plain(n: int) -> None:
     """No limit: its queue's claims stay the plain claim."""
 
 
-ALL = [per_account, three_at_once, rated, per_partner, shared_a, shared_b, shared_keyed]
+ALL = [per_account, three_at_once, rated, per_partner, shared_a, shared_b, shared_keyed, call_dependency]
 
 if not os.environ.get("JOBGUARD_TEST_FLOW"):
     for _task in ALL:

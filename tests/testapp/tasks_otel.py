@@ -53,3 +53,14 @@ def logs_a_line(context, order_id: int) -> None:
 @task(queue_name="otel-bulk")
 def noop(number: int) -> int:
     return number
+
+
+@task(takes_context=True, queue_name="otel", max_attempts=3)
+async def fetch(context, order_id: int, failures: int = 0) -> int:
+    """A coroutine task (run by --async-slots): fails ``failures`` times, in a span of its own."""
+    from opentelemetry import trace
+
+    with trace.get_tracer("tests.fetch").start_as_current_span("call partner"):
+        if context.attempt <= failures:
+            raise TransientError(f"order {order_id}: partner timeout {context.attempt}/{failures}")
+    return order_id

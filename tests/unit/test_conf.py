@@ -73,7 +73,7 @@ def test_the_cached_settings_follow_override_settings():
 
 
 def test_system_check_reports_invalid_settings():
-    from django_jobguard.checks import check_settings
+    from django_jobguard.checks.settings import check_settings
 
     with override_settings(JOBGUARD={"QUEUES": []}):
         messages = check_settings()

@@ -129,7 +129,7 @@ def test_every_setting_has_a_comment_for_the_generated_reference() -> None:
     settings = jobguard_reference.collect_settings()
     assert {s.path for s in settings} == jobguard_reference.runtime_paths(DEFAULTS)
     missing = [s.name for s in settings if not s.comment]
-    assert not missing, f"conf.py: no comment above {missing}"
+    assert not missing, f"conf/defaults.py: no comment above {missing}"
     comments = {s.name: s.comment for s in settings}
     assert comments["VISIBILITY_TIMEOUT"].startswith("Seconds a claimed job stays invisible")
     assert comments["LOCKS.TTL"].startswith("Seconds a task lock lives")
@@ -184,3 +184,5 @@ def test_every_logger_the_package_uses_is_on_the_loggers_page():
     listed = set(re.findall(r"^\| `([a-z_.]+)` \|", page, re.M))
     assert names, "no logger found: the scan is broken"
     assert names <= listed, sorted(names - listed)
+    # One logger per area, whatever module in the area writes: django_jobguard.<area>.
+    assert all(re.fullmatch(r"django_jobguard\.[a-z_]+", name) for name in names), sorted(names)

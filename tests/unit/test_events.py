@@ -86,4 +86,9 @@ def test_events_carry_no_payload_fields():
         "status",
         "kind",  # a workflow's kind: chain, group, batch, graph
         "when",  # a workflow callback's: success, complete, dead
+        "in_use",  # an event loop's coroutines running, and its slots
+        "slots",
+        "limit",  # a declared named limit (JOBGUARD["LIMITS"]), never one of its keys
+        "from_state",  # a breaker's: closed, open, half_open
+        "to_state",
     }

@@ -6,8 +6,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from django_jobguard import Limit, Rate, task
-from django_jobguard.checks import check_task_limits
-from django_jobguard.conf import parse
+from django_jobguard.checks.settings import check_settings
+from django_jobguard.checks.tasks import check_task_limits, check_unused_breakers
+from django_jobguard.conf import BreakerSpec, RetryBudgetSpec, parse
 from django_jobguard.exceptions import InvalidTaskError
 from django_jobguard.flow import parse_rate
 from django_jobguard.registry import registry
@@ -154,3 +155,67 @@ def test_the_check_refuses_an_undeclared_limit_name():
     assert "declared limits: stripe" in messages[0].hint
     with override_settings(JOBGUARD={"LIMITS": {"strpie": {"concurrency": 1}}}):
         assert check_task_limits() == []
+
+
+def test_a_breaker_and_a_budget_take_their_defaults_or_the_options_given():
+    limits = parse(
+        {
+            "LIMITS": {
+                "stripe": {"rate": "25/s", "breaker": True, "retry_budget": True},
+                "mail": {"breaker": {"min_calls": 50, "open_for": 10}, "retry_budget": {"ratio": 0.1}},
+            }
+        }
+    ).limits
+    assert limits["stripe"].breaker == BreakerSpec(0.5, 20, 60.0, 30.0, 5)
+    assert limits["stripe"].retry_budget == RetryBudgetSpec(0.2, 10, 60.0)
+    assert limits["mail"].breaker == BreakerSpec(0.5, 50, 60.0, 10.0, 5)
+    assert limits["mail"].retry_budget == RetryBudgetSpec(0.1, 10, 60.0)
+    assert limits["mail"].rate is None and limits["mail"].concurrency is None
+    assert RetryBudgetSpec(0.2, 10, 60.0).allowed(1000) == 200
+    assert RetryBudgetSpec(0.2, 10, 60.0).allowed(3) == 10
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            {"breaker": {"failure_rate": 0}},
+            "['breaker']['failure_rate'] must be a fraction from above 0 to 1",
+        ),
+        ({"breaker": {"failure_rate": 1.5}}, "['breaker']['failure_rate'] must be a fraction"),
+        ({"breaker": {"min_calls": 0}}, "['breaker']['min_calls'] must be an integer of at least 1"),
+        ({"breaker": {"probes": 1.5}}, "['breaker']['probes'] must be an integer of at least 1"),
+        ({"breaker": {"open_for": 0}}, "['breaker']['open_for'] must be more than 0"),
+        ({"breaker": {"window": "1m"}}, "['breaker']['window'] must be a number of seconds"),
+        ({"breaker": {"threshold": 0.5}}, "['breaker']['threshold'] is not a known setting"),
+        ({"breaker": "on"}, "['breaker'] must be a dict"),
+        ({"retry_budget": {"ratio": 2}}, "['retry_budget']['ratio'] must be a fraction from 0 to 1"),
+        (
+            {"retry_budget": {"min_retries": -1}},
+            "['retry_budget']['min_retries'] must be an integer of at least 0",
+        ),
+    ],
+)
+def test_bad_breaker_and_budget_specs_are_refused_by_the_settings_check(spec, message):
+    with override_settings(JOBGUARD={"LIMITS": {"stripe": spec}}):
+        (error,) = check_settings()
+    assert error.id == "jobguard.E001"
+    assert f"JOBGUARD['LIMITS']['stripe']{message}" in error.msg
+
+
+def test_the_check_warns_of_a_breaker_no_task_names():
+    declare(limit="stripe")
+    limits = {
+        "stripe": {"breaker": True},
+        "mail": {"breaker": True, "retry_budget": True},
+        "s3": {"rate": "5/s"},
+    }
+    with override_settings(JOBGUARD={"LIMITS": limits}):
+        messages = check_unused_breakers()
+    assert [(m.id, m.msg) for m in messages] == [
+        (
+            "jobguard.W033",
+            "JOBGUARD['LIMITS']['mail'] declares a breaker and a retry budget, but no task names it "
+            "with limit='mail': it guards nothing.",
+        )
+    ]

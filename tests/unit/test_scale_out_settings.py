@@ -40,7 +40,7 @@ def ids_of(messages: list[Any]) -> list[str]:
 
 def run_pool_checks(jobguard: dict[str, Any]) -> list[Any]:
     with override_settings(JOBGUARD=jobguard):
-        return checks.check_pooled_databases()
+        return checks.database.check_pooled_databases()
 
 
 def test_pooled_and_listen_aliases_parse_and_resolve(add_databases):
@@ -131,3 +131,39 @@ def test_worker_id_setting_overrides_the_default_and_the_argument_overrides_both
         assert Worker(install_signal_handlers=False).worker_id == "pod-7"
         assert Worker(worker_id="cli", install_signal_handlers=False).worker_id == "cli"
     assert Worker(install_signal_handlers=False).worker_id.startswith(socket.gethostname() + ":")
+
+
+def test_a_pooled_jobs_alias_woken_through_redis_does_not_warn_that_workers_poll(add_databases):
+    add_databases(pooled=POOLED)
+    with override_settings(
+        CACHES={"wake": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://x"}}
+    ):
+        messages = run_pool_checks(
+            {"DATABASE_ALIAS": "pooled", "POOLED_DATABASES": ["pooled"], "WAKEUP_CACHE": "wake"}
+        )
+    assert ids_of(messages) == []
+
+
+@pytest.mark.parametrize(
+    ("caches", "problem"),
+    [
+        ({}, "'wake', which is not in CACHES"),
+        (
+            {"wake": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}},
+            "wake-ups go through Redis pub/sub, which needs django-redis",
+        ),
+    ],
+    ids=["missing", "not-redis"],
+)
+def test_a_wakeup_cache_that_is_not_a_django_redis_cache_is_an_error(caches, problem):
+    with override_settings(CACHES=caches, JOBGUARD={"WAKEUP_CACHE": "wake"}):
+        messages = checks.caches.check_wakeup_cache()
+    assert ids_of(messages) == ["jobguard.E006"]
+    assert problem in messages[0].msg
+    with override_settings(JOBGUARD={}):
+        assert checks.caches.check_wakeup_cache() == [], "not set: nothing to check"
+
+
+def test_a_wakeup_cache_that_is_not_a_string_is_refused_by_name():
+    with pytest.raises(ImproperlyConfigured, match=r"WAKEUP_CACHE.*must be a cache alias"):
+        conf.parse({"WAKEUP_CACHE": ["redis"]})

@@ -145,3 +145,21 @@ def test_a_finish_racing_an_abandon_settles_the_job_exactly_once():
         assert results["replaced"] == results["abandoned"]
         assert slots.finished + slots.abandoned == 1
         assert len(slots) == 0
+
+
+def test_routed_jobs_go_to_the_loop_and_are_counted_apart_from_the_threads():
+    slots = Slots()
+    sent = []
+    slots.route(lambda claimed: claimed.id % 2 == 0, sent.extend)
+    slots.add([job(i) for i in range(1, 7)], now=0.0)
+    assert [h.job.id for h in sent] == [2, 4, 6]
+    assert all(h.on_loop for h in sent)
+    assert (len(slots), slots.on_loop, slots.on_threads) == (6, 3, 3)
+    assert [slots.next().job.id for _ in range(3)] == [1, 3, 5]  # the threads get only the rest
+    assert slots.start(sent[0], None)
+    slots.finish(sent[0])
+    assert slots.abandon(sent[1]) is False  # not running: nothing to give up on
+    assert slots.start(sent[1], None) and slots.abandon(sent[1])
+    assert (len(slots), slots.on_loop, slots.on_threads) == (4, 1, 3)
+    slots.remove(sent[2])
+    assert (slots.on_loop, slots.on_threads) == (0, 3)

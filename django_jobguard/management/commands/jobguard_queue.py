@@ -7,13 +7,13 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ... import queues
 from ...admin.base import format_time
 from ...exceptions import QueueError
+from ...operations import queues
 from ._options import add_database_argument, database_alias
 
 
-def _operator() -> str:
+def operator() -> str:
     """Who ran the command, for the audit trail (the command runs with no Django user)."""
     try:
         return f"shell:{getpass.getuser()}"
@@ -57,7 +57,7 @@ class Command(BaseCommand):
             return
         change = queues.pause if action == "pause" else queues.resume
         try:
-            result = change(options["queue"], actor=_operator(), reason=options["reason"], using=alias)
+            result = change(options["queue"], actor=operator(), reason=options["reason"], using=alias)
         except QueueError as exc:
             raise CommandError(str(exc)) from exc
         verb = "paused" if action == "pause" else "resumed"

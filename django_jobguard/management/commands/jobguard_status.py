@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 from typing import Any
@@ -9,11 +10,48 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from ...stats import LimitStats, QueueStats, ScheduleStats, limit_stats, queue_stats, schedule_stats
+from ... import beats
+from ...beats import STALE_AFTER_SECONDS
+from ...models import WorkerBeat
+from ...stats import (
+    BreakerStats,
+    EventLoopStats,
+    LimitStats,
+    QueueStats,
+    ScheduleStats,
+    breaker_stats,
+    event_loop_stats,
+    limit_stats,
+    queue_stats,
+    schedule_stats,
+)
 from ._options import add_database_argument, check_queues, database_alias, positive_float, positive_int
 
 #: Seconds between refreshes of ``--watch`` when none is given.
 DEFAULT_WATCH_INTERVAL_SECONDS = 2.0
+#: Workers whose last beat is older than this are left out (stopped long ago, not news).
+STALE_WORKERS_SHOWN_SECONDS = 3600
+
+
+def worker_health(alias: str) -> dict[str, Any]:
+    """Live workers, and those whose beats stopped within the last hour.
+
+    A worker stops beating when it stopped, froze, or cannot reach the database (it cannot
+    write its beat there): the last is how a database outage of some workers shows here.
+    """
+    now = timezone.now()
+    since = now - datetime.timedelta(seconds=STALE_WORKERS_SHOWN_SECONDS)
+    rows = WorkerBeat.objects.using(alias).filter(last_beat_at__gte=since).order_by("worker_id")
+    live, stale = [], []
+    for worker_id, last_beat_at in rows.values_list("worker_id", "last_beat_at"):
+        if beats.is_stale(last_beat_at, now):
+            stale.append(
+                {"worker_id": worker_id, "seconds_since_beat": round((now - last_beat_at).total_seconds())}
+            )
+        else:
+            live.append(worker_id)
+    return {"live": live, "stale": stale}
+
 
 _COLUMNS = (
     ("QUEUE", "queue"),
@@ -121,13 +159,52 @@ def render_limits(rows: list[LimitStats]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_event_loops(rows: list[EventLoopStats]) -> str:
+    """The workers' event loops (``--async-slots``): slots in use and lag, at their last beat."""
+    head = ("WORKER", "SLOTS IN USE", "LOOP LAG")
+    cells = [(row.worker_id, f"{row.in_use}/{row.slots}", f"{row.lag_ms}ms") for row in rows]
+    widths = [max(len(line[i]) for line in [head, *cells]) for i in range(len(head))]
+    lines = [
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip() for line in [head, *cells]
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_breakers(rows: list[BreakerStats]) -> str:
+    """The breakers and retry budgets of the named limits as a fixed-width text table."""
+    headers = ["BREAKER", "STATE", "CALLS", "FAILED", "OPENS IN", "RETRIES", "BUDGET LEFT", "WAITING"]
+    cells = [
+        [
+            row.limit,
+            row.state.replace("_", "-") + (" (by hand)" if row.manual else "") if row.breaker else "-",
+            str(row.calls),
+            str(row.failures),
+            f"{row.opens_in:.0f}s" if row.opens_in is not None else "-",
+            str(row.retries),
+            str(row.budget_remaining) if row.budget_remaining is not None else "-",
+            str(row.waiting),
+        ]
+        for row in rows
+    ]
+    widths = [max(len(headers[i]), *(len(line[i]) for line in cells)) for i in range(len(headers))]
+    lines = [
+        "  ".join(
+            v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(line, widths, strict=True))
+        ).rstrip()
+        for line in [headers, *cells]
+    ]
+    return "\n".join(lines) + "\n"
+
+
 class Command(BaseCommand):
     help = (
         "Show each queue: jobs due (depth), scheduled and in flight, the oldest due job's age, "
         "dead letters, replays awaiting approval, whether it is paused, and successes/failures in "
         "the last hour; then each schedule: its state, next and last tick, and the last tick's job; "
         "then each flow-control limit: its bound, the jobs running under it, its full keys and the "
-        "due jobs waiting on it."
+        "due jobs waiting on it; then each circuit breaker and retry budget: its state, its window's "
+        "calls and failures, the retries it still allows and the jobs waiting behind it; then each "
+        "live worker with async slots: slots in use and its event loop's lag."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -173,10 +250,15 @@ class Command(BaseCommand):
                 rows = queue_stats(alias, recent=True, queues=options["queues"])
                 timetable = schedule_stats(alias)
                 limits = limit_stats(alias)
+                loops = event_loop_stats(alias, live_within=STALE_AFTER_SECONDS)
+                guards = breaker_stats(alias)
                 self._show(
                     rows,
                     timetable,
                     limits,
+                    worker_health(alias),
+                    loops,
+                    guards,
                     as_json=options["json"],
                     clear=watch is not None and not options["json"],
                 )
@@ -192,6 +274,9 @@ class Command(BaseCommand):
         rows: list[QueueStats],
         timetable: list[ScheduleStats],
         limits: list[LimitStats],
+        workers: dict[str, Any],
+        loops: list[EventLoopStats],
+        guards: list[BreakerStats],
         *,
         as_json: bool,
         clear: bool,
@@ -203,12 +288,20 @@ class Command(BaseCommand):
                 "queues": [stats.as_dict() for stats in rows],
                 "schedules": [schedule.as_dict() for schedule in timetable],
                 "limits": [limit.as_dict() for limit in limits],
+                "workers": workers,
+                "event_loops": [loop.as_dict() for loop in loops],
+                "breakers": [guard.as_dict() for guard in guards],
             }
             self.stdout.write(json.dumps(document, sort_keys=True))
             return
         if clear and self.stdout.isatty():
             self.stdout.write("\x1b[H\x1b[2J", ending="")
-        self.stdout.write(f"jobguard queues at {now:%Y-%m-%d %H:%M:%S %Z}")
+        stale = workers["stale"]
+        summary = f"workers: {len(workers['live'])} live"
+        if stale:
+            names = ", ".join(f"{w['worker_id']} ({w['seconds_since_beat']}s)" for w in stale)
+            summary += f", {len(stale)} not beating (stopped, frozen or cut off from the database): {names}"
+        self.stdout.write(f"jobguard queues at {now:%Y-%m-%d %H:%M:%S %Z}; {summary}")
         self.stdout.write(render_table(rows), ending="")
         if timetable:
             self.stdout.write("")
@@ -221,3 +314,9 @@ class Command(BaseCommand):
         if limits:
             self.stdout.write("")
             self.stdout.write(render_limits(limits), ending="")
+        if guards:
+            self.stdout.write("")
+            self.stdout.write(render_breakers(guards), ending="")
+        if loops:
+            self.stdout.write("")
+            self.stdout.write(render_event_loops(loops), ending="")

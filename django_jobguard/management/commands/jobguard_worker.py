@@ -14,6 +14,7 @@ from ._options import (
     check_queues,
     database_alias,
     non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
 )
@@ -34,9 +35,23 @@ class Command(BaseCommand):
         parser.add_argument(
             "--concurrency",
             "-c",
-            type=positive_int,
+            type=non_negative_int,
             default=1,
-            help="Jobs run at once, each in its own thread with its own database connection (default 1).",
+            help=(
+                "Jobs run at once, each in its own thread with its own database connection (default 1). "
+                "0 only with --async-slots: an async-only worker, which puts sync tasks back for others."
+            ),
+        )
+        parser.add_argument(
+            "--async-slots",
+            type=positive_int,
+            default=None,
+            metavar="N",
+            help=(
+                "Run async def tasks as coroutines on one event loop, up to N at once, with a few "
+                "database connections for all of them; sync tasks still run on the --concurrency "
+                "threads. Default: off (async def tasks take a thread each)."
+            ),
         )
         parser.add_argument(
             "--batch-size",
@@ -114,6 +129,11 @@ class Command(BaseCommand):
         queues = options["queues"]
         queues, exclude_queues = _db_worker_queues(queues, options)
         check_queues(queues or (), database_alias(options))
+        if options["concurrency"] == 0 and options["async_slots"] is None:
+            raise CommandError(
+                "--concurrency 0 leaves no thread to run jobs on: give --async-slots N as well "
+                "(an async-only worker), or a concurrency of 1 or more."
+            )
         port = options["metrics_port"]
         if port is not None and not 0 <= port <= 65535:
             raise CommandError(f"--metrics-port {port}: a port is 0 to 65535.")
@@ -123,6 +143,7 @@ class Command(BaseCommand):
             queues=queues,
             exclude_queues=exclude_queues,
             concurrency=options["concurrency"],
+            async_slots=options["async_slots"],
             batch_size=options["batch_size"],
             burst=options["burst"],
             max_jobs=options["max_jobs"],

@@ -21,10 +21,12 @@ from django.contrib.auth import get_user_model
 from django.core.cache import caches
 from django.db import transaction
 from django.db.models import Count, Max, Q, Sum
+from django.utils import timezone
 
-from django_jobguard import dlq, schedules
+from django_jobguard import Batch, dlq, schedules
 from django_jobguard.conf import get_settings
-from django_jobguard.models import DeadLetter, IdempotencyKey, Job, JobStatus, Schedule
+from django_jobguard.models import DeadLetter, IdempotencyKey, Job, JobStatus, Schedule, WorkflowCallback
+from django_jobguard.workflows import progress
 from shop.models import (
     Account,
     Export,
@@ -43,12 +45,14 @@ from shop.tasks import (
     EXPORT_SECONDS,
     SLOW_MAIL_DOMAIN,
     apply_account_update,
+    build_report,
     charge_order,
     export_orders,
     heartbeat,
     import_partner_order,
     pack_shipment,
     sync_order,
+    tally_orders,
 )
 
 from .display import enqueue_duplicates_counted
@@ -418,6 +422,48 @@ class SlowExport(Act):
         ]
 
 
+class NightlyReport(Act):
+    """The nightly report as a batch: a tally per slice of the orders, then one report."""
+
+    name = "report"
+    PARTS = 4
+
+    def start(self, demo: Demo) -> None:
+        day = timezone.localdate().isoformat()
+        self.batch = Batch(
+            on_complete=build_report.s(day=day).receives("progress"), name=f"nightly report {day}"
+        ).enqueue([tally_orders.s(part=i, parts=self.PARTS) for i in range(self.PARTS)])
+
+    def proofs(self, demo: Demo) -> list[Proof]:
+        p = progress(self.batch.id or 0)
+        callbacks = list(
+            WorkflowCallback.objects.filter(workflow_id=self.batch.id).values_list("when", "job_id")
+        )
+        reports = list(Job.objects.filter(pk__in=[job_id for _, job_id in callbacks]))
+        ran_once = len(reports) == 1 and reports[0].status == JobStatus.SUCCEEDED and reports[0].attempts == 1
+        tallies = (
+            reports[0].result.get("tallies") if ran_once and isinstance(reports[0].result, dict) else None
+        )
+        return [
+            Proof(
+                "nightly report as a batch: its callback ran once, after every tally",
+                f"batch #{self.batch.id} {p.state}: {p.succeeded}/{p.total} tallies succeeded; "
+                f"on_complete enqueued {len(callbacks)} time(s), its report counted {tallies} tallies",
+                p.state == "finished"
+                and p.succeeded == p.total == self.PARTS
+                and len(callbacks) == 1
+                and tallies == self.PARTS,
+                {
+                    "workflow_id": self.batch.id,
+                    "members": p.total,
+                    "succeeded": p.succeeded,
+                    "callbacks": len(callbacks),
+                    "report_job_id": reports[0].pk if reports else None,
+                },
+            )
+        ]
+
+
 class DeadLetters(Act):
     """A malformed partner webhook (and the declined card): dead-lettered with their reasons."""
 
@@ -626,6 +672,7 @@ def build_acts(orders: int) -> list[Act]:
         LockContention(order_act),
         AccountUpdates(),
         SlowExport(),
+        NightlyReport(),
         DeadLetters(),
     ]
     return [*acts, RecurringJob(acts)]

@@ -1,0 +1,256 @@
+"""Circuit breakers of named limits: the outcomes that move them, and an operator's hand.
+
+A named limit of ``JOBGUARD["LIMITS"]`` with a ``breaker`` guards one dependency (an API, a
+mail relay) for every task that names it with ``@task(limit=...)``. Its state is a row of
+:class:`~django_jobguard.models.Breaker`, so every worker on every host sees the same thing:
+
+- **closed**: jobs run. Each attempt that ends is a *call*; a transient (or recoverable)
+  failure is a failed call. When a window holds ``min_calls`` calls of which at least
+  ``failure_rate`` failed, the breaker **opens**.
+- **open**: the limited claim leaves the dependency's jobs queued, so no attempt is started
+  or charged, until ``open_for`` seconds have passed; then the next claim **half-opens** it.
+- **half-open**: the claim admits ``probes`` attempts. The first that succeeds (or fails
+  permanently: the dependency answered) closes the breaker; the first that fails transiently
+  opens it again for ``open_for``.
+
+An operator may open a breaker by hand (it stays open until closed by hand) or close it;
+each change, by the fleet or by an operator, appends a
+:class:`~django_jobguard.models.BreakerEvent` (who, when, why), is logged on the
+``django_jobguard.breakers`` logger and counted in ``jobguard_breaker_transitions_total``.
+The claim side (admission, probes, the retry budget) is in ``store/_flow.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from django.db import connections, transaction
+from django.db.models.functions import Now
+
+from . import events, retry, store
+from .conf import BreakerSpec, get_settings
+from .dlq import User
+from .exceptions import BreakerError, BreakerPermissionDenied
+from .models import Breaker, BreakerEvent, BreakerState
+
+logger = logging.getLogger("django_jobguard.breakers")
+
+__all__ = [
+    "PERMISSION",
+    "BreakerChange",
+    "can_operate",
+    "close",
+    "open_breaker",
+    "record",
+    "report_change",
+    "state_value",
+]
+
+#: The permission opening and closing by hand needs (``Breaker.Meta.permissions``).
+PERMISSION = "jobguard.operate_breaker"
+#: The longest reason an operator's change may carry.
+MAX_REASON_LENGTH = 500
+#: The gauge value of each state (``jobguard_breaker_state``).
+STATE_VALUES = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
+#: Outcome categories that count as a failed call: the dependency did not answer in time.
+FAILED_CATEGORIES = frozenset({retry.TRANSIENT, retry.RECOVERABLE})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BreakerChange:
+    """What :func:`open_breaker` or :func:`close` did."""
+
+    name: str
+    state: str
+    #: False when the breaker already was in that state (nothing written).
+    changed: bool
+    changed_by: str
+    reason: str
+
+
+def state_value(state: str) -> int:
+    """0 closed, 1 half-open, 2 open."""
+    return STATE_VALUES.get(BreakerState(state), 0)
+
+
+def can_operate(user: User | None) -> bool:
+    """Whether ``user`` may open and close breakers by hand."""
+    return bool(user is not None and user.is_authenticated and user.has_perm(PERMISSION))
+
+
+def _row(alias: str, name: str) -> tuple[Breaker, float]:
+    """The breaker's row, created closed if missing, locked to the transaction's end; and the
+    database clock, read by the same statement (seconds since the epoch)."""
+    locked = Breaker.objects.using(alias).select_for_update().annotate(db_now=Now()).filter(name=name)
+    row = locked.first()
+    if row is None:
+        Breaker.objects.using(alias).get_or_create(name=name)
+        row = locked.get()
+    return row, row.db_now.timestamp()
+
+
+def report_change(name: str, from_state: str, to_state: str, actor: str, reason: str) -> None:
+    """Log a state change and count it (``jobguard_breaker_transitions_total``), once it committed."""
+    events.emit(events.BreakerChanged(name, from_state, to_state))
+    level = logging.WARNING if to_state == BreakerState.OPEN else logging.INFO
+    logger.log(
+        level,
+        "breaker_%s limit=%s from=%s by=%s reason=%s",
+        to_state,
+        name,
+        from_state,
+        actor,
+        reason or "-",
+        extra={"limit": name, "from_state": from_state, "to_state": to_state, "actor": actor},
+    )
+
+
+class _NeedsTurnError(Exception):
+    """The outcome moves the breaker: run the count again, this time in the claims' turn."""
+
+
+def record(alias: str, name: str, spec: BreakerSpec, *, failed: bool, earlier_successes: int = 0) -> None:
+    """Count one call of the dependency ``name`` and move its breaker if that decides it.
+
+    Called by the worker after an attempt's outcome is written (success, retry or dead
+    letter), outside the job's transaction: a count lost to a crash only delays a trip. A
+    count that moves the breaker is written in the limited claims' turn (taken before the
+    row), so once it commits no claim that read the old state can still lease a job.
+    """
+
+    # Each count is a whole transaction: on MariaDB/MySQL a deadlock runs it again (retrying).
+    def count(in_turn: bool) -> tuple[str, str, str] | None:
+        return _count(alias, name, spec, failed, earlier_successes, in_turn=in_turn)
+
+    try:
+        change = store.retrying(alias, "breaker_count", lambda: count(False))
+    except _NeedsTurnError:
+        change = store.retrying(alias, "breaker_count", lambda: count(True))
+    if change is not None:
+        report_change(name, change[0], change[1], "system", change[2])
+
+
+def _count(
+    alias: str, name: str, spec: BreakerSpec, failed: bool, earlier: int, *, in_turn: bool
+) -> tuple[str, str, str] | None:
+    """One count in one transaction; ``(from, to, reason)`` if the breaker moved."""
+    with transaction.atomic(using=alias):
+        if in_turn:
+            store.take_flow_turn(alias)
+        elif connections[alias].vendor == "postgresql":
+            # A count lost to a crash only delays a trip: this commit need not wait for the
+            # disk. A change of state (in the turn) does, for its audit row.
+            with connections[alias].cursor() as cursor:
+                cursor.execute("SET LOCAL synchronous_commit TO OFF")
+        row, now = _row(alias, name)
+        if now - row.window_start >= spec.window:
+            row.window_start, row.calls, row.failures = now, 0, 0
+        row.calls += 1 + earlier
+        row.failures += int(failed)
+        fields = ["window_start", "calls", "failures"]
+        before, after, reason = row.state, "", ""
+        if row.manual:
+            pass  # held by an operator: the counts go on, the state does not move
+        elif before == BreakerState.CLOSED:
+            if row.calls >= spec.min_calls and row.failures >= spec.failure_rate * row.calls:
+                after = BreakerState.OPEN
+                reason = (
+                    f"{row.failures} of {row.calls} calls failed within {spec.window:g}s "
+                    f"(threshold {spec.failure_rate:.0%} of at least {spec.min_calls})"
+                )
+        elif before == BreakerState.HALF_OPEN:
+            after = BreakerState.OPEN if failed else BreakerState.CLOSED
+            reason = "a probe failed" if failed else "a probe succeeded"
+        if not after:
+            row.save(using=alias, update_fields=fields)
+            return None
+        if not in_turn:
+            raise _NeedsTurnError
+        _move(row, after, now + spec.open_for if after == BreakerState.OPEN else None, reason, fields)
+        if after == BreakerState.CLOSED:
+            row.window_start, row.calls, row.failures = now, 0, 0
+        row.save(using=alias, update_fields=fields)
+        BreakerEvent.objects.using(alias).create(
+            name=name, from_state=before, to_state=after, actor_name="system", reason=reason
+        )
+    return before, after, reason
+
+
+def _move(row: Breaker, state: str, open_until: float | None, reason: str, fields: list[str]) -> None:
+    row.state, row.open_until, row.probes, row.half_open_since = state, open_until, 0, None
+    row.reason, row.changed_by_name, row.changed_at = reason, "system", Now()
+    fields += ["state", "open_until", "probes", "half_open_since", "reason", "changed_by_name", "changed_at"]
+
+
+def _guarded(name: str) -> BreakerSpec:
+    limit = get_settings().limits.get(name)
+    if limit is None or limit.breaker is None:
+        known = ", ".join(sorted(n for n, lim in get_settings().limits.items() if lim.breaker)) or "none"
+        raise BreakerError(
+            f"No breaker is named {name!r}: JOBGUARD['LIMITS'] declares breakers for: {known}."
+        )
+    return limit.breaker
+
+
+def open_breaker(
+    name: str, *, user: User | None = None, actor: str = "", reason: str, using: str | None = None
+) -> BreakerChange:
+    """Open ``name``'s breaker by hand: its jobs wait until an operator closes it.
+
+    ``user`` (from the admin or the API) needs ``jobguard.operate_breaker``; trusted callers
+    (a management command) pass ``user=None`` and name themselves in ``actor``. A reason is
+    required: it goes into the audit trail.
+    """
+    return _change(name, BreakerState.OPEN, user=user, actor=actor, reason=reason, using=using)
+
+
+def close(
+    name: str, *, user: User | None = None, actor: str = "", reason: str = "", using: str | None = None
+) -> BreakerChange:
+    """Close ``name``'s breaker by hand: its jobs are claimed at the next poll; its counts start over."""
+    return _change(name, BreakerState.CLOSED, user=user, actor=actor, reason=reason, using=using)
+
+
+def _change(
+    name: str, state: str, *, user: User | None, actor: str, reason: str, using: str | None
+) -> BreakerChange:
+    verb = "open" if state == BreakerState.OPEN else "close"
+    if user is not None and not can_operate(user):
+        raise BreakerPermissionDenied(
+            f"You may not {verb} breakers: that needs the {PERMISSION!r} permission."
+        )
+    _guarded(name)
+    reason = (reason or "").strip()
+    if state == BreakerState.OPEN and not reason:
+        raise BreakerError("A reason is required to open a breaker: it goes into the audit trail.")
+    if len(reason) > MAX_REASON_LENGTH:
+        raise BreakerError(f"A reason is at most {MAX_REASON_LENGTH} characters, not {len(reason)}.")
+    alias = using or get_settings().database_alias
+    who = (user.get_username() if user is not None else actor or "system")[:150]
+    actor_pk = user.pk if user is not None and user.is_authenticated else None
+    manual = state == BreakerState.OPEN
+
+    def run() -> tuple[str, BreakerChange | None]:
+        """The state before, and what to return at once if nothing changed."""
+        with transaction.atomic(using=alias):
+            store.take_flow_turn(alias)  # as an outcome's trip does: see record()
+            row, now = _row(alias, name)
+            before = row.state
+            if before == state and row.manual == manual:
+                return before, BreakerChange(name, before, False, row.changed_by_name, row.reason)
+            row.state, row.manual, row.open_until, row.probes = state, manual, None, 0
+            row.half_open_since, row.window_start, row.calls, row.failures = None, now, 0, 0
+            row.changed_by_name, row.reason, row.changed_at = who, reason, Now()
+            row.save(using=alias)
+            BreakerEvent.objects.using(alias).create(
+                name=name, from_state=before, to_state=state, actor_id=actor_pk, actor_name=who, reason=reason
+            )
+        return before, None
+
+    # One transaction, run again after a deadlock on MariaDB/MySQL.
+    before, unchanged = store.retrying(alias, "breaker_change", run)
+    if unchanged is not None:
+        return unchanged
+    report_change(name, before, state, who, reason)
+    return BreakerChange(name, state, True, who, reason)

@@ -1,0 +1,298 @@
+"""Checks of the job store's database: vendor and options, MariaDB/MySQL's server, poolers."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connections
+
+from .. import store
+from ..conf import Settings, get_settings
+
+if TYPE_CHECKING:
+    pass
+
+
+# Not tagged "database": these read settings only and never connect, so they run with
+# every command (Django skips database-tagged checks unless --database is given).
+@checks.register()
+def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.E002: unknown alias; E003: unsupported database; W001: SQLite without IMMEDIATE;
+    E050, E051: a MariaDB/MySQL alias not configured for utf8mb4 and READ COMMITTED."""
+    try:
+        alias = get_settings().database_alias
+    except ImproperlyConfigured:
+        return []
+    if alias not in connections.settings:
+        return [
+            checks.Error(
+                f"JOBGUARD['DATABASE_ALIAS'] is {alias!r}, which is not in DATABASES.",
+                hint="Name one of your DATABASES aliases.",
+                id="jobguard.E002",
+            )
+        ]
+    connection = connections[alias]
+    messages: list[checks.CheckMessage] = []
+    if connection.vendor not in store.supported_vendors():
+        messages.append(
+            checks.Error(
+                f"django-jobguard supports PostgreSQL, MariaDB/MySQL and SQLite; {alias!r} is "
+                f"{connection.vendor}.",
+                hint="Point JOBGUARD['DATABASE_ALIAS'] at a PostgreSQL, MariaDB/MySQL or SQLite database.",
+                id="jobguard.E003",
+            )
+        )
+    elif connection.vendor == "sqlite":
+        options = connection.settings_dict.get("OPTIONS", {})
+        if options.get("transaction_mode") != "IMMEDIATE":
+            messages.append(
+                checks.Warning(
+                    "SQLite without OPTIONS['transaction_mode'] = 'IMMEDIATE': concurrent workers "
+                    "can fail with 'database is locked' when a transaction upgrades to a write.",
+                    hint="Set OPTIONS={'transaction_mode': 'IMMEDIATE', 'timeout': 20} "
+                    "(and 'init_command': 'PRAGMA journal_mode=WAL;').",
+                    id="jobguard.W001",
+                )
+            )
+    elif connection.vendor == "mysql":
+        messages += _mysql_options(alias, connection.settings_dict.get("OPTIONS", {}))
+    return messages
+
+
+#: What a MariaDB/MySQL alias must say in its OPTIONS (the fix every check below names).
+MYSQL_OPTIONS_HINT = (
+    "OPTIONS={'charset': 'utf8mb4', 'isolation_level': 'read committed', "
+    "'init_command': \"SET time_zone = '+00:00'\"}"
+)
+
+
+def _mysql_options(alias: str, options: dict[str, Any]) -> list[checks.CheckMessage]:
+    messages: list[checks.CheckMessage] = []
+    charset = str(options.get("charset", "utf8"))  # Django's default is utf8 (utf8mb3)
+    if charset.lower() != "utf8mb4":
+        messages.append(
+            checks.Error(
+                f"DATABASES[{alias!r}] talks to MariaDB/MySQL in {charset}: a job's arguments, "
+                "errors or keys with characters outside the Basic Multilingual Plane (emoji) "
+                "fail or lose characters.",
+                hint=f"Set {MYSQL_OPTIONS_HINT}, with tables in utf8mb4 (docs/how-to/choose-a-database.md).",
+                id="jobguard.E050",
+            )
+        )
+    # Django's default for MySQL is READ COMMITTED; REPEATABLE READ (the server's default)
+    # takes gap locks that deadlock concurrent enqueues and claims.
+    isolation = str(options.get("isolation_level", "read committed")).lower()
+    if isolation != "read committed":
+        messages.append(
+            checks.Error(
+                f"DATABASES[{alias!r}] runs at {isolation.upper()}: InnoDB then takes gap and "
+                "next-key locks, so concurrent enqueues, claims and deletes of finished jobs "
+                "deadlock one another.",
+                hint=f"Set {MYSQL_OPTIONS_HINT} (READ COMMITTED is the level django-jobguard needs).",
+                id="jobguard.E051",
+            )
+        )
+    return messages
+
+
+#: PgBouncer's default port: an undeclared alias on it is most likely pooled (jobguard.W061).
+PGBOUNCER_DEFAULT_PORT = "6432"
+
+
+# Not tagged "database" either: these read DATABASES and never connect. A pooler cannot
+# be detected over SQL (PgBouncer answers as the server), so aliases are declared in
+# JOBGUARD["POOLED_DATABASES"]; only PgBouncer's default port is taken as a hint.
+@checks.register()
+def check_pooled_databases(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.W060: a pooled alias with settings that break in transaction mode;
+    W061: an alias on PgBouncer's port not declared pooled; W062: workers will poll, not LISTEN."""
+    try:
+        conf = get_settings()
+    except ImproperlyConfigured:
+        return []
+    return [*_pooled_settings_warnings(conf), *_pgbouncer_port_warnings(conf), *_listen_warnings(conf)]
+
+
+def _pooled_settings_warnings(conf: Settings) -> list[checks.CheckMessage]:
+    """jobguard.W060: pooled PostgreSQL aliases whose settings break in transaction mode."""
+    messages: list[checks.CheckMessage] = []
+    for alias in sorted(conf.pooled_databases):
+        db = connections.settings[alias]
+        if not db.get("ENGINE", "").endswith("postgresql"):
+            continue
+        problems = []
+        if not db.get("DISABLE_SERVER_SIDE_CURSORS"):
+            problems.append(
+                "DISABLE_SERVER_SIDE_CURSORS is not True (server-side cursors outlive a transaction)"
+            )
+        if db.get("OPTIONS", {}).get("prepare_threshold", 5) is not None:
+            problems.append(
+                "OPTIONS['prepare_threshold'] is not None (psycopg prepares statements per session)"
+            )
+        if problems:
+            messages.append(
+                checks.Warning(
+                    f"DATABASES[{alias!r}] is in JOBGUARD['POOLED_DATABASES'] but {'; '.join(problems)}.",
+                    hint="Behind PgBouncer in transaction mode set 'DISABLE_SERVER_SIDE_CURSORS': True "
+                    "and 'OPTIONS': {'prepare_threshold': None} (docs/how-to/scale-out.md).",
+                    id="jobguard.W060",
+                )
+            )
+    return messages
+
+
+def _pgbouncer_port_warnings(conf: Settings) -> list[checks.CheckMessage]:
+    """jobguard.W061: aliases on PgBouncer's default port that are not declared pooled."""
+    messages: list[checks.CheckMessage] = []
+    for alias, db in connections.settings.items():
+        if str(db.get("PORT", "")) == PGBOUNCER_DEFAULT_PORT and alias not in conf.pooled_databases:
+            if alias == conf.listen_database:
+                continue  # declared as the direct connection: the operator knows what is there
+            messages.append(
+                checks.Warning(
+                    f"DATABASES[{alias!r}] uses port {PGBOUNCER_DEFAULT_PORT}, PgBouncer's default, but "
+                    "is not in JOBGUARD['POOLED_DATABASES'].",
+                    hint="If it goes through a pooler in transaction mode, add it to "
+                    "JOBGUARD['POOLED_DATABASES'] so jobguard keeps no session state on it. Undeclared, "
+                    "the pooler is only found when a prepared statement first fails on it (that job's "
+                    "ack fails and the job runs again); each process then sends text and logs a warning.",
+                    id="jobguard.W061",
+                )
+            )
+    return messages
+
+
+def _listen_warnings(conf: Settings) -> list[checks.CheckMessage]:
+    """jobguard.W062: the jobs' alias is pooled and no direct connection can LISTEN for it."""
+    alias = conf.database_alias
+    if alias not in conf.pooled_databases or alias not in connections.settings or conf.wakeup_cache:
+        return []  # (with WAKEUP_CACHE, Redis wakes the workers instead)
+    listen = conf.listen_database
+    reason = ""
+    if not listen:
+        reason = f"JOBGUARD['DATABASE_ALIAS'] {alias!r} is pooled and JOBGUARD['LISTEN_DATABASE'] is not set"
+    elif connections.settings[listen].get("NAME") != connections.settings[alias].get("NAME"):
+        # NOTIFY is delivered within one database only.
+        reason = f"JOBGUARD['LISTEN_DATABASE'] {listen!r} names another database than {alias!r}"
+    if not reason:
+        return []
+    return [
+        checks.Warning(
+            f"Workers poll every POLL_INTERVAL instead of waking on NOTIFY: {reason}.",
+            hint="Add a DATABASES alias for the same database that bypasses the pooler and "
+            "name it in JOBGUARD['LISTEN_DATABASE'], or wake them through Redis with "
+            "JOBGUARD['WAKEUP_CACHE'].",
+            id="jobguard.W062",
+        )
+    ]
+
+
+@checks.register(checks.Tags.database)
+def check_mysql_server(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """jobguard.E052-E057: a MariaDB/MySQL server or session that cannot hold the job store.
+
+    Tagged ``database``: Django runs it for ``check --database ALIAS`` and ``migrate``.
+    """
+    try:
+        alias = get_settings().database_alias
+    except ImproperlyConfigured:
+        return []
+    if not databases or alias not in databases or connections[alias].vendor != "mysql":
+        return []
+    try:
+        return _mysql_server(alias)
+    except DatabaseError as exc:
+        return [
+            checks.Warning(
+                f"Could not inspect the MariaDB/MySQL server of {alias!r}: {exc}",
+                hint="Run manage.py check --database again once the server answers.",
+                id="jobguard.W050",
+            )
+        ]
+
+
+def _mysql_server(alias: str) -> list[checks.CheckMessage]:
+    connection: Any = connections[alias]
+    messages: list[checks.CheckMessage] = []
+    version = ".".join(str(part) for part in connection.mysql_version)
+    if connection.mysql_is_mariadb:
+        product, too_old = "MariaDB", connection.mysql_version < (10, 6)
+    else:
+        product, too_old = "MySQL", connection.mysql_version < (8, 0, 1)
+    if too_old or not connection.features.has_select_for_update_skip_locked:
+        messages.append(
+            checks.Error(
+                f"{alias!r} is {product} {version}, which has no SELECT ... FOR UPDATE SKIP LOCKED: "
+                "concurrent workers would queue behind one another's claims.",
+                hint="Upgrade to MariaDB 10.6 or later, or MySQL 8.0 or later.",
+                id="jobguard.E052",
+            )
+        )
+    with connection.cursor() as cursor:
+        variable = "@@transaction_isolation" if not connection.mysql_is_mariadb else "@@tx_isolation"
+        cursor.execute(
+            f"SELECT {variable}, @@log_bin, @@binlog_format, TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(), NOW())"
+        )
+        isolation, log_bin, binlog_format, offset = cursor.fetchone()
+        cursor.execute(
+            "SELECT table_name, engine, table_collation FROM information_schema.tables "
+            "WHERE table_schema = DATABASE() AND table_name LIKE %s ORDER BY table_name",
+            ["jobguard\\_%"],
+        )
+        tables = cursor.fetchall()
+    if str(isolation).upper().replace("-", " ") != "READ COMMITTED":
+        messages.append(
+            checks.Error(
+                f"{alias!r}'s sessions run at {isolation}: InnoDB then takes gap and next-key "
+                "locks, so concurrent enqueues, claims and deletes deadlock one another.",
+                hint=f"Set {MYSQL_OPTIONS_HINT}, and no init_command that changes the level.",
+                id="jobguard.E057",
+            )
+        )
+    if int(log_bin or 0) and str(binlog_format).upper() == "STATEMENT":
+        messages.append(
+            checks.Error(
+                f"{alias!r} writes its binary log with binlog_format=STATEMENT: the claim's "
+                "UUID() lease tokens and SKIP LOCKED are unsafe to replay on a replica, which "
+                "would diverge.",
+                hint="Set binlog_format=ROW (or MIXED, which logs those statements as rows) in "
+                "the server's configuration.",
+                id="jobguard.E053",
+            )
+        )
+    myisam = [name for name, engine, _ in tables if str(engine).lower() != "innodb"]
+    if myisam:
+        messages.append(
+            checks.Error(
+                f"The tables {', '.join(myisam)} of {alias!r} are not InnoDB: without row locks "
+                "and transactions, claims, fencing and atomic acks do not hold.",
+                hint="ALTER TABLE <name> ENGINE=InnoDB for each (and set "
+                "default_storage_engine=InnoDB on the server).",
+                id="jobguard.E054",
+            )
+        )
+    narrow = [name for name, _, collation in tables if not str(collation).lower().startswith("utf8mb4")]
+    if narrow:
+        messages.append(
+            checks.Error(
+                f"The tables {', '.join(narrow)} of {alias!r} are not utf8mb4: arguments, "
+                "errors and keys with characters outside the Basic Multilingual Plane fail.",
+                hint="ALTER TABLE <name> CONVERT TO CHARACTER SET utf8mb4 for each, and create "
+                "the database with CHARACTER SET utf8mb4.",
+                id="jobguard.E055",
+            )
+        )
+    if offset:
+        messages.append(
+            checks.Error(
+                f"{alias!r}'s sessions are {offset} seconds away from UTC: the columns that "
+                "default to CURRENT_TIMESTAMP (due and enqueue times) would be off by as much.",
+                hint=f"Set {MYSQL_OPTIONS_HINT} (Django writes UTC under USE_TZ).",
+                id="jobguard.E056",
+            )
+        )
+    return messages

@@ -1,0 +1,70 @@
+"""Checks of the JOBGUARD setting itself and of what it turns on (the REST API, replay approval)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.apps import apps
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+
+from ..conf import get_settings
+from ..registry import registry
+
+if TYPE_CHECKING:
+    pass
+
+
+@checks.register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.E001: the JOBGUARD setting is invalid."""
+    try:
+        get_settings()
+    except ImproperlyConfigured as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint="See the settings reference in the django-jobguard docs (docs/reference/settings.md).",
+                id="jobguard.E001",
+            )
+        ]
+    return []
+
+
+@checks.register()
+def check_api(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.W040: tasks are declared ``@task(api=True)`` but Django REST framework is not installed."""
+    exposed = [name for name in registry.names() if registry.get(name).api]
+    if not exposed or apps.is_installed("rest_framework"):
+        return []
+    return [
+        checks.Warning(
+            f"{len(exposed)} task(s) are declared @task(api=True) (such as {exposed[0]!r}), but "
+            "'rest_framework' is not in INSTALLED_APPS, so nothing can enqueue them over HTTP.",
+            hint='pip install "django-jobguard[api]", add "rest_framework" to INSTALLED_APPS and mount '
+            'path("jobguard/api/", include("django_jobguard.api.urls")); or drop api=True.',
+            id="jobguard.W040",
+        )
+    ]
+
+
+@checks.register(checks.Tags.security)
+def check_replay_approval(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.W008: the replay two-person rule is off in production (DEBUG=False)."""
+    try:
+        replay = get_settings().replay
+    except ImproperlyConfigured:
+        return []
+    if replay.allow_self_approval and not settings.DEBUG:
+        return [
+            checks.Warning(
+                "JOBGUARD['REPLAY']['ALLOW_SELF_APPROVAL'] is True while DEBUG is False: one "
+                "person can request and approve the replay of a dead letter (a payment, an "
+                "e-mail) alone.",
+                hint="Remove ALLOW_SELF_APPROVAL (the default, False) so a second person approves "
+                "every replay; keep it for development and demos only.",
+                id="jobguard.W008",
+            )
+        ]
+    return []

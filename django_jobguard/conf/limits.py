@@ -1,0 +1,148 @@
+"""Flow control: the shared limits of ``JOBGUARD["LIMITS"]``, their breakers and retry budgets."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from ..flow import Rate, parse_rate
+from ._values import fail, integer, mapping, number, optional_integer, reject_unknown, string
+
+#: The options of an entry of JOBGUARD["LIMITS"].
+LIMIT_OPTIONS = {"rate", "burst", "concurrency", "breaker", "retry_budget"}
+
+#: A breaker's options and their defaults (``JOBGUARD["LIMITS"][name]["breaker"]``).
+BREAKER_DEFAULTS: dict[str, float] = {
+    "failure_rate": 0.5,
+    "min_calls": 20,
+    "window": 60.0,
+    "open_for": 30.0,
+    "probes": 5,
+}
+
+#: A retry budget's options and their defaults (``JOBGUARD["LIMITS"][name]["retry_budget"]``).
+RETRY_BUDGET_DEFAULTS: dict[str, float] = {"ratio": 0.2, "min_retries": 10, "window": 60.0}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NamedLimit:
+    """An entry of ``JOBGUARD["LIMITS"]``: a limit several tasks share with ``@task(limit=name)``."""
+
+    name: str
+    concurrency: int | None
+    rate: Rate | None
+    breaker: BreakerSpec | None = None
+    retry_budget: RetryBudgetSpec | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BreakerSpec:
+    """``JOBGUARD["LIMITS"][name]["breaker"]``: when the dependency's breaker opens, and for how long.
+
+    It opens when, among the calls (attempts that ended) of a window, at least ``min_calls``
+    were made and at least ``failure_rate`` of them failed transiently; it stays open
+    ``open_for`` seconds, then lets ``probes`` attempts through (half-open): one success
+    closes it, one transient failure opens it again.
+    """
+
+    failure_rate: float = 0.5
+    min_calls: int = 20
+    window: float = 60.0
+    open_for: float = 30.0
+    probes: int = 5
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetryBudgetSpec:
+    """``JOBGUARD["LIMITS"][name]["retry_budget"]``: retries per window, as a share of first attempts.
+
+    Within each window of ``window`` seconds the claim starts at most
+    ``max(min_retries, ratio * first attempts started)`` retries of the dependency's jobs.
+    """
+
+    ratio: float = 0.2
+    min_retries: int = 10
+    window: float = 60.0
+
+    def allowed(self, first_attempts: int) -> int:
+        """Retries the window allows after ``first_attempts`` first attempts."""
+        return max(self.min_retries, int(self.ratio * first_attempts))
+
+
+def parse_limits(value: Any) -> dict[str, NamedLimit]:
+    """``JOBGUARD["LIMITS"]``: shared limits by name, each with a rate, a concurrency or both."""
+    limits: dict[str, NamedLimit] = {}
+    for name, options in mapping(value, ("LIMITS",)).items():
+        path = ("LIMITS", str(name))
+        string(name, path)
+        options = mapping(options, path)
+        reject_unknown(options, LIMIT_OPTIONS, path)
+        if not set(options) & {"rate", "concurrency", "breaker", "retry_budget"}:
+            raise fail(
+                path,
+                "needs a 'rate' (such as '25/s'), a 'concurrency' (such as 10), a 'breaker' "
+                "or a 'retry_budget' (True for the defaults).",
+            )
+        rate = None
+        if options.get("rate") is not None:
+            try:
+                parse_rate(options["rate"])
+            except ValueError as exc:
+                raise fail((*path, "rate"), f"is not a rate: {exc}.") from None
+            burst = optional_integer(options.get("burst"), (*path, "burst"))
+            rate = Rate(options["rate"], burst=burst)
+        elif "burst" in options:
+            raise fail((*path, "burst"), "is set without a 'rate' to burst over.")
+        limits[name] = NamedLimit(
+            name=name,
+            concurrency=optional_integer(options.get("concurrency"), (*path, "concurrency")),
+            rate=rate,
+            breaker=_breaker(options.get("breaker"), (*path, "breaker")),
+            retry_budget=_retry_budget(options.get("retry_budget"), (*path, "retry_budget")),
+        )
+    return limits
+
+
+def _spec_options(value: Any, defaults: Mapping[str, float], path: tuple[str, ...]) -> dict[str, Any] | None:
+    """A breaker's or a budget's options over their defaults; None when it is off (None, False)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return dict(defaults)
+    given = mapping(value, path)
+    reject_unknown(given, set(defaults), path)
+    return {**defaults, **given}
+
+
+def _fraction(value: Any, path: tuple[str, ...], *, allow_zero: bool = False) -> float:
+    """A share such as 0.5: above 0 (or 0 with ``allow_zero``) and at most 1."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not (0 <= value <= 1) or (value == 0 and not allow_zero):
+        low = "0" if allow_zero else "above 0"
+        raise fail(path, f"must be a fraction from {low} to 1 (0.5 is half), not {value!r}.")
+    return float(value)
+
+
+def _breaker(value: Any, path: tuple[str, ...]) -> BreakerSpec | None:
+    options = _spec_options(value, BREAKER_DEFAULTS, path)
+    if options is None:
+        return None
+    return BreakerSpec(
+        failure_rate=_fraction(options["failure_rate"], (*path, "failure_rate")),
+        min_calls=integer(options["min_calls"], (*path, "min_calls"), minimum=1),
+        window=number(options["window"], (*path, "window"), allow_zero=False),
+        open_for=number(options["open_for"], (*path, "open_for"), allow_zero=False),
+        probes=integer(options["probes"], (*path, "probes"), minimum=1),
+    )
+
+
+def _retry_budget(value: Any, path: tuple[str, ...]) -> RetryBudgetSpec | None:
+    options = _spec_options(value, RETRY_BUDGET_DEFAULTS, path)
+    if options is None:
+        return None
+    return RetryBudgetSpec(
+        ratio=_fraction(options["ratio"], (*path, "ratio"), allow_zero=True),
+        min_retries=integer(options["min_retries"], (*path, "min_retries"), minimum=0),
+        window=number(options["window"], (*path, "window"), allow_zero=False),
+    )
