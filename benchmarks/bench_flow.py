@@ -1,4 +1,4 @@
-"""Flow control's cost and accuracy, with real worker processes on PostgreSQL.
+"""Flow control's cost and accuracy, with real worker processes on PostgreSQL or MariaDB/MySQL.
 
 Three runs, each draining jobs enqueued beforehand with ``--processes`` workers
 (``jobguard_worker --concurrency 4``) and timing from the workers' start to the last ack:
@@ -11,7 +11,8 @@ Three runs, each draining jobs enqueued beforehand with ``--processes`` workers
 - ``pickup``: ``--cold`` jobs of as many keys enqueued at 100/s, their p95 wait from enqueue
   to start, alone and beside a hot key whose ``--hot`` jobs stand before them in the queue.
 
-    python benchmarks/bench_flow.py --pg-url postgres://postgres@127.0.0.1:5432/jg_flow_bench
+    python benchmarks/bench_flow.py --db-url postgres://postgres@127.0.0.1:5432/jg_flow_bench
+    python benchmarks/bench_flow.py --db-url mysql://root@127.0.0.1:3306/jg_flow_bench
 
 The database is created and migrated if missing, and emptied before each run. Prints a table.
 """
@@ -32,7 +33,13 @@ sys.path.insert(0, str(ROOT))
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pg-url", default="postgres://postgres@127.0.0.1:5432/jg_flow_bench")
+    parser.add_argument(
+        "--db-url",
+        "--pg-url",
+        dest="db_url",
+        default="postgres://postgres@127.0.0.1:5432/jg_flow_bench",
+        help="postgres:// or mysql:// URL",
+    )
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs of the unlimited and keyed runs")
     parser.add_argument("--keys", type=int, default=1_000, help="accounts of the keyed run (limit 1 each)")
     parser.add_argument("--processes", type=int, default=2, help="worker processes of those runs")
@@ -40,6 +47,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=1, help="runs of each (the median is reported)")
     parser.add_argument("--hot", type=int, default=10_000, help="jobs of the hot key in the pickup run")
     parser.add_argument("--cold", type=int, default=1_000, help="cold keys (one job each) in the pickup run")
+    parser.add_argument(
+        "--workloads",
+        default="unlimited,keyed,rate,pickup",
+        help="which runs, comma-separated (default: all four)",
+    )
     return parser.parse_args()
 
 
@@ -47,20 +59,16 @@ def setup(args: argparse.Namespace) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         DJANGO_SETTINGS_MODULE="benchmarks.jobguard_settings",
-        BENCH_DATABASE_URL=args.pg_url,
+        BENCH_DATABASE_URL=args.db_url,
         BENCH_FLOW="1",
         PYTHONPATH=str(ROOT),
     )
     os.environ.update(env)
     import django
-    import psycopg
 
-    from benchmarks._common import conninfo
+    from benchmarks._database import create_if_missing
 
-    name = args.pg_url.rsplit("/", 1)[1]
-    with psycopg.connect(conninfo(args.pg_url.rsplit("/", 1)[0] + "/postgres"), autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
+    create_if_missing(args.db_url)
     django.setup()
     from django.core.management import call_command
 
@@ -72,12 +80,10 @@ def drain(
     env: dict[str, str], task: object, jobs: int, keys: int, processes: int, queue: str
 ) -> dict[str, float]:
     """Enqueue ``jobs`` (account = i % keys), start the workers, time the drain."""
-    from django.db import connection
-
+    from benchmarks._database import empty
     from django_jobguard.models import Job
 
-    with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE jobguard_job, jobguard_flowrate CASCADE")
+    empty(["jobguard_job", "jobguard_flowrate"])
     for start in range(0, jobs, 1000):
         task.bulk_enqueue(((), {"i": i, "account": i % keys}) for i in range(start, min(start + 1000, jobs)))  # type: ignore[attr-defined]
     command = [sys.executable, "-m", "django", "jobguard_worker", "--queue", queue, "--concurrency", "4"]
@@ -108,13 +114,11 @@ def drain(
 def pickup(env: dict[str, str], task: object, hot: int, cold: int, rate: float) -> float:
     """p95 seconds from enqueue to start of ``cold`` jobs of as many keys, enqueued at ``rate``/s
     while ``hot`` jobs of one key (limit 1) stand before them in the queue."""
-    from django.db import connection
-
     from benchmarks._common import paced
+    from benchmarks._database import empty
     from django_jobguard.models import Job
 
-    with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE jobguard_job, jobguard_flowrate CASCADE")
+    empty(["jobguard_job", "jobguard_flowrate"])
     for start in range(0, hot, 1000):
         task.bulk_enqueue(((), {"i": i, "account": -1}) for i in range(start, min(start + 1000, hot)))  # type: ignore[attr-defined]
     command = [
@@ -162,52 +166,71 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {"unlimited": [], "keyed": [], "rate": []}
     calm: list[float] = []
     beside_hot: list[float] = []
+    chosen = {name.strip() for name in args.workloads.split(",")}
     for _ in range(args.runs):
-        runs["unlimited"].append(
-            drain(env, tasks_flow.flow_plain, args.jobs, args.keys, args.processes, "flow-plain")
+        if chosen & {"unlimited", "keyed"}:
+            runs["unlimited"].append(
+                drain(env, tasks_flow.flow_plain, args.jobs, args.keys, args.processes, "flow-plain")
+            )
+        if "keyed" in chosen:
+            runs["keyed"].append(
+                drain(env, tasks_flow.flow_keyed, args.jobs, args.keys, args.processes, "flow-keyed")
+            )
+        if "rate" in chosen:
+            rated = int(200 * args.rate_seconds)
+            runs["rate"].append(drain(env, tasks_flow.flow_rated, rated, args.keys, 4, "flow-rated"))
+        if "pickup" in chosen:
+            calm.append(pickup(env, tasks_flow.flow_keyed, 0, args.cold, 100.0))
+            beside_hot.append(pickup(env, tasks_flow.flow_keyed, args.hot, args.cold, 100.0))
+    rows: list[tuple[str, str, str, str]] = []
+    if runs["unlimited"]:
+        unlimited = median([r["rate"] for r in runs["unlimited"]])
+        rows.append(
+            (
+                "unlimited queue",
+                f"{args.jobs:,} jobs, {args.processes} processes",
+                f"{unlimited:,.0f} jobs/s",
+                "100 %",
+            )
         )
-        runs["keyed"].append(
-            drain(env, tasks_flow.flow_keyed, args.jobs, args.keys, args.processes, "flow-keyed")
+    if runs["keyed"]:
+        keyed = median([r["rate"] for r in runs["keyed"]])
+        rows.append(
+            (
+                f"keyed, {args.keys:,} keys x limit 1",
+                f"{args.jobs:,} jobs, {args.processes} processes",
+                f"{keyed:,.0f} jobs/s",
+                f"{100 * keyed / unlimited:.0f} % of unlimited",
+            )
         )
-        rated = int(200 * args.rate_seconds)
-        runs["rate"].append(drain(env, tasks_flow.flow_rated, rated, args.keys, 4, "flow-rated"))
-        calm.append(pickup(env, tasks_flow.flow_keyed, 0, args.cold, 100.0))
-        beside_hot.append(pickup(env, tasks_flow.flow_keyed, args.hot, args.cold, 100.0))
-    unlimited = median([r["rate"] for r in runs["unlimited"]])
-    keyed = median([r["rate"] for r in runs["keyed"]])
-    achieved = median([r["start_rate"] for r in runs["rate"]])
-    rows = [
-        (
-            "unlimited queue",
-            f"{args.jobs:,} jobs, {args.processes} processes",
-            f"{unlimited:,.0f} jobs/s",
-            "100 %",
-        ),
-        (
-            f"keyed, {args.keys:,} keys x limit 1",
-            f"{args.jobs:,} jobs, {args.processes} processes",
-            f"{keyed:,.0f} jobs/s",
-            f"{100 * keyed / unlimited:.0f} % of unlimited",
-        ),
-        (
-            "rate 200/s, burst 10",
-            f"{int(200 * args.rate_seconds):,} jobs, 4 processes",
-            f"{achieved:,.1f} starts/s",
-            f"{100 * (achieved - 200) / 200:+.1f} % off the rate",
-        ),
-        (
-            f"cold keys' p95 pickup, {args.cold:,} keys at 100/s",
-            "no hot key",
-            f"{1000 * median(calm):,.1f} ms",
-            "",
-        ),
-        (
-            f"cold keys' p95 pickup, {args.cold:,} keys at 100/s",
-            f"beside a hot key of {args.hot:,} jobs",
-            f"{1000 * median(beside_hot):,.1f} ms",
-            f"{100 * (median(beside_hot) - median(calm)) / median(calm):+.0f} %",
-        ),
-    ]
+    if runs["rate"]:
+        achieved = median([r["start_rate"] for r in runs["rate"]])
+        rows.append(
+            (
+                "rate 200/s, burst 10",
+                f"{int(200 * args.rate_seconds):,} jobs, 4 processes",
+                f"{achieved:,.1f} starts/s",
+                f"{100 * (achieved - 200) / 200:+.1f} % off the rate",
+            )
+        )
+    if calm:
+        rows.append(
+            (
+                f"cold keys' p95 pickup, {args.cold:,} keys at 100/s",
+                "no hot key",
+                f"{1000 * median(calm):,.1f} ms",
+                f"runs: {', '.join(f'{1000 * v:,.0f}' for v in calm)} ms",
+            )
+        )
+        rows.append(
+            (
+                f"cold keys' p95 pickup, {args.cold:,} keys at 100/s",
+                f"beside a hot key of {args.hot:,} jobs",
+                f"{1000 * median(beside_hot):,.1f} ms",
+                f"{100 * (median(beside_hot) - median(calm)) / median(calm):+.0f} % "
+                f"(runs: {', '.join(f'{1000 * v:,.0f}' for v in beside_hot)} ms)",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     print("  ".join(h.ljust(w) for h, w in zip(("run", "size", "result", "vs"), widths, strict=True)))
     for row in rows:

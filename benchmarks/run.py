@@ -87,27 +87,32 @@ def _version_of(python: str, module: str) -> str:
 
 def ensure_peers_venv(skip_install: bool) -> str:
     """Create ``benchmarks/.venv-peers`` with the pinned peers and the project's own Django and psycopg."""
-    python = str(PEERS_VENV / "bin" / "python")
-    if skip_install:
-        if not Path(python).exists():
-            raise BenchError(f"--skip-install, but {PEERS_VENV} does not exist")
-        return python
     import django
     import psycopg
 
     pins = [f"Django=={django.__version__}", f"psycopg[binary]=={psycopg.__version__}"]
-    stamp_text = PEERS_REQUIREMENTS.read_text() + "\n".join(pins) + sys.version
+    return ensure_venv(PEERS_VENV, PEERS_REQUIREMENTS, pins, skip_install)
+
+
+def ensure_venv(venv: Path, requirements: Path, pins: list[str], skip_install: bool) -> str:
+    """Create ``venv`` with ``requirements`` and ``pins`` (again only when they change); its python."""
+    python = str(venv / "bin" / "python")
+    if skip_install:
+        if not Path(python).exists():
+            raise BenchError(f"--skip-install, but {venv} does not exist")
+        return python
+    stamp_text = requirements.read_text() + "\n".join(pins) + sys.version
     stamp = hashlib.sha256(stamp_text.encode()).hexdigest()
-    stamp_file = PEERS_VENV / ".bench-stamp"
+    stamp_file = venv / ".bench-stamp"
     if Path(python).exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
         return python
-    log(f"installing the peers into {PEERS_VENV.relative_to(ROOT)} (once)")
+    log(f"installing {requirements.name} into {venv.relative_to(ROOT)} (once)")
     if not Path(python).exists():
         # The base interpreter, not this virtualenv's, so nothing of the project leaks in.
         base = getattr(sys, "_base_executable", sys.executable)
-        subprocess.run([base, "-m", "venv", str(PEERS_VENV)], check=True)
+        subprocess.run([base, "-m", "venv", str(venv)], check=True)
     pip = [python, "-m", "pip", "--disable-pip-version-check", "-q", "install"]
-    subprocess.run([*pip, "-r", str(PEERS_REQUIREMENTS), *pins], check=True)
+    subprocess.run([*pip, "-r", str(requirements), *pins], check=True)
     stamp_file.write_text(stamp)
     return python
 

@@ -30,3 +30,15 @@ def noop_all(i: int) -> None:
 
 if __import__("os").environ.get("BENCH_FLOW"):
     from . import tasks_flow  # noqa: F401 - benchmarks/bench_flow.py's limited tasks
+
+
+@task(name="bench.http_get")
+async def http_get(host: str, port: int, i: int) -> int:
+    """A slow call: one HTTP/1.1 GET to the benchmark's local server (it answers after 100 ms)."""
+    from benchmarks._slow_http import get_async
+
+    return await get_async(host, port, i)
+
+
+if __import__("os").environ.get("BENCH_BREAKER"):
+    from . import tasks_breaker  # noqa: F401 - benchmarks/bench_breaker.py's dependency
