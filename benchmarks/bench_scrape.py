@@ -162,7 +162,7 @@ def plans() -> list[dict[str, Any]]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from django_jobguard.stats import queue_stats
+    from django_jobguard.monitoring.stats import queue_stats
 
     with CaptureQueriesContext(connection) as ctx:
         queue_stats(recent=True)
@@ -182,7 +182,7 @@ def measure(finished: int, runs: int, scrapes: int) -> dict[str, Any]:
     from django.test.utils import CaptureQueriesContext
     from django_prometheus.exports import ExportToDjangoView
 
-    from django_jobguard.stats import queue_stats
+    from django_jobguard.monitoring.stats import queue_stats
 
     prepare(finished)
     request = RequestFactory().get("/metrics")

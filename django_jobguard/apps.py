@@ -26,7 +26,8 @@ class JobguardConfig(AppConfig):
         # loads after this module. checks register on import; cache registers the durable
         # invalidation task; enqueue, which Task.enqueue() imports at its call (see task.py),
         # loads here, before the first request.
-        from . import beats, cache, checks, conf, enqueue, events, metrics, registry  # noqa: F401
+        from . import cache, checks, conf, enqueue, events, metrics, registry  # noqa: F401
+        from .monitoring import beats
 
         setting_changed.connect(conf.reload, dispatch_uid="jobguard_settings_reload")
         registry.autodiscover()

@@ -7,7 +7,7 @@ Two kinds of metrics, served by different processes:
   worker. ``manage.py jobguard_worker --metrics-port P`` serves a worker's own (or use
   prometheus_client's multiprocess mode, see ``docs/how-to/monitoring.md``).
 - **Queue gauges** (``jobguard_queue_*``) are computed from the database when scraped,
-  by :class:`QueueCollector` through :func:`django_jobguard.stats.queue_stats`. The app
+  by :class:`QueueCollector` through :func:`django_jobguard.monitoring.stats.queue_stats`. The app
   registers the collector in every process at start-up, so django-prometheus's
   ``/metrics`` view serves it in the web process; the worker's metrics server leaves it
   out, so N workers do not each run the same queries and export the same numbers.
@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - exercised only without the metrics ext
 
 from . import events
 from .conf import get_settings
-from .stats import breaker_stats, limit_stats, queue_stats, workflow_stats
+from .monitoring.stats import breaker_stats, limit_stats, queue_stats, workflow_stats
 
 logger = logging.getLogger("django_jobguard.metrics")
 
@@ -579,7 +579,7 @@ class QueueCollector:
     """Computes the ``jobguard_queue_*`` gauges from the database, at most once per
     ``JOBGUARD["METRICS_CACHE_SECONDS"]``.
 
-    It runs :func:`django_jobguard.stats.queue_stats` (a fixed, small number of indexed
+    It runs :func:`django_jobguard.monitoring.stats.queue_stats` (a fixed, small number of indexed
     queries) on ``alias``. An error (the database is down, or a test forbids database
     access) does not break the scrape of the other metrics: it is logged, and
     ``jobguard_queue_stats_up`` reads 0.

@@ -284,7 +284,7 @@ def prune_expired_keys(
 def prune_console_rows(alias: str, older_than: datetime.timedelta) -> None:
     """Delete the console's per-minute counts and worker rows older than ``older_than``.
 
-    Indexed range deletes; the worker's beat calls it (see :mod:`django_jobguard.beats`).
+    Indexed range deletes; the worker's beat calls it (see :mod:`django_jobguard.monitoring.beats`).
     """
     cutoff = timezone.now() - older_than
     QueueMinute.objects.using(alias).filter(minute__lt=cutoff).delete()

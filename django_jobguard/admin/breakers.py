@@ -17,10 +17,11 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext_lazy as _
 
-from .. import breakers, stats
+from .. import breakers
 from ..conf import get_settings
 from ..exceptions import BreakerError, BreakerPermissionDenied
 from ..models import Breaker, BreakerEvent
+from ..monitoring import stats
 from .base import ReadOnlyAdmin, format_time, refusal, refuse_nul
 
 #: Limit keys listed by the jobs waiting on them, most first.

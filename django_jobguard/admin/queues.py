@@ -2,7 +2,7 @@
 
 The page is the change list of :class:`~django_jobguard.models.QueueState`, so it is
 linked from the admin index and the app index of whichever admin site registers it. Its
-figures come from :func:`django_jobguard.health.queue_health` (a fixed number of indexed
+figures come from :func:`django_jobguard.monitoring.health.queue_health` (a fixed number of indexed
 queries); pause and resume call :mod:`django_jobguard.queues`, which checks
 ``jobguard.pause_queue`` again whatever the page showed.
 """
@@ -17,10 +17,10 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext_lazy as _
 
-from .. import health
 from ..conf import get_settings
 from ..exceptions import QueueError, QueuePermissionDenied
 from ..models import QueueEvent, QueueState
+from ..monitoring import health
 from ..operations import queues
 from .base import ReadOnlyAdmin, format_time, refusal, refuse_nul
 from .charts import bar_chart

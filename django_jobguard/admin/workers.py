@@ -15,8 +15,8 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from .. import beats
 from ..models import JobStatus, WorkerBeat
+from ..monitoring import beats
 from .base import ReadOnlyAdmin
 
 

@@ -3,7 +3,7 @@
 Every rule lives in the service layer: :func:`~django_jobguard.enqueue.enqueue_exposed`,
 :func:`~django_jobguard.operations.jobs.cancel`, :func:`~django_jobguard.operations.jobs.run_now`, the replay
 transitions of :mod:`django_jobguard.dlq` (its permissions and two-person rule) and
-:func:`~django_jobguard.stats.queue_stats`.
+:func:`~django_jobguard.monitoring.stats.queue_stats`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.throttling import BaseThrottle, ScopedRateThrottle
 
-from .. import breakers, dlq, stats, workflows
+from .. import breakers, dlq, workflows
 from ..conf import get_settings
 from ..enqueue import enqueue_exposed
 from ..exceptions import (
@@ -36,6 +36,7 @@ from ..exceptions import (
     UnknownTaskError,
 )
 from ..models import DeadLetter, DeadLetterReason, Job, JobStatus, ReplayState, Workflow, WorkflowCallback
+from ..monitoring import stats
 from ..operations import jobs
 from ..operations import workflows as workflow_ops
 from . import serializers as s

@@ -10,9 +10,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 
 from ..conf import get_settings
+from ..monitoring.tuning import observed_durations, recommend_timeout, split_needed, task_timeout
 from ..registry import registry
 from ..retry import TRANSIENT
-from ..tuning import observed_durations, recommend_timeout, split_needed, task_timeout
 
 if TYPE_CHECKING:
     pass

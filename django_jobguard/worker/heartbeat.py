@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from .. import _faults, beats, events, store
+from .. import _faults, events, store
 from ..conf import get_settings
 from ..exceptions import LockUnavailable
 from ..log import job_fields
+from ..monitoring import beats
 from .held import LOGGER_NAME, Held, close_connection
 from .outage import DatabaseOutage, backoff_delay
 

@@ -38,9 +38,10 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from .. import _faults, beats, breakers, events, store
+from .. import _faults, breakers, events, store
 from ..conf import WORKER_ID_MAX_LENGTH, get_settings
 from ..maintenance import Maintenance
+from ..monitoring import beats
 from ..outcome import Tally
 from .aio import AsyncExecutor
 from .completer import Completer

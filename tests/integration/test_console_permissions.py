@@ -9,8 +9,8 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 from django.utils import timezone
 
-from django_jobguard import beats
 from django_jobguard.models import DeadLetter, Job, Lock, QueueState
+from django_jobguard.monitoring import beats
 from tests.support.dlq import make_user
 from tests.testapp import tasks
 

@@ -11,8 +11,8 @@ from django.urls import reverse
 from django_jobguard import breakers, metrics, store
 from django_jobguard.conf import get_settings
 from django_jobguard.models import Breaker, BreakerEvent
+from django_jobguard.monitoring.stats import limit_stats
 from django_jobguard.registry import registry
-from django_jobguard.stats import limit_stats
 from tests.testapp import tasks_flow
 
 pytestmark = [

@@ -12,8 +12,9 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-from django_jobguard import store, tuning
+from django_jobguard import store
 from django_jobguard.models import Job
+from django_jobguard.monitoring import tuning
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from django_jobguard.models import Job
-from django_jobguard.tuning import recommend_timeout
+from django_jobguard.monitoring.tuning import recommend_timeout
 from tests.testapp.tasks_checklist import sleep_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]

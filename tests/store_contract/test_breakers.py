@@ -15,8 +15,8 @@ from django_jobguard import breakers, events, store
 from django_jobguard.conf import get_settings
 from django_jobguard.exceptions import BreakerError, BreakerPermissionDenied
 from django_jobguard.models import Breaker, BreakerEvent, Job
+from django_jobguard.monitoring.stats import breaker_stats
 from django_jobguard.registry import registry
-from django_jobguard.stats import breaker_stats
 from tests.testapp import tasks_flow
 
 pytestmark = [

@@ -5,7 +5,8 @@ import logging
 import pytest
 from prometheus_client import REGISTRY
 
-from django_jobguard import beats, events, metrics
+from django_jobguard import events, metrics
+from django_jobguard.monitoring import beats
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import breakers
 from ...exceptions import BreakerError
-from ...stats import breaker_stats
+from ...monitoring.stats import breaker_stats
 from ._options import add_database_argument, database_alias
 from .jobguard_queue import operator
 

@@ -10,10 +10,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from ... import beats
-from ...beats import STALE_AFTER_SECONDS
 from ...models import WorkerBeat
-from ...stats import (
+from ...monitoring import beats
+from ...monitoring.beats import STALE_AFTER_SECONDS
+from ...monitoring.stats import (
     BreakerStats,
     EventLoopStats,
     LimitStats,

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.utils import timezone
 
 from ...conf import get_settings
-from ...tuning import SPLIT_FLOOR_SECONDS, QueueReport, report
+from ...monitoring.tuning import SPLIT_FLOOR_SECONDS, QueueReport, report
 from ._options import add_database_argument, database_alias, window
 
 DEFAULT_SINCE = "24h"

@@ -29,9 +29,9 @@ from typing import Any
 from django.db.models import Count, DurationField, ExpressionWrapper, Min, Q, QuerySet
 from django.db.models.functions import Now
 
-from . import store
-from .conf import get_settings
-from .models import (
+from .. import store
+from ..conf import get_settings
+from ..models import (
     Breaker,
     BreakerState,
     DeadLetter,

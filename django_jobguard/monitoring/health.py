@@ -17,9 +17,9 @@ from django.db.models import Count, Max, Sum
 from django.db.models.functions import Now, TruncMinute
 from django.utils import timezone
 
+from ..conf import get_settings
+from ..models import Job, JobStatus, QueueMinute, WorkerBeat
 from . import beats
-from .conf import get_settings
-from .models import Job, JobStatus, QueueMinute, WorkerBeat
 from .stats import QUERIES_WITH_RECENT as STATS_QUERIES
 from .stats import QueueStats, queue_stats
 

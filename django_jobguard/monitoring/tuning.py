@@ -23,9 +23,9 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 
-from . import store
-from .conf import Settings, get_settings
-from .registry import registry
+from .. import store
+from ..conf import Settings, get_settings
+from ..registry import registry
 
 __all__ = [
     "SPLIT_FLOOR_SECONDS",

@@ -24,9 +24,9 @@ from typing import Any
 
 from django.utils import timezone
 
-from . import events, retention
+from .. import events, retention
+from ..store import beats as store_beats
 from .stats import oldest_due_ages
-from .store import beats as store_beats
 
 __all__ = [
     "OUTCOMES",
