@@ -120,8 +120,8 @@ JOBGUARD: dict[str, Any] = {
         # fulfilment queue would keep a minute or more.
         "fulfilment": {"visibility_timeout": 3, "max_attempts": 3},
         "exports": {"visibility_timeout": 600, "max_attempts": 3},
-        # The recurring heartbeat (shop.tasks.heartbeat): tiny jobs, every two seconds.
-        "heartbeats": {"visibility_timeout": 15},
+        # The recurring clock job (shop.tasks.clock_tick): tiny jobs, every two seconds.
+        "clock": {"visibility_timeout": 15},
     },
     # Short for the demo; production keeps the defaults (5 / 300 / 3 seconds).
     "RETRY": {"base": 0.5, "max": 4, "jitter": 0.5},

@@ -91,13 +91,13 @@ class Shipment(models.Model):
         return f"shipment of order {self.order_id}"
 
 
-class Heartbeat(models.Model):
-    """One row per tick of the recurring heartbeat: which tick, which job, which worker ran it."""
+class ClockTick(models.Model):
+    """One row per tick of the recurring clock job: which tick, which job, which worker ran it."""
 
     tick_key = models.CharField(max_length=200, unique=True)
     job_id = models.BigIntegerField()
     worker_id = models.CharField(max_length=128, blank=True, default="")
-    beat_at = models.DateTimeField()
+    ticked_at = models.DateTimeField()
 
     def __str__(self) -> str:
         return self.tick_key

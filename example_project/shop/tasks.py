@@ -16,8 +16,8 @@ from django_jobguard import task
 
 from .models import (
     Account,
+    ClockTick,
     Export,
-    Heartbeat,
     MailCall,
     Order,
     OrderSync,
@@ -186,19 +186,19 @@ def import_partner_order(payload: dict[str, Any]) -> str:
 
 
 # Every worker runs the scheduler; each tick is enqueued once, with the key
-# schedule:shop.tasks.heartbeat:<tick in UTC>, whichever scheduler gets there first.
+# schedule:shop.tasks.clock_tick:<tick in UTC>, whichever scheduler gets there first.
 @task(
-    queue_name="heartbeats",
+    queue_name="clock",
     schedule="*/2 * * * * *",  # six fields, seconds first: every two seconds
     takes_context=True,
     idempotent=True,  # one row per tick key: a rerun of a tick finds its row
     retry_on=(TimeoutError,),
     expected_duration=0.5,
 )
-def heartbeat(context: Any) -> str:
+def clock_tick(context: Any) -> str:
     key = context.idempotency_key or f"manual:{context.job_id}"
-    Heartbeat.objects.get_or_create(
+    ClockTick.objects.get_or_create(
         tick_key=key,
-        defaults={"job_id": context.job_id, "worker_id": context.worker_id, "beat_at": timezone.now()},
+        defaults={"job_id": context.job_id, "worker_id": context.worker_id, "ticked_at": timezone.now()},
     )
     return key

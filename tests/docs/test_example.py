@@ -225,13 +225,13 @@ def check_against_database(out: str, summary: dict[str, Any], query: Query) -> N
     ) == [("approver",)]
     assert summary["totals"]["dead"] == 2
 
-    # The recurring heartbeat: one job per tick key, two seconds apart, each run once.
+    # The recurring clock job: one job per tick key, two seconds apart, each run once.
     ticked = figures(summary, "schedule")
     per_key = query(
         "SELECT idempotency_key, COUNT(*), SUM(CASE WHEN status = 'succeeded' THEN 1 ELSE 0 END) "
         "FROM jobguard_job WHERE idempotency_key LIKE 'schedule:%' GROUP BY idempotency_key"
     )
-    prefix = "schedule:shop.tasks.heartbeat:"
+    prefix = "schedule:shop.tasks.clock_tick:"
     assert per_key and all(key.startswith(prefix) for key, _, _ in per_key), per_key
     assert {(n, ok) for _, n, ok in per_key} == {(1, 1)}, per_key
     assert len(per_key) == ticked["ticks"] == ticked["jobs"] == ticked["succeeded"] >= 3
@@ -241,11 +241,11 @@ def check_against_database(out: str, summary: dict[str, Any], query: Query) -> N
     assert set(gaps) == {2.0} and ticked["gaps"] == 0, gaps
     assert (
         query(
-            "SELECT COUNT(*) FROM shop_heartbeat h JOIN jobguard_job j ON j.id = h.job_id "
+            "SELECT COUNT(*) FROM shop_clocktick h JOIN jobguard_job j ON j.id = h.job_id "
             "AND j.idempotency_key = h.tick_key AND j.worker_id = h.worker_id"
         )
         == [(len(per_key),)]
-        == [(ticked["heartbeats"],)]
+        == [(ticked["tick_rows"],)]
     )
     ran_by = dict(
         query(
@@ -256,7 +256,7 @@ def check_against_database(out: str, summary: dict[str, Any], query: Query) -> N
     assert ran_by == ticked["ran_by"] and "" not in ran_by, ran_by
     # The approver paused it once the other acts were done, so no tick was left queued.
     [(paused, removed_at)] = query(
-        "SELECT paused, removed_at FROM jobguard_schedule WHERE name = 'shop.tasks.heartbeat'"
+        "SELECT paused, removed_at FROM jobguard_schedule WHERE name = 'shop.tasks.clock_tick'"
     )
     assert bool(paused) and removed_at is None
     # Nothing left behind: no job queued or running once the workers stopped.

@@ -29,8 +29,8 @@ from django_jobguard.models import DeadLetter, IdempotencyKey, Job, JobStatus, S
 from django_jobguard.workflows import progress
 from shop.models import (
     Account,
+    ClockTick,
     Export,
-    Heartbeat,
     MailCall,
     Order,
     OrderSync,
@@ -47,8 +47,8 @@ from shop.tasks import (
     apply_account_update,
     build_report,
     charge_order,
+    clock_tick,
     export_orders,
-    heartbeat,
     import_partner_order,
     pack_shipment,
     sync_order,
@@ -588,7 +588,7 @@ class KilledWorker(Act):
 
 
 class RecurringJob(Act):
-    """A heartbeat every two seconds, scheduled by every worker: each tick enqueued once.
+    """A clock job every two seconds, scheduled by every worker: each tick enqueued once.
 
     The clock runs while the other acts work; once they have nothing left, the approver
     pauses the schedule (``jobguard.pause_schedule``), so no tick is left queued when the
@@ -596,8 +596,8 @@ class RecurringJob(Act):
     """
 
     name = "schedule"
-    EVERY = 2  # seconds between ticks: shop.tasks.heartbeat's "*/2 * * * * *"
-    MIN_TICKS = 3  # a run too short to show ticks waits for them (the heartbeat ticks every 2s)
+    EVERY = 2  # seconds between ticks: shop.tasks.clock_tick's "*/2 * * * * *"
+    MIN_TICKS = 3  # a run too short to show ticks waits for them (the clock ticks every 2s)
 
     def __init__(self, others: list[Act]) -> None:
         self.others = others
@@ -606,23 +606,23 @@ class RecurringJob(Act):
     def tick(self, demo: Demo) -> None:
         if self.done or not all(act.done for act in self.others):
             return
-        jobs = _task_jobs(heartbeat)
-        if Job.objects.exclude(task_name=heartbeat.name).filter(
+        jobs = _task_jobs(clock_tick)
+        if Job.objects.exclude(task_name=clock_tick.name).filter(
             status__in=[JobStatus.QUEUED, JobStatus.RUNNING]
         ).exists() or (jobs.filter(status=JobStatus.SUCCEEDED).count() < self.MIN_TICKS):
             return
         approver = get_user_model().objects.get(username="approver")
-        schedules.pause(Schedule.objects.get(name=heartbeat.name), user=approver)
-        demo.note(f"paused the schedule {heartbeat.name} after {jobs.count()} ticks")
+        schedules.pause(Schedule.objects.get(name=clock_tick.name), user=approver)
+        demo.note(f"paused the schedule {clock_tick.name} after {jobs.count()} ticks")
         self.done = True
 
     def proofs(self, demo: Demo) -> list[Proof]:
-        prefix = f"schedule:{heartbeat.name}:"
+        prefix = f"schedule:{clock_tick.name}:"
         jobs = Job.objects.filter(idempotency_key__startswith=prefix)
         ticks = jobs.values("idempotency_key").annotate(n=Count("id"))
         most = ticks.aggregate(m=Max("n"))["m"] or 0
         succeeded = jobs.filter(status=JobStatus.SUCCEEDED).count()
-        beats = Heartbeat.objects.filter(tick_key__startswith=prefix).count()
+        rows = ClockTick.objects.filter(tick_key__startswith=prefix).count()
         by_worker = dict(
             jobs.values("worker_id")
             .annotate(n=Count("id"))
@@ -641,19 +641,19 @@ class RecurringJob(Act):
             Proof(
                 "recurring job ticked on time, each tick enqueued once",
                 f"{ticks.count()} ticks every {self.EVERY}s ({first} .. {last} UTC, {gaps} gaps), "
-                f"{jobs.count()} jobs, at most {most} per tick key; {succeeded} succeeded, {beats} "
-                f"heartbeat rows; ran by {spread or 'nobody'}",
+                f"{jobs.count()} jobs, at most {most} per tick key; {succeeded} succeeded, {rows} "
+                f"tick rows; ran by {spread or 'nobody'}",
                 ticks.count() >= self.MIN_TICKS
                 and most == 1
                 and gaps == 0
-                and succeeded == jobs.count() == beats == ticks.count(),
+                and succeeded == jobs.count() == rows == ticks.count(),
                 {
                     "ticks": ticks.count(),
                     "jobs": jobs.count(),
                     "max_jobs_per_tick": most,
                     "gaps": gaps,
                     "succeeded": succeeded,
-                    "heartbeats": beats,
+                    "tick_rows": rows,
                     "ran_by": by_worker,
                 },
             )
@@ -729,7 +729,7 @@ def reset() -> None:
         Shipment,
         Payment,
         ProviderCharge,
-        Heartbeat,
+        ClockTick,
     ):
         model.objects.all().delete()
     for model in (Order, Account, Export, PartnerOrder):
