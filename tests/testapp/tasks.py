@@ -168,6 +168,16 @@ def blocks_plain(context, marker: str, path: str) -> int:
     return os.getpid()
 
 
+@task(atomic=True, takes_context=True)
+def works_for(context, marker: str, path: str, seconds: float) -> int:
+    """Atomic: says it started (``path`` + ".started"), works ``seconds``, then writes its effect."""
+    with open(f"{path}.started", "w"):
+        pass
+    time.sleep(seconds)  # the handler's work
+    LedgerEntry.objects.create(effect_key=marker, job_id=context.job_id)
+    return os.getpid()
+
+
 @task(takes_context=True)
 def writes_until(context, marker: str, path: str) -> int:
     """Not atomic: one short write after another, each committed at once, until ``path`` exists."""
