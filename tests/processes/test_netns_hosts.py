@@ -45,15 +45,9 @@ def hosts(tmp_path) -> Iterator[list[netns.Host]]:
     reason = netns.unavailable()
     if reason:
         pytest.skip(f"network-namespace hosts: {reason}")
-    forward = [
-        (
-            5432,
-            (
-                str(connection.settings_dict["HOST"] or "127.0.0.1"),
-                int(connection.settings_dict["PORT"] or 5432),
-            ),
-        )
-    ]
+    # The relay listens on the database's own port: host_env() gives the workers that port.
+    db_port = int(connection.settings_dict["PORT"] or 5432)
+    forward = [(db_port, (str(connection.settings_dict["HOST"] or "127.0.0.1"), db_port))]
     redis_url = os.environ.get("JOBGUARD_TEST_REDIS_URL", "")
     if redis_url:
         parsed = urlparse(redis_url)
