@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import threading
 from typing import TYPE_CHECKING, Any
 
 from . import store
@@ -13,16 +12,40 @@ from .exceptions import InvalidTaskError, LeaseLost
 if TYPE_CHECKING:
     from .task import Task
 
-__all__ = ["JobContext", "RunSignals"]
+__all__ = ["Flag", "JobContext", "RunSignals"]
 
 
-@dataclasses.dataclass(eq=False)
+class Flag:
+    """A signal one thread raises and others read: ``set()`` and ``is_set()``, as an Event has.
+
+    Nobody waits on it (a handler reads it between its steps), so it needs no lock and no
+    condition: a threading.Event allocates both, and a worker makes three per job.
+    """
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def __repr__(self) -> str:
+        return f"Flag({self._set})"
+
+
 class RunSignals:
     """What the worker learns about a running job and tells its handler (set by the heartbeat)."""
 
-    lease_lost: threading.Event = dataclasses.field(default_factory=threading.Event)
-    lock_lost: threading.Event = dataclasses.field(default_factory=threading.Event)
-    cancel_requested: threading.Event = dataclasses.field(default_factory=threading.Event)
+    __slots__ = ("cancel_requested", "lease_lost", "lock_lost")
+
+    def __init__(self) -> None:
+        self.lease_lost = Flag()
+        self.lock_lost = Flag()
+        self.cancel_requested = Flag()
 
 
 @dataclasses.dataclass(eq=False)

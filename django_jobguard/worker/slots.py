@@ -126,7 +126,10 @@ class Slots:
                 held.state = HeldState.DONE
             self._forget(held)
             self.finished += 1
-        self._freed.set()
+        # The room was made above, before this check: a loop that clears the notice and then
+        # looks at the room sees it, so an Event already set needs no set() (its lock, per job).
+        if not self._freed.is_set():
+            self._freed.set()
         return False
 
     def taken_over(self, held: Held) -> bool:
