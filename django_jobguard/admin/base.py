@@ -82,6 +82,22 @@ class Deletion:
     rule: str
 
 
+class OperatorPageAdmin(admin.ModelAdmin):
+    """A console page over a model, not a form: nobody adds, changes or deletes its rows here.
+
+    The page's own views (pause, resume, open, close) change state through the service layer.
+    """
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Rows change through the worker and the service layer, never by hand in a form.
 

@@ -22,7 +22,7 @@ from ..conf import get_settings
 from ..exceptions import BreakerError, BreakerPermissionDenied
 from ..models import Breaker, BreakerEvent
 from ..monitoring import stats
-from .base import ReadOnlyAdmin, format_time, refusal, refuse_nul
+from .base import OperatorPageAdmin, ReadOnlyAdmin, format_time, refusal, refuse_nul
 
 #: Limit keys listed by the jobs waiting on them, most first.
 WAITING_KEYS_SHOWN = 20
@@ -31,17 +31,8 @@ RECENT_EVENTS = 10
 
 
 @admin.register(Breaker)
-class FlowControlAdmin(admin.ModelAdmin):
+class FlowControlAdmin(OperatorPageAdmin):
     """Every flow-control limit's use, the keys jobs wait on, and the circuit breakers."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Whoever may read jobs may read what holds them back.

@@ -22,7 +22,7 @@ from ..exceptions import QueueError, QueuePermissionDenied
 from ..models import QueueEvent, QueueState
 from ..monitoring import health
 from ..operations import queues
-from .base import ReadOnlyAdmin, format_time, refusal, refuse_nul
+from .base import OperatorPageAdmin, ReadOnlyAdmin, format_time, refusal, refuse_nul
 from .charts import bar_chart
 
 #: Seconds between two reloads of the health page while it is open.
@@ -34,17 +34,8 @@ RECENT_EVENTS = 10
 
 
 @admin.register(QueueState)
-class QueueHealthAdmin(admin.ModelAdmin):
+class QueueHealthAdmin(OperatorPageAdmin):
     """Every queue's depth, age, dead letters and pause state, with last-hour charts."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Whoever may read jobs may read the queues they make up.
