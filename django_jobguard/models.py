@@ -143,6 +143,14 @@ class Job(models.Model):
         editable=False,
         help_text=_("Dependencies of this waiting job that have not succeeded yet."),
     )
+    # Read back by the ack that marks the job succeeded (a fenced UPDATE, so it sees a
+    # dependant added while the job ran): an ack of jobs that nobody waits for skips the
+    # dependency lookup, which is most acks of a batch's members.
+    has_dependants = models.BooleanField(
+        db_default=False,
+        editable=False,
+        help_text=_("Another job waits for this one to succeed (a chain's next step, or after=)."),
+    )
 
     objects = JobQuerySet.as_manager()
 

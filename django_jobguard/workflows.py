@@ -25,7 +25,7 @@ import functools
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, TypeVar
 
 from django.db import connections, transaction
@@ -319,11 +319,12 @@ class chain:  # noqa: N801 - named like the other verbs users write (group, task
             jobs = _insert(alias, self.steps, rows)
             ids = [job.pk for job in jobs]
             _join(alias, workflow.pk, ids, dict.fromkeys(ids[1:], 1))
-            JobDependency.objects.using(alias).bulk_create(
+            _depend(
+                alias,
                 [
                     JobDependency(parent_id=parent, child_id=child, result_as=step.result_as)
                     for parent, child, step in zip(ids, ids[1:], self.steps[1:], strict=False)
-                ]
+                ],
             )
         for job in jobs[1:]:
             job.status, job.waiting_on = JobStatus.WAITING, 1
@@ -530,13 +531,24 @@ def enqueue_after(task: Task[Any, Any], args: Sequence[Any], kwargs: Any) -> Job
         newcomers = [pk for pk in unsettled if found[pk][1] is None]
         joining = [*newcomers, job.pk]
         _join(alias, workflow_id, joining, {job.pk: len(unsettled)} if unsettled else {}, adopt=joining)
-        JobDependency.objects.using(alias).bulk_create(
-            [JobDependency(parent_id=pk, child_id=job.pk) for pk in parents]
-        )
+        _depend(alias, [JobDependency(parent_id=pk, child_id=job.pk) for pk in parents])
     job.workflow_id = workflow_id
     if unsettled:
         job.status, job.waiting_on = JobStatus.WAITING, len(unsettled)
     return job
+
+
+def _depend(alias: str, links: list[JobDependency]) -> None:
+    """Store dependencies and mark their parents, whose acks then look their dependants up.
+
+    Callers hold the parents' rows (new in this transaction, or locked): a parent's ack,
+    a fenced write of that row, waits for this commit and reads the mark it made.
+    """
+    if not links:
+        return
+    JobDependency.objects.using(alias).bulk_create(links)
+    parents = sorted({link.parent_id for link in links})
+    Job.objects.using(alias).filter(pk__in=parents, has_dependants=False).update(has_dependants=True)
 
 
 def _ancestors(alias: str, parents: list[int]) -> set[int]:
@@ -569,8 +581,16 @@ def job_settled(
     jobs_settled(alias, [(job_id, workflow_id, status, result_json)])
 
 
-def jobs_settled(alias: str, settled: Sequence[tuple[int, int, str, str | None]]) -> None:
+def jobs_settled(
+    alias: str,
+    settled: Sequence[tuple[int, int, str, str | None]],
+    *,
+    parents: Collection[int] | None = None,
+) -> None:
     """:func:`job_settled` for several members at once: ``(job_id, workflow_id, status, result_json)``.
+
+    ``parents``: the members that have dependants (``Job.has_dependants`` as the write that
+    settled them read it); the others' dependencies are not looked up. ``None``: look up all.
 
     A worker's batched ack calls it once. The counters are updated once per shard touched,
     in one order (workflow, shard) for every transaction: two acks that touch the same shards
@@ -584,8 +604,11 @@ def jobs_settled(alias: str, settled: Sequence[tuple[int, int, str, str | None]]
             counts[(workflow_id, job_id % WORKFLOW_COUNTER_SHARDS)][
                 0 if status == JobStatus.SUCCEEDED else 1
             ] += 1
+        ids = [job_id for job_id, *_ in work if parents is None or job_id in parents]
+        # Members cancelled on the way were not read by a write that settled them: look them all up.
+        parents = None
         children: dict[int, list[tuple[int, str]]] = defaultdict(list)
-        for parent, child, name in store.workflow_children(alias, [job_id for job_id, *_ in work]):
+        for parent, child, name in store.workflow_children(alias, ids) if ids else ():
             children[parent].append((child, name))
         found: list[tuple[int, int, str, str | None]] = []
         for job_id, _, status, result_json in work:
@@ -670,29 +693,17 @@ def finish_if_settled(alias: str, workflow_id: int) -> None:
 
 def _maybe_finish(alias: str, workflow_id: int) -> None:
     """Finish the workflow if it is closed and every member settled; enqueue its callbacks once."""
-    workflow = Workflow.objects.using(alias).select_for_update().filter(pk=workflow_id).first()
-    if workflow is None or workflow.state != WorkflowState.CLOSED:
+    totals = store.workflow_totals(alias, workflow_id)  # locks the workflow's row, then sums
+    if totals is None:
         return
-    # A statement after the lock: it sees every completion committed before the lock was granted.
-    sums = (
-        WorkflowCounter.objects.using(alias)
-        .filter(workflow_id=workflow_id)
-        .aggregate(pending=Sum("pending"), succeeded=Sum("succeeded"), failed=Sum("failed"))
-    )
-    if sums["pending"]:
+    state, pending, succeeded, failed = totals
+    if state != WorkflowState.CLOSED or pending:
         return
+    workflow = Workflow.objects.using(alias).get(pk=workflow_id)
     Workflow.objects.using(alias).filter(pk=workflow_id, state=WorkflowState.CLOSED).update(
         state=WorkflowState.FINISHED, finished_at=Now()
     )
-    failed = int(sums["failed"] or 0)
-    summary = Progress(
-        workflow_id,
-        WorkflowState.FINISHED,
-        int(sums["succeeded"] or 0) + failed,
-        int(sums["succeeded"] or 0),
-        failed,
-        0,
-    )
+    summary = Progress(workflow_id, WorkflowState.FINISHED, succeeded + failed, succeeded, failed, 0)
     whens = ["complete", "dead" if failed else "success"]
     # A workflow reopened by a replay finishes again; a callback that ran already stays run.
     done = set(
@@ -744,9 +755,7 @@ def replayed(alias: str, dead_job_id: int, replay_job_id: int) -> None:
     links = list(
         JobDependency.objects.using(alias).filter(parent_id=dead_job_id).values_list("child_id", "result_as")
     )
-    JobDependency.objects.using(alias).bulk_create(
-        [JobDependency(parent_id=replay_job_id, child_id=child, result_as=name) for child, name in links]
-    )
+    _depend(alias, [JobDependency(parent_id=replay_job_id, child_id=c, result_as=name) for c, name in links])
     replaced = {dead_job_id: replay_job_id}
     restored: set[int] = set()
     frontier = [(dead_job_id, child) for child, _ in links]

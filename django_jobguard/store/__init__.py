@@ -53,6 +53,7 @@ from ._common import (
     paused_queue_names,
     read_checkpoints,
     workflow_children,
+    workflow_totals,
     write_checkpoints,
 )
 from ._flow import TURN_KEY as FLOW_TURN_KEY
@@ -112,6 +113,7 @@ __all__ = [
     "take_flow_turn",
     "wakeup_source",
     "workflow_children",
+    "workflow_totals",
     "write_checkpoints",
     "writes_while_busy",
 ]
@@ -408,16 +410,18 @@ def complete(alias: str, job_id: int, lease_token: str, result_json: str, *, com
     return _store(alias).complete(alias, job_id, lease_token, result_json, commit=commit)
 
 
-def complete_many(alias: str, acks: Sequence[tuple[int, str, str]]) -> set[int]:
+def complete_many(alias: str, acks: Sequence[tuple[int, str, str]]) -> dict[int, bool]:
     """Mark several jobs succeeded at once: ``(id, lease token, JSON result)`` each.
 
     Each row is matched by its id and its token, as :func:`complete` matches one; returns
-    the ids whose lease was still ours. A job missing from it lost its lease, and is left
-    as it is. One statement on PostgreSQL; call inside a transaction so the batch commits once.
+    the ids whose lease was still ours, each mapped to whether another job waits for it
+    (read under the write's row lock, so a dependant added while the job ran counts). A job
+    missing from it lost its lease, and is left as it is. One statement on PostgreSQL; call
+    inside a transaction so the batch commits once.
     """
     if not acks:
-        return set()
-    return set(_store(alias).complete_many(alias, acks))
+        return {}
+    return dict(_store(alias).complete_many(alias, acks))
 
 
 def discard_queued(alias: str, job_id: int) -> None:

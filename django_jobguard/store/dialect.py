@@ -143,8 +143,12 @@ class JobStore(Protocol):
         """Mark the job succeeded, fenced; ``commit``: it may also commit the outermost block."""
         ...
 
-    def complete_many(self, alias: str, acks: Sequence[tuple[int, str, str]]) -> list[int]:
-        """Mark several jobs succeeded, each fenced; the ids whose lease was still held."""
+    def complete_many(self, alias: str, acks: Sequence[tuple[int, str, str]]) -> list[tuple[int, bool]]:
+        """Mark several jobs succeeded, each fenced; ``(id, has_dependants)`` of those whose lease was held.
+
+        ``has_dependants`` is read from the row the fenced write locked, so a dependant added
+        while the job ran is seen.
+        """
         ...
 
     def discard_queued(self, alias: str, job_id: int) -> None:

@@ -334,9 +334,13 @@ class MemoryStore:
             job.lease_token = job.lease_expires_at = None
             return True
 
-    def complete_many(self, alias: str, acks: Sequence[tuple[int, str, str]]) -> list[int]:
+    def complete_many(self, alias: str, acks: Sequence[tuple[int, str, str]]) -> list[tuple[int, bool]]:
         with self._lock:
-            return [job_id for job_id, token, result in acks if self.complete(alias, job_id, token, result)]
+            return [
+                (job_id, bool(self.jobs[job_id].fields.get("has_dependants", False)))
+                for job_id, token, result in acks
+                if self.complete(alias, job_id, token, result)
+            ]
 
     def discard_queued(self, alias: str, job_id: int) -> None:
         with self._lock:

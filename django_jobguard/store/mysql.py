@@ -451,20 +451,22 @@ def complete(alias: str, job_id: int, lease_token: str, result_json: str, *, com
     return retry_deadlocks(alias, "complete", run)
 
 
-def complete_many(alias: str, acks: Sequence[tuple[int, str, str]]) -> list[int]:
+def complete_many(alias: str, acks: Sequence[tuple[int, str, str]]) -> list[tuple[int, bool]]:
     # Lock the rows still held (one read), then one UPDATE of those: a CASE picks each result.
     pairs = ", ".join(["(%s, %s)"] * len(acks))
     flat = [value for job_id, token, _ in acks for value in (job_id, token)]
     results = {job_id: result for job_id, _, result in acks}
 
-    def run() -> list[int]:
+    def run() -> list[tuple[int, bool]]:
         with transaction.atomic(using=alias, savepoint=False):
             with connections[alias].cursor() as cursor:
                 cursor.execute(
-                    f"SELECT id FROM {TABLE} WHERE (id, lease_token) IN ({pairs}) ORDER BY id FOR UPDATE",
+                    f"SELECT id, has_dependants FROM {TABLE} WHERE (id, lease_token) IN ({pairs}) "
+                    "ORDER BY id FOR UPDATE",
                     flat,
                 )
-                held = [row[0] for row in cursor.fetchall()]
+                rows = [(job_id, bool(flag)) for job_id, flag in cursor.fetchall()]
+                held = [job_id for job_id, _ in rows]
                 if not held:
                     return []
                 cases = " ".join(["WHEN %s THEN %s"] * len(held))
@@ -474,7 +476,7 @@ def complete_many(alias: str, acks: Sequence[tuple[int, str, str]]) -> list[int]
                     f"WHERE id IN ({placeholders(held)})",
                     [*(value for job_id in held for value in (job_id, results[job_id])), *held],
                 )
-        return held
+        return rows
 
     return retry_deadlocks(alias, "complete_many", run)
 

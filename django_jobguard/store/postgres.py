@@ -584,15 +584,15 @@ _COMPLETE_MANY = Statement(
     f"UPDATE {TABLE} AS j SET status = 'succeeded', finished_at = {NOW}, lease_token = NULL, "
     "lease_expires_at = NULL, result = v.result::jsonb "
     "FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS v(id, token, result) "
-    "WHERE j.id = v.id AND j.lease_token = v.token RETURNING j.id"
+    "WHERE j.id = v.id AND j.lease_token = v.token RETURNING j.id, j.has_dependants"
 )
 
 
-def complete_many(alias: str, acks: Sequence[tuple[int, str, str]]) -> list[int]:
+def complete_many(alias: str, acks: Sequence[tuple[int, str, str]]) -> list[tuple[int, bool]]:
     ids, tokens, results = (list(column) for column in zip(*acks, strict=True))
     with connections[alias].cursor() as cursor:
         _COMPLETE_MANY.execute(alias, cursor, [ids, tokens, results])
-        return [row[0] for row in cursor.fetchall()]
+        return [(job_id, bool(has_dependants)) for job_id, has_dependants in cursor.fetchall()]
 
 
 def discard_queued(alias: str, job_id: int) -> None:

@@ -251,7 +251,8 @@ class Completer:
     def _ack_transaction(self, acks: list[tuple[Held, Succeeded]]) -> set[int]:
         with transaction.atomic(using=self.alias):
             rows = [(held.job.id, held.job.lease_token, outcome.ack_json or "null") for held, outcome in acks]
-            done = store.complete_many(self.alias, rows)
+            acked = store.complete_many(self.alias, rows)
+            done = set(acked)
             members: list[tuple[int, int, str, str | None]] = []
             for held, outcome in acks:
                 job = held.job
@@ -264,7 +265,8 @@ class Completer:
                     members.append((job.id, job.workflow_id, "succeeded", outcome.ack_json or "null"))
             if members:
                 # Together: each counter row touched once, in one order across workers.
-                workflows.jobs_settled(self.alias, members)
+                parents = {job_id for job_id, has_dependants in acked.items() if has_dependants}
+                workflows.jobs_settled(self.alias, members, parents=parents)
         return done
 
     def _ack_one_by_one(self, acks: list[tuple[Held, Succeeded]]) -> tuple[set[int], set[int]]:

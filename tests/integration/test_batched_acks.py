@@ -9,7 +9,7 @@ import logging
 import time
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
 from prometheus_client import REGISTRY
 
@@ -157,3 +157,48 @@ def test_acks_handed_over_are_written_when_the_worker_closes_them():
     assert statuses(jobs) == ["running"] * 4
     rt.completer.close_acks(None, timeout=5)
     assert statuses(jobs) == ["succeeded"] * 4
+
+
+def test_an_ack_of_members_nobody_waits_for_looks_up_no_dependants():
+    from django_jobguard import Batch
+    from django_jobguard.workflows import progress
+
+    batch = Batch().enqueue([tasks.add.s(n, b=1) for n in range(3)])
+    rt = batching_runtime()
+    settled = [(held, pipeline.run(held, rt)) for held in claim(3)]
+    with CaptureQueriesContext(connections[ALIAS]) as queries:
+        rt.completer.settle_many(settled)
+    assert not [q["sql"] for q in queries.captured_queries if "jobguard_jobdependency" in q["sql"]]
+    assert statuses(Job.objects.order_by("pk")) == ["succeeded"] * 3
+    p = progress(batch.id)  # the members still count
+    assert (p.state, p.succeeded, p.pending) == ("finished", 3, 0)
+
+
+def test_a_dependant_added_while_its_parent_runs_is_released_by_the_parents_batched_ack():
+    from django_jobguard import Batch
+    from django_jobguard.workflows import progress
+
+    batch = Batch().enqueue([tasks.add.s(1, b=1)])
+    (held,) = claim(1)
+    assert not Job.objects.get(pk=held.job.id).has_dependants  # as the claim found it
+    # While it runs, another job starts waiting for it (a member may be depended on mid-run).
+    child = tasks.add.using(after=[held.job.id]).enqueue(2, b=2)
+    assert statuses([child]) == ["waiting"]
+    rt = batching_runtime()
+    outcome = pipeline.run(held, rt)
+    assert type(outcome) is Succeeded and outcome.ack_json is not None
+    rt.completer.settle_many([(held, outcome)])
+    assert statuses([child]) == ["queued"]
+    assert progress(batch.id).succeeded == 1
+
+
+def test_the_ack_reads_which_jobs_have_dependants_from_the_rows_it_writes():
+    from django_jobguard import chain
+
+    first, last = chain(tasks.add.s(1, b=1), tasks.add.s(2, b=2)).enqueue().jobs
+    plain = tasks.add.enqueue(3, b=3)
+    assert [Job.objects.get(pk=j.pk).has_dependants for j in (first, last, plain)] == [True, False, False]
+    jobs = store.claim(ALIAS, None, 2, WORKER_ID)
+    with transaction.atomic(using=ALIAS):
+        acked = store.complete_many(ALIAS, [(job.id, job.lease_token, "null") for job in jobs])
+    assert acked == {first.pk: True, plain.pk: False}

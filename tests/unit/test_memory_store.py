@@ -92,8 +92,8 @@ def test_every_write_to_a_held_job_needs_its_current_token(memory):
     assert store.complete("default", a.id, a.lease_token, "3")
     assert not store.complete("default", a.id, a.lease_token, "3")
     assert (memory.jobs[a.id].status, memory.jobs[a.id].result) == ("succeeded", 3)
-    assert store.complete_many("default", [(b.id, stale, "1")]) == set()
-    assert store.complete_many("default", [(b.id, b.lease_token, "1")]) == {b.id}
+    assert store.complete_many("default", [(b.id, stale, "1")]) == {}
+    assert store.complete_many("default", [(b.id, b.lease_token, "1")]) == {b.id: False}
 
 
 def test_requeue_keeps_the_attempt_and_a_refund_gives_it_back(memory, clock):
