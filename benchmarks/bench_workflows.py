@@ -263,8 +263,11 @@ def _backends(url: str) -> list[int]:
         return [pid for (pid,) in cursor.fetchall()]
 
 
-def drain(env: dict[str, str], processes: int, done: Any, url: str) -> tuple[float, float, LockSampler]:
-    """Drain the jobs with real workers: the seconds, the CPU seconds, and the lock sampler.
+def drain(
+    env: dict[str, str], processes: int, done: Any, url: str
+) -> tuple[float, float, float, LockSampler]:
+    """Drain the jobs with real workers: the seconds, the workers' and the server's CPU seconds,
+    and the lock sampler.
 
     The workers start on a paused queue and are timed from its resume, so their start-up
     counts in neither figure. The CPU is the workers' and, on PostgreSQL, the server
@@ -309,7 +312,9 @@ def drain(env: dict[str, str], processes: int, done: Any, url: str) -> tuple[flo
         # A connection opened during the drain counts from zero (executor threads connect at
         # their first job); the workers keep theirs open until they stop.
         after = _cpu_seconds([*pids, *_backends(url)])
-        cpu = sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
+        used = {pid: seconds - before.get(pid, 0.0) for pid, seconds in after.items()}
+        cpu_workers = sum(used.get(pid, 0.0) for pid in pids)
+        cpu_server = sum(seconds for pid, seconds in used.items() if pid not in pids)
     finally:
         sampler.stop.set()
         for worker in workers:
@@ -318,7 +323,7 @@ def drain(env: dict[str, str], processes: int, done: Any, url: str) -> tuple[flo
             worker.wait(timeout=120)
         if sampler.is_alive():
             sampler.join(timeout=5)
-    return elapsed, cpu, sampler
+    return elapsed, cpu_workers, cpu_server, sampler
 
 
 def main() -> None:
@@ -336,6 +341,8 @@ def main() -> None:
         "batch_drain": [],
         "plain_cpu": [],
         "batch_cpu": [],
+        "plain_worker_cpu": [],
+        "batch_worker_cpu": [],
         "samples": [],
         "waits_workflow": [],
         "waits_any": [],
@@ -346,9 +353,10 @@ def main() -> None:
         results["plain_enqueue"].append(enqueue_plain(args.members, args.chunk))
         if not args.no_drain:
             vacuum()
-            seconds, cpu, _ = drain(env, args.processes, all_succeeded, args.url)
+            seconds, cpu_workers, cpu_server, _ = drain(env, args.processes, all_succeeded, args.url)
             results["plain_drain"].append(seconds)
-            results["plain_cpu"].append(cpu)
+            results["plain_cpu"].append(cpu_workers + cpu_server)
+            results["plain_worker_cpu"].append(cpu_workers)
 
         empty()
         rate, batch_id = enqueue_batch(args.members, args.chunk)
@@ -362,9 +370,11 @@ def main() -> None:
         def batch_done(batch_id: int = batch_id) -> bool:
             return Workflow.objects.filter(pk=batch_id, state="finished").exists() and all_succeeded()
 
-        seconds, cpu, sampler = drain(env, args.processes, batch_done, args.url)
+        seconds, cpu_workers, cpu_server, sampler = drain(env, args.processes, batch_done, args.url)
+        cpu = cpu_workers + cpu_server
         results["batch_drain"].append(seconds)
         results["batch_cpu"].append(cpu)
+        results["batch_worker_cpu"].append(cpu_workers)
         results["samples"].append(sampler.samples)
         results["waits_workflow"].append(sampler.on_workflow_rows)
         results["waits_any"].append(sampler.any_wait)
@@ -420,6 +430,19 @@ def main() -> None:
                 f"{1e6 * median('batch_cpu') / (args.members + 1):,.0f} us",
                 f"{100 * (median('batch_cpu') / median('plain_cpu') - 1):+.1f} % CPU per member",
             ),
+        ]
+        if not is_mysql(args.url):  # there the row above is the workers' alone already
+            rows.append(
+                (
+                    "CPU per job, workers alone",
+                    "the worker processes",
+                    f"{1e6 * median('plain_worker_cpu') / args.members:,.0f} / "
+                    f"{1e6 * median('batch_worker_cpu') / (args.members + 1):,.0f} us",
+                    f"{100 * (median('batch_worker_cpu') / median('plain_worker_cpu') - 1):+.1f} % "
+                    "CPU per member",
+                )
+            )
+        rows += [
             (
                 "lock waits on the batch's rows",
                 "samples every 20 ms while it drains",
