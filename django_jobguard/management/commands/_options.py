@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import getpass
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -16,6 +17,14 @@ from ...models import Job
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+
+
+def operator() -> str:
+    """Who ran the command, for the audit trail (the command runs with no Django user)."""
+    try:
+        return f"shell:{getpass.getuser()}"
+    except (KeyError, OSError):  # no passwd entry in some containers
+        return "shell"
 
 
 def add_database_argument(parser: CommandParser) -> None:

@@ -9,8 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ... import breakers
 from ...exceptions import BreakerError
 from ...monitoring.stats import breaker_stats
-from ._options import add_database_argument, database_alias
-from .jobguard_queue import operator
+from ._options import add_database_argument, database_alias, operator
 
 
 class Command(BaseCommand):

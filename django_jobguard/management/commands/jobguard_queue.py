@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -10,15 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ...admin.base import format_time
 from ...exceptions import QueueError
 from ...operations import queues
-from ._options import add_database_argument, database_alias
-
-
-def operator() -> str:
-    """Who ran the command, for the audit trail (the command runs with no Django user)."""
-    try:
-        return f"shell:{getpass.getuser()}"
-    except (KeyError, OSError):  # no passwd entry in some containers
-        return "shell"
+from ._options import add_database_argument, database_alias, operator
 
 
 class Command(BaseCommand):
