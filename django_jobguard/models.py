@@ -145,11 +145,16 @@ class Job(models.Model):
     )
     # Read back by the ack that marks the job succeeded (a fenced UPDATE, so it sees a
     # dependant added while the job ran): an ack of jobs that nobody waits for skips the
-    # dependency lookup, which is most acks of a batch's members.
+    # dependency lookup, which is most acks of a batch's members. The store inserts jobs
+    # with False and a dependency sets its parent's; a row written any other way (the ORM,
+    # an older release in a rolling upgrade) gets the default, True, and is looked up.
     has_dependants = models.BooleanField(
-        db_default=False,
+        db_default=True,
         editable=False,
-        help_text=_("Another job waits for this one to succeed (a chain's next step, or after=)."),
+        help_text=_(
+            "Another job may wait for this one to succeed (a chain's next step, or after=); "
+            "its ack then looks its dependants up."
+        ),
     )
 
     objects = JobQuerySet.as_manager()

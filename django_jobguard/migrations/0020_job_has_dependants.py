@@ -1,18 +1,12 @@
-"""A job knows whether another job waits for it, so an ack of jobs nobody waits for skips the lookup.
+"""A job knows whether another job may wait for it, so an ack of jobs nobody waits for skips the lookup.
 
-The column is set where a dependency is stored (a chain's steps, ``after=``, a replay taking
-a dead step's place); existing dependencies mark their parents here.
+The column defaults to True: every existing row, and any row written without it (the ORM, or
+a process of an older release during a rolling upgrade, which also stores dependencies
+without marking their parents), is looked up as before. The store inserts new jobs with
+False, and storing a dependency sets its parent's.
 """
 
 from django.db import migrations, models
-
-
-def mark_parents(apps, schema_editor):
-    alias = schema_editor.connection.alias
-    Job = apps.get_model("jobguard", "Job")
-    JobDependency = apps.get_model("jobguard", "JobDependency")
-    parents = JobDependency.objects.using(alias).values("parent_id")
-    Job.objects.using(alias).filter(pk__in=parents).update(has_dependants=True)
 
 
 class Migration(migrations.Migration):
@@ -25,10 +19,12 @@ class Migration(migrations.Migration):
             model_name="job",
             name="has_dependants",
             field=models.BooleanField(
-                db_default=False,
+                db_default=True,
                 editable=False,
-                help_text="Another job waits for this one to succeed (a chain's next step, or after=).",
+                help_text=(
+                    "Another job may wait for this one to succeed (a chain's next step, or after=); "
+                    "its ack then looks its dependants up."
+                ),
             ),
         ),
-        migrations.RunPython(mark_parents, migrations.RunPython.noop, elidable=True),
     ]

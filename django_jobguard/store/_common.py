@@ -41,7 +41,7 @@ INSERT_COLUMNS = (
     "idempotency_key, lock_key, handler_version, flow_keys, trace_context, workflow_id, status, attempts, "
     "worker_id, "
     "last_error, "
-    "reappearances, lock_contentions, checkpoints, attempt_history"
+    "reappearances, lock_contentions, has_dependants, checkpoints, attempt_history"
 )
 INSERT_FIELDS = (
     "task_name",
@@ -60,8 +60,9 @@ INSERT_FIELDS = (
     # Optional: a workflow's members are inserted as its members (no UPDATE of each row after).
     "workflow_id",
 )
-#: The constant columns of a new job row, after the INSERT_FIELDS (status ... lock_contentions).
-INSERT_CONSTANTS = "'queued', 0, '', '', 0, 0"
+#: The constant columns of a new job row, after the INSERT_FIELDS (status ... has_dependants):
+#: nothing waits for a new job yet (a dependency stored with it marks it after the insert).
+INSERT_CONSTANTS = "'queued', 0, '', '', 0, 0, FALSE"
 
 #: The percentiles of run durations the store reports (``jobguard_tune``), as fractions.
 PERCENTILES = (0.5, 0.95, 0.99)

@@ -202,3 +202,16 @@ def test_the_ack_reads_which_jobs_have_dependants_from_the_rows_it_writes():
     with transaction.atomic(using=ALIAS):
         acked = store.complete_many(ALIAS, [(job.id, job.lease_token, "null") for job in jobs])
     assert acked == {first.pk: True, plain.pk: False}
+
+
+def test_a_job_written_without_the_column_is_looked_up_as_having_dependants():
+    # As the ORM writes a job, or a process of an older release in a rolling upgrade (which
+    # also stores dependencies without marking their parents): the column's default applies.
+    written = Job.objects.create(task_name=tasks.add.name, args=[1], kwargs={"b": 1})
+    stored = tasks.add.enqueue(2, b=2)  # the store's insert: nothing waits for it yet
+    flags = dict(Job.objects.filter(pk__in=[written.pk, stored.pk]).values_list("pk", "has_dependants"))
+    assert flags == {written.pk: True, stored.pk: False}
+    jobs = store.claim(ALIAS, None, 2, WORKER_ID)
+    with transaction.atomic(using=ALIAS):
+        acked = store.complete_many(ALIAS, [(job.id, job.lease_token, "null") for job in jobs])
+    assert acked == {written.pk: True, stored.pk: False}
