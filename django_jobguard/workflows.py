@@ -599,14 +599,15 @@ def jobs_settled(
     """
     counts: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0])  # -> [succeeded, failed]
     work = list(settled)
+    lookup = parents
     while work:
         for job_id, workflow_id, status, _ in work:
             counts[(workflow_id, job_id % WORKFLOW_COUNTER_SHARDS)][
                 0 if status == JobStatus.SUCCEEDED else 1
             ] += 1
-        ids = [job_id for job_id, *_ in work if parents is None or job_id in parents]
+        ids = [job_id for job_id, *_ in work if lookup is None or job_id in lookup]
         # Members cancelled on the way were not read by a write that settled them: look them all up.
-        parents = None
+        lookup = None
         children: dict[int, list[tuple[int, str]]] = defaultdict(list)
         for parent, child, name in store.workflow_children(alias, ids) if ids else ():
             children[parent].append((child, name))

@@ -336,8 +336,9 @@ class MemoryStore:
 
     def complete_many(self, alias: str, acks: Sequence[tuple[int, str, str]]) -> list[tuple[int, bool]]:
         with self._lock:
+            # It keeps no dependencies: nothing waits for any of its jobs.
             return [
-                (job_id, bool(self.jobs[job_id].fields.get("has_dependants", False)))
+                (job_id, False)
                 for job_id, token, result in acks
                 if self.complete(alias, job_id, token, result)
             ]

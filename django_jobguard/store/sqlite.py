@@ -332,13 +332,16 @@ def complete(alias: str, job_id: int, lease_token: str, result_json: str, *, com
         return bool(cursor.rowcount == 1)
 
 
+_COMPLETE_RETURNING = f"{_COMPLETE} RETURNING has_dependants"
+
+
 def complete_many(alias: str, acks: Sequence[tuple[int, str, str]]) -> list[tuple[int, bool]]:
     # One statement per row; the caller's transaction makes them one commit, which is
     # what costs on SQLite (its write lock and the journal's sync).
     done = []
     with connections[alias].cursor() as cursor:
         for job_id, lease_token, result_json in acks:
-            cursor.execute(f"{_COMPLETE} RETURNING has_dependants", [result_json, job_id, lease_token])
+            cursor.execute(_COMPLETE_RETURNING, [result_json, job_id, lease_token])
             row = cursor.fetchone()
             if row is not None:
                 done.append((job_id, bool(row[0])))
