@@ -47,7 +47,9 @@ __all__ = [
     "FlowPlan",
     "FlowSQL",
     "Guard",
+    "Opening",
     "RateSpec",
+    "SequentialTurn",
     "Throttle",
     "build_plan",
     "claim_limited",
@@ -157,6 +159,12 @@ class FlowPlan:
         return not self.queues.isdisjoint(queues)
 
     @property
+    def most_per_key(self) -> int | None:
+        """The most jobs one stored key may start at once (None when no limit is keyed)."""
+        bounds = [*self.keyed_capacity.values(), *(rate.burst for rate in self.keyed_rates.values())]
+        return max(bounds, default=None)
+
+    @property
     def limited_tasks(self) -> list[str]:
         return sorted(self.task_keys)
 
@@ -245,8 +253,34 @@ def build_plan(conf: Settings, tasks: Iterable[Task[Any, Any]]) -> FlowPlan | No
     )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Opening:
+    """What a limited claim reads first, once its turn is taken."""
+
+    paused: set[str]
+    #: ``(task_name, queue_name, flow_keys)`` of each running job the plan counts.
+    running: list[tuple[str, str, Any]]
+    #: The database clock, read after the turn was taken.
+    now: float
+    #: The rate keys whose arrival time is ahead of ``now``.
+    arrivals: dict[str, float]
+    #: The breaker rows of the plan's guarded limits (none read when it has none).
+    breakers: list[Sequence[Any]]
+
+
 class FlowSQL(Protocol):
     """What a dialect writes in its own SQL for :func:`claim_limited`."""
+
+    def open_turn(self, alias: str, cursor: Any, plan: FlowPlan) -> Opening:
+        """Take the turn (:meth:`take_turn`), then read what the claim starts from."""
+        ...
+
+    def close_turn(
+        self, alias: str, cursor: Any, ids: Sequence[int], worker_id: str, arrivals: Mapping[str, float]
+    ) -> list[ClaimedJob]:
+        """Lease ``ids`` (:meth:`lease`) and write ``arrivals`` (:meth:`upsert_rates`): the
+        turn's last writes. A dialect may commit the transaction with them."""
+        ...
 
     def take_turn(self, alias: str, cursor: Any) -> None:
         """Wait for this transaction's turn among the fleet's limited claims."""
@@ -266,11 +300,14 @@ class FlowSQL(Protocol):
         blocked_keys: Sequence[str],
         count: int,
         blocked_retries: Sequence[str] = (),
+        per_key: int | None = None,
     ) -> list[tuple[int, str, str, Any, int]]:
         """Due jobs in claim order but those of ``blocked_tasks`` and ``blocked_keys``, and
         the retries (jobs attempted before) of ``blocked_retries``.
 
-        Each as ``(id, task, queue, flow_keys, attempts)``.
+        Each as ``(id, task, queue, flow_keys, attempts)``. ``per_key`` is the most jobs one
+        stored key can start in a claim (its concurrency, or its burst): a dialect that reads
+        key by key needs no more of each.
         """
         ...
 
@@ -287,16 +324,42 @@ class FlowSQL(Protocol):
         ...
 
 
+class SequentialTurn:
+    """:meth:`FlowSQL.open_turn` and :meth:`FlowSQL.close_turn` as one statement after
+    another (MariaDB/MySQL, SQLite)."""
+
+    def open_turn(self, alias: str, cursor: Any, plan: FlowPlan) -> Opening:
+        flow_sql: FlowSQL = self  # type: ignore[assignment]
+        flow_sql.take_turn(alias, cursor)
+        paused = paused_queue_names(alias)
+        cursor.execute(*running_statement(plan))
+        running = list(cursor.fetchall())
+        now = flow_sql.now_seconds(alias, cursor)
+        key_column = connections[alias].ops.quote_name("key")  # reserved on MariaDB/MySQL
+        cursor.execute(f"SELECT {key_column}, tat FROM {RATE_TABLE} WHERE tat > %s", [now])
+        arrivals = {key: float(tat) for key, tat in cursor.fetchall()}
+        breakers: list[Sequence[Any]] = []
+        if plan.guards:
+            cursor.execute(*gates_statement(plan))
+            breakers = list(cursor.fetchall())
+        return Opening(paused, running, now, arrivals, breakers)
+
+    def close_turn(
+        self, alias: str, cursor: Any, ids: Sequence[int], worker_id: str, arrivals: Mapping[str, float]
+    ) -> list[ClaimedJob]:
+        flow_sql: FlowSQL = self  # type: ignore[assignment]
+        jobs = flow_sql.lease(alias, cursor, ids, worker_id)
+        if arrivals:
+            flow_sql.upsert_rates(alias, cursor, arrivals)
+        return jobs
+
+
 class ConflictUpserts:
     """:meth:`FlowSQL.upsert_rates` and :meth:`FlowSQL.ensure_breakers` as ``INSERT ... ON CONFLICT``
     (PostgreSQL, SQLite)."""
 
     def upsert_rates(self, alias: str, cursor: Any, arrivals: Mapping[str, float]) -> None:
-        cursor.execute(
-            f"INSERT INTO {RATE_TABLE} (key, tat) VALUES {', '.join(['(%s, %s)'] * len(arrivals))} "
-            "ON CONFLICT (key) DO UPDATE SET tat = excluded.tat",
-            [value for pair in arrivals.items() for value in pair],
-        )
+        cursor.execute(*upsert_rates_statement(arrivals))
 
     def ensure_breakers(self, alias: str, cursor: Any, names: Sequence[str]) -> None:
         cursor.execute(
@@ -305,6 +368,15 @@ class ConflictUpserts:
             + " ON CONFLICT (name) DO NOTHING",
             [value for name in names for value in (name, False)],
         )
+
+
+def upsert_rates_statement(arrivals: Mapping[str, float]) -> tuple[str, list[Any]]:
+    """``INSERT ... ON CONFLICT`` of each rate key's arrival time (PostgreSQL, SQLite)."""
+    return (
+        f"INSERT INTO {RATE_TABLE} (key, tat) VALUES {', '.join(['(%s, %s)'] * len(arrivals))} "
+        "ON CONFLICT (key) DO UPDATE SET tat = excluded.tat",
+        [value for pair in arrivals.items() for value in pair],
+    )
 
 
 def _keys(value: Any) -> list[str]:
@@ -348,8 +420,8 @@ def candidate_filters(
     return where, params
 
 
-def running_counts(cursor: Any, plan: FlowPlan) -> Counter[str]:
-    """Running jobs per concurrency key (the rows of limited tasks and limited queues only)."""
+def running_statement(plan: FlowPlan) -> tuple[str, list[Any]]:
+    """The read of the running jobs of limited tasks and limited queues (and its parameters)."""
     tasks, queues = plan.limited_tasks, plan.limited_queues
     conditions = []
     params: list[Any] = []
@@ -359,13 +431,17 @@ def running_counts(cursor: Any, plan: FlowPlan) -> Counter[str]:
     if queues:
         conditions.append(f"queue_name IN ({placeholders(queues)})")
         params += queues
-    cursor.execute(
+    return (
         "SELECT task_name, queue_name, flow_keys FROM jobguard_job "
         f"WHERE status = 'running' AND ({' OR '.join(conditions)})",
         params,
     )
+
+
+def count_running(plan: FlowPlan, rows: Iterable[tuple[str, str, Any]]) -> Counter[str]:
+    """Running jobs per concurrency key, from the rows of :func:`running_statement`."""
     counts: Counter[str] = Counter()
-    for task_name, queue_name, flow_keys in cursor.fetchall():
+    for task_name, queue_name, flow_keys in rows:
         for key in plan.keys_of(task_name, queue_name, _keys(flow_keys)):
             if plan.capacity(key) is not None:
                 counts[key] += 1
@@ -393,7 +469,8 @@ def usage(alias: str, now_sql: str, plan: FlowPlan) -> tuple[Counter[str], Count
     Two grouped reads of the limited queues; what a claim would do is not decided here.
     """
     with connections[alias].cursor() as cursor:
-        running = running_counts(cursor, plan)
+        cursor.execute(*running_statement(plan))
+        running = count_running(plan, cursor.fetchall())
         queues = sorted(plan.queues)
         cursor.execute(
             "SELECT task_name, queue_name, flow_keys, count(*) FROM jobguard_job "
@@ -462,17 +539,20 @@ class _Gate:
         return None
 
 
-def read_gates(cursor: Any, plan: FlowPlan, now: float) -> dict[str, _Gate]:
-    """The guarded limits' breaker and budget state (one read of their few rows).
+def gates_statement(plan: FlowPlan) -> tuple[str, list[Any]]:
+    """The read of the guarded limits' breaker rows (and its parameters)."""
+    names = sorted(plan.guards)
+    return f"SELECT {_BREAKER_COLUMNS} FROM {BREAKER_TABLE} WHERE name IN ({placeholders(names)})", names
+
+
+def read_gates(plan: FlowPlan, breaker_rows: Iterable[Sequence[Any]], now: float) -> dict[str, _Gate]:
+    """The guarded limits' breaker and budget state, from the rows of :func:`gates_statement`.
 
     An open breaker whose time is up half-opens here, and a half-open one whose probes all
     went out ``open_for`` ago with no verdict (their workers died) starts a new probe round.
     """
     names = sorted(plan.guards)
-    cursor.execute(
-        f"SELECT {_BREAKER_COLUMNS} FROM {BREAKER_TABLE} WHERE name IN ({placeholders(names)})", names
-    )
-    rows = {row[0]: row for row in cursor.fetchall()}
+    rows = {row[0]: row for row in breaker_rows}
     gates: dict[str, _Gate] = {}
     for name in names:
         guard = plan.guards[name]
@@ -593,18 +673,15 @@ def claim_limited(
     again then, rather than at its next poll).
     """
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        sql.take_turn(alias, cursor)
-        exclude = sorted({*exclude, *paused_queue_names(alias)})
+        opening = sql.open_turn(alias, cursor, plan)
+        exclude = sorted({*exclude, *opening.paused})
         if queues:
             queues = [name for name in queues if name not in exclude]
             if not queues:
                 return []
             exclude = []
-        running = running_counts(cursor, plan)
-        now = sql.now_seconds(alias, cursor)
-        key_column = connections[alias].ops.quote_name("key")  # reserved on MariaDB/MySQL
-        cursor.execute(f"SELECT {key_column}, tat FROM {RATE_TABLE} WHERE tat > %s", [now])
-        arrivals = {key: float(tat) for key, tat in cursor.fetchall()}
+        running = count_running(plan, opening.running)
+        now, arrivals = opening.now, opening.arrivals
 
         def full(key: str) -> bool:
             capacity = plan.capacity(key)
@@ -614,13 +691,14 @@ def claim_limited(
             return rate is not None and max(arrivals.get(key, now), now) - now > rate.tolerance + _EPSILON
 
         blocked = {key for key in [*running, *arrivals] if full(key)}
-        gates = read_gates(cursor, plan, now) if plan.guards else {}
+        gates = read_gates(plan, opening.breakers, now) if plan.guards else {}
         closed = {name for name, gate in gates.items() if gate.closed_to_all}
         spent = {name for name, gate in gates.items() if gate.retries_spent}
         admitted: list[int] = []
         advanced: dict[str, float] = {}
         seen: set[int] = set()
         count = limit * CANDIDATES_PER_JOB + CANDIDATES_EXTRA
+        per_key = plan.most_per_key
         for _ in range(1 + REFILL_PASSES):
             blocked_tasks = sorted(
                 task
@@ -644,7 +722,7 @@ def claim_limited(
             else:
                 exclude = sorted({*exclude, *blocked_queues})
             rows = sql.candidates(
-                alias, cursor, queues, exclude, blocked_tasks, blocked_keys, count, blocked_retries
+                alias, cursor, queues, exclude, blocked_tasks, blocked_keys, count, blocked_retries, per_key
             )
             # Keys that filled up during this claim and hid rows behind them: a hot key's jobs
             # fill the window once its slot frees, and the cold keys' jobs behind them would
@@ -682,7 +760,4 @@ def claim_limited(
             throttle.breaker_changes = changes
         if not admitted:
             return []
-        jobs = sql.lease(alias, cursor, admitted, worker_id)
-        if advanced:
-            sql.upsert_rates(alias, cursor, advanced)
-        return jobs
+        return sql.close_turn(alias, cursor, admitted, worker_id, advanced)

@@ -284,7 +284,7 @@ _FLOW_KEYS = (
 _RATE_TABLE, _BREAKER_TABLE = _flow.RATE_TABLE, _flow.BREAKER_TABLE
 
 
-class _FlowSQL:
+class _FlowSQL(_flow.SequentialTurn):
     """The limited claim's statements on MariaDB/MySQL (see ``store/_flow.py``).
 
     No transaction-scoped advisory lock here (``GET_LOCK`` belongs to the session and
@@ -314,6 +314,7 @@ class _FlowSQL:
         blocked_keys: Sequence[str],
         count: int,
         blocked_retries: Sequence[str] = (),
+        per_key: int | None = None,
     ) -> list[tuple[int, str, str, Any, int]]:
         # The plain claim's walk of the status-first due index, in claim order; the rows of
         # full keys are passed over on the walk (and, at READ COMMITTED, left unlocked).

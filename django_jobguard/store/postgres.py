@@ -8,13 +8,14 @@ another one is taking instead of queueing behind it.
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import json
 import logging
 import re
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -212,9 +213,13 @@ class Statement:
             self.execute(alias, cursor, params, then)
 
     @staticmethod
+    def sends_text(alias: str, cursor: Any) -> bool:
+        """Whether a statement on ``cursor`` is sent as text, to be planned each time."""
+        return not isinstance(cursor.cursor, _SIMPLE_QUERY_CURSORS) or _pooled(alias)
+
+    @staticmethod
     def _prepared(alias: str, cursor: Any) -> _Prepared | None:
-        simple_query = isinstance(cursor.cursor, _SIMPLE_QUERY_CURSORS)
-        if not simple_query or _pooled(alias):
+        if Statement.sends_text(alias, cursor):
             return None
         raw = cursor.cursor.connection
         prepared = _prepared_by_connection.get(raw)
@@ -343,6 +348,11 @@ def _tune_for_claims(alias: str) -> None:
     that stops after ``limit`` rows (0.05 ms). Bitmap scans are never the right plan for
     the claim and reaper queries, so they are turned off for the connection that runs
     them: the worker's main thread, whose connection runs nothing else.
+
+    The statements prepared on that connection (a limited claim's read, see
+    ``_skipping_statement``) keep one generic plan: replanning the limited claim's read
+    each time would cost more than running it, and PostgreSQL would otherwise keep
+    planning it afresh whenever its estimates favour the custom plans.
     """
     connection = connections[alias]
     connection.ensure_connection()
@@ -350,7 +360,7 @@ def _tune_for_claims(alias: str) -> None:
     if raw in _tuned_connections:
         return
     with connection.cursor() as cursor:
-        cursor.execute("SET enable_bitmapscan = off")
+        cursor.execute("SET enable_bitmapscan = off; SET plan_cache_mode = force_generic_plan")
     _tuned_connections.add(raw)
 
 
@@ -432,12 +442,46 @@ def _claim(
 FLOW_LOCK_ID = 0x6A67666C
 
 
-class _FlowSQL(_flow.ConflictUpserts):
+_LEASE = f"WITH picked AS (SELECT unnest(%s::bigint[]) AS id) {_CLAIM_UPDATE}"
+
+
+class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
     """The limited claim's statements on PostgreSQL (see ``store/_flow.py``)."""
 
     def take_turn(self, alias: str, cursor: Any) -> None:
         # Held to the transaction's end: the next limited claim counts this one's leases.
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [FLOW_LOCK_ID])
+
+    def open_turn(self, alias: str, cursor: Any, plan: _flow.FlowPlan) -> _flow.Opening:
+        if not isinstance(cursor.cursor, _SIMPLE_QUERY_CURSORS):
+            return super().open_turn(alias, cursor, plan)
+        # One round trip for the turn and its reads: the fleet's limited claims wait for this turn,
+        # so each round trip inside it is paid by every claim queued behind it. The clock is
+        # read after the lock (statement_timestamp() would be the time the string arrived).
+        running_sql, params = _flow.running_statement(plan)
+        gates_sql = ""
+        if plan.guards:
+            gates_sql, gates_params = _flow.gates_statement(plan)
+            gates_sql, params = f"; {gates_sql}", [*params, *gates_params]
+        cursor.execute(
+            f"SELECT pg_advisory_xact_lock({FLOW_LOCK_ID}); {_PAUSED}; {running_sql}; "
+            "WITH clock AS (SELECT extract(epoch from clock_timestamp())::float8 AS now) "
+            f"SELECT clock.now, r.key, r.tat FROM clock "
+            f"LEFT JOIN {_flow.RATE_TABLE} AS r ON r.tat > clock.now{gates_sql}",
+            params,
+        )
+        cursor.nextset()
+        paused = {name for (name,) in cursor.fetchall()}
+        cursor.nextset()
+        running = list(cursor.fetchall())
+        cursor.nextset()
+        rows = cursor.fetchall()
+        arrivals = {key: float(tat) for _, key, tat in rows if key is not None}
+        breakers: list[Sequence[Any]] = []
+        if gates_sql:
+            cursor.nextset()
+            breakers = list(cursor.fetchall())
+        return _flow.Opening(paused, running, float(rows[0][0]), arrivals, breakers)
 
     def now_seconds(self, alias: str, cursor: Any) -> float:
         cursor.execute(f"SELECT extract(epoch from {NOW})::float8", [])
@@ -453,6 +497,7 @@ class _FlowSQL(_flow.ConflictUpserts):
         blocked_keys: Sequence[str],
         count: int,
         blocked_retries: Sequence[str] = (),
+        per_key: int | None = None,
     ) -> list[tuple[int, str, str, Any, int]]:
         # The shapes of the plain claim (_picked): one index walk per queue, in claim order,
         # stopping after `count` rows; the full keys' rows are skipped over on the walk.
@@ -468,38 +513,130 @@ class _FlowSQL(_flow.ConflictUpserts):
             # A spent retry budget: that dependency's first attempts still start.
             where.append("(attempts = 0 OR task_name <> ALL(%s))")
             params.append(list(blocked_retries))
+        filters, filter_params = list(where), list(params)
         columns = "id, task_name, queue_name, flow_keys, attempts"
         if queues and len(queues) > 1:
-            cursor.execute(
+            walk = (
                 f"SELECT c.{columns.replace(', ', ', c.')} FROM unnest(%s::text[]) AS q(name), LATERAL ("
                 f"SELECT {columns}, priority, run_after FROM {TABLE} WHERE queue_name = q.name "
                 f"AND {' AND '.join(where)} {_ORDER} LIMIT %s FOR UPDATE SKIP LOCKED) AS c "
-                "ORDER BY c.priority DESC, c.run_after, c.id LIMIT %s",
-                [list(queues), *params, count, count],
+                "ORDER BY c.priority DESC, c.run_after, c.id LIMIT %s"
             )
+            walk_params = [list(queues), *params, count, count]
+        else:
+            if queues:
+                where.append("queue_name = %s")
+                params.append(queues[0])
+            elif exclude:
+                where.append("queue_name <> ALL(%s)")
+                params.append(list(exclude))
+            walk = (
+                f"SELECT {columns} FROM {TABLE} WHERE {' AND '.join(where)} {_ORDER} "
+                "LIMIT %s FOR UPDATE SKIP LOCKED"
+            )
+            walk_params = [*params, count]
+        if not blocked_keys or Statement.sends_text(alias, cursor):
+            # Sent as text (a pooler, server-side binding), the statement below would be
+            # planned on every claim, which costs more than the walk saves unless a key is hot.
+            cursor.execute(walk, walk_params)
             return list(cursor.fetchall())
         if queues:
-            where.append("queue_name = %s")
-            params.append(queues[0])
+            in_queues = "= ANY(%s::text[])" if len(queues) > 1 else "= %s"
+            queue_params: list[Any] = [list(queues) if len(queues) > 1 else queues[0]]
         elif exclude:
-            where.append("queue_name <> ALL(%s)")
-            params.append(list(exclude))
-        cursor.execute(
-            f"SELECT {columns} FROM {TABLE} WHERE {' AND '.join(where)} {_ORDER} "
-            "LIMIT %s FOR UPDATE SKIP LOCKED",
-            [*params, count],
+            in_queues, queue_params = "<> ALL(%s::text[])", [list(exclude)]
+        else:
+            in_queues, queue_params = "IS NOT NULL", []
+        statement = _skipping_statement(walk, " AND ".join(filters), in_queues)
+        statement.execute(
+            alias,
+            cursor,
+            [
+                list(blocked_keys),
+                *queue_params,
+                *filter_params,
+                count,
+                min(per_key or count, count),
+                list(blocked_keys),
+                *queue_params,
+                count,
+                *walk_params,
+            ],
         )
         return list(cursor.fetchall())
 
     def lease(self, alias: str, cursor: Any, ids: Sequence[int], worker_id: str) -> list[ClaimedJob]:
-        cursor.execute(
-            f"WITH picked AS (SELECT unnest(%s::bigint[]) AS id) {_CLAIM_UPDATE}",
-            [list(ids), worker_id, worker_id],
-        )
+        cursor.execute(_LEASE, [list(ids), worker_id, worker_id])
+        return [ClaimedJob.from_row(row) for row in cursor.fetchall()]
+
+    def close_turn(
+        self, alias: str, cursor: Any, ids: Sequence[int], worker_id: str, arrivals: Mapping[str, float]
+    ) -> list[ClaimedJob]:
+        connection = connections[alias]
+        if not isinstance(cursor.cursor, _SIMPLE_QUERY_CURSORS):
+            return super().close_turn(alias, cursor, ids, worker_id, arrivals)
+        # The lease, the arrival times and the COMMIT in one string, as the ack sends its
+        # COMMIT: the turn ends one round trip sooner for every claim waiting on it. Django's
+        # commit on leaving the block then finds no transaction open and sends nothing.
+        statements, params = [_LEASE], [list(ids), worker_id, worker_id]
+        if arrivals:
+            upsert, upsert_params = _flow.upsert_rates_statement(arrivals)
+            statements.append(upsert)
+            params += upsert_params
+        if _commits_here(connection, cursor):
+            statements.append("COMMIT")
+        cursor.execute("; ".join(statements), params)
         return [ClaimedJob.from_row(row) for row in cursor.fetchall()]
 
 
 FLOW_SQL = _FlowSQL()
+
+#: A full key with at least this many queued jobs in the claimed queues makes a limited claim
+#: look for the other keys' jobs key by key (jobguard_job_flowkey_idx) instead of reading past
+#: its rows in claim order: one key with 10,000 queued cost each claim 1.5 to 3 ms of reading.
+HOT_KEY_JOBS = 64
+#: ... as long as few (key, queue) pairs have queued jobs: each costs two index descents, so
+#: past this many the walk key by key would cost more than the rows it skips.
+SKIP_SCAN_PAIRS = 64
+#: A job's first flow key as jobguard_job_flowkey_idx indexes it ('' for a job without one).
+_FIRST_KEY = "coalesce(flow_keys->>0, '')"
+
+
+@functools.lru_cache(maxsize=64)
+def _skipping_statement(walk: str, filters: str, in_queues: str) -> Statement:
+    """The candidates read when some key is full: key by key if one of the full keys is hot.
+
+    ``hot`` probes each full key for HOT_KEY_JOBS queued jobs; ``pairs`` then walks the
+    distinct (first key, queue) pairs with queued jobs, one index descent each, up to
+    SKIP_SCAN_PAIRS + 1 of them; each pair of a key that is not full gives its first
+    ``per_key`` due jobs (a key can start no more in one claim), and the head of all of them
+    in claim order is the answer. Otherwise (no hot key, or too many pairs), ``walk``: the
+    read in claim order. One-time filters decide which of the two runs, so one round trip
+    serves both; the statement is prepared, since planning it costs more than running it.
+    """
+    return Statement(
+        "WITH RECURSIVE hot AS MATERIALIZED ("
+        "SELECT 1 FROM unnest(%s::text[]) AS b(k) WHERE (SELECT count(*) FROM ("
+        f"SELECT 1 FROM {TABLE} WHERE status = 'queued' AND {_FIRST_KEY} = b.k "
+        f"AND queue_name {in_queues} LIMIT {HOT_KEY_JOBS}) AS s) >= {HOT_KEY_JOBS} LIMIT 1), "
+        "pairs (k, q, n) AS ("
+        f"(SELECT {_FIRST_KEY}, queue_name, 1 FROM {TABLE} WHERE status = 'queued' "
+        "AND EXISTS (SELECT 1 FROM hot) ORDER BY 1, 2 LIMIT 1) "
+        "UNION ALL SELECT nx.k, nx.q, p.n + 1 FROM pairs AS p, LATERAL ("
+        f"SELECT {_FIRST_KEY} AS k, queue_name AS q FROM {TABLE} WHERE status = 'queued' "
+        f"AND ({_FIRST_KEY}, queue_name) > (p.k, p.q) ORDER BY 1, 2 LIMIT 1) AS nx "
+        f"WHERE p.n <= {SKIP_SCAN_PAIRS}), "
+        f"walk AS MATERIALIZED (SELECT count(*) <= {SKIP_SCAN_PAIRS} AS fits FROM pairs) "
+        "SELECT id, task_name, queue_name, flow_keys, attempts FROM ("
+        "SELECT c.* FROM pairs AS p, LATERAL ("
+        f"SELECT id, task_name, queue_name, flow_keys, attempts, priority, run_after FROM {TABLE} "
+        f"WHERE {_FIRST_KEY} = p.k AND queue_name = p.q AND {filters} {_ORDER} "
+        "LIMIT CASE WHEN p.k = '' THEN %s::int ELSE %s::int END FOR UPDATE SKIP LOCKED) AS c "
+        f"WHERE (SELECT fits FROM walk) AND p.k <> ALL(%s::text[]) AND p.q {in_queues} "
+        "ORDER BY c.priority DESC, c.run_after, c.id LIMIT %s) AS by_key "
+        "UNION ALL SELECT id, task_name, queue_name, flow_keys, attempts FROM ("
+        f"{walk}) AS in_order WHERE NOT EXISTS (SELECT 1 FROM hot) OR NOT (SELECT fits FROM walk)"
+    )
 
 
 def claim_limited(

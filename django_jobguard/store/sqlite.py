@@ -243,7 +243,7 @@ _CLAIM_SET = (
 # -- flow control ----------------------------------------------------------------------------
 
 
-class _FlowSQL(_flow.ConflictUpserts):
+class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
     """The limited claim's statements on SQLite (see ``store/_flow.py``)."""
 
     def take_turn(self, alias: str, cursor: Any) -> None:
@@ -265,6 +265,7 @@ class _FlowSQL(_flow.ConflictUpserts):
         blocked_keys: Sequence[str],
         count: int,
         blocked_retries: Sequence[str] = (),
+        per_key: int | None = None,
     ) -> list[tuple[int, str, str, Any, int]]:
         where, params = _flow.candidate_filters(
             f"status = 'queued' AND run_after <= {NOW} AND attempts < max_attempts",

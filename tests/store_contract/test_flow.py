@@ -247,3 +247,49 @@ def test_prune_deletes_only_rate_keys_idle_for_an_hour():
     out = io.StringIO()
     call_command("jobguard_prune", stdout=out)
     assert "Deleted 1 idle flow-control rate row(s)." in out.getvalue().splitlines()
+
+
+def ordered(jobs):
+    """Jobs in claim order: priority first, then the time they became due, then id."""
+    rows = Job.objects.filter(pk__in=[job.id for job in jobs]).order_by("-priority", "run_after", "id")
+    return list(rows.values_list("id", flat=True))
+
+
+def test_a_full_key_with_hundreds_queued_leaves_the_others_in_claim_order(flow_tasks):
+    # On PostgreSQL the claim looks for the other keys key by key here (a full key with this many
+    # queued); every database must give the same jobs in the same order.
+    tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(200))
+    assert len(claim(limit=2)) == 2  # the hot key is full now, 198 of its jobs queued
+    low = tasks_flow.per_account.enqueue(2, 0)
+    high = tasks_flow.per_account.using(priority=5).enqueue(3, 0)
+    third = [tasks_flow.per_account.enqueue(4, 0) for _ in range(3)]
+    claimed = claim(limit=10)
+    # Account 4 has two slots, so its third job waits; the rest come in claim order.
+    assert [job.id for job in claimed] == ordered([high, low, *third[:2]])
+    assert claim() == []
+
+
+def test_beside_a_hot_key_many_other_keys_are_all_reached(flow_tasks):
+    # More keys with queued jobs than the claim walks key by key: it reads in claim order.
+    tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(100))
+    assert len(claim(limit=2)) == 2
+    cold = [tasks_flow.per_account.enqueue(account, 0) for account in range(100, 180)]
+    taken = []
+    for _ in range(10):
+        taken += [job.id for job in claim(limit=10)]
+    assert taken == ordered(cold)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_limited_claim_outside_a_transaction_commits_its_leases_and_rates(flow_tasks):
+    from django.db import connection
+
+    rated = [tasks_flow.rated.enqueue(n) for n in range(2)]
+    keyed = tasks_flow.per_account.enqueue(1, 0)
+    claimed = claim()
+    assert sorted(job.id for job in claimed) == sorted([*(job.id for job in rated), keyed.id])
+    assert not connection.in_atomic_block
+    connection.close()  # anything left uncommitted would be rolled back here
+    assert set(Job.objects.values_list("status", flat=True)) == {"running"}
+    assert FlowRate.objects.filter(key="rate:task:tests.testapp.tasks_flow.rated").exists()
+    assert claim() == []  # the connection serves the next claim as usual

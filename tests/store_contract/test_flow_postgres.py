@@ -1,0 +1,100 @@
+"""The limited claim's reads on PostgreSQL: key by key beside a hot key, in claim order otherwise.
+
+Each test runs the claim, then replays its candidates statement under ``EXPLAIN ANALYZE``
+to see which of its two reads ran; the other databases read in claim order only.
+"""
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from django_jobguard import store
+from django_jobguard.registry import registry
+from django_jobguard.store import postgres
+from tests.testapp import tasks_flow
+
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's limited claim only"),
+]
+
+
+@pytest.fixture
+def flow_tasks():
+    for task in tasks_flow.ALL:
+        registry.register(task)
+    yield
+    for task in tasks_flow.ALL:
+        registry.unregister(task.name)
+
+
+def claim(limit=10):
+    return store.claim("default", None, limit, "test-worker", flow=store.flow_plan())
+
+
+def claim_reads(limit=10):
+    """Claim, and return the jobs and which reads the candidates statement ran.
+
+    The claim's writes are rolled back before the replay, so it reads what the claim read.
+    """
+    savepoint = transaction.savepoint()
+    with CaptureQueriesContext(connection) as queries:
+        jobs = claim(limit)
+    transaction.savepoint_rollback(savepoint)
+    executes = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("EXECUTE jobguard_")]
+    assert executes, "the claim did not read through the prepared statement"
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + executes[-1])
+        (plan,) = cursor.fetchone()
+    ran: set[str] = set()
+
+    def walk(node, branch):
+        branch = node.get("Alias") if node.get("Alias") in ("by_key", "in_order") else branch
+        if branch and node.get("Index Name") and node.get("Actual Loops", 0) > 0:
+            ran.add(branch)
+        for child in node.get("Plans", []):
+            walk(child, branch)
+
+    walk(plan[0]["Plan"], None)
+    return jobs, ran
+
+
+def test_beside_a_hot_key_the_claim_reads_key_by_key(flow_tasks):
+    tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(postgres.HOT_KEY_JOBS + 10))
+    assert len(claim(limit=2)) == 2
+    cold = tasks_flow.per_account.enqueue(2, 0)
+    jobs, ran = claim_reads()
+    assert [job.id for job in jobs] == [cold.id]
+    assert ran == {"by_key"}
+
+
+def test_a_full_key_with_few_queued_is_read_past_in_claim_order(flow_tasks):
+    tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(postgres.HOT_KEY_JOBS - 10))
+    assert len(claim(limit=2)) == 2
+    cold = tasks_flow.per_account.enqueue(2, 0)
+    jobs, ran = claim_reads()
+    assert [job.id for job in jobs] == [cold.id]
+    assert ran == {"in_order"}
+
+
+def test_with_more_keys_queued_than_it_walks_the_claim_reads_in_claim_order(flow_tasks):
+    tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(postgres.HOT_KEY_JOBS + 10))
+    assert len(claim(limit=2)) == 2
+    tasks_flow.per_account.bulk_enqueue(
+        ((account, 0), {}) for account in range(100, 101 + postgres.SKIP_SCAN_PAIRS)
+    )
+    jobs, ran = claim_reads(limit=3)
+    assert [job.args[0] for job in jobs] == [100, 101, 102]
+    assert ran == {"in_order"}
+
+
+def test_the_turn_is_three_round_trips_for_a_claim_that_leases(flow_tasks):
+    tasks_flow.per_account.enqueue(1, 0)
+    claim()  # the statement is prepared on first use
+    tasks_flow.per_account.enqueue(2, 0)
+    with CaptureQueriesContext(connection) as queries:
+        assert len(claim()) == 1
+    sent = [q["sql"].split()[0] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
+    # The turn with its reads (running jobs, rates, breakers), the candidates, and the lease
+    # (with the COMMIT, outside a test's transaction).
+    assert sent == ["SELECT", "SELECT", "WITH"]
