@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -62,6 +64,12 @@ CANDIDATES_EXTRA = 16
 #: Candidate reads a limited claim makes again, after keys that filled up during it hid the
 #: rows of other keys (one hot key must not stall the rest; each pass costs one more read).
 REFILL_PASSES = 2
+#: Seconds a key that filled up within a claim and hid other rows is remembered as hot: the
+#: process's next claims ask the dialect to read around it from their first read (see
+#: :meth:`FlowSQL.candidates`' ``watched``), rather than read its rows and then again.
+HOT_KEY_MEMORY_SECONDS = 10.0
+#: At most this many such keys are remembered (the most recent).
+HOT_KEYS_REMEMBERED = 16
 #: Float slack when comparing arrival times (seconds): well under any rate's interval.
 _EPSILON = 1e-6
 RATE_TABLE = "jobguard_flowrate"
@@ -301,13 +309,16 @@ class FlowSQL(Protocol):
         count: int,
         blocked_retries: Sequence[str] = (),
         per_key: int | None = None,
+        watched: Sequence[str] = (),
     ) -> list[tuple[int, str, str, Any, int]]:
         """Due jobs in claim order but those of ``blocked_tasks`` and ``blocked_keys``, and
         the retries (jobs attempted before) of ``blocked_retries``.
 
         Each as ``(id, task, queue, flow_keys, attempts)``. ``per_key`` is the most jobs one
         stored key can start in a claim (its concurrency, or its burst): a dialect that reads
-        key by key needs no more of each.
+        key by key needs no more of each. ``watched`` are keys with room that recently filled
+        up within a claim and hid the rows behind them: such a dialect may read key by key
+        when one of them still has many jobs queued. A dialect may ignore both.
         """
         ...
 
@@ -657,6 +668,33 @@ def _note(
     throttle.retry_after = min(waits) if waits else None
 
 
+class _HotKeys:
+    """Keys this process saw fill up within a claim while their rows hid others' (recent first)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def note(self, keys: Iterable[str], now: float) -> None:
+        with self._lock:
+            for key in keys:
+                self._seen.pop(key, None)
+                self._seen[key] = now
+            while len(self._seen) > HOT_KEYS_REMEMBERED:
+                del self._seen[next(iter(self._seen))]
+
+    def recent(self, now: float) -> list[str]:
+        with self._lock:
+            return [key for key, seen in self._seen.items() if now - seen < HOT_KEY_MEMORY_SECONDS]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._seen.clear()
+
+
+hot_keys = _HotKeys()
+
+
 def claim_limited(
     sql: FlowSQL,
     alias: str,
@@ -699,6 +737,7 @@ def claim_limited(
         seen: set[int] = set()
         count = limit * CANDIDATES_PER_JOB + CANDIDATES_EXTRA
         per_key = plan.most_per_key
+        remembered = hot_keys.recent(time.monotonic())
         for _ in range(1 + REFILL_PASSES):
             blocked_tasks = sorted(
                 task
@@ -721,8 +760,18 @@ def claim_limited(
                     break
             else:
                 exclude = sorted({*exclude, *blocked_queues})
+            watched = [key for key in remembered if key not in blocked]
             rows = sql.candidates(
-                alias, cursor, queues, exclude, blocked_tasks, blocked_keys, count, blocked_retries, per_key
+                alias,
+                cursor,
+                queues,
+                exclude,
+                blocked_tasks,
+                blocked_keys,
+                count,
+                blocked_retries,
+                per_key,
+                watched,
             )
             # Keys that filled up during this claim and hid rows behind them: a hot key's jobs
             # fill the window once its slot frees, and the cold keys' jobs behind them would
@@ -735,7 +784,9 @@ def claim_limited(
                 keys = plan.keys_of(task_name, queue_name, _keys(flow_keys))
                 if any(full(key) for key in keys):
                     newly = {key for key in keys if full(key)} - blocked
-                    filled = filled or bool(newly)
+                    if newly:
+                        filled = True
+                        hot_keys.note(newly, time.monotonic())
                     blocked.update(newly)
                     continue
                 gate = gates.get(plan.guarded_tasks.get(task_name, ""))

@@ -315,6 +315,7 @@ class _FlowSQL(_flow.SequentialTurn):
         count: int,
         blocked_retries: Sequence[str] = (),
         per_key: int | None = None,
+        watched: Sequence[str] = (),
     ) -> list[tuple[int, str, str, Any, int]]:
         # The plain claim's walk of the status-first due index, in claim order; the rows of
         # full keys are passed over on the walk (and, at READ COMMITTED, left unlocked).

@@ -498,6 +498,7 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
         count: int,
         blocked_retries: Sequence[str] = (),
         per_key: int | None = None,
+        watched: Sequence[str] = (),
     ) -> list[tuple[int, str, str, Any, int]]:
         # The shapes of the plain claim (_picked): one index walk per queue, in claim order,
         # stopping after `count` rows; the full keys' rows are skipped over on the walk.
@@ -535,7 +536,7 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
                 "LIMIT %s FOR UPDATE SKIP LOCKED"
             )
             walk_params = [*params, count]
-        if not blocked_keys or Statement.sends_text(alias, cursor):
+        if not (blocked_keys or watched) or Statement.sends_text(alias, cursor):
             # Sent as text (a pooler, server-side binding), the statement below would be
             # planned on every claim, which costs more than the walk saves unless a key is hot.
             cursor.execute(walk, walk_params)
@@ -552,7 +553,7 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
             alias,
             cursor,
             [
-                list(blocked_keys),
+                [*blocked_keys, *watched],
                 *queue_params,
                 *filter_params,
                 count,
@@ -604,9 +605,10 @@ _FIRST_KEY = "coalesce(flow_keys->>0, '')"
 
 @functools.lru_cache(maxsize=64)
 def _skipping_statement(walk: str, filters: str, in_queues: str) -> Statement:
-    """The candidates read when some key is full: key by key if one of the full keys is hot.
+    """The candidates read when some key is full or watched: key by key if one of them is hot.
 
-    ``hot`` probes each full key for HOT_KEY_JOBS queued jobs; ``pairs`` then walks the
+    ``hot`` probes each full key, and each watched one (a key with room that recently filled
+    up within a claim), for HOT_KEY_JOBS queued jobs; ``pairs`` then walks the
     distinct (first key, queue) pairs with queued jobs, one index descent each, up to
     SKIP_SCAN_PAIRS + 1 of them; each pair of a key that is not full gives its first
     ``per_key`` due jobs (a key can start no more in one claim), and the head of all of them

@@ -266,6 +266,7 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
         count: int,
         blocked_retries: Sequence[str] = (),
         per_key: int | None = None,
+        watched: Sequence[str] = (),
     ) -> list[tuple[int, str, str, Any, int]]:
         where, params = _flow.candidate_filters(
             f"status = 'queued' AND run_after <= {NOW} AND attempts < max_attempts",

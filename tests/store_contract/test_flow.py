@@ -6,6 +6,7 @@ killed while a sampler watches the running rows) is tests/processes/test_flow_pr
 """
 
 import io
+import time
 
 import pytest
 from django.core.management import call_command
@@ -16,6 +17,7 @@ from django.utils import timezone
 from django_jobguard import store
 from django_jobguard.models import FlowRate, Job
 from django_jobguard.registry import registry
+from django_jobguard.store._flow import hot_keys
 from django_jobguard.store.memory import MemoryStore
 from tests.conftest import wait_for
 from tests.testapp import tasks_flow
@@ -27,6 +29,7 @@ pytestmark = [
 
 @pytest.fixture
 def flow_tasks():
+    hot_keys.clear()  # what earlier tests' claims remembered
     for task in tasks_flow.ALL:
         registry.register(task)
     yield
@@ -293,3 +296,14 @@ def test_a_limited_claim_outside_a_transaction_commits_its_leases_and_rates(flow
     assert set(Job.objects.values_list("status", flat=True)) == {"running"}
     assert FlowRate.objects.filter(key="rate:task:tests.testapp.tasks_flow.rated").exists()
     assert claim() == []  # the connection serves the next claim as usual
+
+
+def test_a_key_with_room_again_after_filling_up_is_served_beside_the_others(flow_tasks):
+    hot = tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(200))
+    first = claim(limit=3)  # two slots: the third job read finds the key full
+    assert [job.id for job in first] == [job.id for job in hot[:2]]
+    assert hot_keys.recent(time.monotonic()) == ["c:tests.testapp.tasks_flow.per_account|account:1"]
+    finish(first[0].id)  # one slot of the hot key is free again
+    cold = [tasks_flow.per_account.enqueue(account, 0) for account in (2, 3)]
+    claimed = claim(limit=5)
+    assert [job.id for job in claimed] == [hot[2].id, *(job.id for job in cold)]

@@ -9,8 +9,10 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from django_jobguard import store
+from django_jobguard.models import Job
 from django_jobguard.registry import registry
 from django_jobguard.store import postgres
+from django_jobguard.store._flow import hot_keys
 from tests.testapp import tasks_flow
 
 pytestmark = [
@@ -21,6 +23,7 @@ pytestmark = [
 
 @pytest.fixture
 def flow_tasks():
+    hot_keys.clear()  # what earlier tests' claims remembered
     for task in tasks_flow.ALL:
         registry.register(task)
     yield
@@ -33,7 +36,8 @@ def claim(limit=10):
 
 
 def claim_reads(limit=10):
-    """Claim, and return the jobs and which reads the candidates statement ran.
+    """Claim, and return the jobs, which reads its last candidates statement ran, and how
+    many candidates reads it made.
 
     The claim's writes are rolled back before the replay, so it reads what the claim read.
     """
@@ -42,6 +46,7 @@ def claim_reads(limit=10):
         jobs = claim(limit)
     transaction.savepoint_rollback(savepoint)
     executes = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("EXECUTE jobguard_")]
+    reads = sum(q["sql"].startswith(("EXECUTE jobguard_", "SELECT id,")) for q in queries.captured_queries)
     assert executes, "the claim did not read through the prepared statement"
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + executes[-1])
@@ -56,14 +61,14 @@ def claim_reads(limit=10):
             walk(child, branch)
 
     walk(plan[0]["Plan"], None)
-    return jobs, ran
+    return jobs, ran, reads
 
 
 def test_beside_a_hot_key_the_claim_reads_key_by_key(flow_tasks):
     tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(postgres.HOT_KEY_JOBS + 10))
     assert len(claim(limit=2)) == 2
     cold = tasks_flow.per_account.enqueue(2, 0)
-    jobs, ran = claim_reads()
+    jobs, ran, _ = claim_reads()
     assert [job.id for job in jobs] == [cold.id]
     assert ran == {"by_key"}
 
@@ -72,7 +77,7 @@ def test_a_full_key_with_few_queued_is_read_past_in_claim_order(flow_tasks):
     tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(postgres.HOT_KEY_JOBS - 10))
     assert len(claim(limit=2)) == 2
     cold = tasks_flow.per_account.enqueue(2, 0)
-    jobs, ran = claim_reads()
+    jobs, ran, _ = claim_reads()
     assert [job.id for job in jobs] == [cold.id]
     assert ran == {"in_order"}
 
@@ -83,7 +88,7 @@ def test_with_more_keys_queued_than_it_walks_the_claim_reads_in_claim_order(flow
     tasks_flow.per_account.bulk_enqueue(
         ((account, 0), {}) for account in range(100, 101 + postgres.SKIP_SCAN_PAIRS)
     )
-    jobs, ran = claim_reads(limit=3)
+    jobs, ran, _ = claim_reads(limit=3)
     assert [job.args[0] for job in jobs] == [100, 101, 102]
     assert ran == {"in_order"}
 
@@ -98,3 +103,14 @@ def test_the_turn_is_three_round_trips_for_a_claim_that_leases(flow_tasks):
     # The turn with its reads (running jobs, rates, breakers), the candidates, and the lease
     # (with the COMMIT, outside a test's transaction).
     assert sent == ["SELECT", "SELECT", "WITH"]
+
+
+def test_a_hot_key_with_room_is_read_around_from_the_first_read(flow_tasks):
+    hot = tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(postgres.HOT_KEY_JOBS + 10))
+    first = claim(limit=3)  # two slots: the key filled up within this claim, so it is remembered
+    Job.objects.filter(pk=first[0].id).update(status="succeeded", lease_token=None, lease_expires_at=None)
+    cold = tasks_flow.per_account.enqueue(2, 0)
+    jobs, ran, reads = claim_reads(limit=5)
+    assert [job.id for job in jobs] == [hot[2].id, cold.id]
+    # One read, key by key: not the hot key's rows first and then a second read past them.
+    assert (ran, reads) == ({"by_key"}, 1)
