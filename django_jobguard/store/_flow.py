@@ -16,8 +16,13 @@ row, :data:`TURN_KEY` of the rate table, on MariaDB/MySQL):
    more than its burst ahead of the clock);
 3. read due jobs in claim order, leaving out those of full or throttled keys in the SQL
    itself, so a saturated key never stands in front of the others (no head-of-line blocking);
+   a dialect may read key by key instead when one of those keys has many jobs queued
+   (PostgreSQL does), so that its rows are not read past on every claim;
 4. admit them in order while each of their keys has room, and lease the admitted ones;
 5. write the admitted rate keys' new arrival times.
+
+A dialect may send several of these steps in one round trip (:meth:`FlowSQL.open_turn`,
+:meth:`FlowSQL.close_turn`): every claim queued behind the turn pays for each one inside it.
 
 Counting and leasing in one turn is what keeps "never more than N": a running count can
 only fall while a turn is under way (acks and the reaper do not take the lock), so the
@@ -26,12 +31,14 @@ count a turn reads is never below the truth when its leases commit.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import connections, transaction
@@ -53,6 +60,7 @@ __all__ = [
     "RateSpec",
     "SequentialTurn",
     "Throttle",
+    "TurnScope",
     "build_plan",
     "claim_limited",
 ]
@@ -276,15 +284,38 @@ class Opening:
     breakers: list[Sequence[Any]]
 
 
+@dataclasses.dataclass(slots=True)
+class TurnScope:
+    """How a limited claim's transaction is carried (see :meth:`FlowSQL.turn`)."""
+
+    #: The transaction's BEGIN and COMMIT travel in the turn's own SQL strings, not in
+    #: round trips of their own (Django's atomic block is not used).
+    in_sql: bool = False
+    #: A BEGIN was sent in SQL: the transaction must be ended in SQL too.
+    begun: bool = False
+    #: The turn's last string carried the COMMIT.
+    committed: bool = False
+
+
 class FlowSQL(Protocol):
     """What a dialect writes in its own SQL for :func:`claim_limited`."""
 
-    def open_turn(self, alias: str, cursor: Any, plan: FlowPlan) -> Opening:
+    def turn(self, alias: str, plan: FlowPlan) -> AbstractContextManager[TurnScope]:
+        """The transaction of one limited claim: committed on leaving, rolled back on an error."""
+        ...
+
+    def open_turn(self, alias: str, cursor: Any, plan: FlowPlan, scope: TurnScope) -> Opening:
         """Take the turn (:meth:`take_turn`), then read what the claim starts from."""
         ...
 
     def close_turn(
-        self, alias: str, cursor: Any, ids: Sequence[int], worker_id: str, arrivals: Mapping[str, float]
+        self,
+        alias: str,
+        cursor: Any,
+        ids: Sequence[int],
+        worker_id: str,
+        arrivals: Mapping[str, float],
+        scope: TurnScope,
     ) -> list[ClaimedJob]:
         """Lease ``ids`` (:meth:`lease`) and write ``arrivals`` (:meth:`upsert_rates`): the
         turn's last writes. A dialect may commit the transaction with them."""
@@ -336,10 +367,15 @@ class FlowSQL(Protocol):
 
 
 class SequentialTurn:
-    """:meth:`FlowSQL.open_turn` and :meth:`FlowSQL.close_turn` as one statement after
-    another (MariaDB/MySQL, SQLite)."""
+    """:meth:`FlowSQL.turn` as Django's atomic block, and :meth:`FlowSQL.open_turn` and
+    :meth:`FlowSQL.close_turn` as one statement after another (MariaDB/MySQL, SQLite)."""
 
-    def open_turn(self, alias: str, cursor: Any, plan: FlowPlan) -> Opening:
+    @contextlib.contextmanager
+    def turn(self, alias: str, plan: FlowPlan) -> Iterator[TurnScope]:
+        with transaction.atomic(using=alias):
+            yield TurnScope()
+
+    def open_turn(self, alias: str, cursor: Any, plan: FlowPlan, scope: TurnScope) -> Opening:
         flow_sql: FlowSQL = self  # type: ignore[assignment]
         flow_sql.take_turn(alias, cursor)
         paused = paused_queue_names(alias)
@@ -356,7 +392,13 @@ class SequentialTurn:
         return Opening(paused, running, now, arrivals, breakers)
 
     def close_turn(
-        self, alias: str, cursor: Any, ids: Sequence[int], worker_id: str, arrivals: Mapping[str, float]
+        self,
+        alias: str,
+        cursor: Any,
+        ids: Sequence[int],
+        worker_id: str,
+        arrivals: Mapping[str, float],
+        scope: TurnScope,
     ) -> list[ClaimedJob]:
         flow_sql: FlowSQL = self  # type: ignore[assignment]
         jobs = flow_sql.lease(alias, cursor, ids, worker_id)
@@ -710,8 +752,8 @@ def claim_limited(
     ``throttle``, when given, receives when a rate next admits a start (the caller may claim
     again then, rather than at its next poll).
     """
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        opening = sql.open_turn(alias, cursor, plan)
+    with sql.turn(alias, plan) as scope, connections[alias].cursor() as cursor:
+        opening = sql.open_turn(alias, cursor, plan, scope)
         exclude = sorted({*exclude, *opening.paused})
         if queues:
             queues = [name for name in queues if name not in exclude]
@@ -811,4 +853,4 @@ def claim_limited(
             throttle.breaker_changes = changes
         if not admitted:
             return []
-        return sql.close_turn(alias, cursor, admitted, worker_id, advanced)
+        return sql.close_turn(alias, cursor, admitted, worker_id, advanced, scope)

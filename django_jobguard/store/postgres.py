@@ -7,6 +7,7 @@ another one is taking instead of queueing behind it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import hashlib
@@ -15,11 +16,11 @@ import logging
 import re
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, DataError, connections, transaction
+from django.db import DatabaseError, DataError, InterfaceError, connections, transaction
 
 from .. import events
 from ..conf import get_settings
@@ -452,24 +453,57 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
         # Held to the transaction's end: the next limited claim counts this one's leases.
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [FLOW_LOCK_ID])
 
-    def open_turn(self, alias: str, cursor: Any, plan: _flow.FlowPlan) -> _flow.Opening:
+    @contextlib.contextmanager
+    def turn(self, alias: str, plan: _flow.FlowPlan) -> Iterator[_flow.TurnScope]:
+        connection = connections[alias]
+        connection.ensure_connection()
+        with connection.cursor() as cursor:
+            plain = isinstance(cursor.cursor, _SIMPLE_QUERY_CURSORS)
+        if plan.guards or not plain or connection.in_atomic_block or not connection.get_autocommit():
+            # A breaker's writes go through the ORM, whose on_commit hooks must wait for the
+            # COMMIT: outside an atomic block Django would run them at once.
+            with transaction.atomic(using=alias):
+                yield _flow.TurnScope()
+            return
+        # The BEGIN travels with the turn's first string and the COMMIT with its last: a
+        # round trip less each, where Django's atomic block would send them on their own.
+        scope = _flow.TurnScope(in_sql=True)
+        try:
+            yield scope
+        except BaseException:
+            if scope.begun and not scope.committed:
+                with contextlib.suppress(DatabaseError, InterfaceError), connection.cursor() as cursor:
+                    cursor.execute("ROLLBACK")
+            raise
+        if scope.begun and not scope.committed:
+            with connection.cursor() as cursor:
+                cursor.execute("COMMIT")
+
+    def open_turn(
+        self, alias: str, cursor: Any, plan: _flow.FlowPlan, scope: _flow.TurnScope
+    ) -> _flow.Opening:
         if not isinstance(cursor.cursor, _SIMPLE_QUERY_CURSORS):
-            return super().open_turn(alias, cursor, plan)
+            return super().open_turn(alias, cursor, plan, scope)
         # One round trip for the turn and its reads: the fleet's limited claims wait for this turn,
         # so each round trip inside it is paid by every claim queued behind it. The clock is
         # read after the lock (statement_timestamp() would be the time the string arrived).
+        begin = ""
+        if scope.in_sql:
+            begin, scope.begun = "BEGIN; ", True
         running_sql, params = _flow.running_statement(plan)
         gates_sql = ""
         if plan.guards:
             gates_sql, gates_params = _flow.gates_statement(plan)
             gates_sql, params = f"; {gates_sql}", [*params, *gates_params]
         cursor.execute(
-            f"SELECT pg_advisory_xact_lock({FLOW_LOCK_ID}); {_PAUSED}; {running_sql}; "
+            f"{begin}SELECT pg_advisory_xact_lock({FLOW_LOCK_ID}); {_PAUSED}; {running_sql}; "
             "WITH clock AS (SELECT extract(epoch from clock_timestamp())::float8 AS now) "
             f"SELECT clock.now, r.key, r.tat FROM clock "
             f"LEFT JOIN {_flow.RATE_TABLE} AS r ON r.tat > clock.now{gates_sql}",
             params,
         )
+        if begin:
+            cursor.nextset()
         cursor.nextset()
         paused = {name for (name,) in cursor.fetchall()}
         cursor.nextset()
@@ -515,27 +549,32 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
             where.append("(attempts = 0 OR task_name <> ALL(%s))")
             params.append(list(blocked_retries))
         filters, filter_params = list(where), list(params)
-        columns = "id, task_name, queue_name, flow_keys, attempts"
-        if queues and len(queues) > 1:
-            walk = (
-                f"SELECT c.{columns.replace(', ', ', c.')} FROM unnest(%s::text[]) AS q(name), LATERAL ("
-                f"SELECT {columns}, priority, run_after FROM {TABLE} WHERE queue_name = q.name "
-                f"AND {' AND '.join(where)} {_ORDER} LIMIT %s FOR UPDATE SKIP LOCKED) AS c "
-                "ORDER BY c.priority DESC, c.run_after, c.id LIMIT %s"
-            )
-            walk_params = [list(queues), *params, count, count]
-        else:
+
+        def shape(
+            columns: str, conditions: list[str], values: list[Any], limit: int, lock: str
+        ) -> tuple[str, list[Any]]:
+            if queues and len(queues) > 1:
+                return (
+                    f"SELECT c.{columns.replace(', ', ', c.')} FROM unnest(%s::text[]) AS q(name), LATERAL ("
+                    f"SELECT {columns}, priority, run_after FROM {TABLE} WHERE queue_name = q.name "
+                    f"AND {' AND '.join(conditions)} {_ORDER} LIMIT {limit:d}{lock}) AS c "
+                    f"ORDER BY c.priority DESC, c.run_after, c.id LIMIT {limit:d}"
+                ), [list(queues), *values]
+            conditions, values = list(conditions), list(values)
             if queues:
-                where.append("queue_name = %s")
-                params.append(queues[0])
+                conditions.append("queue_name = %s")
+                values.append(queues[0])
             elif exclude:
-                where.append("queue_name <> ALL(%s)")
-                params.append(list(exclude))
-            walk = (
-                f"SELECT {columns} FROM {TABLE} WHERE {' AND '.join(where)} {_ORDER} "
-                "LIMIT %s FOR UPDATE SKIP LOCKED"
-            )
-            walk_params = [*params, count]
+                conditions.append("queue_name <> ALL(%s)")
+                values.append(list(exclude))
+            return (
+                f"SELECT {columns} FROM {TABLE} WHERE {' AND '.join(conditions)} {_ORDER} "
+                f"LIMIT {limit:d}{lock}"
+            ), values
+
+        walk, walk_params = shape(
+            "id, task_name, queue_name, flow_keys, attempts", where, params, count, " FOR UPDATE SKIP LOCKED"
+        )
         if not (blocked_keys or watched) or Statement.sends_text(alias, cursor):
             # Sent as text (a pooler, server-side binding), the statement below would be
             # planned on every claim, which costs more than the walk saves unless a key is hot.
@@ -548,19 +587,19 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
             in_queues, queue_params = "<> ALL(%s::text[])", [list(exclude)]
         else:
             in_queues, queue_params = "IS NOT NULL", []
-        statement = _skipping_statement(walk, " AND ".join(filters), in_queues)
+        ahead, ahead_params = shape("flow_keys", [_DUE], [], HOT_WINDOW, "")
+        statement = _skipping_statement(
+            ahead, walk, " AND ".join(filters), in_queues, count, min(per_key or count, count)
+        )
         statement.execute(
             alias,
             cursor,
             [
                 [*blocked_keys, *watched],
-                *queue_params,
+                *ahead_params,
                 *filter_params,
-                count,
-                min(per_key or count, count),
                 list(blocked_keys),
                 *queue_params,
-                count,
                 *walk_params,
             ],
         )
@@ -571,11 +610,17 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
         return [ClaimedJob.from_row(row) for row in cursor.fetchall()]
 
     def close_turn(
-        self, alias: str, cursor: Any, ids: Sequence[int], worker_id: str, arrivals: Mapping[str, float]
+        self,
+        alias: str,
+        cursor: Any,
+        ids: Sequence[int],
+        worker_id: str,
+        arrivals: Mapping[str, float],
+        scope: _flow.TurnScope,
     ) -> list[ClaimedJob]:
         connection = connections[alias]
         if not isinstance(cursor.cursor, _SIMPLE_QUERY_CURSORS):
-            return super().close_turn(alias, cursor, ids, worker_id, arrivals)
+            return super().close_turn(alias, cursor, ids, worker_id, arrivals, scope)
         # The lease, the arrival times and the COMMIT in one string, as the ack sends its
         # COMMIT: the turn ends one round trip sooner for every claim waiting on it. Django's
         # commit on leaving the block then finds no transaction open and sends nothing.
@@ -584,18 +629,21 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
             upsert, upsert_params = _flow.upsert_rates_statement(arrivals)
             statements.append(upsert)
             params += upsert_params
-        if _commits_here(connection, cursor):
+        commit = scope.begun or _commits_here(connection, cursor)
+        if commit:
             statements.append("COMMIT")
         cursor.execute("; ".join(statements), params)
+        scope.committed = commit
         return [ClaimedJob.from_row(row) for row in cursor.fetchall()]
 
 
 FLOW_SQL = _FlowSQL()
 
-#: A full key with at least this many queued jobs in the claimed queues makes a limited claim
-#: look for the other keys' jobs key by key (jobguard_job_flowkey_idx) instead of reading past
-#: its rows in claim order: one key with 10,000 queued cost each claim 1.5 to 3 ms of reading.
-HOT_KEY_JOBS = 64
+#: A limited claim looks at the first this many due jobs in claim order: when at least half
+#: of them belong to full keys (or to keys it watches), it looks for the other keys' jobs key
+#: by key (jobguard_job_flowkey_idx) instead of reading past them. One key with 10,000 jobs
+#: queued ahead of the others cost each claim 1.5 to 3 ms of reading.
+HOT_WINDOW = 64
 #: ... as long as few (key, queue) pairs have queued jobs: each costs two index descents, so
 #: past this many the walk key by key would cost more than the rows it skips.
 SKIP_SCAN_PAIRS = 64
@@ -603,39 +651,48 @@ SKIP_SCAN_PAIRS = 64
 _FIRST_KEY = "coalesce(flow_keys->>0, '')"
 
 
-@functools.lru_cache(maxsize=64)
-def _skipping_statement(walk: str, filters: str, in_queues: str) -> Statement:
-    """The candidates read when some key is full or watched: key by key if one of them is hot.
+@functools.lru_cache(maxsize=256)
+def _skipping_statement(
+    ahead: str, walk: str, filters: str, in_queues: str, count: int, per_key: int
+) -> Statement:
+    """The candidates read when some key is full or watched: key by key if they crowd the queue.
 
-    ``hot`` probes each full key, and each watched one (a key with room that recently filled
-    up within a claim), for HOT_KEY_JOBS queued jobs; ``pairs`` then walks the
-    distinct (first key, queue) pairs with queued jobs, one index descent each, up to
-    SKIP_SCAN_PAIRS + 1 of them; each pair of a key that is not full gives its first
-    ``per_key`` due jobs (a key can start no more in one claim), and the head of all of them
-    in claim order is the answer. Otherwise (no hot key, or too many pairs), ``walk``: the
-    read in claim order. One-time filters decide which of the two runs, so one round trip
-    serves both; the statement is prepared, since planning it costs more than running it.
+    ``hot`` counts how many of the first HOT_WINDOW due jobs (``ahead``, in claim order)
+    belong to the full keys or to the watched ones (keys with room that recently filled up
+    within a claim); from half of them on, ``pairs`` walks the distinct (first key, queue)
+    pairs with queued jobs, one index descent each, up to SKIP_SCAN_PAIRS + 1 of them; each
+    pair of a key that is not full gives its first ``per_key`` due jobs (a key can start no
+    more in one claim), and the head of all of them in claim order is the answer. Otherwise
+    (the queue is not crowded, or too many pairs), ``walk``: the read in claim order.
+    One-time filters decide which of the two runs, so one round trip serves both.
+
+    The statement is prepared with a generic plan, since planning it costs more than running
+    it, so each read is written so that one index serves it whatever the statistics say: the
+    counts are literals (a LIMIT parameter makes the planner expect a large share of the
+    rows), and a pair's jobs are read by a range on the key index's leading columns, in that
+    index's own order, which no other index can give without sorting.
     """
+    pair = f"({_FIRST_KEY}, queue_name)"
     return Statement(
         "WITH RECURSIVE hot AS MATERIALIZED ("
-        "SELECT 1 FROM unnest(%s::text[]) AS b(k) WHERE (SELECT count(*) FROM ("
-        f"SELECT 1 FROM {TABLE} WHERE status = 'queued' AND {_FIRST_KEY} = b.k "
-        f"AND queue_name {in_queues} LIMIT {HOT_KEY_JOBS}) AS s) >= {HOT_KEY_JOBS} LIMIT 1), "
+        "SELECT 1 WHERE (SELECT count(*) FILTER (WHERE flow_keys ?| %s::text[]) "
+        f"FROM ({ahead}) AS a) >= {HOT_WINDOW // 2:d}), "
         "pairs (k, q, n) AS ("
         f"(SELECT {_FIRST_KEY}, queue_name, 1 FROM {TABLE} WHERE status = 'queued' "
         "AND EXISTS (SELECT 1 FROM hot) ORDER BY 1, 2 LIMIT 1) "
         "UNION ALL SELECT nx.k, nx.q, p.n + 1 FROM pairs AS p, LATERAL ("
         f"SELECT {_FIRST_KEY} AS k, queue_name AS q FROM {TABLE} WHERE status = 'queued' "
-        f"AND ({_FIRST_KEY}, queue_name) > (p.k, p.q) ORDER BY 1, 2 LIMIT 1) AS nx "
-        f"WHERE p.n <= {SKIP_SCAN_PAIRS}), "
-        f"walk AS MATERIALIZED (SELECT count(*) <= {SKIP_SCAN_PAIRS} AS fits FROM pairs) "
+        f"AND {pair} > (p.k, p.q) ORDER BY 1, 2 LIMIT 1) AS nx "
+        f"WHERE p.n <= {SKIP_SCAN_PAIRS:d}), "
+        f"walk AS MATERIALIZED (SELECT count(*) <= {SKIP_SCAN_PAIRS:d} AS fits FROM pairs) "
         "SELECT id, task_name, queue_name, flow_keys, attempts FROM ("
         "SELECT c.* FROM pairs AS p, LATERAL ("
         f"SELECT id, task_name, queue_name, flow_keys, attempts, priority, run_after FROM {TABLE} "
-        f"WHERE {_FIRST_KEY} = p.k AND queue_name = p.q AND {filters} {_ORDER} "
-        "LIMIT CASE WHEN p.k = '' THEN %s::int ELSE %s::int END FOR UPDATE SKIP LOCKED) AS c "
+        f"WHERE {pair} >= (p.k, p.q) AND {pair} <= (p.k, p.q) AND {filters} "
+        f"ORDER BY {_FIRST_KEY}, queue_name, priority DESC, run_after, id "
+        f"LIMIT CASE WHEN p.k = '' THEN {count:d} ELSE {per_key:d} END FOR UPDATE SKIP LOCKED) AS c "
         f"WHERE (SELECT fits FROM walk) AND p.k <> ALL(%s::text[]) AND p.q {in_queues} "
-        "ORDER BY c.priority DESC, c.run_after, c.id LIMIT %s) AS by_key "
+        f"ORDER BY c.priority DESC, c.run_after, c.id LIMIT {count:d}) AS by_key "
         "UNION ALL SELECT id, task_name, queue_name, flow_keys, attempts FROM ("
         f"{walk}) AS in_order WHERE NOT EXISTS (SELECT 1 FROM hot) OR NOT (SELECT fits FROM walk)"
     )

@@ -5,7 +5,7 @@ to see which of its two reads ran; the other databases read in claim order only.
 """
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from django_jobguard import store
@@ -28,6 +28,18 @@ def flow_tasks():
         registry.register(task)
     yield
     for task in tasks_flow.ALL:
+        registry.unregister(task.name)
+
+
+@pytest.fixture
+def unguarded_tasks():
+    """The flow tasks but the one under a breaker (whose claims keep Django's atomic block)."""
+    hot_keys.clear()
+    tasks = [task for task in tasks_flow.ALL if task is not tasks_flow.call_dependency]
+    for task in tasks:
+        registry.register(task)
+    yield
+    for task in tasks:
         registry.unregister(task.name)
 
 
@@ -65,7 +77,7 @@ def claim_reads(limit=10):
 
 
 def test_beside_a_hot_key_the_claim_reads_key_by_key(flow_tasks):
-    tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(postgres.HOT_KEY_JOBS + 10))
+    tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(postgres.HOT_WINDOW + 10))
     assert len(claim(limit=2)) == 2
     cold = tasks_flow.per_account.enqueue(2, 0)
     jobs, ran, _ = claim_reads()
@@ -74,7 +86,7 @@ def test_beside_a_hot_key_the_claim_reads_key_by_key(flow_tasks):
 
 
 def test_a_full_key_with_few_queued_is_read_past_in_claim_order(flow_tasks):
-    tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(postgres.HOT_KEY_JOBS - 10))
+    tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(postgres.HOT_WINDOW // 2 - 10))
     assert len(claim(limit=2)) == 2
     cold = tasks_flow.per_account.enqueue(2, 0)
     jobs, ran, _ = claim_reads()
@@ -83,7 +95,7 @@ def test_a_full_key_with_few_queued_is_read_past_in_claim_order(flow_tasks):
 
 
 def test_with_more_keys_queued_than_it_walks_the_claim_reads_in_claim_order(flow_tasks):
-    tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(postgres.HOT_KEY_JOBS + 10))
+    tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(postgres.HOT_WINDOW + 10))
     assert len(claim(limit=2)) == 2
     tasks_flow.per_account.bulk_enqueue(
         ((account, 0), {}) for account in range(100, 101 + postgres.SKIP_SCAN_PAIRS)
@@ -106,7 +118,7 @@ def test_the_turn_is_three_round_trips_for_a_claim_that_leases(flow_tasks):
 
 
 def test_a_hot_key_with_room_is_read_around_from_the_first_read(flow_tasks):
-    hot = tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(postgres.HOT_KEY_JOBS + 10))
+    hot = tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(postgres.HOT_WINDOW + 10))
     first = claim(limit=3)  # two slots: the key filled up within this claim, so it is remembered
     Job.objects.filter(pk=first[0].id).update(status="succeeded", lease_token=None, lease_expires_at=None)
     cold = tasks_flow.per_account.enqueue(2, 0)
@@ -114,3 +126,62 @@ def test_a_hot_key_with_room_is_read_around_from_the_first_read(flow_tasks):
     assert [job.id for job in jobs] == [hot[2].id, cold.id]
     # One read, key by key: not the hot key's rows first and then a second read past them.
     assert (ran, reads) == ({"by_key"}, 1)
+
+
+def transaction_status():
+    import psycopg.pq
+
+    return connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outside_a_transaction_the_begin_and_the_commit_travel_with_the_turn(unguarded_tasks):
+    tasks_flow.per_account.enqueue(1, 0)
+    claim()  # the statements are prepared on first use
+    job = tasks_flow.per_account.enqueue(2, 0)
+    with CaptureQueriesContext(connection) as queries:
+        assert [claimed.id for claimed in claim()] == [job.id]
+    sent = [q["sql"] for q in queries.captured_queries]
+    assert len(sent) == 3
+    assert sent[0].startswith("BEGIN; SELECT pg_advisory_xact_lock(")
+    assert sent[-1].startswith("WITH picked AS") and sent[-1].endswith("; COMMIT")
+    assert transaction_status()  # idle: nothing left open
+    connection.close()  # anything uncommitted would be rolled back here
+    assert Job.objects.get(pk=job.id).status == "running"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_that_finds_nothing_ends_its_transaction(unguarded_tasks):
+    with CaptureQueriesContext(connection) as queries:
+        assert claim() == []
+    assert queries.captured_queries[-1]["sql"] == "COMMIT"
+    assert transaction_status()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_error_within_the_turn_rolls_it_back_and_frees_the_turn(unguarded_tasks, monkeypatch):
+    job = tasks_flow.per_account.enqueue(1, 0)
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("the read failed")
+
+    monkeypatch.setattr(postgres._FlowSQL, "candidates", failing)
+    with pytest.raises(RuntimeError, match="the read failed"):
+        claim()
+    assert transaction_status()
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s), pg_advisory_unlock(%s)", [postgres.FLOW_LOCK_ID] * 2)
+        assert cursor.fetchone() == (True, True)
+    monkeypatch.undo()
+    assert [claimed.id for claimed in claim()] == [job.id]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_under_a_breaker_keeps_its_atomic_block(flow_tasks):
+    job = tasks_flow.call_dependency.enqueue(1)
+    with CaptureQueriesContext(connection) as queries:
+        assert [claimed.id for claimed in claim()] == [job.id]
+    assert not queries.captured_queries[1]["sql"].startswith("BEGIN;")
+    assert transaction_status()
+    connection.close()
+    assert Job.objects.get(pk=job.id).status == "running"
