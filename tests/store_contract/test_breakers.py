@@ -16,7 +16,6 @@ from django_jobguard.conf import get_settings
 from django_jobguard.exceptions import BreakerError, BreakerPermissionDenied
 from django_jobguard.models import Breaker, BreakerEvent, Job
 from django_jobguard.monitoring.stats import breaker_stats
-from django_jobguard.registry import registry
 from tests.testapp import tasks_flow
 
 pytestmark = [
@@ -24,15 +23,6 @@ pytestmark = [
 ]
 
 DEP = "flow-dep"
-
-
-@pytest.fixture
-def flow_tasks():
-    for task in tasks_flow.ALL:
-        registry.register(task)
-    yield
-    for task in tasks_flow.ALL:
-        registry.unregister(task.name)
 
 
 def spec():

@@ -16,7 +16,6 @@ from django.utils import timezone
 
 from django_jobguard import store
 from django_jobguard.models import FlowRate, Job
-from django_jobguard.registry import registry
 from django_jobguard.store._flow import hot_keys
 from django_jobguard.store.memory import MemoryStore
 from tests.conftest import wait_for
@@ -25,16 +24,6 @@ from tests.testapp import tasks_flow
 pytestmark = [
     pytest.mark.django_db,
 ]
-
-
-@pytest.fixture
-def flow_tasks():
-    hot_keys.clear()  # what earlier tests' claims remembered
-    for task in tasks_flow.ALL:
-        registry.register(task)
-    yield
-    for task in tasks_flow.ALL:
-        registry.unregister(task.name)
 
 
 def claim(limit=10, queues=None):

@@ -10,37 +10,13 @@ from django.test.utils import CaptureQueriesContext
 
 from django_jobguard import store
 from django_jobguard.models import Job
-from django_jobguard.registry import registry
 from django_jobguard.store import postgres
-from django_jobguard.store._flow import hot_keys
 from tests.testapp import tasks_flow
 
 pytestmark = [
     pytest.mark.django_db,
     pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's limited claim only"),
 ]
-
-
-@pytest.fixture
-def flow_tasks():
-    hot_keys.clear()  # what earlier tests' claims remembered
-    for task in tasks_flow.ALL:
-        registry.register(task)
-    yield
-    for task in tasks_flow.ALL:
-        registry.unregister(task.name)
-
-
-@pytest.fixture
-def unguarded_tasks():
-    """The flow tasks but the one under a breaker (whose claims keep Django's atomic block)."""
-    hot_keys.clear()
-    tasks = [task for task in tasks_flow.ALL if task is not tasks_flow.call_dependency]
-    for task in tasks:
-        registry.register(task)
-    yield
-    for task in tasks:
-        registry.unregister(task.name)
 
 
 def claim(limit=10):
