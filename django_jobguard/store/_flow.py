@@ -167,18 +167,19 @@ class FlowPlan:
     guards: Mapping[str, Guard] = dataclasses.field(default_factory=dict)
     #: The guarded named limit of each task that uses one.
     guarded_tasks: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: The most jobs one stored key may start at once (None when no limit is keyed): a claim
+    #: reads no more of one key's jobs than this.
+    most_per_key: int | None = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        bounds = [*self.keyed_capacity.values(), *(rate.burst for rate in self.keyed_rates.values())]
+        object.__setattr__(self, "most_per_key", max(bounds, default=None))
 
     def covers(self, queues: Sequence[str] | None, exclude: Sequence[str]) -> bool:
         """Whether a claim of ``queues`` (all but ``exclude`` if None) may meet a limited job."""
         if queues is None:
             return bool(self.queues - set(exclude))
         return not self.queues.isdisjoint(queues)
-
-    @property
-    def most_per_key(self) -> int | None:
-        """The most jobs one stored key may start at once (None when no limit is keyed)."""
-        bounds = [*self.keyed_capacity.values(), *(rate.burst for rate in self.keyed_rates.values())]
-        return max(bounds, default=None)
 
     @property
     def limited_tasks(self) -> list[str]:

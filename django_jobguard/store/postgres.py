@@ -59,6 +59,12 @@ except ImportError:  # psycopg 2, or a project on SQLite only
 
 logger = logging.getLogger("django_jobguard.store")
 
+
+def _simple_query(cursor: Any) -> bool:
+    """Whether ``cursor`` (Django's) binds on the client: one string may carry several statements."""
+    return isinstance(cursor.cursor, _SIMPLE_QUERY_CURSORS)
+
+
 _T = TypeVar("_T")
 
 NOW = "statement_timestamp()"
@@ -216,7 +222,7 @@ class Statement:
     @staticmethod
     def sends_text(alias: str, cursor: Any) -> bool:
         """Whether a statement on ``cursor`` is sent as text, to be planned each time."""
-        return not isinstance(cursor.cursor, _SIMPLE_QUERY_CURSORS) or _pooled(alias)
+        return not _simple_query(cursor) or _pooled(alias)
 
     @staticmethod
     def _prepared(alias: str, cursor: Any) -> _Prepared | None:
@@ -457,8 +463,8 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
     def turn(self, alias: str, plan: _flow.FlowPlan) -> Iterator[_flow.TurnScope]:
         connection = connections[alias]
         connection.ensure_connection()
-        with connection.cursor() as cursor:
-            plain = isinstance(cursor.cursor, _SIMPLE_QUERY_CURSORS)
+        factory = getattr(connection.connection, "cursor_factory", None)
+        plain = isinstance(factory, type) and issubclass(factory, _SIMPLE_QUERY_CURSORS)
         if plan.guards or not plain or connection.in_atomic_block or not connection.get_autocommit():
             # A breaker's writes go through the ORM, whose on_commit hooks must wait for the
             # COMMIT: outside an atomic block Django would run them at once.
@@ -482,7 +488,7 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
     def open_turn(
         self, alias: str, cursor: Any, plan: _flow.FlowPlan, scope: _flow.TurnScope
     ) -> _flow.Opening:
-        if not isinstance(cursor.cursor, _SIMPLE_QUERY_CURSORS):
+        if not _simple_query(cursor):
             return super().open_turn(alias, cursor, plan, scope)
         # One round trip for the turn and its reads: the fleet's limited claims wait for this turn,
         # so each round trip inside it is paid by every claim queued behind it. The clock is
@@ -619,7 +625,7 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
         scope: _flow.TurnScope,
     ) -> list[ClaimedJob]:
         connection = connections[alias]
-        if not isinstance(cursor.cursor, _SIMPLE_QUERY_CURSORS):
+        if not _simple_query(cursor):
             return super().close_turn(alias, cursor, ids, worker_id, arrivals, scope)
         # The lease, the arrival times and the COMMIT in one string, as the ack sends its
         # COMMIT: the turn ends one round trip sooner for every claim waiting on it. Django's
@@ -767,7 +773,7 @@ def _commits_here(connection: Any, cursor: Any) -> bool:
     simple-query protocol is what takes two statements in one string with parameters.
     """
     return (
-        isinstance(cursor.cursor, _SIMPLE_QUERY_CURSORS)
+        _simple_query(cursor)
         and len(connection.atomic_blocks) == 1
         and not connection.savepoint_ids
         and connection.commit_on_exit
