@@ -14,6 +14,10 @@ Three runs, each draining jobs enqueued beforehand with ``--processes`` workers
     python benchmarks/bench_flow.py --db-url postgres://postgres@127.0.0.1:5432/jg_flow_bench
     python benchmarks/bench_flow.py --db-url mysql://root@127.0.0.1:3306/jg_flow_bench
 
+With ``--count-sql`` the unlimited and keyed runs report what the workers sent per completed
+job instead of their throughput: round trips (query strings) and statements (each statement
+of a multi-statement string on its own).
+
 The database is created and migrated if missing, and emptied before each run. Prints a table.
 """
 
@@ -26,6 +30,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from benchmarks._wire_count import WireCounter
+
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -47,6 +57,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=1, help="runs of each (the median is reported)")
     parser.add_argument("--hot", type=int, default=10_000, help="jobs of the hot key in the pickup run")
     parser.add_argument("--cold", type=int, default=1_000, help="cold keys (one job each) in the pickup run")
+    parser.add_argument(
+        "--count-sql",
+        action="store_true",
+        help="count the workers' round trips and statements per job in the unlimited and keyed runs "
+        "(their throughput is then not reported: counting slows the workers a little)",
+    )
     parser.add_argument(
         "--workloads",
         default="unlimited,keyed,rate,pickup",
@@ -77,9 +93,19 @@ def setup(args: argparse.Namespace) -> dict[str, str]:
 
 
 def drain(
-    env: dict[str, str], task: object, jobs: int, keys: int, processes: int, queue: str
+    env: dict[str, str],
+    task: object,
+    jobs: int,
+    keys: int,
+    processes: int,
+    queue: str,
+    counter: WireCounter | None = None,
 ) -> dict[str, float]:
-    """Enqueue ``jobs`` (account = i % keys), start the workers, time the drain."""
+    """Enqueue ``jobs`` (account = i % keys), start the workers, time the drain.
+
+    With ``counter``, the workers connect through it, and the result has what they sent per
+    job: round trips and statements.
+    """
     from benchmarks._database import empty
     from django_jobguard.models import Job
 
@@ -87,6 +113,13 @@ def drain(
     for start in range(0, jobs, 1000):
         task.bulk_enqueue(((), {"i": i, "account": i % keys}) for i in range(start, min(start + 1000, jobs)))  # type: ignore[attr-defined]
     command = [sys.executable, "-m", "django", "jobguard_worker", "--queue", queue, "--concurrency", "4"]
+    if counter is not None:
+        url = urlsplit(env["BENCH_DATABASE_URL"])
+        env = {
+            **env,
+            "BENCH_DATABASE_URL": url._replace(netloc=f"{url.username}@127.0.0.1:{counter.port}").geturl(),
+        }
+        counter.reset()
     began = time.perf_counter()
     workers = [
         subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -104,11 +137,15 @@ def drain(
     starts = sorted(
         t.timestamp() for t in Job.objects.filter(queue_name=queue).values_list("started_at", flat=True)
     )
-    return {
+    result = {
         "elapsed": elapsed,
         "rate": jobs / elapsed,
         "start_rate": (len(starts) - 1) / (starts[-1] - starts[0]),
     }
+    if counter is not None:
+        result["round_trips"] = counter.round_trips / jobs
+        result["statements"] = counter.statements / jobs
+    return result
 
 
 def pickup(env: dict[str, str], task: object, hot: int, cold: int, rate: float) -> float:
@@ -167,14 +204,38 @@ def main() -> None:
     calm: list[float] = []
     beside_hot: list[float] = []
     chosen = {name.strip() for name in args.workloads.split(",")}
+    counter: WireCounter | None = None
+    if args.count_sql:
+        from benchmarks._wire_count import WireCounter
+
+        url = urlsplit(args.db_url)
+        if url.scheme not in ("postgres", "postgresql"):
+            raise SystemExit("--count-sql reads the PostgreSQL wire protocol: give a postgres:// URL")
+        counter = WireCounter(url.hostname or "127.0.0.1", url.port or 5432).start()
     for _ in range(args.runs):
         if chosen & {"unlimited", "keyed"}:
             runs["unlimited"].append(
-                drain(env, tasks_flow.flow_plain, args.jobs, args.keys, args.processes, "flow-plain")
+                drain(
+                    env,
+                    tasks_flow.flow_plain,
+                    args.jobs,
+                    args.keys,
+                    args.processes,
+                    "flow-plain",
+                    counter,
+                )
             )
         if "keyed" in chosen:
             runs["keyed"].append(
-                drain(env, tasks_flow.flow_keyed, args.jobs, args.keys, args.processes, "flow-keyed")
+                drain(
+                    env,
+                    tasks_flow.flow_keyed,
+                    args.jobs,
+                    args.keys,
+                    args.processes,
+                    "flow-keyed",
+                    counter,
+                )
             )
         if "rate" in chosen:
             rated = int(200 * args.rate_seconds)
@@ -183,7 +244,23 @@ def main() -> None:
             calm.append(pickup(env, tasks_flow.flow_keyed, 0, args.cold, 100.0))
             beside_hot.append(pickup(env, tasks_flow.flow_keyed, args.hot, args.cold, 100.0))
     rows: list[tuple[str, str, str, str]] = []
-    if runs["unlimited"]:
+    if args.count_sql and runs["unlimited"]:
+        sizes = f"{args.jobs:,} jobs, {args.processes} processes"
+        for unit in ("round_trips", "statements"):
+            plain = median([r[unit] for r in runs["unlimited"]])
+            label = unit.replace("_", " ")
+            rows.append((f"unlimited queue, {label} per job", sizes, f"{plain:.3f}", "1.00x"))
+            if runs["keyed"]:
+                keyed = median([r[unit] for r in runs["keyed"]])
+                rows.append(
+                    (
+                        f"keyed, {args.keys:,} keys x limit 1, {label} per job",
+                        sizes,
+                        f"{keyed:.3f}",
+                        f"{keyed / plain:.2f}x",
+                    )
+                )
+    elif runs["unlimited"]:
         unlimited = median([r["rate"] for r in runs["unlimited"]])
         rows.append(
             (
@@ -193,7 +270,7 @@ def main() -> None:
                 "100 %",
             )
         )
-    if runs["keyed"]:
+    if runs["keyed"] and not args.count_sql:
         keyed = median([r["rate"] for r in runs["keyed"]])
         rows.append(
             (
