@@ -79,7 +79,7 @@ HOT_KEY_MEMORY_SECONDS = 10.0
 #: At most this many such keys are remembered (the most recent).
 HOT_KEYS_REMEMBERED = 16
 #: Float slack when comparing arrival times (seconds): well under any rate's interval.
-_EPSILON = 1e-6
+EPSILON = 1e-6
 RATE_TABLE = "jobguard_flowrate"
 BREAKER_TABLE = "jobguard_breaker"
 #: The rate table's row whose lock is the limited claims' turn on a database without a
@@ -507,7 +507,7 @@ def _next_start(plan: FlowPlan, arrivals: Mapping[str, float], now: float) -> fl
     waits = []
     for key, arrival in arrivals.items():
         rate = plan.rate(key)
-        if rate is not None and arrival - now > rate.tolerance + _EPSILON:
+        if rate is not None and arrival - now > rate.tolerance + EPSILON:
             waits.append(arrival - now - rate.tolerance)
     return min(waits) if waits else None
 
@@ -684,7 +684,7 @@ def write_gates(
     return changes
 
 
-def _note(
+def note_throttle(
     throttle: Throttle | None,
     plan: FlowPlan,
     blocked: set[str],
@@ -769,7 +769,7 @@ def claim_limited(
             if capacity is not None and running[key] >= capacity:
                 return True
             rate = plan.rate(key)
-            return rate is not None and max(arrivals.get(key, now), now) - now > rate.tolerance + _EPSILON
+            return rate is not None and max(arrivals.get(key, now), now) - now > rate.tolerance + EPSILON
 
         blocked = {key for key in [*running, *arrivals] if full(key)}
         gates = read_gates(plan, opening.breakers, now) if plan.guards else {}
@@ -798,7 +798,7 @@ def claim_limited(
                 queues = [name for name in queues if name not in blocked_queues]
                 if not queues:
                     if not admitted:
-                        _note(throttle, plan, blocked, gates, now, arrivals)
+                        note_throttle(throttle, plan, blocked, gates, now, arrivals)
                         return []
                     break
             else:
@@ -848,7 +848,7 @@ def claim_limited(
                     break
             if len(admitted) >= limit or not filled or len(rows) < count:
                 break
-        _note(throttle, plan, blocked, gates, now, arrivals)
+        note_throttle(throttle, plan, blocked, gates, now, arrivals)
         changes = write_gates(sql, alias, cursor, gates, now) if gates else []
         if throttle is not None:
             throttle.breaker_changes = changes

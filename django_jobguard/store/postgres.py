@@ -15,6 +15,7 @@ import json
 import logging
 import re
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -191,18 +192,21 @@ class Statement:
         self._name = "jobguard_" + hashlib.blake2s(sql.encode(), digest_size=6).hexdigest()
         self._arguments = f"({', '.join(['%s'] * count)})" if count else ""
 
-    def execute(self, alias: str, cursor: Any, params: Sequence[Any], then: str = "") -> None:
-        """Run the statement on ``cursor`` (of ``alias``), followed by ``then`` in the same string."""
+    def execute(
+        self, alias: str, cursor: Any, params: Sequence[Any], then: str = "", before: str = ""
+    ) -> None:
+        """Run the statement on ``cursor`` (of ``alias``), between ``before`` and ``then`` in the
+        same string (``before``'s results come first: the caller moves past them)."""
         prepared = self._prepared(alias, cursor)
         if prepared is None:
-            cursor.execute(self.sql + then, params)
+            cursor.execute(before + self.sql + then, params)
             return
         name = f"{self._name}_{prepared.generation}"
         try:
             if name not in prepared.names:
                 cursor.execute(f"PREPARE {name} AS {self._body}")
                 prepared.names.add(name)
-            cursor.execute(f"EXECUTE {name}{self._arguments}{then}", params)
+            cursor.execute(f"{before}EXECUTE {name}{self._arguments}{then}", params)
         except DatabaseError as exc:
             sqlstate = getattr(exc.__cause__, "sqlstate", None)
             if sqlstate not in _STALE_PREPARED_SQLSTATES:
@@ -217,7 +221,7 @@ class Statement:
             # to the caller like any other.
             if connections[alias].in_atomic_block:
                 raise
-            self.execute(alias, cursor, params, then)
+            self.execute(alias, cursor, params, then, before)
 
     @staticmethod
     def sends_text(alias: str, cursor: Any) -> bool:
@@ -704,6 +708,285 @@ def _skipping_statement(
     )
 
 
+# -- the limited claim in one string -------------------------------------------------------
+
+_CANDIDATE_COLUMNS = "id, task_name, queue_name, flow_keys, attempts, priority, run_after"
+#: Due jobs a one-string claim reads per job it may take (``_flow.CANDIDATES_PER_JOB`` for the
+#: claim over three round trips): reading and admitting them is most of the turn's time, and
+#: a key that fills up and hides the rest is read around by the next turn (the refill, then
+#: the watched keys). With four per job the keyed benchmark kept 76 % of the unlimited rate,
+#: with two 87 %.
+ONE_STRING_CANDIDATES_PER_JOB = 2
+#: The lease of the jobs a one-string claim admitted. Its candidates are read without row
+#: locks (locking every candidate, four per job taken, cost more than the read), so a job
+#: another claim leased meanwhile is left out here: the update waits for that claim's
+#: commit and finds the job no longer queued. The status is compared with ``picked``'s
+#: column, not a constant: ``status = 'queued'`` would let the generic plan walk a partial
+#: index of every queued job and join ``picked`` to each (170 ms with 6,000 queued).
+_LEASE_IF_QUEUED = _CLAIM_UPDATE.replace(
+    "WHERE j.id = picked.id",
+    "WHERE j.id = picked.id AND j.status = picked.status "
+    f"AND j.run_after <= {NOW} AND j.attempts < j.max_attempts",
+)
+
+
+def _family(key: str) -> str:
+    """SQL for the limit a key belongs to (see :func:`_flow.family`)."""
+    return f"(CASE WHEN left({key}, 2) IN ('c:', 'r:') THEN split_part({key}, '|', 1) ELSE {key} END)"
+
+
+def _keys_of(rows: str) -> str:
+    """SQL for the limit keys of each row of ``rows`` (a relation with ``ord``, ``flow_keys``,
+    ``task_name`` and ``queue_name``): ``(ord, key, cap, step, tolerance)``, one row per key.
+
+    A row counts under its stored keys, its task's unkeyed limits and its queue's
+    concurrency; keys no limit declares any longer are left out (as ``FlowPlan`` does).
+    """
+    return (
+        "SELECT k.ord, k.key, l.cap, l.step, l.tolerance FROM ("
+        f"SELECT r.ord, e.key FROM {rows} AS r, jsonb_array_elements_text(r.flow_keys) AS e(key) "
+        f"UNION ALL SELECT r.ord, t.key FROM {rows} AS r JOIN task_limits AS t ON t.task = r.task_name "
+        f"UNION ALL SELECT r.ord, 'queue:' || r.queue_name FROM {rows} AS r "
+        "WHERE r.queue_name = ANY((SELECT queues FROM plan)::text[])) AS k "
+        f"JOIN limits AS l ON l.family = {_family('k.key')}"
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _one_string_sql(shape: str, count: int, per_key: int) -> str:
+    """The limited claim without breakers as one statement (after its turn's lock).
+
+    ``shape``: ``one`` queue (a parameter), ``many`` (an array), or ``all`` but an array of
+    excluded ones. Its parameters, in order: the plan's unkeyed keys per task (jsonb), its
+    queues with a concurrency, its limited tasks, its limits (jsonb: ``[concurrency, interval,
+    tolerance]`` per limit), the watched keys, how many jobs to take, the queue parameter
+    (once for the look ahead, once for the pairs, once for the walk), and the worker id twice.
+
+    What ``_flow.claim_limited`` does, in its order: the clock after the lock, the paused
+    queues, the running jobs per concurrency key and the rate keys ahead of the clock, so
+    the keys already full; the candidates in claim order (key by key beside full or watched
+    keys, as ``_skipping_statement`` reads them) without the full keys' jobs; which of them
+    each key has room for; the lease of those admitted and the rate keys' new arrival times.
+    Each row is a leased job's columns (or none) and what held jobs back.
+    """
+    # Conditions the planner cannot read as selective, so that its generic plan keeps the
+    # ordered index walk that stops after `count` rows. `queue_name <> ALL(...)` would be
+    # read through the column's statistics: with one queue in the table, as never true, and
+    # the plan would sort every due row instead (80 ms with 20,000 queued).
+    filters = (
+        f"{_DUE} AND NOT ((SELECT queues FROM closed)::text[] @> ARRAY[queue_name::text]) "
+        "AND NOT ((SELECT tasks FROM closed)::text[] @> ARRAY[task_name::text]) "
+        "AND NOT (flow_keys ?| (SELECT keys FROM blocked)::text[])"
+    )
+
+    def in_order(columns: str, conditions: str, limit: int, lock: str) -> str:
+        if shape == "many":
+            return (
+                f"SELECT c.* FROM unnest(%s::text[]) AS q(name), LATERAL ("
+                f"SELECT {columns} FROM {TABLE} WHERE queue_name = q.name AND {conditions} "
+                f"{_ORDER} LIMIT {limit:d}{lock}) AS c ORDER BY c.priority DESC, c.run_after, c.id "
+                f"LIMIT {limit:d}"
+            )
+        where = "queue_name = %s" if shape == "one" else "queue_name <> ALL(%s::text[])"
+        return f"SELECT {columns} FROM {TABLE} WHERE {where} AND {conditions} {_ORDER} LIMIT {limit:d}{lock}"
+
+    in_queues = {"one": "= %s", "many": "= ANY(%s::text[])", "all": "<> ALL(%s::text[])"}[shape]
+    pair = f"({_FIRST_KEY}, queue_name)"
+    epsilon = repr(_flow.EPSILON)
+    return (
+        "WITH RECURSIVE plan AS MATERIALIZED (SELECT %s::jsonb AS task_keys, %s::text[] AS queues, "
+        "%s::text[] AS tasks, %s::jsonb AS limits, %s::text[] AS watched, %s::int AS wanted, "
+        "extract(epoch FROM clock_timestamp())::float8 AS now), "
+        "limits AS MATERIALIZED (SELECT l.key AS family, (l.value ->> 0)::int AS cap, "
+        "(l.value ->> 1)::float8 AS step, (l.value ->> 2)::float8 AS tolerance "
+        "FROM jsonb_each((SELECT limits FROM plan)) AS l), "
+        "task_limits AS MATERIALIZED (SELECT t.key AS task, k.key "
+        "FROM jsonb_each((SELECT task_keys FROM plan)) AS t, jsonb_array_elements_text(t.value) AS k(key)), "
+        "paused AS MATERIALIZED (SELECT coalesce(array_agg(queue_name::text), '{}') AS names "
+        f"FROM ({_PAUSED}) AS p), "
+        f"running_rows AS MATERIALIZED (SELECT id AS ord, flow_keys, task_name, queue_name FROM {TABLE} "
+        "WHERE status = 'running' AND (task_name = ANY((SELECT tasks FROM plan)::text[]) "
+        "OR queue_name = ANY((SELECT queues FROM plan)::text[]))), "
+        f"running AS MATERIALIZED (SELECT k.key, k.cap, count(*)::int AS n FROM ({_keys_of('running_rows')}) "
+        "AS k WHERE k.cap IS NOT NULL GROUP BY k.key, k.cap), "
+        f"arrivals AS MATERIALIZED (SELECT r.key, r.tat, l.tolerance FROM {_flow.RATE_TABLE} AS r "
+        f"JOIN limits AS l ON l.family = {_family('r.key')} "
+        "WHERE r.tat > (SELECT now FROM plan) AND l.step IS NOT NULL), "
+        "blocked AS MATERIALIZED (SELECT coalesce(array_agg(key), '{}') AS keys FROM ("
+        "SELECT key FROM running WHERE n >= cap UNION ALL SELECT key FROM arrivals "
+        f"WHERE tat - (SELECT now FROM plan) > tolerance + {epsilon}) AS full_keys), "
+        # What the full keys close: the tasks with a full unkeyed limit, the paused queues and
+        # those with a full concurrency.
+        "closed AS MATERIALIZED (SELECT (SELECT coalesce(array_agg(DISTINCT t.task), '{}') "
+        "FROM task_limits AS t WHERE t.key = ANY((SELECT keys FROM blocked)::text[])) AS tasks, "
+        "(SELECT names FROM paused) || (SELECT coalesce(array_agg(substr(k.key, 7)), '{}') "
+        "FROM unnest((SELECT keys FROM blocked)::text[]) AS k(key) "
+        "WHERE left(k.key, 6) = 'queue:') AS queues), "
+        "hot AS MATERIALIZED (SELECT 1 WHERE (SELECT count(*) FILTER (WHERE flow_keys ?| "
+        "((SELECT keys FROM blocked) || (SELECT watched FROM plan))) "
+        f"FROM ({in_order('flow_keys, priority, run_after, id', _DUE, HOT_WINDOW, '')}) AS a) "
+        f">= {HOT_WINDOW // 2:d}), "
+        "pairs (k, q, n) AS ("
+        f"(SELECT {_FIRST_KEY}, queue_name, 1 FROM {TABLE} WHERE status = 'queued' "
+        "AND EXISTS (SELECT 1 FROM hot) ORDER BY 1, 2 LIMIT 1) "
+        "UNION ALL SELECT nx.k, nx.q, p.n + 1 FROM pairs AS p, LATERAL ("
+        f"SELECT {_FIRST_KEY} AS k, queue_name AS q FROM {TABLE} WHERE status = 'queued' "
+        f"AND {pair} > (p.k, p.q) ORDER BY 1, 2 LIMIT 1) AS nx "
+        f"WHERE p.n <= {SKIP_SCAN_PAIRS:d}), "
+        f"fits AS MATERIALIZED (SELECT count(*) <= {SKIP_SCAN_PAIRS:d} AS fits FROM pairs), "
+        # Read only when the key-by-key read is not (its scan is what starts it).
+        f"in_order AS MATERIALIZED ({in_order(_CANDIDATE_COLUMNS, filters, count, '')}), "
+        "candidates AS MATERIALIZED (SELECT row_number() OVER (ORDER BY c.priority DESC, c.run_after, c.id) "
+        "AS ord, c.id, c.flow_keys, c.task_name, c.queue_name FROM ("
+        f"SELECT {_CANDIDATE_COLUMNS} FROM (SELECT c.* FROM pairs AS p, LATERAL ("
+        f"SELECT {_CANDIDATE_COLUMNS} FROM {TABLE} "
+        f"WHERE {pair} >= (p.k, p.q) AND {pair} <= (p.k, p.q) AND {filters} "
+        f"ORDER BY {_FIRST_KEY}, queue_name, priority DESC, run_after, id "
+        f"LIMIT CASE WHEN p.k = '' THEN {count:d} ELSE {per_key:d} END) AS c "
+        "WHERE (SELECT fits FROM fits) AND p.k <> ALL((SELECT keys FROM blocked)::text[]) "
+        f"AND p.q {in_queues} ORDER BY c.priority DESC, c.run_after, c.id LIMIT {count:d}) AS by_key "
+        f"UNION ALL SELECT {_CANDIDATE_COLUMNS} FROM in_order "
+        "WHERE NOT EXISTS (SELECT 1 FROM hot) OR NOT (SELECT fits FROM fits)) AS c), "
+        # Each candidate's keys with their room: a concurrency's free slots; a rate's starts
+        # due by now within its burst (GCRA: one per interval after its arrival time, up to
+        # the tolerance ahead of the clock).
+        "keyed AS MATERIALIZED (SELECT k.ord, k.key, k.cap, k.step, "
+        "greatest(coalesce(a.tat, p.now), p.now) AS at, CASE WHEN k.cap IS NOT NULL "
+        "THEN k.cap - coalesce(r.n, 0) "
+        f"WHEN greatest(coalesce(a.tat, p.now), p.now) - p.now > k.tolerance + {epsilon} THEN 0 "
+        f"ELSE floor((k.tolerance + {epsilon} - (greatest(coalesce(a.tat, p.now), p.now) - p.now)) "
+        f"/ k.step)::int + 1 END AS room FROM ({_keys_of('candidates')}) AS k CROSS JOIN plan AS p "
+        "LEFT JOIN running AS r ON r.key = k.key LEFT JOIN arrivals AS a ON a.key = k.key), "
+        # A job is admitted when, for each of its keys, the jobs ahead of it in claim order
+        # under that key leave room. Counting every job ahead, admitted or not, never admits
+        # too many; for jobs under one key each it is exactly the one-by-one walk of
+        # _flow.claim_limited. Where jobs share a second limit, a job held back by its own key
+        # still counts against the shared one, so the claim may take fewer than it could:
+        # the key that filled up is then full from the start of the next turn.
+        "admission AS MATERIALIZED (SELECT ord, bool_and(rank <= room) AS admitted FROM ("
+        "SELECT ord, room, row_number() OVER (PARTITION BY key ORDER BY ord) AS rank FROM keyed) AS ranked "
+        "GROUP BY ord), "
+        "picked AS MATERIALIZED (SELECT c.id, c.ord, 'queued'::text AS status FROM candidates AS c "
+        "LEFT JOIN admission AS a ON a.ord = c.ord WHERE a.admitted IS NOT FALSE "
+        "ORDER BY c.ord LIMIT (SELECT wanted FROM plan)), "
+        f"leased AS ({_LEASE_IF_QUEUED}), "
+        "taken AS MATERIALIZED (SELECT k.key, count(*) AS n, min(k.at) AS at, min(k.step) AS step, "
+        "bool_and(k.cap IS NULL) AS rate FROM keyed AS k JOIN picked AS p ON p.ord = k.ord "
+        "WHERE p.id IN (SELECT id FROM leased) GROUP BY k.key), "
+        f"advanced AS (INSERT INTO {_flow.RATE_TABLE} (key, tat) SELECT key, at + n * step FROM taken "
+        "WHERE rate ON CONFLICT (key) DO UPDATE SET tat = excluded.tat RETURNING key, tat) "
+        # What held jobs back: the keys full from the start; the keys this claim filled while
+        # some of their jobs were left; and each rate key's arrival time as it now stands.
+        "SELECT l.*, s.* FROM (SELECT (SELECT now FROM plan), (SELECT keys FROM blocked), "
+        "(SELECT array_agg(DISTINCT k.key) FROM keyed AS k LEFT JOIN taken AS t ON t.key = k.key "
+        "WHERE coalesce(t.n, 0) >= k.room AND k.ord NOT IN (SELECT ord FROM picked) "
+        "AND (k.ord < (SELECT max(ord) FROM picked) "
+        "OR (SELECT count(*) FROM picked) < (SELECT wanted FROM plan))), "
+        "(SELECT jsonb_object_agg(key, tat) FROM (SELECT key, max(tat) AS tat FROM ("
+        "SELECT key, tat FROM arrivals UNION ALL SELECT key, tat FROM advanced) AS x GROUP BY key) AS y), "
+        "(SELECT count(*) FROM candidates)) AS s LEFT JOIN leased AS l ON true"
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _one_string_statement(shape: str, count: int, per_key: int) -> Statement:
+    return Statement(_one_string_sql(shape, count, per_key))
+
+
+def _plan_parameters(plan: _flow.FlowPlan) -> list[Any]:
+    """The plan as :func:`_one_string_sql` reads it: the unkeyed keys per task, the limited
+    queues and tasks, and each limit as ``[concurrency, interval, tolerance]``."""
+    limits: dict[str, list[float | None]] = {
+        **{key: [n, None, None] for key, n in plan.capacities.items()},
+        **{f"c:{task}": [n, None, None] for task, n in plan.keyed_capacity.items()},
+        **{key: [None, rate.interval, rate.tolerance] for key, rate in plan.rates.items()},
+        **{f"r:{task}": [None, rate.interval, rate.tolerance] for task, rate in plan.keyed_rates.items()},
+    }
+    return [
+        json.dumps({task: list(keys) for task, keys in plan.task_keys.items()}),
+        plan.limited_queues,
+        plan.limited_tasks,
+        json.dumps(limits),
+    ]
+
+
+def _claims_in_one_string(alias: str, plan: _flow.FlowPlan) -> bool:
+    """Whether a limited claim may be one string: the turn's lock, then one statement.
+
+    Not under a breaker or a retry budget (their writes go through the ORM, see
+    ``_FlowSQL.turn``), not inside a transaction (the string's own implicit transaction
+    is what ends the turn), and not with server-side binding or a transaction-mode pooler
+    (the statement is prepared: sent as text it would be planned on every claim).
+    """
+    connection = connections[alias]
+    if plan.guards or _pooled(alias) or connection.in_atomic_block or not connection.get_autocommit():
+        return False
+    factory = getattr(connection.connection, "cursor_factory", None)
+    return isinstance(factory, type) and issubclass(factory, _SIMPLE_QUERY_CURSORS)
+
+
+def _claim_in_one_string(
+    alias: str,
+    queues: Sequence[str] | None,
+    limit: int,
+    worker_id: str,
+    exclude: Sequence[str],
+    plan: _flow.FlowPlan,
+    throttle: _flow.Throttle | None,
+) -> list[ClaimedJob]:
+    """The limited claim as one round trip: what ``_flow.claim_limited`` does, in SQL.
+
+    The lock and the statement share one string, so they share its implicit transaction:
+    the turn is held until the leases and rate keys it wrote are committed, and the
+    statement's snapshot is taken once the lock is granted. When a key fills up within the
+    claim and its jobs took the room the claim read, the claim takes another turn (up to
+    REFILL_PASSES), which finds that key full from the start.
+    """
+    if queues:
+        queues = [name for name in queues if name not in exclude]
+        if not queues:
+            return []
+        shape, queue_parameter = ("one", queues[0]) if len(queues) == 1 else ("many", list(queues))
+    else:
+        shape, queue_parameter = "all", list(exclude)
+    planned = _plan_parameters(plan)
+    jobs: list[ClaimedJob] = []
+    held: set[str] = set()
+    now, arrivals = 0.0, {}
+    for _ in range(1 + _flow.REFILL_PASSES):
+        wanted = limit - len(jobs)
+        # The candidates' count is a literal of the prepared statement (see
+        # _skipping_statement), so it comes in steps of eight jobs: each size is planned once
+        # per connection.
+        count = -(-wanted // 8) * 8 * ONE_STRING_CANDIDATES_PER_JOB + _flow.CANDIDATES_EXTRA
+        statement = _one_string_statement(shape, count, min(plan.most_per_key or count, count))
+        watched = _flow.hot_keys.recent(time.monotonic())
+        with connections[alias].cursor() as cursor:
+            statement.execute(
+                alias,
+                cursor,
+                [*planned, watched, wanted, *[queue_parameter] * 3, worker_id, worker_id],
+                before=f"SELECT pg_advisory_xact_lock({FLOW_LOCK_ID}); ",
+            )
+            cursor.nextset()
+            rows = cursor.fetchall()
+        width = len(rows[0]) - 5
+        jobs += [ClaimedJob.from_row(row[:width]) for row in rows if row[0] is not None]
+        now, blocked, refused, times, candidates = rows[0][width:]
+        filled = set(refused or ()) - set(blocked or ())
+        if filled:
+            _flow.hot_keys.note(filled, time.monotonic())
+        held.update(blocked or (), refused or ())
+        times = json.loads(times) if isinstance(times, str | bytes) else times or {}
+        arrivals = {key: float(value) for key, value in times.items() if plan.rate(key) is not None}
+        if len(jobs) >= limit or not filled or candidates < count:
+            break
+    if throttle is not None:
+        throttle.breaker_changes = []
+    _flow.note_throttle(throttle, plan, held, {}, float(now), arrivals)
+    return jobs
+
+
 def claim_limited(
     alias: str,
     queues: Sequence[str] | None,
@@ -715,6 +998,8 @@ def claim_limited(
 ) -> list[ClaimedJob]:
     if not _pooled(alias):
         _tune_for_claims(alias)
+        if _claims_in_one_string(alias, plan):
+            return _claim_in_one_string(alias, queues, limit, worker_id, exclude, plan, throttle)
     return _flow.claim_limited(FLOW_SQL, alias, queues, limit, worker_id, exclude, plan, throttle)
 
 
