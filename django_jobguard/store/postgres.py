@@ -66,6 +66,12 @@ def _simple_query(cursor: Any) -> bool:
     return isinstance(cursor.cursor, _SIMPLE_QUERY_CURSORS)
 
 
+def _binds_on_client(connection: Any) -> bool:
+    """:func:`_simple_query` for the cursors ``connection`` (Django's, connected) will open."""
+    factory = getattr(connection.connection, "cursor_factory", None)
+    return isinstance(factory, type) and issubclass(factory, _SIMPLE_QUERY_CURSORS)
+
+
 _T = TypeVar("_T")
 
 NOW = "statement_timestamp()"
@@ -467,9 +473,12 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
     def turn(self, alias: str, plan: _flow.FlowPlan) -> Iterator[_flow.TurnScope]:
         connection = connections[alias]
         connection.ensure_connection()
-        factory = getattr(connection.connection, "cursor_factory", None)
-        plain = isinstance(factory, type) and issubclass(factory, _SIMPLE_QUERY_CURSORS)
-        if plan.guards or not plain or connection.in_atomic_block or not connection.get_autocommit():
+        if (
+            plan.guards
+            or not _binds_on_client(connection)
+            or connection.in_atomic_block
+            or not connection.get_autocommit()
+        ):
             # A breaker's writes go through the ORM, whose on_commit hooks must wait for the
             # COMMIT: outside an atomic block Django would run them at once.
             with transaction.atomic(using=alias):
@@ -659,6 +668,17 @@ HOT_WINDOW = 64
 SKIP_SCAN_PAIRS = 64
 #: A job's first flow key as jobguard_job_flowkey_idx indexes it ('' for a job without one).
 _FIRST_KEY = "coalesce(flow_keys->>0, '')"
+#: The distinct (first key, queue) pairs with queued jobs, one index descent each, up to
+#: SKIP_SCAN_PAIRS + 1 of them, walked only when the CTE ``hot`` has a row.
+_PAIRS = (
+    "pairs (k, q, n) AS ("
+    f"(SELECT {_FIRST_KEY}, queue_name, 1 FROM {TABLE} WHERE status = 'queued' "
+    "AND EXISTS (SELECT 1 FROM hot) ORDER BY 1, 2 LIMIT 1) "
+    "UNION ALL SELECT nx.k, nx.q, p.n + 1 FROM pairs AS p, LATERAL ("
+    f"SELECT {_FIRST_KEY} AS k, queue_name AS q FROM {TABLE} WHERE status = 'queued' "
+    f"AND ({_FIRST_KEY}, queue_name) > (p.k, p.q) ORDER BY 1, 2 LIMIT 1) AS nx "
+    f"WHERE p.n <= {SKIP_SCAN_PAIRS:d})"
+)
 
 
 @functools.lru_cache(maxsize=256)
@@ -687,13 +707,7 @@ def _skipping_statement(
         "WITH RECURSIVE hot AS MATERIALIZED ("
         "SELECT 1 WHERE (SELECT count(*) FILTER (WHERE flow_keys ?| %s::text[]) "
         f"FROM ({ahead}) AS a) >= {HOT_WINDOW // 2:d}), "
-        "pairs (k, q, n) AS ("
-        f"(SELECT {_FIRST_KEY}, queue_name, 1 FROM {TABLE} WHERE status = 'queued' "
-        "AND EXISTS (SELECT 1 FROM hot) ORDER BY 1, 2 LIMIT 1) "
-        "UNION ALL SELECT nx.k, nx.q, p.n + 1 FROM pairs AS p, LATERAL ("
-        f"SELECT {_FIRST_KEY} AS k, queue_name AS q FROM {TABLE} WHERE status = 'queued' "
-        f"AND {pair} > (p.k, p.q) ORDER BY 1, 2 LIMIT 1) AS nx "
-        f"WHERE p.n <= {SKIP_SCAN_PAIRS:d}), "
+        f"{_PAIRS}, "
         f"walk AS MATERIALIZED (SELECT count(*) <= {SKIP_SCAN_PAIRS:d} AS fits FROM pairs) "
         "SELECT id, task_name, queue_name, flow_keys, attempts FROM ("
         "SELECT c.* FROM pairs AS p, LATERAL ("
@@ -826,13 +840,7 @@ def _one_string_sql(shape: str, count: int, per_key: int) -> str:
         "((SELECT keys FROM blocked) || (SELECT watched FROM plan))) "
         f"FROM ({in_order('flow_keys, priority, run_after, id', _DUE, HOT_WINDOW, '')}) AS a) "
         f">= {HOT_WINDOW // 2:d}), "
-        "pairs (k, q, n) AS ("
-        f"(SELECT {_FIRST_KEY}, queue_name, 1 FROM {TABLE} WHERE status = 'queued' "
-        "AND EXISTS (SELECT 1 FROM hot) ORDER BY 1, 2 LIMIT 1) "
-        "UNION ALL SELECT nx.k, nx.q, p.n + 1 FROM pairs AS p, LATERAL ("
-        f"SELECT {_FIRST_KEY} AS k, queue_name AS q FROM {TABLE} WHERE status = 'queued' "
-        f"AND {pair} > (p.k, p.q) ORDER BY 1, 2 LIMIT 1) AS nx "
-        f"WHERE p.n <= {SKIP_SCAN_PAIRS:d}), "
+        f"{_PAIRS}, "
         f"fits AS MATERIALIZED (SELECT count(*) <= {SKIP_SCAN_PAIRS:d} AS fits FROM pairs), "
         # Read only when the key-by-key read is not (its scan is what starts it).
         f"in_order AS MATERIALIZED ({in_order(_CANDIDATE_COLUMNS, filters, count, '')}), "
@@ -921,8 +929,7 @@ def _claims_in_one_string(alias: str, plan: _flow.FlowPlan) -> bool:
     connection = connections[alias]
     if plan.guards or _pooled(alias) or connection.in_atomic_block or not connection.get_autocommit():
         return False
-    factory = getattr(connection.connection, "cursor_factory", None)
-    return isinstance(factory, type) and issubclass(factory, _SIMPLE_QUERY_CURSORS)
+    return _binds_on_client(connection)
 
 
 def _claim_in_one_string(
