@@ -455,11 +455,57 @@ def _claim(
 
 # -- flow control ----------------------------------------------------------------------------
 
+#: The queue condition of a limited claim's reads, by shape: ``one`` queue, ``many`` (one
+#: index walk per queue, merged), ``all`` but the queues of an array, or ``any`` queue.
+_QUEUE_CONDITIONS = {"one": "queue_name = %s", "all": "queue_name <> ALL(%s::text[])", "any": ""}
+#: The same condition on a queue column of another relation (the key-by-key read's pairs).
+_IN_QUEUES = {"one": "= %s", "many": "= ANY(%s::text[])", "all": "<> ALL(%s::text[])", "any": "IS NOT NULL"}
+#: The columns a limited claim reads of its candidates over three round trips.
+_WALKED = ("id", "task_name", "queue_name", "flow_keys", "attempts")
+
+
+def _in_claim_order(shape: str, columns: Sequence[str], conditions: str, limit: int, lock: str = "") -> str:
+    """A read of the ``columns`` of the rows meeting ``conditions``, in claim order, that stops
+    after ``limit`` rows: one ordered index walk, or one per queue for ``many``, merged.
+
+    Its queue parameter (none for ``any``) comes before those of ``conditions``.
+    """
+    if shape == "many":
+        # The merge orders by the claim-order columns, so each walk returns them too.
+        walked = [*columns, *(name for name in ("priority", "run_after", "id") if name not in columns)]
+        return (
+            f"SELECT {', '.join(f'c.{name}' for name in columns)} FROM unnest(%s::text[]) AS q(name), "
+            f"LATERAL (SELECT {', '.join(walked)} FROM {TABLE} WHERE queue_name = q.name AND {conditions} "
+            f"{_ORDER} LIMIT {limit:d}{lock}) AS c "
+            f"ORDER BY c.priority DESC, c.run_after, c.id LIMIT {limit:d}"
+        )
+    where = " AND ".join(filter(None, [_QUEUE_CONDITIONS[shape], conditions]))
+    return f"SELECT {', '.join(columns)} FROM {TABLE} WHERE {where} {_ORDER} LIMIT {limit:d}{lock}"
+
+
 #: The advisory lock the fleet's limited claims take turns on (any fixed number; "jgfl").
 FLOW_LOCK_ID = 0x6A67666C
 
 
 _LEASE = f"WITH picked AS (SELECT unnest(%s::bigint[]) AS id) {_CLAIM_UPDATE}"
+
+
+def _turn_in_sql(connection: Any, plan: _flow.FlowPlan) -> bool:
+    """Whether a limited claim's turn may begin and end in the SQL strings it sends, rather
+    than in a Django atomic block (``connection`` is Django's, connected).
+
+    Not under a breaker or a retry budget: their writes go through the ORM, whose
+    ``on_commit`` hooks must wait for the COMMIT, and outside an atomic block Django would run
+    them at once. Not inside a caller's transaction, which the turn must not end. And only
+    with client-side binding, whose simple-query protocol takes several statements in one
+    string.
+    """
+    return (
+        not plan.guards
+        and not connection.in_atomic_block
+        and connection.get_autocommit()
+        and _binds_on_client(connection)
+    )
 
 
 class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
@@ -473,14 +519,7 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
     def turn(self, alias: str, plan: _flow.FlowPlan) -> Iterator[_flow.TurnScope]:
         connection = connections[alias]
         connection.ensure_connection()
-        if (
-            plan.guards
-            or not _binds_on_client(connection)
-            or connection.in_atomic_block
-            or not connection.get_autocommit()
-        ):
-            # A breaker's writes go through the ORM, whose on_commit hooks must wait for the
-            # COMMIT: outside an atomic block Django would run them at once.
+        if not _turn_in_sql(connection, plan):
             with transaction.atomic(using=alias):
                 yield _flow.TurnScope()
             return
@@ -567,55 +606,30 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
             # A spent retry budget: that dependency's first attempts still start.
             where.append("(attempts = 0 OR task_name <> ALL(%s))")
             params.append(list(blocked_retries))
-        filters, filter_params = list(where), list(params)
-
-        def shape(
-            columns: str, conditions: list[str], values: list[Any], limit: int, lock: str
-        ) -> tuple[str, list[Any]]:
-            if queues and len(queues) > 1:
-                return (
-                    f"SELECT c.{columns.replace(', ', ', c.')} FROM unnest(%s::text[]) AS q(name), LATERAL ("
-                    f"SELECT {columns}, priority, run_after FROM {TABLE} WHERE queue_name = q.name "
-                    f"AND {' AND '.join(conditions)} {_ORDER} LIMIT {limit:d}{lock}) AS c "
-                    f"ORDER BY c.priority DESC, c.run_after, c.id LIMIT {limit:d}"
-                ), [list(queues), *values]
-            conditions, values = list(conditions), list(values)
-            if queues:
-                conditions.append("queue_name = %s")
-                values.append(queues[0])
-            elif exclude:
-                conditions.append("queue_name <> ALL(%s)")
-                values.append(list(exclude))
-            return (
-                f"SELECT {columns} FROM {TABLE} WHERE {' AND '.join(conditions)} {_ORDER} "
-                f"LIMIT {limit:d}{lock}"
-            ), values
-
-        walk, walk_params = shape(
-            "id, task_name, queue_name, flow_keys, attempts", where, params, count, " FOR UPDATE SKIP LOCKED"
-        )
+        filters, filter_params = " AND ".join(where), list(params)
+        if queues:
+            form, queue_params = ("many", [list(queues)]) if len(queues) > 1 else ("one", [queues[0]])
+        elif exclude:
+            form, queue_params = "all", [list(exclude)]
+        else:
+            form, queue_params = "any", []
+        walk = _in_claim_order(form, _WALKED, filters, count, " FOR UPDATE SKIP LOCKED")
+        walk_params = [*queue_params, *filter_params]
         if not (blocked_keys or watched) or Statement.sends_text(alias, cursor):
             # Sent as text (a pooler, server-side binding), the statement below would be
             # planned on every claim, which costs more than the walk saves unless a key is hot.
             cursor.execute(walk, walk_params)
             return list(cursor.fetchall())
-        if queues:
-            in_queues = "= ANY(%s::text[])" if len(queues) > 1 else "= %s"
-            queue_params: list[Any] = [list(queues) if len(queues) > 1 else queues[0]]
-        elif exclude:
-            in_queues, queue_params = "<> ALL(%s::text[])", [list(exclude)]
-        else:
-            in_queues, queue_params = "IS NOT NULL", []
-        ahead, ahead_params = shape("flow_keys", [_DUE], [], HOT_WINDOW, "")
+        ahead = _in_claim_order(form, ["flow_keys"], _DUE, HOT_WINDOW)
         statement = _skipping_statement(
-            ahead, walk, " AND ".join(filters), in_queues, count, min(per_key or count, count)
+            ahead, walk, filters, _IN_QUEUES[form], count, min(per_key or count, count)
         )
         statement.execute(
             alias,
             cursor,
             [
                 [*blocked_keys, *watched],
-                *ahead_params,
+                *queue_params,
                 *filter_params,
                 list(blocked_keys),
                 *queue_params,
@@ -681,6 +695,26 @@ _PAIRS = (
 )
 
 
+def _key_by_key(
+    columns: Sequence[str], filters: str, count: int, per_key: int, keep: str, lock: str = ""
+) -> str:
+    """The candidates read key by key: the first due jobs of each pair of ``pairs`` that
+    ``keep`` keeps (a key can start no more than ``per_key`` in one claim; the jobs without
+    a key, up to ``count``), and the first ``count`` of them all in claim order.
+
+    A pair's jobs are read by a range on the key index's leading columns, in that index's
+    own order, which no other index can give without sorting.
+    """
+    pair = f"({_FIRST_KEY}, queue_name)"
+    return (
+        f"SELECT c.* FROM pairs AS p, LATERAL (SELECT {', '.join(columns)} FROM {TABLE} "
+        f"WHERE {pair} >= (p.k, p.q) AND {pair} <= (p.k, p.q) AND {filters} "
+        f"ORDER BY {_FIRST_KEY}, queue_name, priority DESC, run_after, id "
+        f"LIMIT CASE WHEN p.k = '' THEN {count:d} ELSE {per_key:d} END{lock}) AS c "
+        f"WHERE {keep} ORDER BY c.priority DESC, c.run_after, c.id LIMIT {count:d}"
+    )
+
+
 @functools.lru_cache(maxsize=256)
 def _skipping_statement(
     ahead: str, walk: str, filters: str, in_queues: str, count: int, per_key: int
@@ -702,29 +736,30 @@ def _skipping_statement(
     rows), and a pair's jobs are read by a range on the key index's leading columns, in that
     index's own order, which no other index can give without sorting.
     """
-    pair = f"({_FIRST_KEY}, queue_name)"
+    walked = ", ".join(_WALKED)
+    by_key = _key_by_key(
+        _CANDIDATE_COLUMNS,
+        filters,
+        count,
+        per_key,
+        f"(SELECT fits FROM fits) AND p.k <> ALL(%s::text[]) AND p.q {in_queues}",
+        " FOR UPDATE SKIP LOCKED",
+    )
     return Statement(
         "WITH RECURSIVE hot AS MATERIALIZED ("
         "SELECT 1 WHERE (SELECT count(*) FILTER (WHERE flow_keys ?| %s::text[]) "
         f"FROM ({ahead}) AS a) >= {HOT_WINDOW // 2:d}), "
         f"{_PAIRS}, "
-        f"walk AS MATERIALIZED (SELECT count(*) <= {SKIP_SCAN_PAIRS:d} AS fits FROM pairs) "
-        "SELECT id, task_name, queue_name, flow_keys, attempts FROM ("
-        "SELECT c.* FROM pairs AS p, LATERAL ("
-        f"SELECT id, task_name, queue_name, flow_keys, attempts, priority, run_after FROM {TABLE} "
-        f"WHERE {pair} >= (p.k, p.q) AND {pair} <= (p.k, p.q) AND {filters} "
-        f"ORDER BY {_FIRST_KEY}, queue_name, priority DESC, run_after, id "
-        f"LIMIT CASE WHEN p.k = '' THEN {count:d} ELSE {per_key:d} END FOR UPDATE SKIP LOCKED) AS c "
-        f"WHERE (SELECT fits FROM walk) AND p.k <> ALL(%s::text[]) AND p.q {in_queues} "
-        f"ORDER BY c.priority DESC, c.run_after, c.id LIMIT {count:d}) AS by_key "
-        "UNION ALL SELECT id, task_name, queue_name, flow_keys, attempts FROM ("
-        f"{walk}) AS in_order WHERE NOT EXISTS (SELECT 1 FROM hot) OR NOT (SELECT fits FROM walk)"
+        f"fits AS MATERIALIZED (SELECT count(*) <= {SKIP_SCAN_PAIRS:d} AS fits FROM pairs) "
+        f"SELECT {walked} FROM ({by_key}) AS by_key "
+        f"UNION ALL SELECT {walked} FROM ({walk}) AS in_order "
+        "WHERE NOT EXISTS (SELECT 1 FROM hot) OR NOT (SELECT fits FROM fits)"
     )
 
 
 # -- the limited claim in one string -------------------------------------------------------
 
-_CANDIDATE_COLUMNS = "id, task_name, queue_name, flow_keys, attempts, priority, run_after"
+_CANDIDATE_COLUMNS = (*_WALKED, "priority", "run_after")
 #: Due jobs a one-string claim reads per job it may take (``_flow.CANDIDATES_PER_JOB`` for the
 #: claim over three round trips): reading and admitting them is most of the turn's time, and
 #: a key that fills up and hides the rest is read around by the next turn (the refill, then
@@ -793,19 +828,15 @@ def _one_string_sql(shape: str, count: int, per_key: int) -> str:
         "AND NOT (flow_keys ?| (SELECT keys FROM blocked)::text[])"
     )
 
-    def in_order(columns: str, conditions: str, limit: int, lock: str) -> str:
-        if shape == "many":
-            return (
-                f"SELECT c.* FROM unnest(%s::text[]) AS q(name), LATERAL ("
-                f"SELECT {columns} FROM {TABLE} WHERE queue_name = q.name AND {conditions} "
-                f"{_ORDER} LIMIT {limit:d}{lock}) AS c ORDER BY c.priority DESC, c.run_after, c.id "
-                f"LIMIT {limit:d}"
-            )
-        where = "queue_name = %s" if shape == "one" else "queue_name <> ALL(%s::text[])"
-        return f"SELECT {columns} FROM {TABLE} WHERE {where} AND {conditions} {_ORDER} LIMIT {limit:d}{lock}"
-
-    in_queues = {"one": "= %s", "many": "= ANY(%s::text[])", "all": "<> ALL(%s::text[])"}[shape]
-    pair = f"({_FIRST_KEY}, queue_name)"
+    candidate_columns = ", ".join(_CANDIDATE_COLUMNS)
+    by_key = _key_by_key(
+        _CANDIDATE_COLUMNS,
+        filters,
+        count,
+        per_key,
+        "(SELECT fits FROM fits) AND p.k <> ALL((SELECT keys FROM blocked)::text[]) "
+        f"AND p.q {_IN_QUEUES[shape]}",
+    )
     epsilon = repr(_flow.EPSILON)
     return (
         "WITH RECURSIVE plan AS MATERIALIZED (SELECT %s::jsonb AS task_keys, %s::text[] AS queues, "
@@ -838,22 +869,16 @@ def _one_string_sql(shape: str, count: int, per_key: int) -> str:
         "WHERE left(k.key, 6) = 'queue:') AS queues), "
         "hot AS MATERIALIZED (SELECT 1 WHERE (SELECT count(*) FILTER (WHERE flow_keys ?| "
         "((SELECT keys FROM blocked) || (SELECT watched FROM plan))) "
-        f"FROM ({in_order('flow_keys, priority, run_after, id', _DUE, HOT_WINDOW, '')}) AS a) "
+        f"FROM ({_in_claim_order(shape, ['flow_keys'], _DUE, HOT_WINDOW)}) AS a) "
         f">= {HOT_WINDOW // 2:d}), "
         f"{_PAIRS}, "
         f"fits AS MATERIALIZED (SELECT count(*) <= {SKIP_SCAN_PAIRS:d} AS fits FROM pairs), "
         # Read only when the key-by-key read is not (its scan is what starts it).
-        f"in_order AS MATERIALIZED ({in_order(_CANDIDATE_COLUMNS, filters, count, '')}), "
+        f"in_order AS MATERIALIZED ({_in_claim_order(shape, _CANDIDATE_COLUMNS, filters, count)}), "
         "candidates AS MATERIALIZED (SELECT row_number() OVER (ORDER BY c.priority DESC, c.run_after, c.id) "
         "AS ord, c.id, c.flow_keys, c.task_name, c.queue_name FROM ("
-        f"SELECT {_CANDIDATE_COLUMNS} FROM (SELECT c.* FROM pairs AS p, LATERAL ("
-        f"SELECT {_CANDIDATE_COLUMNS} FROM {TABLE} "
-        f"WHERE {pair} >= (p.k, p.q) AND {pair} <= (p.k, p.q) AND {filters} "
-        f"ORDER BY {_FIRST_KEY}, queue_name, priority DESC, run_after, id "
-        f"LIMIT CASE WHEN p.k = '' THEN {count:d} ELSE {per_key:d} END) AS c "
-        "WHERE (SELECT fits FROM fits) AND p.k <> ALL((SELECT keys FROM blocked)::text[]) "
-        f"AND p.q {in_queues} ORDER BY c.priority DESC, c.run_after, c.id LIMIT {count:d}) AS by_key "
-        f"UNION ALL SELECT {_CANDIDATE_COLUMNS} FROM in_order "
+        f"SELECT {candidate_columns} FROM ({by_key}) AS by_key "
+        f"UNION ALL SELECT {candidate_columns} FROM in_order "
         "WHERE NOT EXISTS (SELECT 1 FROM hot) OR NOT (SELECT fits FROM fits)) AS c), "
         # Each candidate's keys with their room: a concurrency's free slots; a rate's starts
         # due by now within its burst (GCRA: one per interval after its arrival time, up to
@@ -921,15 +946,11 @@ def _plan_parameters(plan: _flow.FlowPlan) -> list[Any]:
 def _claims_in_one_string(alias: str, plan: _flow.FlowPlan) -> bool:
     """Whether a limited claim may be one string: the turn's lock, then one statement.
 
-    Not under a breaker or a retry budget (their writes go through the ORM, see
-    ``_FlowSQL.turn``), not inside a transaction (the string's own implicit transaction
-    is what ends the turn), and not with server-side binding or a transaction-mode pooler
-    (the statement is prepared: sent as text it would be planned on every claim).
+    When its turn may be carried in SQL (:func:`_turn_in_sql`: the string's implicit
+    transaction is what ends the turn), and not behind a transaction-mode pooler, where the
+    prepared statement would be sent as text and planned on every claim.
     """
-    connection = connections[alias]
-    if plan.guards or _pooled(alias) or connection.in_atomic_block or not connection.get_autocommit():
-        return False
-    return _binds_on_client(connection)
+    return not _pooled(alias) and _turn_in_sql(connections[alias], plan)
 
 
 def _claim_in_one_string(

@@ -29,8 +29,8 @@ pytestmark = [
 ]
 
 
-def claim(limit=10):
-    return store.claim("default", None, limit, "test-worker", flow=store.flow_plan())
+def claim(limit=10, queues=None):
+    return store.claim("default", queues, limit, "test-worker", flow=store.flow_plan())
 
 
 @pytest.fixture(params=["one string", "three round trips"])
@@ -41,7 +41,7 @@ def path(request, monkeypatch):
     return request.param
 
 
-def claim_reads(limit=10):
+def claim_reads(limit=10, queues=None):
     """Claim, and return the jobs, which reads its last candidates statement ran, and how
     many candidates reads it made.
 
@@ -49,7 +49,7 @@ def claim_reads(limit=10):
     """
     savepoint = transaction.savepoint()
     with CaptureQueriesContext(connection) as queries:
-        jobs = claim(limit)
+        jobs = claim(limit, queues)
     transaction.savepoint_rollback(savepoint)
     sent = [q["sql"].split("; ")[-1] for q in queries.captured_queries]
     executes = [sql for sql in sent if sql.startswith("EXECUTE jobguard_")]
@@ -79,6 +79,16 @@ def test_beside_a_hot_key_the_claim_reads_key_by_key(flow_tasks, path):
     assert len(claim(limit=2)) == 2
     cold = tasks_flow.per_account.enqueue(2, 0)
     jobs, ran, _ = claim_reads()
+    assert [job.id for job in jobs] == [cold.id]
+    assert ran == {"by_key"}
+
+
+@pytest.mark.parametrize("queues", [["flow-keyed"], ["flow-global", "flow-keyed"]], ids=["one queue", "two"])
+def test_beside_a_hot_key_a_claim_of_named_queues_reads_key_by_key(flow_tasks, path, queues):
+    tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(postgres.HOT_WINDOW + 10))
+    assert len(claim(limit=2, queues=queues)) == 2
+    cold = tasks_flow.per_account.enqueue(2, 0)
+    jobs, ran, _ = claim_reads(queues=queues)
     assert [job.id for job in jobs] == [cold.id]
     assert ran == {"by_key"}
 
