@@ -764,7 +764,7 @@ _CANDIDATE_COLUMNS = (*_WALKED, "priority", "run_after")
 #: claim over three round trips): reading and admitting them is most of the turn's time, and
 #: a key that fills up and hides the rest is read around by the next turn (the refill, then
 #: the watched keys). With four per job the keyed benchmark kept 76 % of the unlimited rate,
-#: with two 87 %.
+#: with two 87 % (medians of 3 runs).
 ONE_STRING_CANDIDATES_PER_JOB = 2
 #: The lease of the jobs a one-string claim admitted. Its candidates are read without row
 #: locks (locking every candidate, four per job taken, cost more than the read), so a job
