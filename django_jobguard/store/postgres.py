@@ -816,7 +816,7 @@ def _one_string_sql(shape: str, count: int, per_key: int) -> str:
     the keys already full; the candidates in claim order (key by key beside full or watched
     keys, as ``_skipping_statement`` reads them) without the full keys' jobs; which of them
     each key has room for; the lease of those admitted and the rate keys' new arrival times.
-    Each row is a leased job's columns (or none) and what held jobs back.
+    Each row is a leased job's columns (or none), and one of them also says what held jobs back.
     """
     # Conditions the planner cannot read as selective, so that its generic plan keeps the
     # ordered index walk that stops after `count` rows. `queue_name <> ALL(...)` would be
@@ -838,6 +838,11 @@ def _one_string_sql(shape: str, count: int, per_key: int) -> str:
         f"AND p.q {_IN_QUEUES[shape]}",
     )
     epsilon = repr(_flow.EPSILON)
+    leased_columns = ", ".join(f"l.{column}" for column in RETURNING.split(", "))
+    summary = ", ".join(
+        f"CASE WHEN coalesce(l.n = 1, true) THEN s.{column} END"
+        for column in ("now", "held", "filled", "times", "candidates")
+    )
     return (
         "WITH RECURSIVE plan AS MATERIALIZED (SELECT %s::jsonb AS task_keys, %s::text[] AS queues, "
         "%s::text[] AS tasks, %s::jsonb AS limits, %s::text[] AS watched, %s::int AS wanted, "
@@ -910,14 +915,18 @@ def _one_string_sql(shape: str, count: int, per_key: int) -> str:
         "WHERE rate ON CONFLICT (key) DO UPDATE SET tat = excluded.tat RETURNING key, tat) "
         # What held jobs back: the keys full from the start; the keys this claim filled while
         # some of their jobs were left; and each rate key's arrival time as it now stands.
-        "SELECT l.*, s.* FROM (SELECT (SELECT now FROM plan), (SELECT keys FROM blocked), "
+        # It rides on one row only: on every leased row, its arrays were most of what the
+        # worker's driver parsed of a claim.
+        f"SELECT {leased_columns}, {summary} FROM (SELECT (SELECT now FROM plan) AS now, "
+        "(SELECT keys FROM blocked) AS held, "
         "(SELECT array_agg(DISTINCT k.key) FROM keyed AS k LEFT JOIN taken AS t ON t.key = k.key "
         "WHERE coalesce(t.n, 0) >= k.room AND k.ord NOT IN (SELECT ord FROM picked) "
         "AND (k.ord < (SELECT max(ord) FROM picked) "
-        "OR (SELECT count(*) FROM picked) < (SELECT wanted FROM plan))), "
+        "OR (SELECT count(*) FROM picked) < (SELECT wanted FROM plan))) AS filled, "
         "(SELECT jsonb_object_agg(key, tat) FROM (SELECT key, max(tat) AS tat FROM ("
-        "SELECT key, tat FROM arrivals UNION ALL SELECT key, tat FROM advanced) AS x GROUP BY key) AS y), "
-        "(SELECT count(*) FROM candidates)) AS s LEFT JOIN leased AS l ON true"
+        "SELECT key, tat FROM arrivals UNION ALL SELECT key, tat FROM advanced) AS x GROUP BY key) AS y) "
+        "AS times, (SELECT count(*) FROM candidates) AS candidates) AS s "
+        "LEFT JOIN (SELECT *, row_number() OVER () AS n FROM leased) AS l ON true"
     )
 
 
@@ -1000,7 +1009,8 @@ def _claim_in_one_string(
             rows = cursor.fetchall()
         width = len(rows[0]) - 5
         jobs += [ClaimedJob.from_row(row[:width]) for row in rows if row[0] is not None]
-        now, blocked, refused, times, candidates = rows[0][width:]
+        # The summary is on one row (the clock is never NULL there).
+        now, blocked, refused, times, candidates = next(row[width:] for row in rows if row[width] is not None)
         filled = set(refused or ()) - set(blocked or ())
         if filled:
             _flow.hot_keys.note(filled, time.monotonic())

@@ -185,9 +185,9 @@ def test_an_error_in_the_one_string_claim_frees_the_turn(unguarded_tasks, monkey
     def failing(*args):
         # Fails at the end of the statement, once the lock is held and the lease is written.
         sql = postgres._one_string_sql(*args)
-        return postgres.Statement(
-            sql.replace("SELECT l.*, s.* FROM", "SELECT l.*, s.*, 1 / (l.id - l.id) FROM")
-        )
+        failing_sql = sql.replace("coalesce(l.n = 1, true)", "coalesce(1 / (l.id - l.id) = 1, true)")
+        assert failing_sql != sql
+        return postgres.Statement(failing_sql)
 
     monkeypatch.setattr(postgres, "_one_string_statement", failing)
     with pytest.raises(DataError):
