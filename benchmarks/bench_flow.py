@@ -310,7 +310,7 @@ def main() -> None:
                 f"cold keys' p95 pickup, {args.cold:,} keys at 100/s",
                 "no hot key",
                 f"{1000 * median(calm):,.1f} ms",
-                f"runs: {', '.join(f'{1000 * v:,.0f}' for v in calm)} ms",
+                f"runs: {', '.join(f'{1000 * v:,.1f}' for v in calm)} ms",
             )
         )
         rows.append(
@@ -319,7 +319,7 @@ def main() -> None:
                 f"beside a hot key of {args.hot:,} jobs",
                 f"{1000 * median(beside_hot):,.1f} ms",
                 f"{100 * (median(beside_hot) - median(calm)) / median(calm):+.0f} % "
-                f"(runs: {', '.join(f'{1000 * v:,.0f}' for v in beside_hot)} ms)",
+                f"(runs: {', '.join(f'{1000 * v:,.1f}' for v in beside_hot)} ms)",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
