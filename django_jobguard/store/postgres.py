@@ -455,10 +455,9 @@ def _claim(
 
 # -- flow control ----------------------------------------------------------------------------
 
-#: The queue condition of a limited claim's reads, by shape: ``one`` queue, ``many`` (one
-#: index walk per queue, merged), ``all`` but the queues of an array, or ``any`` queue.
-_QUEUE_CONDITIONS = {"one": "queue_name = %s", "all": "queue_name <> ALL(%s::text[])", "any": ""}
-#: The same condition on a queue column of another relation (the key-by-key read's pairs).
+#: The queue condition of a limited claim's reads on a queue column, by shape: ``one`` queue,
+#: ``many`` (the claim-order read walks one index per queue and merges them), ``all`` but the
+#: queues of an array, or ``any`` queue (which the claim-order read leaves unsaid).
 _IN_QUEUES = {"one": "= %s", "many": "= ANY(%s::text[])", "all": "<> ALL(%s::text[])", "any": "IS NOT NULL"}
 #: The columns a limited claim reads of its candidates over three round trips.
 _WALKED = ("id", "task_name", "queue_name", "flow_keys", "attempts")
@@ -479,7 +478,9 @@ def _in_claim_order(shape: str, columns: Sequence[str], conditions: str, limit: 
             f"{_ORDER} LIMIT {limit:d}{lock}) AS c "
             f"ORDER BY c.priority DESC, c.run_after, c.id LIMIT {limit:d}"
         )
-    where = " AND ".join(filter(None, [_QUEUE_CONDITIONS[shape], conditions]))
+    # Over any queue the walk reads the claim index with no queue condition at all.
+    in_queues = "" if shape == "any" else f"queue_name {_IN_QUEUES[shape]}"
+    where = " AND ".join(filter(None, [in_queues, conditions]))
     return f"SELECT {', '.join(columns)} FROM {TABLE} WHERE {where} {_ORDER} LIMIT {limit:d}{lock}"
 
 
@@ -733,8 +734,7 @@ def _skipping_statement(
     The statement is prepared with a generic plan, since planning it costs more than running
     it, so each read is written so that one index serves it whatever the statistics say: the
     counts are literals (a LIMIT parameter makes the planner expect a large share of the
-    rows), and a pair's jobs are read by a range on the key index's leading columns, in that
-    index's own order, which no other index can give without sorting.
+    rows), and the pairs' reads are :func:`_key_by_key`'s ranges.
     """
     walked = ", ".join(_WALKED)
     by_key = _key_by_key(
@@ -777,6 +777,10 @@ _LEASE_IF_QUEUED = _CLAIM_UPDATE.replace(
     "WHERE j.id = picked.id AND j.status = picked.status "
     f"AND j.run_after <= {NOW} AND j.attempts < j.max_attempts",
 )
+
+
+#: What a one-string claim says of its turn, after each row's job columns (on one row only).
+_SUMMARY = ("now", "held", "filled", "times", "candidates")
 
 
 def _family(key: str) -> str:
@@ -839,10 +843,7 @@ def _one_string_sql(shape: str, count: int, per_key: int) -> str:
     )
     epsilon = repr(_flow.EPSILON)
     leased_columns = ", ".join(f"l.{column}" for column in RETURNING.split(", "))
-    summary = ", ".join(
-        f"CASE WHEN coalesce(l.n = 1, true) THEN s.{column} END"
-        for column in ("now", "held", "filled", "times", "candidates")
-    )
+    summary = ", ".join(f"CASE WHEN coalesce(l.n = 1, true) THEN s.{column} END" for column in _SUMMARY)
     return (
         "WITH RECURSIVE plan AS MATERIALIZED (SELECT %s::jsonb AS task_keys, %s::text[] AS queues, "
         "%s::text[] AS tasks, %s::jsonb AS limits, %s::text[] AS watched, %s::int AS wanted, "
@@ -953,13 +954,10 @@ def _plan_parameters(plan: _flow.FlowPlan) -> list[Any]:
 
 
 def _claims_in_one_string(alias: str, plan: _flow.FlowPlan) -> bool:
-    """Whether a limited claim may be one string: the turn's lock, then one statement.
-
-    When its turn may be carried in SQL (:func:`_turn_in_sql`: the string's implicit
-    transaction is what ends the turn), and not behind a transaction-mode pooler, where the
-    prepared statement would be sent as text and planned on every claim.
-    """
-    return not _pooled(alias) and _turn_in_sql(connections[alias], plan)
+    """Whether a limited claim (not behind a pooler: see :func:`claim_limited`) may be one
+    string, the turn's lock and then one statement: when its turn may be carried in SQL
+    (:func:`_turn_in_sql`), since the string's implicit transaction is what ends the turn."""
+    return _turn_in_sql(connections[alias], plan)
 
 
 def _claim_in_one_string(
@@ -1007,7 +1005,7 @@ def _claim_in_one_string(
             )
             cursor.nextset()
             rows = cursor.fetchall()
-        width = len(rows[0]) - 5
+        width = len(rows[0]) - len(_SUMMARY)
         jobs += [ClaimedJob.from_row(row[:width]) for row in rows if row[0] is not None]
         # The summary is on one row (the clock is never NULL there).
         now, blocked, refused, times, candidates = next(row[width:] for row in rows if row[width] is not None)
@@ -1034,6 +1032,8 @@ def claim_limited(
     plan: _flow.FlowPlan,
     throttle: _flow.Throttle | None = None,
 ) -> list[ClaimedJob]:
+    # Behind a transaction-mode pooler the one string's prepared statement would be sent as
+    # text and planned on every claim: there the claim takes its three round trips.
     if not _pooled(alias):
         _tune_for_claims(alias)
         if _claims_in_one_string(alias, plan):
