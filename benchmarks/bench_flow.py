@@ -9,7 +9,9 @@ Three runs, each draining jobs enqueued beforehand with ``--processes`` workers
 - ``rate``: ``rate=Rate("200/s", burst=10)``, ``--rate-seconds`` worth of jobs with four
   processes: the achieved start rate (claims on the database clock) against the declared one;
 - ``pickup``: ``--cold`` jobs of as many keys enqueued at 100/s, their p95 wait from enqueue
-  to start, alone and beside a hot key whose ``--hot`` jobs stand before them in the queue.
+  to start, alone and beside a hot key whose ``--hot`` jobs stand before them in the queue;
+  then its parts: from the enqueue's return to the claim (the workers' share), and from the
+  enqueue to the handler's start.
 
     python benchmarks/bench_flow.py --db-url postgres://postgres@127.0.0.1:5432/jg_flow_bench
     python benchmarks/bench_flow.py --db-url mysql://root@127.0.0.1:3306/jg_flow_bench
@@ -148,9 +150,12 @@ def drain(
     return result
 
 
-def pickup(env: dict[str, str], task: object, hot: int, cold: int, rate: float) -> float:
-    """p95 seconds from enqueue to start of ``cold`` jobs of as many keys, enqueued at ``rate``/s
-    while ``hot`` jobs of one key (limit 1) stand before them in the queue."""
+def pickup(env: dict[str, str], task: object, hot: int, cold: int, rate: float) -> dict[str, float]:
+    """The p95 wait of ``cold`` jobs of as many keys, enqueued at ``rate``/s while ``hot`` jobs
+    of one key (limit 1) stand before them in the queue, in seconds: ``pickup`` from the
+    enqueue (its transaction's start) to the claim that leased the job; ``worker`` from the
+    enqueue's return (after its commit) to that claim; ``handler`` from the enqueue to the
+    handler's start (``task`` returns its clock)."""
     from benchmarks._common import paced
     from benchmarks._database import empty
     from django_jobguard.models import Job
@@ -164,7 +169,7 @@ def pickup(env: dict[str, str], task: object, hot: int, cold: int, rate: float) 
         "django",
         "jobguard_worker",
         "--queue",
-        "flow-keyed",
+        "flow-pickup",
         "--concurrency",
         "4",
     ]
@@ -172,12 +177,15 @@ def pickup(env: dict[str, str], task: object, hot: int, cold: int, rate: float) 
         subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         for _ in range(2)
     ]
+    returned: dict[int, float] = {}
     try:
         time.sleep(3)  # the workers start (and the hot key's first job runs)
-        ids = [task.enqueue(i=i, account=i).pk for i in paced(range(cold), rate)]  # type: ignore[attr-defined]
-        while Job.objects.filter(pk__in=ids).exclude(status="succeeded").exists():
+        for i in paced(range(cold), rate):
+            pk = task.enqueue(i=i, account=i).pk  # type: ignore[attr-defined]
+            returned[pk] = time.time()
+        while Job.objects.filter(pk__in=list(returned)).exclude(status="succeeded").exists():
             time.sleep(0.05)
-        hot_left = Job.objects.filter(queue_name="flow-keyed").exclude(status="succeeded").count()
+        hot_left = Job.objects.filter(queue_name="flow-pickup").exclude(status="succeeded").count()
     finally:
         for worker in workers:
             worker.send_signal(signal.SIGTERM)
@@ -185,11 +193,16 @@ def pickup(env: dict[str, str], task: object, hot: int, cold: int, rate: float) 
             worker.wait(timeout=60)
     if hot and not hot_left:
         print(f"warning: the hot key drained before the cold jobs did ({hot} jobs): raise --hot")
-    waits = sorted(
-        (started - enqueued).total_seconds()
-        for started, enqueued in Job.objects.filter(pk__in=ids).values_list("started_at", "enqueued_at")
-    )
-    return waits[int(0.95 * (len(waits) - 1))]
+    rows = Job.objects.filter(pk__in=list(returned)).values_list("pk", "enqueued_at", "started_at", "result")
+
+    def p95(values: list[float]) -> float:
+        return sorted(values)[int(0.95 * (len(values) - 1))]
+
+    return {
+        "pickup": p95([(started - enqueued).total_seconds() for _, enqueued, started, _ in rows]),
+        "worker": p95([started.timestamp() - returned[pk] for pk, _, started, _ in rows]),
+        "handler": p95([float(began) - enqueued.timestamp() for _, enqueued, _, began in rows]),
+    }
 
 
 def main() -> None:
@@ -201,8 +214,8 @@ def main() -> None:
         return sorted(values)[len(values) // 2]
 
     runs: dict[str, list[dict[str, float]]] = {"unlimited": [], "keyed": [], "rate": []}
-    calm: list[float] = []
-    beside_hot: list[float] = []
+    calm: list[dict[str, float]] = []
+    beside_hot: list[dict[str, float]] = []
     chosen = {name.strip() for name in args.workloads.split(",")}
     counter: WireCounter | None = None
     if args.count_sql:
@@ -241,8 +254,8 @@ def main() -> None:
             rated = int(200 * args.rate_seconds)
             runs["rate"].append(drain(env, tasks_flow.flow_rated, rated, args.keys, 4, "flow-rated"))
         if "pickup" in chosen:
-            calm.append(pickup(env, tasks_flow.flow_keyed, 0, args.cold, 100.0))
-            beside_hot.append(pickup(env, tasks_flow.flow_keyed, args.hot, args.cold, 100.0))
+            calm.append(pickup(env, tasks_flow.flow_clocked, 0, args.cold, 100.0))
+            beside_hot.append(pickup(env, tasks_flow.flow_clocked, args.hot, args.cold, 100.0))
     rows: list[tuple[str, str, str, str]] = []
     if args.count_sql and runs["unlimited"]:
         sizes = f"{args.jobs:,} jobs, {args.processes} processes"
@@ -305,27 +318,44 @@ def main() -> None:
             )
         )
     if calm:
+        still, hot = [r["pickup"] for r in calm], [r["pickup"] for r in beside_hot]
         rows.append(
             (
                 f"cold keys' p95 pickup, {args.cold:,} keys at 100/s",
                 "no hot key",
-                f"{1000 * median(calm):,.1f} ms",
-                f"runs: {', '.join(f'{1000 * v:,.1f}' for v in calm)} ms",
+                f"{1000 * median(still):,.1f} ms",
+                f"runs: {', '.join(f'{1000 * v:,.1f}' for v in still)} ms",
             )
         )
         # A p95 of about 2 ms moves by half a millisecond between runs on a small host: the
         # ratio within each round (the two runs back to back) drifts less than the medians.
-        paired = median([hot / still for still, hot in zip(calm, beside_hot, strict=True)])
+        paired = median([b / a for a, b in zip(still, hot, strict=True)])
         rows.append(
             (
                 f"cold keys' p95 pickup, {args.cold:,} keys at 100/s",
                 f"beside a hot key of {args.hot:,} jobs",
-                f"{1000 * median(beside_hot):,.1f} ms",
-                f"{100 * (median(beside_hot) - median(calm)) / median(calm):+.0f} % "
+                f"{1000 * median(hot):,.1f} ms",
+                f"{100 * (median(hot) - median(still)) / median(still):+.0f} % "
                 f"(each round against its run without: median {100 * (paired - 1):+.0f} %; "
-                f"runs: {', '.join(f'{1000 * v:,.1f}' for v in beside_hot)} ms)",
+                f"runs: {', '.join(f'{1000 * v:,.1f}' for v in hot)} ms)",
             )
         )
+        # Most of the pickup is the enqueue's own statement and commit, which a hot key does
+        # not touch: the part from its return to the claim is the workers' alone.
+        for part, label in (
+            ("worker", "  from the enqueue's return to the claim"),
+            ("handler", "  to the handler's start"),
+        ):
+            a, b = median([r[part] for r in calm]), median([r[part] for r in beside_hot])
+            pairs = median([y[part] / x[part] for x, y in zip(calm, beside_hot, strict=True)])
+            rows.append(
+                (
+                    label,
+                    "no hot key -> beside it",
+                    f"{1000 * a:,.2f} -> {1000 * b:,.2f} ms",
+                    f"{1000 * (b - a):+.2f} ms (each round: median {100 * (pairs - 1):+.0f} %)",
+                )
+            )
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     print("  ".join(h.ljust(w) for h, w in zip(("run", "size", "result", "vs"), widths, strict=True)))
     for row in rows:
