@@ -51,6 +51,8 @@ __all__ = [
 PERMISSION = "jobguard.operate_breaker"
 #: The longest reason an operator's change may carry.
 MAX_REASON_LENGTH = 500
+#: Why a reason with a NUL character is refused (PostgreSQL cannot store one in text).
+NUL_IN_REASON = "A reason may not hold a NUL character (\\x00): the database cannot store it."
 #: The gauge value of each state (``jobguard_breaker_state``).
 STATE_VALUES = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 #: Outcome categories that count as a failed call: the dependency did not answer in time.
@@ -226,6 +228,8 @@ def _change(
         raise BreakerError("A reason is required to open a breaker: it goes into the audit trail.")
     if len(reason) > MAX_REASON_LENGTH:
         raise BreakerError(f"A reason is at most {MAX_REASON_LENGTH} characters, not {len(reason)}.")
+    if "\x00" in reason:
+        raise BreakerError(NUL_IN_REASON)
     alias = using or get_settings().database_alias
     who = (user.get_username() if user is not None else actor or "system")[:150]
     actor_pk = user.pk if user is not None and user.is_authenticated else None

@@ -93,6 +93,8 @@ def _validated_name(queue: str) -> str:
         raise QueueError("A queue name is required.")
     if name != queue or any(ch.isspace() for ch in name):
         raise QueueError(f"Queue name {queue!r} may not contain spaces.")
+    if "\x00" in name:
+        raise QueueError(f"Queue name {queue!r} holds a NUL character (\\x00), which no queue name has.")
     if len(name) > MAX_QUEUE_NAME_LENGTH:
         raise QueueError(f"Queue name {queue[:20]!r}... is longer than {MAX_QUEUE_NAME_LENGTH} characters.")
     return name
@@ -100,6 +102,8 @@ def _validated_name(queue: str) -> str:
 
 #: The longest reason a pause or resume may carry (it is shown on the health page).
 MAX_REASON_LENGTH = 500
+#: Why a reason with a NUL character is refused (PostgreSQL cannot store one in text).
+NUL_IN_REASON = "A reason may not hold a NUL character (\\x00): the database cannot store it."
 
 
 def _exists(name: str, alias: str) -> bool:
@@ -124,6 +128,8 @@ def _change(
         raise QueueError("A reason is required to pause a queue: it goes into the audit trail.")
     if len(reason) > MAX_REASON_LENGTH:
         raise QueueError(f"A reason is at most {MAX_REASON_LENGTH} characters, not {len(reason)}.")
+    if "\x00" in reason:
+        raise QueueError(NUL_IN_REASON)
     alias = using or get_settings().database_alias
     if paused and not _exists(name, alias):
         known = ", ".join(get_settings().known_queues)

@@ -26,3 +26,56 @@ def test_a_nul_in_a_filter_is_a_400(client, page, query):
     response = client.get(f"{page}?{query}")
     assert response.status_code == 400, (page, query, response.status_code)
     assert client.get(page).status_code == 200
+
+
+# -- the console's forms: a NUL in a reason or a name is refused with the service's message ----------
+
+
+def _operator(client):
+    from django.contrib.auth.models import Permission
+
+    person = User.objects.create_user("operator", is_staff=True)
+    for perm in ("view_job", "pause_queue", "operate_breaker"):
+        person.user_permissions.add(Permission.objects.get(codename=perm))
+    client.force_login(person)
+    return client
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"queue": "default", "reason": "db\x00slow"}, "A reason may not hold a NUL character"),
+        ({"queue": "def\x00ault", "reason": "db slow"}, "holds a NUL character"),
+    ],
+)
+def test_a_nul_in_a_pause_is_refused_with_a_message_and_nothing_written(client, fields, says):
+    from django_jobguard.models import QueueEvent, QueueState
+
+    response = _operator(client).post("/admin/jobguard/queuestate/pause/", fields, follow=True)
+    assert response.status_code == 200
+    assert says in response.content.decode()
+    assert not QueueState.objects.exists() and not QueueEvent.objects.exists()
+
+
+@pytest.mark.parametrize("view", ["open", "close"])
+def test_a_nul_in_a_breaker_reason_is_refused_with_a_message_and_nothing_written(client, view):
+    from django_jobguard.models import BreakerEvent
+
+    response = _operator(client).post(
+        f"/admin/jobguard/breaker/{view}/", {"limit": "flow-dep", "reason": "down\x00"}, follow=True
+    )
+    assert response.status_code == 200
+    assert "A reason may not hold a NUL character" in response.content.decode()
+    assert not BreakerEvent.objects.exists()
+
+
+def test_the_services_refuse_a_nul_in_a_reason_whoever_calls_them():
+    from django_jobguard import breakers, queues
+    from django_jobguard.exceptions import BreakerError, QueueError
+
+    with pytest.raises(QueueError, match="NUL"):
+        queues.pause("default", actor="cli", reason="a\x00b")
+    with pytest.raises(QueueError, match="NUL"):
+        queues.resume("default", actor="cli", reason="a\x00b")
+    with pytest.raises(BreakerError, match="NUL"):
+        breakers.open_breaker("flow-dep", actor="cli", reason="a\x00b")
