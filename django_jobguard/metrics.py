@@ -387,7 +387,8 @@ WORKFLOW_OLDEST_OPEN_AGE = _gauge(
     ("kind",),
 )
 _WORKFLOW_FIELDS = ((WORKFLOWS_OPEN, "open"), (WORKFLOW_OLDEST_OPEN_AGE, "oldest_age_seconds"))
-# Breaker gauges: one series per named limit that declares a breaker or a retry budget.
+# Breaker gauges: one series per named limit that declares a breaker or a retry budget (the
+# budget's gauge only for a limit that declares one).
 BREAKER_STATE = _gauge(
     "jobguard_breaker_state",
     "A named limit's circuit breaker: 0 closed, 1 half-open (probing), 2 open (its jobs wait).",
@@ -400,7 +401,8 @@ BREAKER_WAITING = _gauge(
 )
 RETRY_BUDGET_REMAINING = _gauge(
     "jobguard_retry_budget_remaining",
-    "Retries a named limit's retry budget still allows in its current window (0: retries wait).",
+    "Retries a named limit's retry budget still allows in its current window (0: retries wait); "
+    "no series for a limit without a budget.",
     ("limit",),
 )
 _BREAKER_FIELDS = (
@@ -652,7 +654,9 @@ class QueueCollector:
             breaker_families = [(_family(info), field) for info, field in _BREAKER_FIELDS] if breakers else []
             for breaker in breakers:
                 for family, field in breaker_families:
-                    family.add_metric([breaker.limit], float(getattr(breaker, field)))
+                    value = getattr(breaker, field)
+                    if value is not None:  # a limit with a breaker and no budget: no budget series
+                        family.add_metric([breaker.limit], float(value))
             families += breaker_families
         except Exception:
             # Whatever went wrong (database down, no database access at all), the rest of the

@@ -4,8 +4,10 @@ import io
 import json
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
+from django.test import override_settings
 from django.urls import reverse
 
 from django_jobguard import breakers, metrics, store
@@ -180,6 +182,30 @@ def test_the_scrape_reports_the_breaker_gauges(tripped):
     assert samples[("jobguard_breaker_state", DEP)] == 2
     assert samples[("jobguard_breaker_waiting", DEP)] == 2
     assert samples[("jobguard_retry_budget_remaining", DEP)] == 4
+
+
+@pytest.mark.parametrize(
+    "guard",
+    [{"breaker": True}, {"retry_budget": True}, {"concurrency": 10, "rate": "25/s", "breaker": True}],
+    ids=["breaker-only", "budget-only", "how-to-example"],
+)
+def test_the_scrape_keeps_every_gauge_when_a_limit_has_a_breaker_or_a_budget_alone(tripped, guard):
+    # docs/how-to/protect-a-dependency.md's own example: a breaker and no retry budget. The
+    # missing budget once failed the whole scrape's statistics: every queue gauge was lost.
+    pytest.importorskip("prometheus_client")
+    raw = {**settings.JOBGUARD, "LIMITS": {**settings.JOBGUARD["LIMITS"], DEP: guard}}
+    with override_settings(JOBGUARD=raw):
+        families = {family.name: family for family in metrics.QueueCollector().collect()}
+    (up,) = families["jobguard_queue_stats_up"].samples
+    assert up.value == 1
+    depth = {s.labels["queue"]: s.value for s in families["jobguard_queue_depth"].samples}
+    assert depth["flow-dep"] == 2
+    state = {s.labels["limit"]: s.value for s in families["jobguard_breaker_state"].samples}
+    budget = {s.labels["limit"]: s.value for s in families["jobguard_retry_budget_remaining"].samples}
+    # A limit without a budget has no budget series (not a 0 that would read "retries wait"),
+    # and one without a breaker reads closed.
+    assert (DEP in budget) is ("retry_budget" in guard)
+    assert state[DEP] == (0 if "breaker" not in guard else 2)
 
 
 def test_the_command_opens_and_closes_a_breaker_in_the_audit_trail(tripped):
