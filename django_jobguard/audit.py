@@ -72,6 +72,7 @@ def _dead_without_letter(alias: str, grace: datetime.timedelta) -> QuerySet[Any]
 # The key's status each owner status implies: the enqueue, the ack, the dead-lettering,
 # a cancel and a replay each write both rows in one transaction.
 _KEY_STATUS_FOR_JOB = {
+    JobStatus.WAITING: IdempotencyStatus.IN_PROGRESS,
     JobStatus.QUEUED: IdempotencyStatus.IN_PROGRESS,
     JobStatus.RUNNING: IdempotencyStatus.IN_PROGRESS,
     JobStatus.SUCCEEDED: IdempotencyStatus.SUCCEEDED,

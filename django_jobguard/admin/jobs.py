@@ -48,7 +48,9 @@ COUNT_CAP = 10_000
 ERROR_PREVIEW_CHARS = 70
 
 #: What an operator asks of a job, in the order of the filter; the badge shows the same words.
+#: Every status has a state here (``job_state`` returns the status itself for the others).
 STATES: tuple[tuple[str, Any], ...] = (
+    (JobStatus.WAITING, _("waiting for dependencies")),
     ("due", _("due")),
     ("scheduled", _("scheduled")),
     ("retrying", _("waiting for retry")),
@@ -61,6 +63,7 @@ STATES: tuple[tuple[str, Any], ...] = (
 _STATE_LABELS = dict(STATES)
 #: Badge colours: a state that needs a look is red or amber.
 _BADGE_COLOURS = {
+    JobStatus.WAITING: "#6b6b6b",
     "due": "#417690",
     "scheduled": "#6b6b6b",
     "retrying": "#b36b00",
@@ -179,6 +182,8 @@ class StateFilter(admin.SimpleListFilter):
             return jobs.scheduled()  # retries included: they are scheduled too
         if value == "retrying":
             return jobs.waiting_for_retry()
+        if value == JobStatus.WAITING:
+            return jobs.filter(status=JobStatus.WAITING)
         if value == JobStatus.RUNNING:
             return jobs.leased()
         if value == "stuck":
@@ -491,7 +496,8 @@ class JobAdmin(ReadOnlyAdmin):
             "opts": self.opts,
             "title": _("Cancel jobs"),
             "count": sum(by_status.values()),
-            "queued": by_status.get(JobStatus.QUEUED, 0),
+            # A cancel takes waiting workflow steps at once, as it takes queued jobs.
+            "queued": by_status.get(JobStatus.QUEUED, 0) + by_status.get(JobStatus.WAITING, 0),
             "running": by_status.get(JobStatus.RUNNING, 0),
             "select_across": across,
             # With "Select all" the admin still wants one selected row to take the action.
@@ -502,10 +508,46 @@ class JobAdmin(ReadOnlyAdmin):
         }
         return TemplateResponse(request, "django_jobguard/admin/job/cancel_confirm.html", context)
 
+    def _confirm_requeue(self, request: HttpRequest, queryset: QuerySet[Job]) -> TemplateResponse:
+        """Say how many cancelled jobs a re-queue would run again before it does, as cancel does."""
+        context = self._selection_context(request, queryset)
+        cancelled = context["by_status"].get(JobStatus.CANCELLED, 0)
+        context.update(
+            title=_("Re-queue cancelled jobs"),
+            cancelled=cancelled,
+            others=context["count"] - cancelled,
+        )
+        return TemplateResponse(request, "django_jobguard/admin/job/requeue_confirm.html", context)
+
+    def _selection_context(self, request: HttpRequest, queryset: QuerySet[Job]) -> dict[str, Any]:
+        """A confirmation page's selection: counts by status, and what to post back.
+
+        "Select all" goes back as the change list's filter (``select_across``) with one row
+        to take the action, never one field per row: it may reach tens of thousands of jobs.
+        """
+        across = request.POST.get("select_across") == "1"
+        by_status = dict(
+            queryset.order_by().values_list("status").annotate(n=Count("pk")).values_list("status", "n")
+        )
+        first = queryset.order_by("pk").values_list("pk", flat=True).first()
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "by_status": by_status,
+            "count": sum(by_status.values()),
+            "select_across": across,
+            "selected_ids": ([first] if first is not None else [])
+            if across
+            else list(queryset.values_list("pk", flat=True)),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+
     @admin.action(description=_("Re-queue selected cancelled jobs (due now)"), permissions=["retry"])
-    def requeue_cancelled_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+    def requeue_cancelled_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> TemplateResponse | None:
         if not self.has_retry_permission(request):
             raise PermissionDenied
+        if request.POST.get("confirm") != "yes":
+            return self._confirm_requeue(request, queryset)
         ids = list(queryset.values_list("pk", flat=True))
         requeued = jobs.requeue_cancelled(ids, reason=f"by {request.user.get_username()} in the admin")
         log_to_history(

@@ -38,8 +38,10 @@ logger = logging.getLogger("django_jobguard.backends")
 
 __all__ = ["JobGuardBackend", "resolve_task"]
 
-#: Job status -> Django's TaskResultStatus (waiting for a retry is "queued" too: READY).
+#: Job status -> Django's TaskResultStatus (waiting for a retry is "queued" too: READY; a
+#: workflow step waiting on its dependencies has not run either: READY).
 STATUS_MAP = {
+    JobStatus.WAITING: "READY",
     JobStatus.QUEUED: "READY",
     JobStatus.RUNNING: "RUNNING",
     JobStatus.SUCCEEDED: "SUCCESSFUL",

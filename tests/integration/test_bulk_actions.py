@@ -127,7 +127,7 @@ def test_select_all_cancel_asks_first_with_the_count_and_carries_the_filter(clie
         url, {"action": "cancel_jobs", "select_across": "1", "_selected_action": [first.pk]}
     )
     html = confirm.content.decode()
-    assert "Cancel 1100 jobs?" in html and "1100 queued are cancelled at once" in html
+    assert "Cancel 1100 jobs?" in html and "1100 queued or waiting are cancelled at once" in html
     assert html.count('name="_selected_action"') == 1
     assert not Job.objects.filter(status="cancelled").exists()
     client.post(
