@@ -543,7 +543,9 @@ class JobAdmin(ReadOnlyAdmin):
         }
 
     @admin.action(description=_("Re-queue selected cancelled jobs (due now)"), permissions=["retry"])
-    def requeue_cancelled_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> TemplateResponse | None:
+    def requeue_cancelled_jobs(
+        self, request: HttpRequest, queryset: QuerySet[Job]
+    ) -> TemplateResponse | None:
         if not self.has_retry_permission(request):
             raise PermissionDenied
         if request.POST.get("confirm") != "yes":

@@ -197,7 +197,12 @@ class WorkflowAdmin(ReadOnlyAdmin):
                 using=alias,
             )
             log_to_history(
-                request, Job, result.cancelled, "Cancelled with its workflow in the admin.", using=alias
+                request,
+                Job,
+                result.cancelled,
+                "Cancelled with its workflow in the admin.",
+                using=alias,
+                selection=f"the members of workflow #{obj.pk}",
             )
             self.message_user(
                 request,
@@ -227,7 +232,12 @@ class WorkflowAdmin(ReadOnlyAdmin):
             result = workflow_ops.retry_failed(obj.pk, request.user, form.cleaned_data["reason"])
             alias = get_settings().database_alias
             log_to_history(
-                request, Job, result.requeued, "Re-queued with its workflow's failed members.", using=alias
+                request,
+                Job,
+                result.requeued,
+                "Re-queued with its workflow's failed members.",
+                using=alias,
+                selection=f"the failed members of workflow #{obj.pk}",
             )
             log_to_history(
                 request,

@@ -145,11 +145,26 @@ def test_cancels_and_replays_reach_djangos_admin_log(client):
     make_running(running)
     ids = [job.pk for job in [*queued, running]]
     client.post(JOBS, {"action": "cancel_jobs", "_selected_action": ids, "confirm": "yes"})
-    logged = dict(LogEntry.objects.filter(user=person).values_list("object_id", "change_message"))
-    assert logged == {
-        **{str(job.pk): "Cancelled in the admin." for job in queued},
-        str(running.pk): "Asked to stop (cancel requested) in the admin.",
-    }
+    # One entry for the three cancelled (with the count), one on the job asked to stop (its History).
+    logged = sorted(
+        LogEntry.objects.filter(user=person).values_list("object_id", "object_repr", "change_message"),
+        key=str,
+    )
+    assert logged == sorted(
+        [
+            (
+                None,
+                "3 jobs: Cancelled in the admin.",
+                "Cancelled in the admin. (3 jobs; rows ticked on the page)",
+            ),
+            (
+                str(running.pk),
+                str(Job.objects.get(pk=running.pk)),
+                "Asked to stop (cancel requested) in the admin.",
+            ),
+        ],
+        key=str,
+    )
     letter = dead_charge(order_id=5, amount=0)
     url = reverse("admin:jobguard_deadletter_changelist")
     client.post(
@@ -175,15 +190,52 @@ def test_cancelled_jobs_are_requeued_unless_their_key_moved_on(client):
     assert newer.pk != taken.pk
 
     ids = [plain.pk, keyed.pk, taken.pk, finished.pk]
-    client.post(JOBS, {"action": "requeue_cancelled_jobs", "_selected_action": ids})
+    client.post(JOBS, {"action": "requeue_cancelled_jobs", "_selected_action": ids, "confirm": "yes"})
     states = dict(Job.objects.filter(pk__in=ids).values_list("pk", "status"))
     assert states == {plain.pk: "queued", keyed.pk: "queued", taken.pk: "cancelled", finished.pk: "succeeded"}
     key = IdempotencyKey.objects.get(key="sum:requeue")
     assert (key.job_id, key.status) == (keyed.pk, "in_progress") and key.expires_at > timezone.now()
     assert IdempotencyKey.objects.get(key="sum:taken").job_id == newer.pk
     assert set(Job.objects.due().values_list("pk", flat=True)) >= {plain.pk, keyed.pk}
-    logged = set(LogEntry.objects.filter(user=person).values_list("object_id", flat=True))
-    assert logged == {str(plain.pk), str(keyed.pk)}
+    entry = LogEntry.objects.get(user=person)
+    assert (entry.object_id, entry.object_repr) == (None, "2 jobs: Re-queued after a cancel in the admin.")
+
+
+def test_select_all_requeue_asks_first_with_the_count_and_carries_the_filter(client):
+    staff(client, "view_job", "retry_job")
+    for n in range(1_100):  # more than a request may carry fields for, one per row
+        tasks.add.using(queue_name="bulk-requeue").enqueue(n)
+    jobs.cancel(list(Job.objects.filter(queue_name="bulk-requeue").values_list("pk", flat=True)[:1_050]))
+    elsewhere = tasks.add.using(queue_name="elsewhere").enqueue(0)
+    jobs.cancel([elsewhere.pk])
+    url = JOBS + "?queue_name=bulk-requeue"
+    first = Job.objects.filter(queue_name="bulk-requeue").order_by("pk").first()
+    selection = {"action": "requeue_cancelled_jobs", "select_across": "1", "_selected_action": [first.pk]}
+    html = client.post(url, selection).content.decode()
+    assert "Re-queue 1050 cancelled jobs?" in html
+    assert "50 selected jobs are not cancelled and are left alone." in html
+    assert html.count('name="_selected_action"') == 1 and 'name="select_across" value="1"' in html
+    assert not Job.objects.filter(queue_name="bulk-requeue", status="queued").count() > 50
+    response = client.post(url, {**selection, "confirm": "yes"}, follow=True)
+    assert "1050 cancelled jobs are queued again." in response.content.decode()
+    assert Job.objects.filter(queue_name="bulk-requeue", status="queued").count() == 1_100
+    assert Job.objects.get(pk=elsewhere.pk).status == "cancelled"
+    # One admin-log entry for the action, with the count and the filter it ran on.
+    entry = LogEntry.objects.get()
+    assert entry.object_repr == "1,050 jobs: Re-queued after a cancel in the admin."
+    assert entry.change_message.endswith("(1,050 jobs; select all matching queue_name=bulk-requeue)")
+    # Recent actions on the admin index shows it as one line, with no link to a single object.
+    index = client.get(reverse("admin:index")).content.decode()
+    assert index.count("1,050 jobs: Re-queued after a cancel in the admin.") == 1
+
+
+def test_a_requeue_of_nothing_cancelled_cannot_be_confirmed(client):
+    staff(client, "view_job", "retry_job")
+    job = tasks.add.enqueue(1)
+    html = client.post(
+        JOBS, {"action": "requeue_cancelled_jobs", "_selected_action": [job.pk]}
+    ).content.decode()
+    assert "Re-queue 0 cancelled jobs?" in html and 'Yes, re-queue them" disabled' in html
 
 
 def test_requeue_needs_the_retry_permission(client):
