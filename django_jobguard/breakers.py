@@ -4,9 +4,11 @@ A named limit of ``JOBGUARD["LIMITS"]`` with a ``breaker`` guards one dependency
 mail relay) for every task that names it with ``@task(limit=...)``. Its state is a row of
 :class:`~django_jobguard.models.Breaker`, so every worker on every host sees the same thing:
 
-- **closed**: jobs run. Each attempt that ends is a *call*; a transient (or recoverable)
-  failure is a failed call. When a window holds ``min_calls`` calls of which at least
-  ``failure_rate`` failed, the breaker **opens**.
+- **closed**: jobs run. Each attempt that ends is a *call*; a failure that says the
+  dependency is unwell (a timeout, a connection error, an error the task declares transient
+  or recoverable: :func:`is_failed_call`) is a failed call, while an unclassified error (bad
+  input) is not. When a window holds ``min_calls`` calls of which at least ``failure_rate``
+  failed, the breaker **opens**.
 - **open**: the limited claim leaves the dependency's jobs queued, so no attempt is started
   or charged, until ``open_for`` seconds have passed; then the next claim **half-opens** it.
 - **half-open**: the claim admits ``probes`` attempts. The first that succeeds (or fails
@@ -24,6 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 from django.db.models.functions import Now
@@ -34,6 +38,9 @@ from .dlq import User
 from .exceptions import BreakerError, BreakerPermissionDenied
 from .models import Breaker, BreakerEvent, BreakerState
 
+if TYPE_CHECKING:
+    from .task import Task
+
 logger = logging.getLogger("django_jobguard.breakers")
 
 __all__ = [
@@ -41,6 +48,7 @@ __all__ = [
     "BreakerChange",
     "can_operate",
     "close",
+    "is_failed_call",
     "open_breaker",
     "record",
     "report_change",
@@ -55,8 +63,16 @@ MAX_REASON_LENGTH = 500
 NUL_IN_REASON = "A reason may not hold a NUL character (\\x00): the database cannot store it."
 #: The gauge value of each state (``jobguard_breaker_state``).
 STATE_VALUES = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
-#: Outcome categories that count as a failed call: the dependency did not answer in time.
+#: Outcome categories that may count as a failed call (see :func:`is_failed_call`).
 FAILED_CATEGORIES = frozenset({retry.TRANSIENT, retry.RECOVERABLE})
+#: Errors that mean the dependency did not answer (in time), whatever the task declares:
+#: timeouts (a handler past its timeout too), refused, reset and broken connections, name lookups.
+DEPENDENCY_ERRORS: tuple[type[BaseException], ...] = (
+    TimeoutError,
+    ConnectionError,
+    socket.gaierror,
+    socket.herror,
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -69,6 +85,26 @@ class BreakerChange:
     changed: bool
     changed_by: str
     reason: str
+
+
+def is_failed_call(
+    error: BaseException | None, category: str, task: Task[Any, Any] | None, spec: BreakerSpec
+) -> bool:
+    """Whether an attempt that failed with ``error`` (classified ``category``) says the dependency is unwell.
+
+    Only such failures count toward a breaker: a timeout or connection error
+    (:data:`DEPENDENCY_ERRORS`), one of the breaker's ``failures`` classes, or an error the task
+    declares transient or recoverable (``retry_on`` / ``recoverable_on``, or a ``TransientError``
+    / ``RecoverableError`` raised by the handler). An error nobody classified (a ``ValueError``
+    from bad input) fails its job but is not a failed call: otherwise anyone who may enqueue
+    could open the breaker for every tenant with a handful of bad requests. A permanent failure
+    never counts (the dependency answered).
+    """
+    if error is None or category not in FAILED_CATEGORIES:
+        return False
+    if isinstance(error, DEPENDENCY_ERRORS) or (spec.failures and isinstance(error, spec.failures)):
+        return True
+    return retry.declared_category(error, task) in FAILED_CATEGORIES
 
 
 def state_value(state: str) -> int:
@@ -98,7 +134,7 @@ def report_change(name: str, from_state: str, to_state: str, actor: str, reason:
     level = logging.WARNING if to_state == BreakerState.OPEN else logging.INFO
     logger.log(
         level,
-        "breaker_%s limit=%s from=%s by=%s reason=%s",
+        "breaker_%s limit=%s from=%s by=%r reason=%r",
         to_state,
         name,
         from_state,

@@ -32,6 +32,7 @@ __all__ = [
     "TRANSIENT",
     "backoff",
     "classify",
+    "declared_category",
     "delay_for",
     "policy_for",
     "requested_delay",
@@ -64,11 +65,13 @@ def _task_mappings(task: Task[Any, Any] | None) -> list[tuple[tuple[type[BaseExc
     return [(task.fatal_on, PERMANENT), (task.recoverable_on, RECOVERABLE), (task.retry_on, TRANSIENT)]
 
 
-def _own_category(cls: type[BaseException]) -> str | None:
+def _own_category(cls: type[BaseException], *, built_in: bool = True) -> str | None:
     """The category a class declares: ``TaskError`` subclasses set ``category``; a few others we know."""
     if issubclass(cls, TaskError):
         declared = vars(cls).get("category")
         return declared if declared in _CATEGORIES else None
+    if not built_in:
+        return None
     for known, category in _BUILT_IN:
         if cls is known:
             return category
@@ -86,19 +89,35 @@ def classify(exc: BaseException, task: Task[Any, Any] | None) -> str:
     an ``InvalidOrder`` that subclasses ``ValueError``. Anything else follows
     ``JOBGUARD["UNCLASSIFIED_ERRORS"]``.
     """
+    declared = _declared(exc, task, built_in=True)
+    return declared if declared is not None else get_settings().unclassified_errors
+
+
+def declared_category(exc: BaseException, task: Task[Any, Any] | None) -> str | None:
+    """The category the task or the exception's own class declares for ``exc``; None if neither does.
+
+    As :func:`classify` (the most specific class wins), but without the built-in lock errors
+    and without the ``JOBGUARD["UNCLASSIFIED_ERRORS"]`` default: what the task's author said,
+    in ``fatal_on`` / ``recoverable_on`` / ``retry_on`` or by raising a ``TaskError`` subclass.
+    Circuit breakers count only such declared failures (see :mod:`django_jobguard.breakers`).
+    """
+    return _declared(exc, task, built_in=False)
+
+
+def _declared(exc: BaseException, task: Task[Any, Any] | None, *, built_in: bool) -> str | None:
     mappings = _task_mappings(task)
     for cls in type(exc).__mro__:
         for types, category in mappings:
             if cls in types:
                 return category
-        own = _own_category(cls)
+        own = _own_category(cls, built_in=built_in)
         if own is not None:
             return own
     # Classes registered as virtual subclasses (abc.ABC.register) are not in the MRO.
     for types, category in mappings:
         if types and isinstance(exc, types):
             return category
-    return get_settings().unclassified_errors
+    return None
 
 
 def _resolve(override: RetryPolicy | RetryOverrides | None, fallback: RetryPolicy) -> RetryPolicy:

@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from django.utils.module_loading import import_string
+
 from ..flow import Rate, parse_rate
 from ._values import fail, integer, mapping, number, optional_integer, reject_unknown, string
 
@@ -13,12 +15,13 @@ from ._values import fail, integer, mapping, number, optional_integer, reject_un
 LIMIT_OPTIONS = {"rate", "burst", "concurrency", "breaker", "retry_budget"}
 
 #: A breaker's options and their defaults (``JOBGUARD["LIMITS"][name]["breaker"]``).
-BREAKER_DEFAULTS: dict[str, float] = {
+BREAKER_DEFAULTS: dict[str, object] = {
     "failure_rate": 0.5,
     "min_calls": 20,
     "window": 60.0,
     "open_for": 30.0,
     "probes": 5,
+    "failures": [],
 }
 
 #: A retry budget's options and their defaults (``JOBGUARD["LIMITS"][name]["retry_budget"]``).
@@ -51,6 +54,9 @@ class BreakerSpec:
     window: float = 60.0
     open_for: float = 30.0
     probes: int = 5
+    #: Exception classes that count as a failed call besides those that always do (timeouts,
+    #: connection errors, the task's declared transient and recoverable errors).
+    failures: tuple[type[BaseException], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -104,7 +110,7 @@ def parse_limits(value: Any) -> dict[str, NamedLimit]:
     return limits
 
 
-def _spec_options(value: Any, defaults: Mapping[str, float], path: tuple[str, ...]) -> dict[str, Any] | None:
+def _spec_options(value: Any, defaults: Mapping[str, object], path: tuple[str, ...]) -> dict[str, Any] | None:
     """A breaker's or a budget's options over their defaults; None when it is off (None, False)."""
     if value is None or value is False:
         return None
@@ -113,6 +119,25 @@ def _spec_options(value: Any, defaults: Mapping[str, float], path: tuple[str, ..
     given = mapping(value, path)
     reject_unknown(given, set(defaults), path)
     return {**defaults, **given}
+
+
+def _exception_classes(value: Any, path: tuple[str, ...]) -> tuple[type[BaseException], ...]:
+    """A list of dotted paths of exception classes (``"requests.ConnectionError"``), imported."""
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise fail(path, f"must be a list of dotted paths of exception classes, not {value!r}.")
+    classes: list[type[BaseException]] = []
+    for index, dotted in enumerate(value):
+        where = (*path, str(index))
+        if not isinstance(dotted, str):
+            raise fail(where, f"must be the dotted path of an exception class, not {dotted!r}.")
+        try:
+            found = import_string(dotted)
+        except ImportError as exc:
+            raise fail(where, f"cannot be imported: {exc}.") from None
+        if not (isinstance(found, type) and issubclass(found, BaseException)):
+            raise fail(where, f"{dotted!r} is not an exception class.")
+        classes.append(found)
+    return tuple(classes)
 
 
 def _fraction(value: Any, path: tuple[str, ...], *, allow_zero: bool = False) -> float:
@@ -134,6 +159,7 @@ def _breaker(value: Any, path: tuple[str, ...]) -> BreakerSpec | None:
         window=number(options["window"], (*path, "window"), allow_zero=False),
         open_for=number(options["open_for"], (*path, "open_for"), allow_zero=False),
         probes=integer(options["probes"], (*path, "probes"), minimum=1),
+        failures=_exception_classes(options["failures"], (*path, "failures")),
     )
 
 

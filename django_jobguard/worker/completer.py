@@ -44,6 +44,7 @@ from ..outcome import (
     Succeeded,
     Tally,
 )
+from ..registry import registry
 from .held import LOGGER_NAME, Held, close_connection, reset_after_db_error
 from .slots import Slots
 
@@ -397,7 +398,7 @@ class Completer:
             return
         self.count(Tally.RETRIED)
         if self.breakers:
-            self._call(job, failed=outcome.category in breakers.FAILED_CATEGORIES)
+            self._call(job, failed=self._failed_call(job, outcome.error, outcome.category))
         events.emit(
             events.JobFailed(job.queue_name, job.task_name, outcome.category, outcome.duration, retried=True)
         )
@@ -454,7 +455,7 @@ class Completer:
             return
         self.count(Tally.DEAD_LETTERED)
         if self.breakers and outcome.error is not None:
-            self._call(job, failed=outcome.category in breakers.FAILED_CATEGORIES)
+            self._call(job, failed=self._failed_call(job, outcome.error, outcome.category))
         logger.error(
             "job_dead_lettered job_id=%s task=%s reason=%s error=%s",
             job.id,
@@ -523,6 +524,13 @@ class Completer:
                 outcome.detail,
                 extra=fields,
             )
+
+    def _failed_call(self, job: store.ClaimedJob, error: BaseException | None, category: str) -> bool:
+        """Whether a failed attempt counts as a failed call of its breaker's dependency."""
+        guarded = self.breakers.get(job.task_name)
+        if guarded is None:
+            return False
+        return breakers.is_failed_call(error, category, registry.find(job.task_name), guarded[1])
 
     def _call(self, job: store.ClaimedJob, *, failed: bool) -> None:
         """Count an attempt that reached its end under the task's breaker, if it has one.
