@@ -16,7 +16,15 @@ from typing import Any
 
 from .exceptions import InvalidTaskError
 
-__all__ = ["Limit", "Rate", "parse_rate", "template_fields"]
+__all__ = [
+    "MAX_STORED_RATE_KEY_LENGTH",
+    "Limit",
+    "Rate",
+    "keyed_rate_room",
+    "over_long_rate_keys",
+    "parse_rate",
+    "template_fields",
+]
 
 #: Seconds of each unit a rate string may name.
 RATE_UNITS = {
@@ -34,6 +42,19 @@ RATE_UNITS = {
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([a-z]+)\s*$")
 #: The longest a rendered limit key may be (it is stored with the job, beside the task name).
 MAX_LIMIT_KEY_LENGTH = 200
+#: The width of the rate table's key column (``FlowRate.key``), where the claim stores each
+#: rate key it admits a job under: ``rate:task:<task>``, ``rate:limit:<name>``, ``r:<task>|<key>``.
+MAX_STORED_RATE_KEY_LENGTH = 255
+
+
+def keyed_rate_room(task_name: str) -> int:
+    """The longest key a keyed rate of ``task_name`` may render: its stored ``r:<task>|<key>`` fits."""
+    return min(MAX_LIMIT_KEY_LENGTH, MAX_STORED_RATE_KEY_LENGTH - len(f"r:{task_name}|"))
+
+
+def over_long_rate_keys(keys: list[str]) -> list[str]:
+    """The rate keys of a job's stored ``flow_keys`` that the rate table cannot hold."""
+    return [key for key in keys if key.startswith("r:") and len(key) > MAX_STORED_RATE_KEY_LENGTH]
 
 
 def parse_rate(value: Any) -> tuple[int, float]:

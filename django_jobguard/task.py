@@ -19,7 +19,16 @@ from ._json import validate_payload
 from .conf import MAX_SCHEDULE_NAME_LENGTH, RetryOverrides, RetryPolicy, get_settings
 from .context import JobContext
 from .exceptions import InvalidArgumentsError, InvalidTaskError
-from .flow import MAX_LIMIT_KEY_LENGTH, Limit, Rate, concurrency_spec, rate_spec, template_fields
+from .flow import (
+    MAX_LIMIT_KEY_LENGTH,
+    MAX_STORED_RATE_KEY_LENGTH,
+    Limit,
+    Rate,
+    concurrency_spec,
+    keyed_rate_room,
+    rate_spec,
+    template_fields,
+)
 from .registry import registry
 
 if TYPE_CHECKING:
@@ -202,6 +211,17 @@ class Task(Generic[P, R]):
             raise InvalidTaskError(
                 f"limit must name an entry of JOBGUARD['LIMITS'] such as 'stripe', not {self.limit!r}."
             )
+        if self.rate is not None:
+            # The claim stores the rate's key in the rate table: rate:task:<task>, or
+            # r:<task>|<key> with a key of at least one character.
+            form, overhead = ("rate:task:<task>", 10) if self.rate.key is None else ("r:<task>|<key>", 4)
+            longest = MAX_STORED_RATE_KEY_LENGTH - overhead
+            if len(self.name) > longest:
+                raise InvalidTaskError(
+                    f"a task with a rate may have a name of at most {longest} characters, not "
+                    f"{len(self.name)}: the claim stores the rate's key as {form!r} in "
+                    f"{MAX_STORED_RATE_KEY_LENGTH} characters. Pass a shorter name=..."
+                )
         for option, spec in (("concurrency", self.concurrency), ("rate", self.rate)):
             if spec is None or spec.key is None:
                 continue
@@ -312,23 +332,45 @@ class Task(Generic[P, R]):
         Unkeyed and named limits are not stored: the claim finds them from the task's name,
         so a limit declared later applies to the jobs already queued too.
         """
-        keys = []
-        for kind, spec in (("c", self.concurrency), ("r", self.rate)):
-            if spec is None or spec.key is None:
-                continue
-            try:
-                key = spec.key.format_map(self._arguments(bound))
-            except (KeyError, IndexError, AttributeError, ValueError) as exc:
+        keys = [self._flow_key("c", self.concurrency, bound), self.rate_key_for(bound)]
+        return [key for key in keys if key is not None]
+
+    def rate_key_for(self, bound: inspect.BoundArguments) -> str | None:
+        """The stored key of a call's keyed rate (``r:<task>|<key>``); None without one.
+
+        Raises :class:`InvalidArgumentsError` when the key cannot be stored: the claim keeps
+        its rate state in the rate table, whose key column holds
+        :data:`~django_jobguard.flow.MAX_STORED_RATE_KEY_LENGTH` characters.
+        """
+        return self._flow_key("r", self.rate, bound)
+
+    def _flow_key(self, kind: str, spec: Limit | Rate | None, bound: inspect.BoundArguments) -> str | None:
+        if spec is None or spec.key is None:
+            return None
+        try:
+            key = spec.key.format_map(self._arguments(bound))
+        except (KeyError, IndexError, AttributeError, ValueError) as exc:
+            raise InvalidArgumentsError(
+                f"limit key template {spec.key!r} cannot be formatted: {exc}"
+            ) from None
+        if kind == "r":
+            # Refused here, before anything is written: the claim stores a rate key as
+            # r:<task>|<key> in the rate table, and a longer one failed every claim of the
+            # queue (PostgreSQL, MariaDB) while the other jobs waited.
+            room = keyed_rate_room(self.name)
+            if not key or len(key) > room:
                 raise InvalidArgumentsError(
-                    f"limit key template {spec.key!r} cannot be formatted: {exc}"
-                ) from None
-            if not key or len(key) > MAX_LIMIT_KEY_LENGTH:
-                raise InvalidArgumentsError(
-                    f"limit key template {spec.key!r} gave a key of {len(key)} characters; a limit key "
-                    f"must have 1 to {MAX_LIMIT_KEY_LENGTH}."
+                    f"limit key template {spec.key!r} gave a key of {len(key)} characters; a rate key "
+                    f"of {self.name} must have 1 to {room} characters (it is stored as "
+                    f"'r:<task>|<key>' in the {MAX_STORED_RATE_KEY_LENGTH} characters of the rate "
+                    "table's key column)."
                 )
-            keys.append(f"{kind}:{self.name}|{key}")
-        return keys
+        elif not key or len(key) > MAX_LIMIT_KEY_LENGTH:
+            raise InvalidArgumentsError(
+                f"limit key template {spec.key!r} gave a key of {len(key)} characters; a limit key "
+                f"must have 1 to {MAX_LIMIT_KEY_LENGTH}."
+            )
+        return f"{kind}:{self.name}|{key}"
 
     def idempotency_key_for(self, bound: inspect.BoundArguments) -> str | None:
         """The idempotency key of a call: ``using(idempotency_key=...)``, else the template's.
@@ -391,13 +433,16 @@ class Task(Generic[P, R]):
                     f"run_after must be an aware datetime or a timedelta, not {type(run_after).__name__} "
                     f"{run_after!r} (for example timezone.now() + timedelta(days=1), or timedelta(days=1))."
                 )
-            if isinstance(run_after, datetime.datetime) and run_after.tzinfo is None:
+            if isinstance(run_after, datetime.datetime) and run_after.utcoffset() is None:
                 raise InvalidArgumentsError("run_after must be an aware datetime (or a timedelta).")
             if not _valid_run_after(run_after):
                 raise InvalidArgumentsError(
                     f"run_after {run_after!r} is out of range: it must lie between the years 1 and 9999 "
                     "in UTC, with a day to spare for any time zone it is shown in."
                 )
+            # In UTC: Python takes offsets up to ±23:59, PostgreSQL refuses those past ±15:59.
+            if isinstance(run_after, datetime.datetime):
+                run_after = run_after.astimezone(datetime.UTC)
             changes["run_after"] = run_after
         if idempotency_key is not None:
             if not isinstance(idempotency_key, str):

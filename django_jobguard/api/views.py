@@ -186,9 +186,9 @@ def _query_filters(view: JobguardView, serializer_class: type[serializers.Serial
 def _arguments_error(exc: Exception) -> exceptions.ValidationError:
     """The service's argument error under the field(s) it is about; its message names the parameter."""
     message = str(exc)
-    if message.startswith(("Arguments do not fit", "lock template")):
-        # args and kwargs bind together: a missing or unexpected parameter, or a lock key
-        # made from parameters given either way, concerns both.
+    if message.startswith(("Arguments do not fit", "lock template", "limit key template")):
+        # args and kwargs bind together: a missing or unexpected parameter, or a lock or
+        # limit key made from parameters given either way, concerns both.
         return exceptions.ValidationError({"args": [message], "kwargs": [message]}, code="invalid")
     for field in ("args", "kwargs", "queue_name", "priority", "idempotency_key"):
         if message.startswith(field):

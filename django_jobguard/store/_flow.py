@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import connections, transaction
 
+from ..flow import MAX_STORED_RATE_KEY_LENGTH
 from ._common import ClaimedJob, paused_queue_names, placeholders
 
 if TYPE_CHECKING:
@@ -854,4 +855,8 @@ def claim_limited(
             throttle.breaker_changes = changes
         if not admitted:
             return []
+        # A stored key the rate table cannot hold (written before enqueue refused it, or by
+        # hand) keeps no rate state: its job is leased, and the worker dead-letters it (see
+        # worker/pipeline.py), rather than fail every claim of its queue.
+        advanced = {key: tat for key, tat in advanced.items() if len(key) <= MAX_STORED_RATE_KEY_LENGTH}
         return sql.close_turn(alias, cursor, admitted, worker_id, advanced, scope)

@@ -25,6 +25,7 @@ from django.db import DatabaseError, DataError, InterfaceError, connections, tra
 
 from .. import events
 from ..conf import get_settings
+from ..flow import MAX_STORED_RATE_KEY_LENGTH
 from . import _common, _flow
 from ._common import (
     FINISHED,
@@ -913,7 +914,9 @@ def _one_string_sql(shape: str, count: int, per_key: int) -> str:
         "bool_and(k.cap IS NULL) AS rate FROM keyed AS k JOIN picked AS p ON p.ord = k.ord "
         "WHERE p.id IN (SELECT id FROM leased) GROUP BY k.key), "
         f"advanced AS (INSERT INTO {_flow.RATE_TABLE} (key, tat) SELECT key, at + n * step FROM taken "
-        "WHERE rate ON CONFLICT (key) DO UPDATE SET tat = excluded.tat RETURNING key, tat) "
+        # A key the column cannot hold keeps no rate state (see _flow.claim_limited).
+        f"WHERE rate AND length(key) <= {MAX_STORED_RATE_KEY_LENGTH:d} "
+        "ON CONFLICT (key) DO UPDATE SET tat = excluded.tat RETURNING key, tat) "
         # What held jobs back: the keys full from the start; the keys this claim filled while
         # some of their jobs were left; and each rate key's arrival time as it now stands.
         # It rides on one row only: on every leased row, its arrays were most of what the

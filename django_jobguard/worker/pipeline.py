@@ -94,7 +94,7 @@ def prepare(held: Held, rt: Runtime) -> Outcome | tuple[Task[Any, Any], str]:
             "UnknownTaskError",
             f"no task is registered as {job.task_name!r} in this worker; it was never run",
         )
-    invalid = validate_payload(job, task, rt.valid_shapes)
+    invalid = validate_payload(job, task, rt.valid_shapes) or check_rate_key(job, task)
     if invalid is not None:
         return invalid
     scope = ""
@@ -152,6 +152,27 @@ def validate_payload(
     if len(valid_shapes) >= MAX_REMEMBERED_SHAPES:
         valid_shapes.clear()
     valid_shapes.add(shape)
+    return None
+
+
+def check_rate_key(job: store.ClaimedJob, task: Task[Any, Any]) -> Dead | None:
+    """Dead-letter a job whose keyed rate's key the rate table cannot hold; None otherwise.
+
+    Enqueue refuses such a key; a job stored before it did (or written by hand) is leased by
+    the claim without rate state for that key, and never runs: its limit cannot be kept.
+    """
+    if task.rate is None or task.rate.key is None:
+        return None
+    try:
+        task.rate_key_for(task.bind(job.args, job.kwargs))
+    except InvalidArgumentsError as exc:
+        return Dead(
+            DeadLetterReason.INVALID_PAYLOAD,
+            retry.PERMANENT,
+            "InvalidArgumentsError",
+            f"its rate cannot be kept, so it was never run: {exc}",
+            scope=idempotency.scope_of(task),
+        )
     return None
 
 
