@@ -105,7 +105,8 @@ class AwareDateTimeField(serializers.DateTimeField):
             out_of_range = True
         if out_of_range:
             self.fail("out_of_range")
-        return parsed
+        # In UTC: ISO 8601 allows offsets up to ±23:59, PostgreSQL refuses those past ±15:59.
+        return parsed.astimezone(datetime.UTC)
 
 
 class RunAfterField(AwareDateTimeField):
