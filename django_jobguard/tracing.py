@@ -11,9 +11,13 @@ imports OpenTelemetry and the claim-and-ack path runs no code of this module.
   contexts (``parents``), so its run links to them as well.
 - **Run**: each attempt is a ``process <queue>`` span (kind CONSUMER) that *links* to the
   enqueue span and to the job's earlier attempts (the convention of Sidekiq and River), or,
-  with ``OPENTELEMETRY_PARENT``, is its child. Baggage carries over in both cases. Attributes
+  with ``OPENTELEMETRY_PARENT``, is its child. Attributes
   say how long the job waited; settling the outcome (the ack, the retry or the dead letter)
   is a ``settle <queue>`` child span, and events of the event stream land on it.
+- **Baggage** crosses the queue only for the entries named in ``OPENTELEMETRY_BAGGAGE``
+  (none by default): the enqueue stores those, and the attempt restores those (named then)
+  as the current baggage of its handler, in both modes. A caller's baggage header is data
+  from outside: nothing else of it is stored or handed to a worker.
 - A context that cannot be read (malformed, or none: a row from before tracing was on) is
   logged at DEBUG and left out; the job runs.
 
@@ -30,14 +34,14 @@ import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -82,6 +86,8 @@ FLUSH_TIMEOUT_SECONDS = 10.0
 SYSTEM = "jobguard"
 #: Keys of a job's ``trace_context`` that come from the W3C propagators.
 _W3C_KEYS = ("traceparent", "tracestate", "baggage")
+#: The keys of the trace context proper (the baggage is stored apart, filtered).
+_TRACE_KEYS = ("traceparent", "tracestate")
 
 _STORED_SQL = "SELECT trace_context, enqueued_at, run_after, started_at FROM jobguard_job WHERE id = %s"
 
@@ -173,11 +179,31 @@ def with_parents(stored: dict[str, Any] | None, parents: Sequence[Any]) -> dict[
 
 
 def carrier() -> dict[str, str] | None:
-    """The current W3C trace context to store with a job; None when no span is current."""
+    """The current W3C trace context to store with a job; None when no span is current.
+
+    Of the current baggage, only the entries named in ``OPENTELEMETRY_BAGGAGE``.
+    """
     values: dict[str, str] = {}
     propagate.inject(values)
-    stored = {key: values[key] for key in _W3C_KEYS if key in values}
+    stored = {key: values[key] for key in _TRACE_KEYS if key in values}
+    allowed = _allowed_baggage(otel_context.get_current())
+    if allowed is not None:
+        _baggage.inject(stored, context=allowed)
     return stored or None
+
+
+def _allowed_baggage(context: otel_context.Context) -> otel_context.Context | None:
+    """A context holding only the baggage entries of ``context`` that may cross the queue."""
+    names = get_settings().opentelemetry_baggage
+    if not names:
+        return None
+    entries = {name: value for name, value in baggage.get_all(context).items() if name in names}
+    if not entries:
+        return None
+    allowed = otel_context.Context()
+    for name, value in entries.items():
+        allowed = baggage.set_baggage(name, value, context=allowed)
+    return allowed
 
 
 # -- run ---------------------------------------------------------------------------------------
@@ -231,18 +257,29 @@ def _begin(held: Held, runtime: Runtime) -> tuple[otel_context.Context, list[Lin
     return parent, links, attributes, stored
 
 
+@contextmanager
 def _process_span(
     job: ClaimedJob, parent: otel_context.Context, links: list[Link], attributes: dict[str, Any]
-) -> AbstractContextManager[Span]:
-    return _tracer.start_as_current_span(
-        f"process {job.queue_name}",
-        context=parent,
-        kind=SpanKind.CONSUMER,
-        links=links,
-        attributes=attributes,
-        record_exception=False,
-        set_status_on_exception=False,
-    )
+) -> Iterator[Span]:
+    """The attempt's span, current in ``parent``: its baggage is the handler's current baggage.
+
+    ``start_as_current_span(context=...)`` takes only the parent span from that context and
+    makes the span current in the thread's own context: ``parent`` is attached first.
+    """
+    token = otel_context.attach(parent)
+    try:
+        with _tracer.start_as_current_span(
+            f"process {job.queue_name}",
+            context=parent,
+            kind=SpanKind.CONSUMER,
+            links=links,
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            yield span
+    finally:
+        otel_context.detach(token)
 
 
 @contextmanager
@@ -314,8 +351,9 @@ def _continuation(job: ClaimedJob, stored: Any) -> tuple[otel_context.Context, l
         return fresh, []
     w3c = {key: value for key, value in stored.items() if key in _W3C_KEYS and isinstance(value, str)}
     enqueued = _span_context(w3c)
-    # Baggage crosses in both modes: it is the enqueuer's, whatever the span relation.
-    start = _baggage.extract(w3c, context=fresh)
+    # The allowed baggage crosses in both modes, whatever the span relation; the rest of a
+    # stored header (an older row, a list that has shrunk since) is left behind.
+    start = _allowed_baggage(_baggage.extract(w3c, context=fresh)) or fresh
     links: list[Link] = []
     if enqueued is None:
         logger.debug(

@@ -112,6 +112,10 @@ DEFAULTS: dict[str, Any] = {
     # With OPENTELEMETRY: the worker's span is a child of the enqueuing span (one trace)
     # instead of the start of a trace of its own that links to it.
     "OPENTELEMETRY_PARENT": False,
+    # With OPENTELEMETRY: the names of the baggage entries that cross the queue (stored with
+    # the job, restored for its handler), e.g. ["tenant.id"]. Empty (the default): none does,
+    # so a caller's baggage header is neither stored nor handed to a worker.
+    "OPENTELEMETRY_BAGGAGE": [],
     "LOCKS": {
         # "database" (embedded default, any database) or "redis" (django-redis).
         "BACKEND": "database",

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from ._values import boolean, integer, mapping, merged_group, number, reject_unknown, string
+from ._values import boolean, fail, integer, mapping, merged_group, number, reject_unknown, string
 from .api import ApiSettings, parse_api_settings, parse_page_sizes
 from .defaults import DEFAULTS
 from .limits import NamedLimit, parse_limits
@@ -105,6 +105,8 @@ class Settings:
     opentelemetry: bool = False
     #: ``OPENTELEMETRY_PARENT``: the run's span is a child of the enqueue's, not linked to it.
     opentelemetry_parent: bool = False
+    #: ``OPENTELEMETRY_BAGGAGE``: the baggage entries that cross the queue (none by default).
+    opentelemetry_baggage: frozenset[str] = frozenset()
 
     def queue(self, name: str) -> QueueConfig:
         """The configuration of queue ``name`` (global defaults for queues not listed)."""
@@ -197,4 +199,17 @@ def parse(raw: Any) -> Settings:
         limits=parse_limits(merged["LIMITS"]),
         opentelemetry=boolean(merged["OPENTELEMETRY"], ("OPENTELEMETRY",)),
         opentelemetry_parent=boolean(merged["OPENTELEMETRY_PARENT"], ("OPENTELEMETRY_PARENT",)),
+        opentelemetry_baggage=_baggage_names(merged["OPENTELEMETRY_BAGGAGE"]),
     )
+
+
+def _baggage_names(value: Any) -> frozenset[str]:
+    """``OPENTELEMETRY_BAGGAGE``: a list of baggage entry names (W3C keys: no spaces, no ``,;=``)."""
+    path = ("OPENTELEMETRY_BAGGAGE",)
+    if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
+        raise fail(path, f"must be a list of baggage entry names such as ['tenant.id'], not {value!r}.")
+    names = frozenset(string(name, path) for name in value)
+    for name in sorted(names):
+        if any(ch in name for ch in ',;="\\') or not name.isprintable() or any(ch.isspace() for ch in name):
+            raise fail(path, f"holds {name!r}, not a baggage entry name (no spaces, commas, ';' or '=').")
+    return names

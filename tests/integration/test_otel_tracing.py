@@ -115,15 +115,11 @@ def test_the_run_links_to_the_enqueue_span_and_carries_the_messaging_attributes(
     }
 
 
-def test_as_a_child_the_run_continues_the_enqueuers_trace_and_its_baggage(spans):
+def test_as_a_child_the_run_continues_the_enqueuers_trace(spans):
     with override_settings(JOBGUARD={**TRACED, "OPENTELEMETRY_PARENT": True}):
-        token = otel_context.attach(baggage.set_baggage("tenant", "acme"))
-        try:
-            with _view_span():
-                job = tasks_otel.checkout.enqueue(order_id=8, card="x")
-        finally:
-            otel_context.detach(token)
-        assert set(Job.objects.get(pk=job.pk).trace_context) == {"traceparent", "baggage"}
+        with _view_span():
+            job = tasks_otel.checkout.enqueue(order_id=8, card="x")
+        assert set(Job.objects.get(pk=job.pk).trace_context) == {"traceparent"}
         assert run_burst() == 0
     finished = _finished(spans)
     (send,) = by_name(finished, "send otel")
@@ -131,6 +127,53 @@ def test_as_a_child_the_run_continues_the_enqueuers_trace_and_its_baggage(spans)
     assert process.parent is not None and process.parent.span_id == send.context.span_id
     assert process.context.trace_id == send.context.trace_id
     assert process.links == ()
+
+
+def _enqueue_with_baggage(task: Any, **entries: str) -> Any:
+    """Enqueue ``task`` in a request span whose baggage (as a caller's header gives it) holds ``entries``."""
+    context = otel_context.get_current()
+    for name, value in entries.items():
+        context = baggage.set_baggage(name, value, context=context)
+    token = otel_context.attach(context)
+    try:
+        with _view_span():
+            return task.enqueue(order_id=9)
+    finally:
+        otel_context.detach(token)
+
+
+def test_by_default_no_baggage_crosses_the_queue(spans):
+    # A caller's baggage header is data from outside: without a list, none of it is stored.
+    job = _enqueue_with_baggage(tasks_otel.reads_baggage, tenant="acme", session="s3cr3t")
+    assert set(Job.objects.get(pk=job.pk).trace_context) == {"traceparent"}
+    assert run_burst() == 0
+    assert Job.objects.get(pk=job.pk).result == {}
+
+
+@pytest.mark.parametrize("parent", [False, True], ids=["linked", "child"])
+@pytest.mark.parametrize("slots", [0, 2], ids=["thread", "async-slots"])
+def test_the_listed_baggage_entries_are_the_handlers_baggage_and_no_others(spans, parent, slots):
+    listed = {**TRACED, "OPENTELEMETRY_BAGGAGE": ["tenant", "region"], "OPENTELEMETRY_PARENT": parent}
+    task = tasks_otel.reads_baggage_async if slots else tasks_otel.reads_baggage
+    with override_settings(JOBGUARD=listed):
+        job = _enqueue_with_baggage(task, tenant="acme", session="s3cr3t", region="eu west")
+        stored = Job.objects.get(pk=job.pk).trace_context
+        assert set(stored) == {"traceparent", "baggage"}
+        assert "session" not in stored["baggage"] and "s3cr3t" not in stored["baggage"]
+        assert run_burst(async_slots=slots or None) == 0
+    assert Job.objects.get(pk=job.pk).result == {"tenant": "acme", "region": "eu west"}
+
+
+def test_a_stored_baggage_header_gives_the_handler_only_the_entries_listed_when_it_runs(spans):
+    # A row written under a longer list (or edited): the run filters again, with today's list.
+    with override_settings(JOBGUARD={**TRACED, "OPENTELEMETRY_BAGGAGE": ["tenant", "session"]}):
+        job = _enqueue_with_baggage(tasks_otel.reads_baggage, tenant="acme", session="s3cr3t")
+    stored = Job.objects.get(pk=job.pk).trace_context
+    edited = {**stored, "baggage": stored["baggage"] + ",bad entry;;=,"}
+    Job.objects.filter(pk=job.pk).update(trace_context=edited)
+    with override_settings(JOBGUARD={**TRACED, "OPENTELEMETRY_BAGGAGE": ["tenant"]}):
+        assert run_burst() == 0
+    assert Job.objects.get(pk=job.pk).result == {"tenant": "acme"}
 
 
 def test_each_retry_links_to_the_enqueue_and_to_every_earlier_attempt(spans):

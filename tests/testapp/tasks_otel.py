@@ -64,3 +64,19 @@ async def fetch(context, order_id: int, failures: int = 0) -> int:
         if context.attempt <= failures:
             raise TransientError(f"order {order_id}: partner timeout {context.attempt}/{failures}")
     return order_id
+
+
+@task(queue_name="otel")
+def reads_baggage(order_id: int) -> dict[str, object]:
+    """Returns the baggage its handler sees (the tests compare it with the enqueuer's)."""
+    from opentelemetry import baggage
+
+    return dict(baggage.get_all())
+
+
+@task(queue_name="otel")
+async def reads_baggage_async(order_id: int) -> dict[str, object]:
+    """:func:`reads_baggage` as a coroutine (run by --async-slots)."""
+    from opentelemetry import baggage
+
+    return dict(baggage.get_all())

@@ -57,6 +57,10 @@ def test_queue_options_override_globals_and_fill_missing_keys():
         ({"REDACT": "card_number"}, "JOBGUARD['REDACT'] must be a list of argument names"),
         ({"REDACT": ["cvv", ""]}, "JOBGUARD['REDACT']"),
         ({"REDACT": [7]}, "JOBGUARD['REDACT']"),
+        ({"OPENTELEMETRY_BAGGAGE": "tenant"}, "JOBGUARD['OPENTELEMETRY_BAGGAGE'] must be a list of baggage"),
+        ({"OPENTELEMETRY_BAGGAGE": ["tenant", ""]}, "JOBGUARD['OPENTELEMETRY_BAGGAGE']"),
+        ({"OPENTELEMETRY_BAGGAGE": ["a=b"]}, "JOBGUARD['OPENTELEMETRY_BAGGAGE'] holds 'a=b', not a baggage"),
+        ({"OPENTELEMETRY_BAGGAGE": ["tenant id"]}, "holds 'tenant id', not a baggage entry name"),
     ],
 )
 def test_invalid_settings_name_the_key(raw, named):
@@ -85,6 +89,11 @@ def test_the_api_settings_default_to_256_kib_and_accept_none_as_no_throttle():
     api = conf.parse({"API": {"ENQUEUE_THROTTLE_RATE": None, "OPERATE_THROTTLE_RATE": "10/s"}}).api
     assert (api.max_payload_bytes, api.max_depth, api.page_size, api.max_page_size) == (262144, 32, 50, 500)
     assert (api.enqueue_throttle_rate, api.operate_throttle_rate) == (None, "10/s")
+
+
+def test_no_baggage_crosses_the_queue_unless_listed():
+    assert conf.parse(None).opentelemetry_baggage == frozenset()
+    assert conf.parse({"OPENTELEMETRY_BAGGAGE": ["tenant.id"]}).opentelemetry_baggage == {"tenant.id"}
 
 
 def test_redact_names_are_matched_in_any_case():
