@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
+from django.db.migrations.recorder import MigrationRecorder
 
 from .. import store
 from ..conf import Settings, get_settings
@@ -189,11 +190,63 @@ def _listen_warnings(conf: Settings) -> list[checks.CheckMessage]:
     ]
 
 
+#: The columns that identify something (keys, scopes, names, tokens): MariaDB/MySQL must
+#: compare them with a NO PAD binary collation, byte for byte as PostgreSQL does (migration
+#: 0022, whose list this is). Free text (task and workflow names, errors, notes) is not here.
+KEY_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("jobguard_idempotencykey", "key"),
+    ("jobguard_idempotencykey", "scope"),
+    ("jobguard_lock", "key"),
+    ("jobguard_lock", "token"),
+    ("jobguard_job", "idempotency_key"),
+    ("jobguard_job", "queue_name"),
+    ("jobguard_job", "worker_id"),
+    ("jobguard_job", "lock_key"),
+    ("jobguard_job", "lease_token"),
+    ("jobguard_deadletter", "queue_name"),
+    ("jobguard_deadletter", "worker_id"),
+    ("jobguard_deadletter", "idempotency_key"),
+    ("jobguard_deadletter", "lock_key"),
+    ("jobguard_lockrelease", "key"),
+    ("jobguard_schedule", "name"),
+    ("jobguard_schedule", "queue_name"),
+    ("jobguard_queuestate", "queue_name"),
+    ("jobguard_queueevent", "queue_name"),
+    ("jobguard_queueminute", "queue_name"),
+    ("jobguard_workerbeat", "worker_id"),
+    ("jobguard_flowrate", "key"),
+    ("jobguard_breaker", "name"),
+    ("jobguard_breakerevent", "name"),
+)
+#: utf8mb4's NO PAD binary collations: MariaDB's (10.2+) and MySQL's (8.0.17+).
+NO_PAD_BINARY_COLLATIONS = ("utf8mb4_nopad_bin", "utf8mb4_0900_bin")
+#: The migration that gives KEY_COLUMNS their collation; before it is applied they are expected
+#: to pad (``migrate`` runs this check first, and must not be refused for what it will fix).
+KEY_COLLATION_MIGRATION = ("jobguard", "0022_mysql_no_pad_keys")
+
+
+def _padded_key_columns(connection: Any, cursor: Any) -> list[str]:
+    """``table.column (collation)`` of each key column that is not NO PAD binary (jobguard.E058)."""
+    if KEY_COLLATION_MIGRATION not in MigrationRecorder(connection).applied_migrations():
+        return []
+    cursor.execute(
+        "SELECT table_name, column_name, collation_name FROM information_schema.columns "
+        "WHERE table_schema = DATABASE() AND table_name LIKE %s",
+        ["jobguard\\_%"],
+    )
+    collations = {(str(table), str(column)): str(collation) for table, column, collation in cursor.fetchall()}
+    return [
+        f"{table}.{column} ({collations[table, column]})"
+        for table, column in KEY_COLUMNS
+        if (table, column) in collations and collations[table, column].lower() not in NO_PAD_BINARY_COLLATIONS
+    ]
+
+
 @checks.register(checks.Tags.database)
 def check_mysql_server(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """jobguard.E052-E057: a MariaDB/MySQL server or session that cannot hold the job store.
+    """jobguard.E052-E058: a MariaDB/MySQL server or session that cannot hold the job store.
 
     Tagged ``database``: Django runs it for ``check --database ALIAS`` and ``migrate``.
     """
@@ -244,6 +297,7 @@ def _mysql_server(alias: str) -> list[checks.CheckMessage]:
             ["jobguard\\_%"],
         )
         tables = cursor.fetchall()
+        padded = _padded_key_columns(connection, cursor)
     if str(isolation).upper().replace("-", " ") != "READ COMMITTED":
         messages.append(
             checks.Error(
@@ -284,6 +338,19 @@ def _mysql_server(alias: str) -> list[checks.CheckMessage]:
                 hint="ALTER TABLE <name> CONVERT TO CHARACTER SET utf8mb4 for each, and create "
                 "the database with CHARACTER SET utf8mb4.",
                 id="jobguard.E055",
+            )
+        )
+    if padded:
+        messages.append(
+            checks.Error(
+                f"The key columns {', '.join(padded)} of {alias!r} do not compare exactly: under "
+                "a PAD SPACE collation (utf8mb4_bin) 'welcome:alice' and 'welcome:alice ' are one "
+                "idempotency key, and two lock keys, rate keys or queue names that differ so are "
+                "merged; under a case-insensitive one, 'Alice' and 'alice' are.",
+                hint="Give each column back the NO PAD binary collation migration 0022 gave it "
+                "(utf8mb4_nopad_bin on MariaDB, utf8mb4_0900_bin on MySQL): python manage.py "
+                "sqlmigrate jobguard 0022 prints the statements.",
+                id="jobguard.E058",
             )
         )
     if offset:

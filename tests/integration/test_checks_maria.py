@@ -6,6 +6,7 @@ or table at a time and putting it back.
 """
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
 
 from django_jobguard import checks
@@ -115,3 +116,42 @@ def test_a_duplicate_key_on_mariadb_is_told_from_other_integrity_errors():
     with pytest.raises(IntegrityError) as null, transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("INSERT INTO jobguard_queuestate (queue_name) VALUES (NULL)")
     assert not store.is_unique_violation(null.value)
+
+
+@mysql_only
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "collation", ["utf8mb4_bin", "utf8mb4_general_ci"], ids=["pad-space", "ignores-case"]
+)
+def test_a_key_column_altered_by_hand_to_compare_loosely_is_refused_by_name(collation):
+    # 0022 gave it a NO PAD binary collation; an ALTER TABLE by hand (or a later AlterField)
+    # can take it away, and 'a' and 'a ' (or 'A' and 'a') are then one key again.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "ALTER TABLE jobguard_lock MODIFY `key` varchar(255) CHARACTER SET utf8mb4 "
+            f"COLLATE {collation} NOT NULL"
+        )
+    try:
+        (error,) = checks.database._mysql_server("default")
+        assert error.id == "jobguard.E058"
+        assert f"jobguard_lock.key ({collation})" in error.msg and "jobguard_job" not in error.msg
+        assert "sqlmigrate jobguard 0022" in error.hint and "utf8mb4_nopad_bin" in error.hint
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "ALTER TABLE jobguard_lock MODIFY `key` varchar(255) CHARACTER SET utf8mb4 "
+                "COLLATE utf8mb4_nopad_bin NOT NULL"
+            )
+    assert server_ids() == []
+
+
+@mysql_only
+@pytest.mark.django_db(transaction=True)
+def test_key_columns_are_not_refused_before_the_migration_that_changes_them():
+    # migrate runs this check first: it must not refuse what the pending migration will fix.
+    call_command("migrate", "jobguard", "0021", verbosity=0)
+    try:
+        assert server_ids() == []
+    finally:
+        call_command("migrate", "jobguard", verbosity=0)
+    assert server_ids() == []
