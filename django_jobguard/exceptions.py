@@ -124,6 +124,14 @@ class ReplayConflict(ReplayError):  # noqa: N818 - reads as a state, like Idempo
     """The replay's payload changed since the approver reviewed it: nothing was approved."""
 
 
+class ReplayReviewRequired(ReplayError):  # noqa: N818 - reads as a state, like ReplayConflict
+    """An approval of a corrected payload came without the correction digest the approver reviewed.
+
+    The admin and the API require it (the API answers 400 naming ``correction_digest``), so
+    an approval cannot run a correction nobody looked at; nothing was approved.
+    """
+
+
 class ReplayPermissionDenied(ReplayError, PermissionDenied):  # noqa: N818 - after Django's PermissionDenied
     """The user may not make this replay transition; the admin and the API answer 403."""
 

@@ -191,11 +191,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         show_payload = can_view_payload(request)
         events = []
         for event in letter.replay_events.all():
-            data = (
-                event.data
-                if show_payload
-                else {k: v for k, v in event.data.items() if k not in dlq.PAYLOAD_EVENT_KEYS}
-            )
+            data = dlq.visible_event_data(event.data, show_payload)
             events.append(
                 {
                     "created_at": format_time(event.created_at),
@@ -289,7 +285,11 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                         # Bound to the correction this page showed: a change since is refused.
                         reviewed = request.POST.get("correction_digest") or None
                         dlq.approve_replay(
-                            letter, request.user, form.cleaned_data["reason"], reviewed=reviewed
+                            letter,
+                            request.user,
+                            form.cleaned_data["reason"],
+                            reviewed=reviewed,
+                            require_review=True,
                         )
                     elif not confirm:
                         _SERVICES[action](letter, request.user, form.cleaned_data["reason"], **form.payload())
@@ -401,7 +401,12 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                 )
                 return None
             decision = dlq.decide_many(
-                action, queryset.values_list("pk", flat=True), request.user, form.cleaned_data["reason"]
+                action,
+                queryset.values_list("pk", flat=True),
+                request.user,
+                form.cleaned_data["reason"],
+                # Each approval is bound to the payload its letter had on the confirmation page.
+                reviewed=_reviewed(request) if action == dlq.APPROVE else None,
             )
             moved = decision.moved
             failed = [f"#{pk}: {why}" for pk, why in decision.refused]
@@ -429,6 +434,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                     "letter": letter,
                     "corrected": letter.replay_args is not None or letter.replay_kwargs is not None,
                     "review": _stored_review(letter) if sees_payloads else None,
+                    "digest": dlq.correction_digest(letter) if action == dlq.APPROVE else "",
                 }
                 for letter in shown
             ],
@@ -449,6 +455,20 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "django_jobguard/admin/deadletter/replay_bulk.html", context)
+
+
+def _reviewed(request: HttpRequest) -> dict[int, str]:
+    """The correction digest of each dead letter the bulk confirmation page listed (``id:digest``).
+
+    A malformed entry binds nothing: a letter without a digest here is approved only if it
+    carries no correction (the service refuses the rest, saying so).
+    """
+    reviewed: dict[int, str] = {}
+    for entry in request.POST.getlist("reviewed"):
+        pk, _sep, digest = entry.partition(":")
+        if pk.isascii() and pk.isdecimal() and digest:
+            reviewed[int(pk)] = digest
+    return reviewed
 
 
 def _payload_token(payload: dict[str, Any]) -> str:

@@ -32,6 +32,7 @@ from ..exceptions import (
     ReplayConflict,
     ReplayError,
     ReplayPermissionDenied,
+    ReplayReviewRequired,
 )
 
 __all__ = [
@@ -147,6 +148,8 @@ def _translate(exc: Exception) -> Exception:
         return exceptions.PermissionDenied(str(exc))
     if isinstance(exc, ReplayConflict):
         return Conflict(str(exc), code="payload_changed")
+    if isinstance(exc, ReplayReviewRequired):
+        return exceptions.ValidationError({"correction_digest": [str(exc)]}, code="required")
     if isinstance(exc, ReplayError):
         return Conflict(str(exc), code="invalid_state")
     if isinstance(exc, IdempotencyConflict):

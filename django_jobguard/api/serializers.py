@@ -266,11 +266,7 @@ class ReplayEventSerializer(serializers.ModelSerializer):
 
     def get_data(self, event: ReplayEvent) -> dict[str, Any]:
         """Details of the step (whether the payload was corrected, the new job...)."""
-        data = dict(event.data or {})
-        if not self.context.get("show_payload", False):
-            for key in dlq.PAYLOAD_EVENT_KEYS:
-                data.pop(key, None)
-        return data
+        return dlq.visible_event_data(event.data, self.context.get("show_payload", False))
 
 
 _LETTER_FIELDS = [
@@ -352,7 +348,7 @@ class DeadLetterDetailSerializer(DeadLetterSerializer):
         read_only_fields = [*_LETTER_FIELDS, "replay_events", "available_actions", "correction_digest"]
 
     def get_correction_digest(self, letter: DeadLetter) -> str:
-        """What a replay would run, digested: send it back with an approval to bind it to this review."""
+        """What a replay would run, keyed digest: send it back with an approval to bind it to this review."""
         return dlq.correction_digest(letter)
 
     def get_replay_events(self, letter: DeadLetter) -> list[dict[str, Any]]:
@@ -377,8 +373,9 @@ class ApproveSerializer(ReasonSerializer):
     correction_digest = serializers.CharField(
         max_length=64,
         required=False,
-        help_text="The dead letter's correction_digest as you reviewed it: if the payload changed "
-        "since, the approval is refused (409, code payload_changed).",
+        help_text="The dead letter's correction_digest as you reviewed it; required when the dead "
+        "letter carries a corrected payload (400 without it). If the payload changed since, the "
+        "approval is refused (409, code payload_changed).",
     )
 
 

@@ -455,10 +455,12 @@ class DeadLetterDetailView(_LetterObjectView):
 _REPLAY_ERRORS = {
     (403, PROBLEM_CONTENT_TYPE): _problem(
         "Missing the permission for this step, or (approve) you requested this replay yourself: "
-        "another user must approve it. Nothing changed."
+        "another user must approve it, or it runs a corrected payload and you lack "
+        "jobguard.view_payload. Nothing changed."
     ),
     (409, PROBLEM_CONTENT_TYPE): _problem(
-        "The replay is not in a state this step starts from (see the message)."
+        "The replay is not in a state this step starts from, or (approve) its payload changed "
+        "since the correction_digest you sent (code payload_changed); see the message."
     ),
 }
 
@@ -501,7 +503,7 @@ class ReplayApproveView(_LetterObjectView):
 
     @documented(
         operation_id="dead_letters_approve",
-        request=s.ReasonSerializer,
+        request=s.ApproveSerializer,
         responses={
             200: s.DeadLetterDetailSerializer,
             **NOT_FOUND,
@@ -511,11 +513,19 @@ class ReplayApproveView(_LetterObjectView):
         },
     )
     def post(self, request: Request, letter_id: int) -> Response:
-        """Approve a requested replay (``jobguard.approve_replay``, not by its requester)."""
+        """Approve a requested replay (``jobguard.approve_replay``, not by its requester).
+
+        A corrected payload also needs ``jobguard.view_payload`` and its ``correction_digest``.
+        """
         data = self.validated(s.ApproveSerializer, request.data)
         try:
             dlq.approve_replay(
-                self.letter(letter_id), request.user, data["reason"], reviewed=data.get("correction_digest")
+                self.letter(letter_id),
+                request.user,
+                data["reason"],
+                reviewed=data.get("correction_digest"),
+                # Checked under the row lock: a correction made since the client's read needs it too.
+                require_review=True,
             )
         except InvalidArgumentsError as exc:
             raise _arguments_error(exc) from None

@@ -10,7 +10,8 @@ replay), :mod:`.replay` (the user's steps) and :mod:`.redrive` (redrive under th
   needs ``jobguard.view_payload``) moves a dead letter from ``none`` or ``rejected`` to
   ``requested``. The payload, corrected or not, must bind to the handler's signature and be JSON.
 - :func:`approve_replay` (``jobguard.approve_replay``; not by the requester unless
-  ``JOBGUARD["REPLAY"]["ALLOW_SELF_APPROVAL"]``) moves it to ``approved``;
+  ``JOBGUARD["REPLAY"]["ALLOW_SELF_APPROVAL"]``; a corrected payload also needs
+  ``jobguard.view_payload``, and is bound to its :func:`correction_digest`) moves it to ``approved``;
   :func:`reject_replay` (``jobguard.approve_replay``) moves a requested or approved, not yet
   redriven, replay to ``rejected``.
 - :func:`redrive`, run by every worker between claims, turns approved replays into new jobs,
@@ -39,6 +40,7 @@ from .permissions import (
     check_permission,
     refusal_reason,
     replay_actions,
+    visible_event_data,
 )
 from .redrive import (
     BURST_WINDOW_SECONDS,
@@ -52,7 +54,15 @@ from .redrive import (
     redrive_estimate,
     redrive_once,
 )
-from .replay import BULK_CHUNK, BulkDecision, approve_replay, decide_many, reject_replay, request_replay
+from .replay import (
+    BULK_CHUNK,
+    BulkDecision,
+    approve_replay,
+    check_review,
+    decide_many,
+    reject_replay,
+    request_replay,
+)
 from .transitions import ALLOWED_FROM, APPROVE, LEADS_TO, REJECT, REQUEST, Transition, User
 
 __all__ = [
@@ -82,6 +92,7 @@ __all__ = [
     "available_actions",
     "can_view_payload",
     "check_permission",
+    "check_review",
     "correction_digest",
     "dead_letter",
     "decide_many",
@@ -94,4 +105,5 @@ __all__ = [
     "replay_actions",
     "request_replay",
     "review_correction",
+    "visible_event_data",
 ]

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import hmac
 import inspect
 import json
 from typing import Any
+
+from django.conf import settings
+from django.utils.crypto import salted_hmac
 
 from .. import idempotency
 from .._annotations import mismatches
@@ -20,15 +23,23 @@ from ..task import Task
 __all__ = [
     "ABSENT",
     "CORRECTION_DIGEST_LENGTH",
+    "CORRECTION_DIGEST_SALT",
     "CorrectionReview",
     "FieldChange",
     "correction_digest",
+    "digest_matches",
     "review_correction",
     "validated_payload",
 ]
 
-#: Hex characters of a correction digest: enough to tell two reviews apart, short to show.
-CORRECTION_DIGEST_LENGTH = 16
+#: Hex characters of a correction digest (128 bits of an HMAC-SHA256): enough to tell two
+#: reviews apart, short to show. A digest of another length is a former, unkeyed one.
+CORRECTION_DIGEST_LENGTH = 32
+
+#: The salt of the keyed correction digest (with Django's SECRET_KEY), as the idempotency
+#: fingerprint has its own: the digest is shown to approvers who may not see payloads, and a
+#: plain hash of a low-entropy correction (an amount, a card code) is reversed by trying values.
+CORRECTION_DIGEST_SALT = "django_jobguard.dlq.correction_digest"
 
 
 def validated_payload(
@@ -60,14 +71,38 @@ def validated_payload(
 
 
 def correction_digest(letter: DeadLetter) -> str:
-    """A short digest of the payload a replay of ``letter`` would run (its correction, if any).
+    """A short keyed digest of the payload a replay of ``letter`` would run (its correction, if any).
 
     An approver's page or client reads it with the correction it shows, and hands it back
-    with the approval, so an approval is bound to what was reviewed.
+    with the approval, so an approval is bound to what was reviewed. It is an HMAC-SHA256
+    keyed with ``SECRET_KEY`` (salt :data:`CORRECTION_DIGEST_SALT`) over the dead letter's id
+    and that payload: it tells nothing about the payload to someone without the secret, and
+    two dead letters with the same correction have different digests.
     """
-    payload = {"args": letter.replay_args, "kwargs": letter.replay_kwargs}
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:CORRECTION_DIGEST_LENGTH]
+    return _digest(_canonical(letter))
+
+
+def digest_matches(letter: DeadLetter, reviewed: str) -> bool:
+    """Whether ``reviewed`` is the :func:`correction_digest` of ``letter``'s replay payload now.
+
+    A digest shown under a former ``SECRET_KEY`` matches while that key is in
+    ``SECRET_KEY_FALLBACKS``.
+    """
+    canonical = _canonical(letter)
+    secrets: list[str | bytes | None] = [None, *settings.SECRET_KEY_FALLBACKS]
+    # As bytes: compare_digest refuses a str with non-ASCII characters, which a client may send.
+    given = reviewed.encode()
+    return any(hmac.compare_digest(given, _digest(canonical, secret).encode()) for secret in secrets)
+
+
+def _canonical(letter: DeadLetter) -> str:
+    payload = {"dead_letter": letter.pk, "args": letter.replay_args, "kwargs": letter.replay_kwargs}
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"))
+
+
+def _digest(canonical: str, secret: str | bytes | None = None) -> str:
+    keyed = salted_hmac(CORRECTION_DIGEST_SALT, canonical, secret=secret, algorithm="sha256")
+    return keyed.hexdigest()[:CORRECTION_DIGEST_LENGTH]
 
 
 class _Absent:

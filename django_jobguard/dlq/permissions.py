@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..conf import get_settings
 from ..exceptions import InvalidArgumentsError, ReplayError, ReplayPermissionDenied
 from ..models import DeadLetter
-from .corrections import validated_payload
+from .corrections import CORRECTION_DIGEST_LENGTH, validated_payload
 from .transitions import ALLOWED_FROM, APPROVE, REJECT, REQUEST, Transition, User, check_state
 
 __all__ = [
@@ -17,6 +19,7 @@ __all__ = [
     "check_permission",
     "refusal_reason",
     "replay_actions",
+    "visible_event_data",
 ]
 
 #: The permission each user-made transition needs (codenames on DeadLetter.Meta).
@@ -31,6 +34,22 @@ VIEW_PAYLOAD = "jobguard.view_payload"
 PAYLOAD_EVENT_KEYS = frozenset({"args", "kwargs"})
 
 
+def visible_event_data(data: dict[str, Any] | None, show_payload: bool) -> dict[str, Any]:
+    """A ReplayEvent's ``data`` as a user sees it: without payload unless ``show_payload``.
+
+    An approval recorded before the correction digest was keyed holds a plain SHA-256 of the
+    payload (16 hex characters), which a few guesses reverse: it is payload, and hidden too.
+    """
+    visible = dict(data or {})
+    if not show_payload:
+        for key in PAYLOAD_EVENT_KEYS:
+            visible.pop(key, None)
+        digest = visible.get("correction_digest")
+        if isinstance(digest, str) and len(digest) != CORRECTION_DIGEST_LENGTH:
+            visible.pop("correction_digest")
+    return visible
+
+
 def can_view_payload(user: User | None) -> bool:
     """Whether ``user`` may see job payloads, stored results and tracebacks."""
     return bool(user is not None and user.is_authenticated and user.has_perm(VIEW_PAYLOAD))
@@ -40,7 +59,9 @@ def check_permission(dead_letter: DeadLetter, user: User | None, action: str) ->
     """Raise :class:`ReplayPermissionDenied` unless ``user`` may ``action`` this dead letter's replay.
 
     ``action`` is :data:`REQUEST`, :data:`APPROVE` or :data:`REJECT`. State is not checked
-    here: a user without the permission is refused whatever the state.
+    here: a user without the permission is refused whatever the state. Approving a replay
+    that runs a corrected payload also needs :data:`VIEW_PAYLOAD`, to see what will run:
+    every surface (admin page, bulk action, API) approves through this check.
     """
     permission = PERMISSIONS[action]
     if user is None or not user.is_authenticated or not user.has_perm(permission):
@@ -57,6 +78,15 @@ def check_permission(dead_letter: DeadLetter, user: User | None, action: str) ->
         raise ReplayPermissionDenied(
             f"{user.get_username()} requested this replay, so another user with {permission} must "
             "approve it (JOBGUARD['REPLAY']['ALLOW_SELF_APPROVAL'] is False)."
+        )
+    if (
+        action == APPROVE
+        and (dead_letter.replay_args is not None or dead_letter.replay_kwargs is not None)
+        and not can_view_payload(user)
+    ):
+        raise ReplayPermissionDenied(
+            f"Dead letter #{dead_letter.pk} replays a corrected payload: approving it needs the "
+            f"{VIEW_PAYLOAD} permission, to see what will run ({user.get_username()} lacks it)."
         )
 
 

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from django.db import transaction
 from django.db.models.functions import Now
 
 from ..conf import get_settings
-from ..exceptions import InvalidArgumentsError, ReplayConflict, ReplayError, ReplayPermissionDenied
+from ..exceptions import (
+    InvalidArgumentsError,
+    ReplayConflict,
+    ReplayError,
+    ReplayPermissionDenied,
+    ReplayReviewRequired,
+)
 from ..models import DeadLetter
-from .corrections import correction_digest, validated_payload
+from .corrections import correction_digest, digest_matches, validated_payload
 from .permissions import VIEW_PAYLOAD, can_view_payload, check_permission
 from .transitions import (
     APPROVE,
@@ -29,7 +35,15 @@ from .transitions import (
     transition_many,
 )
 
-__all__ = ["BULK_CHUNK", "BulkDecision", "approve_replay", "decide_many", "reject_replay", "request_replay"]
+__all__ = [
+    "BULK_CHUNK",
+    "BulkDecision",
+    "approve_replay",
+    "check_review",
+    "decide_many",
+    "reject_replay",
+    "request_replay",
+]
 
 #: Dead letters per transaction of :func:`decide_many`: each chunk holds its row locks until
 #: its commit, so the chunk bounds how long a worker's redrive may wait on them.
@@ -86,14 +100,21 @@ def request_replay(
 
 
 def approve_replay(
-    dead_letter: DeadLetter | int, user: User, reason: str, *, reviewed: str | None = None
+    dead_letter: DeadLetter | int,
+    user: User,
+    reason: str,
+    *,
+    reviewed: str | None = None,
+    require_review: bool = False,
 ) -> DeadLetter:
     """Approve the requested replay; a worker redrives it within the throttle.
 
     The payload is checked against the handler again: the code may have changed since the
-    request. ``reviewed`` is the :func:`correction_digest` the approver saw: if the
-    correction changed since, :class:`ReplayConflict` is raised and nothing changes (the
-    admin always sends it; an API client should).
+    request. A corrected payload is approved only by a user with ``jobguard.view_payload``
+    (:class:`ReplayPermissionDenied`). ``reviewed`` is the :func:`correction_digest` the
+    approver saw: if the payload changed since, :class:`ReplayConflict` is raised and nothing
+    changes. With ``require_review`` (the admin and the API), a letter that carries a
+    correction is not approved without ``reviewed`` (:class:`ReplayReviewRequired`).
     """
     reason = checked_reason(reason, APPROVE)
     alias = get_settings().database_alias
@@ -101,13 +122,9 @@ def approve_replay(
         letter = locked(alias, dead_letter)
         check_permission(letter, user, APPROVE)
         check_state(letter, APPROVE)
-        digest = correction_digest(letter)
-        if reviewed is not None and reviewed != digest:
-            raise ReplayConflict(
-                f"The replay's payload changed since you reviewed it (digest {reviewed}, now {digest}): "
-                "review it again before approving."
-            )
+        check_review(letter, reviewed, require_review)
         validated_payload(letter, letter.replay_args, letter.replay_kwargs)
+        digest = correction_digest(letter)
         transition(
             alias,
             letter,
@@ -122,6 +139,29 @@ def approve_replay(
             replay_decided_at=Now(),
         )
     return refreshed(alias, dead_letter, letter)
+
+
+def check_review(letter: DeadLetter, reviewed: str | None, required: bool) -> None:
+    """Raise unless the approval is bound to ``letter``'s replay payload as it is now.
+
+    ``reviewed`` is the :func:`correction_digest` the approver was shown (None: none was).
+    A digest that no longer matches raises :class:`ReplayConflict`; none at all, when
+    ``required`` and the letter carries a correction, :class:`ReplayReviewRequired`.
+    """
+    corrected = letter.replay_args is not None or letter.replay_kwargs is not None
+    if reviewed is None:
+        if required and corrected:
+            raise ReplayReviewRequired(
+                f"Dead letter #{letter.pk} replays a corrected payload, and this approval does not say "
+                "which one was reviewed: send the correction_digest you were shown with it (in the admin, "
+                "approve it on its own page or from a confirmation page that lists it)."
+            )
+        return
+    if not digest_matches(letter, reviewed):
+        raise ReplayConflict(
+            f"Dead letter #{letter.pk}'s replay payload changed since you reviewed it (digest "
+            f"{reviewed[:64]!r}, now {correction_digest(letter)!r}): review it again before approving."
+        )
 
 
 def reject_replay(dead_letter: DeadLetter | int, user: User, reason: str) -> DeadLetter:
@@ -153,13 +193,23 @@ class BulkDecision:
     refused: list[tuple[int, str]]
 
 
-def decide_many(action: str, ids: Iterable[int], user: User, reason: str) -> BulkDecision:
+def decide_many(
+    action: str,
+    ids: Iterable[int],
+    user: User,
+    reason: str,
+    *,
+    reviewed: Mapping[int, str] | None = None,
+) -> BulkDecision:
     """Make ``action`` (request, approve or reject) on each dead letter of ``ids``, with one reason.
 
     The same checks as the one-letter functions (permission, self-approval, state, the payload
     against the handler), letter by letter; a refused letter is reported and the rest go on.
     An approver without ``jobguard.view_payload`` is refused the letters that replay a corrected
-    payload: a bulk approval shows no payload, so they would approve what they cannot see.
+    payload, as :func:`approve_replay` refuses them. ``reviewed`` (approve) maps dead-letter
+    ids to the :func:`correction_digest` the approver was shown: given, each approval is bound
+    to it as :func:`approve_replay`'s is with ``require_review`` (a letter whose payload changed
+    since, or that carries a correction the approver was not shown, is refused).
     Set-based: each chunk of :data:`BULK_CHUNK` letters is one transaction of a few statements
     (the locked read, one update per starting state, one insert of the events), instead of a
     transaction of several statements per letter. A bulk request asks for the original payload;
@@ -177,16 +227,21 @@ def decide_many(action: str, ids: Iterable[int], user: User, reason: str) -> Bul
         chunk = wanted[start : start + BULK_CHUNK]
         try:
             with transaction.atomic(using=alias):
-                done, said_no = _decide_chunk(alias, step, chunk, user, reason)
+                done, said_no = _decide_chunk(alias, step, chunk, user, reason, reviewed)
         except RacedError:
-            done, said_no = _decide_one_by_one(step, chunk, user, reason)
+            done, said_no = _decide_one_by_one(step, chunk, user, reason, reviewed)
         moved += done
         refused += said_no
     return BulkDecision(moved, refused)
 
 
 def _decide_chunk(
-    alias: str, step: Transition, chunk: list[int], user: User, reason: str
+    alias: str,
+    step: Transition,
+    chunk: list[int],
+    user: User,
+    reason: str,
+    reviewed: Mapping[int, str] | None,
 ) -> tuple[list[int], list[tuple[int, str]]]:
     letters = {
         letter.pk: letter
@@ -208,11 +263,8 @@ def _decide_chunk(
                 data[letter.pk] = {"payload_corrected": False}
             elif step == APPROVE:
                 corrected = letter.replay_args is not None or letter.replay_kwargs is not None
-                if corrected and not can_view_payload(user):
-                    raise ReplayPermissionDenied(
-                        f"Dead letter #{letter.pk} replays a corrected payload: approving it needs the "
-                        f"{VIEW_PAYLOAD} permission, to see what will run."
-                    )
+                if reviewed is not None:
+                    check_review(letter, reviewed.get(letter.pk), required=True)
                 validated_payload(letter, letter.replay_args, letter.replay_kwargs)
                 data[letter.pk] = {
                     "payload_corrected": corrected,
@@ -239,21 +291,27 @@ def _decide_chunk(
     return [letter.pk for letter in allowed], refused
 
 
-_ONE: dict[Transition, Callable[[int, User, str], DeadLetter]] = {
-    REQUEST: lambda pk, user, reason: request_replay(pk, user, reason),
-    APPROVE: lambda pk, user, reason: approve_replay(pk, user, reason),
-    REJECT: reject_replay,
+_ONE: dict[Transition, Callable[[int, User, str, Mapping[int, str] | None], DeadLetter]] = {
+    REQUEST: lambda pk, user, reason, reviewed: request_replay(pk, user, reason),
+    APPROVE: lambda pk, user, reason, reviewed: approve_replay(
+        pk,
+        user,
+        reason,
+        reviewed=None if reviewed is None else reviewed.get(pk),
+        require_review=reviewed is not None,
+    ),
+    REJECT: lambda pk, user, reason, reviewed: reject_replay(pk, user, reason),
 }
 
 
 def _decide_one_by_one(
-    step: Transition, chunk: list[int], user: User, reason: str
+    step: Transition, chunk: list[int], user: User, reason: str, reviewed: Mapping[int, str] | None
 ) -> tuple[list[int], list[tuple[int, str]]]:
     moved: list[int] = []
     refused: list[tuple[int, str]] = []
     for pk in chunk:
         try:
-            _ONE[step](pk, user, reason)
+            _ONE[step](pk, user, reason, reviewed)
         except DeadLetter.DoesNotExist:
             refused.append((pk, f"Dead letter #{pk} no longer exists."))
         except (ReplayError, InvalidArgumentsError) as exc:

@@ -58,11 +58,16 @@ def test_request_with_a_corrected_payload_then_approve_then_redrive(people):
     assert body["replay_kwargs"] == {"order_id": 5, "amount": 700}
     assert body["replay_events"][0]["data"]["kwargs"] == {"order_id": 5, "amount": 700}
 
-    response = people.approver.post(url(letter, "approve"), {"reason": "matches the order"}, format="json")
+    # Approving a correction needs view_payload (amir lacks it) and the digest reviewed.
+    reader = client_for(make_user("rhea", "approve_replay", "view_deadletter", "view_payload"))
+    digest = reader.get(url(letter)).json()["correction_digest"]
+    response = reader.post(
+        url(letter, "approve"), {"reason": "matches the order", "correction_digest": digest}, format="json"
+    )
     assert response.status_code == 200, response.content
-    body = response.json()
-    assert body["replay_state"] == "approved" and body["replay_decided_by"] == "amir"
-    # The approver lacks view_payload: neither the corrected payload nor the trail's copy shows.
+    body = people.approver.get(url(letter)).json()
+    assert body["replay_state"] == "approved" and body["replay_decided_by"] == "rhea"
+    # amir lacks view_payload: neither the corrected payload nor the trail's copy shows.
     assert "replay_kwargs" not in body and "traceback" not in body
     assert [e["action"] for e in body["replay_events"]] == ["requested", "approved"]
     assert "kwargs" not in body["replay_events"][0]["data"]
@@ -192,7 +197,7 @@ def test_an_approval_with_a_stale_correction_digest_is_409_and_changes_nothing()
     letter = dead_charge(order_id=77, amount=0)
     requester = make_user("req77", "request_replay", "view_payload", "view_deadletter")
     dlq.request_replay(letter, requester, "fix", kwargs={"order_id": 77, "amount": 5})
-    client = client_for(make_user("appr77", "approve_replay", "view_deadletter"))
+    client = client_for(make_user("appr77", "approve_replay", "view_deadletter", "view_payload"))
     detail = client.get(f"{BASE}dead-letters/{letter.pk}/").json()
     reviewed = detail["correction_digest"]
     DeadLetter.objects.filter(pk=letter.pk).update(replay_kwargs={"order_id": 77, "amount": 500})
@@ -203,3 +208,52 @@ def test_an_approval_with_a_stale_correction_digest_is_409_and_changes_nothing()
     assert DeadLetter.objects.get(pk=letter.pk).replay_state == "requested"
     fresh = client.get(f"{BASE}dead-letters/{letter.pk}/").json()["correction_digest"]
     assert client.post(url, {"reason": "ok", "correction_digest": fresh}, format="json").status_code == 200
+
+
+def test_an_approver_without_view_payload_cannot_approve_a_correction_over_the_api(people):
+    letter = dead_charge(order_id=78, amount=0)
+    dlq.request_replay(letter, people.users.requester, "cvv", kwargs={"order_id": 78, "amount": 777})
+    detail = people.approver.get(url(letter)).json()
+    assert detail["available_actions"] == ["reject"]
+    before = state(letter)
+    response = people.approver.post(
+        url(letter, "approve"),
+        {"reason": "ok", "correction_digest": detail["correction_digest"]},
+        format="json",
+    )
+    assert response.status_code == 403, response.content
+    assert "jobguard.view_payload" in response.json()["detail"]
+    assert state(letter) == before
+
+
+def test_approving_a_correction_over_the_api_needs_its_digest_and_an_original_does_not(people):
+    reader = client_for(make_user("rhea", "approve_replay", "view_deadletter", "view_payload"))
+    corrected, original = dead_charge(order_id=79, amount=0), dead_charge(order_id=80, amount=0)
+    dlq.request_replay(corrected, people.users.requester, "fix", kwargs={"order_id": 79, "amount": 5})
+    dlq.request_replay(original, people.users.requester, "retry")
+    before = state(corrected)
+    response = reader.post(url(corrected, "approve"), {"reason": "ok"}, format="json")
+    assert response.status_code == 400, response.content
+    assert "correction_digest" in response.json()["errors"]
+    assert state(corrected) == before
+    # A digest that is not the one shown (here not even ASCII) is stale: 409, not a 500.
+    response = reader.post(
+        url(corrected, "approve"), {"reason": "ok", "correction_digest": "é" * 32}, format="json"
+    )
+    assert response.status_code == 409 and response.json()["code"] == "payload_changed"
+    assert state(corrected) == before
+    assert reader.post(url(original, "approve"), {"reason": "ok"}, format="json").status_code == 200
+
+
+def test_the_api_trail_hides_a_former_plain_digest_from_who_may_not_see_payloads(people):
+    letter = dead_charge(order_id=81, amount=0)
+    ReplayEvent.objects.create(
+        dead_letter=letter,
+        action="approved",
+        actor_name="old",
+        reason="before the upgrade",
+        data={"payload_corrected": True, "correction_digest": "3f9c0e1a2b4d6f80"},
+    )
+    assert people.viewer.get(url(letter)).json()["replay_events"][0]["data"] == {"payload_corrected": True}
+    shown = people.requester.get(url(letter)).json()  # rita may see payloads
+    assert shown["replay_events"][0]["data"]["correction_digest"] == "3f9c0e1a2b4d6f80"

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def people():
     return SimpleNamespace(
         requester=make_user("rita", "request_replay", "view_payload", "view_deadletter"),
-        approver=make_user("amir", "approve_replay", "view_deadletter"),
+        # Approving a corrected payload needs view_payload: amir may see what he approves.
+        approver=make_user("amir", "approve_replay", "view_deadletter", "view_payload"),
         outsider=make_user("olga", "view_deadletter", "view_payload"),
         blind=make_user("bob", "request_replay", "view_deadletter"),
     )
@@ -498,3 +499,90 @@ def test_a_replay_reason_is_capped_and_a_longer_one_changes_nothing(people):
     dlq.request_replay(letter, people.requester, "y" * 10_000)
     letter.refresh_from_db()
     assert letter.replay_state == "requested"
+
+
+def test_approving_a_corrected_payload_needs_the_view_payload_permission_whoever_calls(people):
+    blind_approver = make_user("abe", "approve_replay", "view_deadletter")
+    reader = make_user("rhea", "approve_replay", "view_deadletter", "view_payload")
+    corrected, original = dead_charge(order_id=40, amount=0), dead_charge(order_id=41, amount=0)
+    dlq.request_replay(corrected, people.requester, "fix", kwargs={"order_id": 40, "amount": 777})
+    dlq.request_replay(original, people.requester, "retry")
+    before = snapshot(corrected)
+    with pytest.raises(
+        ReplayPermissionDenied, match=rf"#{corrected.pk} replays a corrected payload.*view_payload"
+    ):
+        dlq.approve_replay(corrected.pk, blind_approver, "looks fine")
+    assert snapshot(corrected) == before
+    # The surfaces ask the same rule which steps to offer: reject, not approve.
+    assert dlq.available_actions(corrected, blind_approver) == ["reject"]
+    assert "jobguard.view_payload" in (dlq.refusal_reason(corrected, blind_approver, "approve") or "")
+    # The original payload needs no payload permission to approve; the correction needs a reader.
+    assert dlq.approve_replay(original.pk, blind_approver, "retry it").replay_state == "approved"
+    assert dlq.approve_replay(corrected.pk, reader, "checked the amount").replay_state == "approved"
+
+
+def test_an_approval_that_must_be_reviewed_is_refused_without_the_digest_of_a_correction(people):
+    from django_jobguard.exceptions import ReplayReviewRequired
+
+    reader = make_user("rhea", "approve_replay", "view_deadletter", "view_payload")
+    corrected, original = dead_charge(order_id=42, amount=0), dead_charge(order_id=43, amount=0)
+    dlq.request_replay(corrected, people.requester, "fix", kwargs={"order_id": 42, "amount": 5})
+    dlq.request_replay(original, people.requester, "retry")
+    before = snapshot(corrected)
+    with pytest.raises(ReplayReviewRequired, match="correction_digest"):
+        dlq.approve_replay(corrected.pk, reader, "ok", require_review=True)
+    assert snapshot(corrected) == before
+    # An original payload cannot change under the approver: it needs no digest.
+    assert dlq.approve_replay(original.pk, reader, "ok", require_review=True).replay_state == "approved"
+    digest = dlq.correction_digest(DeadLetter.objects.get(pk=corrected.pk))
+    assert dlq.approve_replay(
+        corrected.pk, reader, "ok", reviewed=digest, require_review=True
+    ).replay_state == ("approved")
+
+
+def test_the_correction_digest_is_keyed_so_a_guessable_correction_is_not_recovered_from_it(people, settings):
+    import hashlib
+    import json
+
+    letter = dead_charge(order_id=44, amount=0)
+    dlq.request_replay(letter, people.requester, "cvv", kwargs={"order_id": 44, "amount": 777})
+    letter = DeadLetter.objects.get(pk=letter.pk)
+    digest = dlq.correction_digest(letter)
+    assert len(digest) == 32 and int(digest, 16) >= 0
+
+    # The attack that recovered a correction from the unsalted digest: hash every candidate.
+    def plain(amount: int, **extra) -> str:
+        payload = {**extra, "args": [], "kwargs": {"amount": amount, "order_id": 44}}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+    guesses = {plain(n)[:16] for n in range(1000)} | {plain(n, dead_letter=letter.pk) for n in range(1000)}
+    assert not any(digest.startswith(guess[:16]) or guess.startswith(digest) for guess in guesses)
+    assert plain(777)[:16] != digest[:16]
+
+    # Keyed with SECRET_KEY: another key gives another digest; a former key in
+    # SECRET_KEY_FALLBACKS still matches what was shown before a rotation.
+    old_key = settings.SECRET_KEY
+    settings.SECRET_KEY = f"{old_key}, rotated"
+    assert dlq.correction_digest(letter) != digest
+    assert not dlq.corrections.digest_matches(letter, digest)
+    settings.SECRET_KEY_FALLBACKS = [old_key]
+    assert dlq.corrections.digest_matches(letter, digest)
+
+    # The same correction on another dead letter has another digest: digests cannot be compared.
+    twin = dead_charge(order_id=45, amount=0)
+    DeadLetter.objects.filter(pk=twin.pk).update(
+        replay_args=[], replay_kwargs={"order_id": 44, "amount": 777}
+    )
+    settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = old_key, []
+    assert dlq.correction_digest(DeadLetter.objects.get(pk=twin.pk)) != digest
+    # A digest that is not even ASCII is a mismatch, not a crash.
+    assert not dlq.corrections.digest_matches(letter, "é" * 32)
+
+
+def test_an_approval_recorded_with_the_former_plain_digest_hides_it_from_who_may_not_see_payloads():
+    legacy = {"payload_corrected": True, "correction_digest": "3f9c0e1a2b4d6f80"}
+    keyed = {"payload_corrected": True, "correction_digest": "0" * 32}
+    assert dlq.visible_event_data(legacy, show_payload=False) == {"payload_corrected": True}
+    assert dlq.visible_event_data(legacy, show_payload=True) == legacy
+    assert dlq.visible_event_data(keyed, show_payload=False) == keyed
+    assert dlq.visible_event_data({"args": [1], "kwargs": {}}, show_payload=False) == {}

@@ -125,21 +125,31 @@ def test_request_with_a_corrected_payload_then_approve_through_the_admin(client,
     assert response.status_code == 302
     assert state(letter)[:2] == ("requested", {"order_id": 5, "amount": 7070707})
 
+    # amir may approve, but not read payloads: he may not approve a correction he cannot see.
     client.force_login(people.approver)
     content = client.get(page(letter)).content.decode()
-    assert replay_url(letter, "approve") in content and replay_url(letter, "reject") in content
-    approve_form = client.get(replay_url(letter, "approve")).content.decode()
-    assert "corrected" in approve_form and "amount was lost in the import" in approve_form
-    assert "7070707" not in approve_form  # amir may approve, but not read payloads
-    response = client.post(replay_url(letter, "approve"), {"reason": "matches the order"})
+    assert replay_url(letter, "approve") not in content and replay_url(letter, "reject") in content
+    assert "jobguard.view_payload" in content  # the page says why approval is not offered
+
+    reader = make_user("rhea", "approve_replay", "view_payload", "view_deadletter", "view_job")
+    client.force_login(reader)
+    approve_form = client.get(replay_url(letter, "approve"))
+    content = approve_form.content.decode()
+    assert "corrected" in content and "amount was lost in the import" in content and "7070707" in content
+    digest = approve_form.context["correction_digest"]
+    assert f'name="correction_digest" value="{digest}"' in content
+    response = client.post(
+        replay_url(letter, "approve"), {"reason": "matches the order", "correction_digest": digest}
+    )
     assert response.status_code == 302
     letter.refresh_from_db()
-    assert (letter.replay_state, letter.replay_decided_by) == ("approved", people.approver)
+    assert (letter.replay_state, letter.replay_decided_by) == ("approved", reader)
 
+    client.force_login(people.approver)
     trail = client.get(page(letter)).content.decode()
-    for text in ("Replay audit trail", "rita", "amount was lost in the import", "amir", "matches the order"):
+    for text in ("Replay audit trail", "rita", "amount was lost in the import", "rhea", "matches the order"):
         assert text in trail
-    assert "7070707" not in trail  # the corrected payload in the trail is hidden from amir too
+    assert "7070707" not in trail  # the corrected payload in the trail is hidden from amir
     client.force_login(people.requester)
     assert "7070707" in client.get(page(letter)).content.decode()
 
@@ -418,12 +428,15 @@ def test_the_approver_sees_original_against_corrected_payload_or_only_the_change
         assert "raises IdempotencyConflict" in content
 
     client.force_login(people.approver)  # may approve, may not read payloads
-    for url in (replay_url(letter, "approve"), page(letter)):
-        content = client.get(url).content.decode()
-        assert "Payload changed: order_id, amount." in content
-        assert "raises IdempotencyConflict" in content  # the warning names arguments only
-        assert "7070707" not in content and "<del>" not in content
-        assert "charge:order:30" not in content  # the key is made of the arguments
+    content = client.get(page(letter)).content.decode()
+    assert "Payload changed: order_id, amount." in content
+    assert "raises IdempotencyConflict" in content  # the warning names arguments only
+    assert "7070707" not in content and "<del>" not in content
+    assert "charge:order:30" not in content  # the key is made of the arguments
+    # Nor may he approve it: the approve page says why instead of a form.
+    refused = client.get(replay_url(letter, "approve"))
+    assert refused.status_code == 403 and "jobguard.view_payload" in refused.content.decode()
+    assert "7070707" not in refused.content.decode()
 
 
 def test_a_request_whose_correction_changes_the_keys_arguments_is_shown_with_its_warnings_first(
@@ -457,7 +470,7 @@ def test_idempotency_key_now_describes_the_dead_letters_own_replay_as_its_replay
     expected = f"failed (job #{letter.job_id}, the dead job): a replay takes the key over"
     assert expected in client.get(page(letter)).content.decode()
     dlq.request_replay(letter, people.requester, "fix", kwargs={"order_id": 35, "amount": 500})
-    dlq.approve_replay(letter, people.approver, "ok")
+    dlq.approve_replay(letter, make_user("rhea", "approve_replay", "view_payload"), "ok")
     [job] = dlq.redrive()
     content = client.get(page(letter)).content.decode()
     assert f"in progress (job #{job.pk}, this dead letter&#x27;s replay)" in content
@@ -514,3 +527,130 @@ def test_a_corrected_payload_with_a_key_given_twice_is_refused(client, people):
     assert response.status_code == 200
     assert "The key &quot;amount&quot; appears twice" in response.content.decode()
     assert state(letter) == before
+
+
+def test_an_approver_who_may_not_see_payloads_cannot_approve_a_correction_on_its_page(client, people):
+    letter = dead_charge(order_id=50, amount=0)
+    dlq.request_replay(letter, people.requester, "cvv", kwargs={"order_id": 50, "amount": 777})
+    digest = dlq.correction_digest(DeadLetter.objects.get(pk=letter.pk))
+    before = state(letter)
+    client.force_login(people.approver)
+    assert client.get(replay_url(letter, "approve")).status_code == 403
+    # Posting the form anyway, digest and all, changes nothing.
+    response = client.post(replay_url(letter, "approve"), {"reason": "trust me", "correction_digest": digest})
+    assert response.status_code == 403
+    assert "jobguard.view_payload" in response.content.decode()
+    assert state(letter) == before
+
+
+def test_an_approval_posted_without_the_pages_digest_is_refused_for_a_correction(client, people):
+    letter = dead_charge(order_id=51, amount=0)
+    dlq.request_replay(letter, people.requester, "fix", kwargs={"order_id": 51, "amount": 5})
+    reader = make_user("rhea", "approve_replay", "view_payload", "view_deadletter", "view_job")
+    before = state(letter)
+    client.force_login(reader)
+    response = client.post(replay_url(letter, "approve"), {"reason": "ok"})
+    assert response.status_code == 200
+    assert "correction_digest" in response.content.decode()
+    assert state(letter) == before
+
+
+def confirmation_digests(content: str) -> list[str]:
+    import re
+
+    return re.findall(r'name="reviewed" value="([^"]+)"', content)
+
+
+def test_a_bulk_approval_is_bound_to_the_corrections_its_confirmation_page_showed(client, people):
+    reader = make_user("rhea", "approve_replay", "view_payload", "view_deadletter", "view_job")
+    letters = [dead_charge(order_id=60 + i, amount=0) for i in range(3)]
+    for letter in letters[:2]:
+        dlq.request_replay(letter, people.requester, "fix", kwargs={"order_id": letter.pk, "amount": 5})
+    dlq.request_replay(letters[2], people.requester, "retry")
+    selected = [letter.pk for letter in letters]
+    client.force_login(reader)
+    url = reverse(CHANGELIST)
+    confirm = client.post(url, {"action": "approve_replays", "_selected_action": selected})
+    reviewed = confirmation_digests(confirm.content.decode())
+    assert sorted(int(entry.split(":")[0]) for entry in reviewed) == sorted(selected)
+    # The requester swaps a correction after the approver read the page, before the submit.
+    DeadLetter.objects.filter(pk=letters[1].pk).update(
+        replay_kwargs={"order_id": letters[1].pk, "amount": 9999}
+    )
+    response = client.post(
+        url,
+        {
+            "action": "approve_replays",
+            "_selected_action": selected,
+            "confirm": "yes",
+            "reason": "as reviewed",
+            "reviewed": reviewed,
+        },
+        follow=True,
+    )
+    messages = [str(m) for m in response.context["messages"]]
+    assert any(f"#{letters[1].pk}'s replay payload changed since you reviewed it" in m for m in messages), (
+        messages
+    )
+    assert [state(letter)[0] for letter in letters] == ["approved", "requested", "approved"]
+
+    # A submit that does not carry the page's digests approves no correction (the original yes).
+    letter = dead_charge(order_id=70, amount=0)
+    dlq.request_replay(letter, people.requester, "fix", kwargs={"order_id": 70, "amount": 5})
+    forged = client.post(
+        url,
+        {
+            "action": "approve_replays",
+            "_selected_action": [letter.pk, letters[1].pk],
+            "confirm": "yes",
+            "reason": "no review",
+        },
+        follow=True,
+    )
+    messages = [str(m) for m in forged.context["messages"]]
+    assert any(
+        f"#{letter.pk} replays a corrected payload" in m and "correction_digest" in m for m in messages
+    )
+    assert state(letter)[0] == state(letters[1])[0] == "requested"
+
+
+def test_a_bulk_approval_of_corrections_is_refused_to_an_approver_who_may_not_see_them(client, people):
+    corrected, original = dead_charge(order_id=71, amount=0), dead_charge(order_id=72, amount=0)
+    dlq.request_replay(corrected, people.requester, "fix", kwargs={"order_id": 71, "amount": 5})
+    dlq.request_replay(original, people.requester, "retry")
+    selected = [corrected.pk, original.pk]
+    client.force_login(people.approver)
+    url = reverse(CHANGELIST)
+    reviewed = confirmation_digests(
+        client.post(url, {"action": "approve_replays", "_selected_action": selected}).content.decode()
+    )
+    # Submitted without leaving the corrections out: the admin refuses it all and says why.
+    body = {"action": "approve_replays", "_selected_action": selected, "confirm": "yes", "reason": "go"}
+    response = client.post(url, {**body, "reviewed": reviewed}, follow=True)
+    assert any("jobguard.view_payload" in str(m) for m in response.context["messages"])
+    assert state(corrected)[0] == state(original)[0] == "requested"
+    # The service refuses it too, whichever form reaches it.
+    decision = dlq.decide_many(
+        dlq.APPROVE,
+        selected,
+        people.approver,
+        "go",
+        reviewed={int(pk): digest for pk, digest in (entry.split(":") for entry in reviewed)},
+    )
+    assert decision.moved == [original.pk] and "jobguard.view_payload" in dict(decision.refused)[corrected.pk]
+
+
+def test_the_trail_hides_a_former_plain_digest_from_who_may_not_see_payloads(client, people):
+    letter = dead_charge(order_id=73, amount=0)
+    dlq.request_replay(letter, people.requester, "retry")
+    ReplayEvent.objects.create(
+        dead_letter=letter,
+        action="approved",
+        actor_name="old",
+        reason="before the upgrade",
+        data={"payload_corrected": True, "correction_digest": "3f9c0e1a2b4d6f80"},
+    )
+    client.force_login(people.approver)
+    assert "3f9c0e1a2b4d6f80" not in client.get(page(letter)).content.decode()
+    client.force_login(people.requester)
+    assert "3f9c0e1a2b4d6f80" in client.get(page(letter)).content.decode()

@@ -137,3 +137,47 @@ def test_a_letter_moved_under_a_bulk_step_rolls_its_chunk_back(people):
     assert not ReplayEvent.objects.filter(dead_letter_id__in=ids).exists()
     states = dict(DeadLetter.objects.filter(pk__in=ids).values_list("pk", "replay_state"))
     assert states == {ids[0]: "none", ids[1]: "requested", ids[2]: "none"}
+
+
+@pytest.mark.parametrize("path", ["set-based", "one by one"])
+def test_a_bulk_approval_is_bound_to_the_digest_of_each_letter_it_was_shown(people, path):
+    from django_jobguard.dlq import replay
+
+    ids = letters(5)
+    dlq.decide_many(dlq.REQUEST, ids, people.requester, "retry")
+    for pk in ids[:3]:  # three corrections, reviewed on the confirmation page
+        dlq.reject_replay(pk, people.reader, "with a fix")
+        dlq.request_replay(pk, people.requester, "fixed", kwargs={"order_id": pk, "amount": 90})
+    page = {pk: dlq.correction_digest(DeadLetter.objects.get(pk=pk)) for pk in ids[:4]}
+    # Between the page and its submit: ids[1]'s correction is swapped, ids[3] (original on the
+    # page) gains one, and ids[2]'s correction is one the page did not list.
+    DeadLetter.objects.filter(pk=ids[1]).update(replay_kwargs={"order_id": ids[1], "amount": 90_000})
+    dlq.reject_replay(ids[3], people.reader, "with a fix")
+    dlq.request_replay(ids[3], people.requester, "fixed", kwargs={"order_id": ids[3], "amount": 1})
+    del page[ids[2]]
+
+    if path == "set-based":
+        decision = dlq.decide_many(dlq.APPROVE, ids, people.reader, "as reviewed", reviewed=page)
+        moved, refused = decision.moved, decision.refused
+    else:  # the path a chunk takes when another step moved one of its letters
+        moved, refused = replay._decide_one_by_one(dlq.APPROVE, ids, people.reader, "as reviewed", page)
+    # The letters as reviewed are approved: the original ids[4] (never changes) and ids[0].
+    assert moved == [ids[0], ids[4]]
+    why = dict(refused)
+    assert set(why) == {ids[1], ids[2], ids[3]}
+    assert f"#{ids[1]}'s replay payload changed since you reviewed it" in why[ids[1]]
+    assert f"#{ids[3]}'s replay payload changed since you reviewed it" in why[ids[3]]
+    assert "correction_digest" in why[ids[2]]
+    states = dict(DeadLetter.objects.filter(pk__in=ids).values_list("pk", "replay_state"))
+    assert [states[pk] for pk in ids] == ["approved", "requested", "requested", "requested", "approved"]
+
+
+def test_a_bulk_approval_of_a_correction_by_an_approver_who_may_not_see_it_is_refused(people):
+    ids = letters(2)
+    dlq.decide_many(dlq.REQUEST, ids, people.requester, "retry")
+    dlq.reject_replay(ids[0], people.reader, "with a fix")
+    dlq.request_replay(ids[0], people.requester, "fixed", kwargs={"order_id": 0, "amount": 90})
+    reviewed = {pk: dlq.correction_digest(DeadLetter.objects.get(pk=pk)) for pk in ids}
+    decision = dlq.decide_many(dlq.APPROVE, ids, people.approver, "go", reviewed=reviewed)
+    assert decision.moved == [ids[1]]
+    assert "jobguard.view_payload" in dict(decision.refused)[ids[0]]
