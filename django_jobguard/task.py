@@ -46,6 +46,9 @@ MAX_IDEMPOTENCY_KEY_LENGTH = 255
 #: The length of ``Job.lock_key`` and of the database lock back end's key column, which holds
 #: the key behind ``JOBGUARD["LOCKS"]["PREFIX"]``.
 MAX_LOCK_KEY_LENGTH = 255
+#: The widths of the job's ``task_name`` and ``handler_version`` columns.
+MAX_TASK_NAME_LENGTH = 255
+MAX_HANDLER_VERSION_LENGTH = 64
 #: Lock keys may not end with this: the Redis lock back end keeps a key's fencing counter there
 #: (``locks.base.RESERVED_SUFFIX``; that module sits layers above this one).
 _RESERVED_LOCK_SUFFIX = ":fencing"
@@ -157,6 +160,18 @@ class Task(Generic[P, R]):
     after: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        # Each is copied into a column of this width with every job (the scope into the
+        # idempotency keys): refused here, not by the database at each enqueue.
+        for option, value, width in (
+            ("name", self.name, MAX_TASK_NAME_LENGTH),
+            ("handler_version", self.handler_version, MAX_HANDLER_VERSION_LENGTH),
+            ("idempotency_scope", self.idempotency_scope or "", MAX_IDEMPOTENCY_KEY_LENGTH),
+        ):
+            if len(value) > width:
+                raise InvalidTaskError(
+                    f"{option} must be at most {width} characters (the width of its column), "
+                    f"not {len(value)}: {value[:40]!r}..."
+                )
         if not MIN_PRIORITY <= self.priority <= MAX_PRIORITY:
             raise InvalidTaskError(
                 f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}, not {self.priority}."

@@ -142,7 +142,16 @@ def _alias() -> str:
     return get_settings().database_alias
 
 
+#: The width of ``Workflow.name``.
+MAX_WORKFLOW_NAME_LENGTH = 255
+
+
 def _create(alias: str, kind: str, state: str, callbacks: dict[str, Signature], name: str = "") -> Workflow:
+    if not isinstance(name, str) or len(name) > MAX_WORKFLOW_NAME_LENGTH:
+        raise InvalidArgumentsError(
+            f"name must be a string of at most {MAX_WORKFLOW_NAME_LENGTH} characters, not "
+            f"{len(name) if isinstance(name, str) else type(name).__name__}."
+        )
     stored = {
         when: {"fields": signature.prepared(), "result_as": signature.result_as}
         for when, signature in callbacks.items()

@@ -154,6 +154,13 @@ class Worker:
         self.burst = burst
         self.max_jobs = max_jobs
         self.worker_id = worker_id or conf.worker_id or default_worker_id()
+        if len(self.worker_id) > WORKER_ID_MAX_LENGTH:
+            # Every claim writes it into the job rows: refused here, not by each claim (which
+            # the loop would read as the database being unreachable, and retry forever).
+            raise ValueError(
+                f"worker_id must be at most {WORKER_ID_MAX_LENGTH} characters (the width of the "
+                f"worker_id column), not {len(self.worker_id)}: {self.worker_id[:40]!r}..."
+            )
         self.alias = database_alias or conf.database_alias
         #: The flow-control limits the claims enforce (None: none declared, the plain claim).
         self.flow = store.flow_plan()
