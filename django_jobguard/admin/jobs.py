@@ -13,7 +13,7 @@ from django.contrib.admin import helpers
 from django.contrib.admin.views.main import ORDER_VAR, PAGE_VAR, ChangeList
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -113,6 +113,9 @@ class CappedCountPaginator(Paginator):
 class JobChangeList(ChangeList):
     """The job list, with a link to the jobs older than the page when the count is capped."""
 
+    #: Set by the filters when *Show counts* counted among the newest jobs only (past the cap).
+    facets_capped = False
+
     @property
     def older_url(self) -> str:
         """The list from the oldest job on this page on (keyset): the count cap cannot hide any row.
@@ -125,7 +128,41 @@ class JobChangeList(ChangeList):
         return self.get_query_string({"id__lt": oldest}, [PAGE_VAR])
 
 
-class _NamedFilter(admin.SimpleListFilter):
+class _CappedFacetsFilter(admin.SimpleListFilter):
+    """*Show counts* over at most :data:`COUNT_CAP` + 1 jobs, like the list's own count.
+
+    Django counts each option over every job the other filters match: one scan of the whole
+    table per filter on each page load (seconds at 84,000 jobs, growing with the rows). Here a
+    filter costs two queries bounded like the paginator's count: the id of the
+    (:data:`COUNT_CAP` + 1)-th newest job the other filters match, then one count of each option
+    over the jobs newer than it. Below the cap the counts are exact; past it they are counts
+    among the newest jobs, shown as "N+" (at least N), and ``changelist.facets_capped`` is set
+    so the page says so.
+    """
+
+    def get_facet_queryset(self, changelist: Any) -> dict[str, Any]:
+        matched = changelist.get_queryset(self.request, exclude_parameters=self.expected_parameters())
+        boundary = list(matched.order_by("-pk").values_list("pk", flat=True)[COUNT_CAP : COUNT_CAP + 1])
+        sample = matched.filter(pk__gt=boundary[0]) if boundary else matched
+        counts: dict[str, Any] = {}
+        name = str(self.parameter_name)
+        chosen = self.used_parameters.get(name)
+        try:
+            for i, (value, _label) in enumerate(self.lookup_choices):
+                self.used_parameters[name] = value
+                option = self.queryset(self.request, sample)
+                if option is not None:
+                    counts[f"{i}__c"] = Count("pk", filter=Q(pk__in=option.order_by().values("pk")))
+        finally:
+            self.used_parameters[name] = chosen
+        found = sample.order_by().aggregate(**counts) if counts else {}
+        if not boundary:
+            return found
+        changelist.facets_capped = True
+        return {key: f"{count:,}+" for key, count in found.items()}
+
+
+class _NamedFilter(_CappedFacetsFilter):
     """An exact filter on a name field whose choices come from the configuration, not a
     ``SELECT DISTINCT`` over every row (a full scan at a million jobs)."""
 
@@ -164,7 +201,7 @@ class TaskFilter(_NamedFilter):
         return sorted(registry.names())
 
 
-class StateFilter(admin.SimpleListFilter):
+class StateFilter(_CappedFacetsFilter):
     """The states of :data:`STATES`, decided by the database clock (as the worker decides them)."""
 
     title = _("state")
@@ -193,7 +230,7 @@ class StateFilter(admin.SimpleListFilter):
         return queryset
 
 
-class EnqueuedFilter(admin.SimpleListFilter):
+class EnqueuedFilter(_CappedFacetsFilter):
     """Jobs enqueued in a recent window, by the database clock (which wrote ``enqueued_at``).
 
     Instead of a date hierarchy: its year, month and day lists are a ``SELECT DISTINCT`` over

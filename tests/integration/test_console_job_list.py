@@ -124,3 +124,92 @@ def test_a_million_jobs_cost_the_same_queries_and_the_window_reads_the_enqueued_
     # One job a second for the hour before the insert (which was a while ago), and ours.
     assert 3000 < response.context["cl"].result_count <= 3601
     assert "More than 10,000 jobs match" in viewer.get(URL).content.decode()  # not a count of a million
+
+
+def _facet(html, label):
+    """The count *Show counts* puts after a filter option, as shown ("2", "3+")."""
+    found = re.search(re.escape(label) + r" \(([\d,]+\+?)\)</a>", html)
+    return found.group(1) if found else None
+
+
+def test_show_counts_are_exact_below_the_cap(viewer):
+    for n in range(2):
+        tasks.add.enqueue(n)
+    dead = tasks.add.using(queue_name="slow").enqueue(9)
+    Job.objects.filter(pk=dead.pk).update(status="dead")
+    html = viewer.get(URL, {"_facets": ""}).content.decode()
+    assert (_facet(html, "due"), _facet(html, "dead"), _facet(html, "running")) == ("2", "1", "0")
+    assert _facet(html, "slow") == "1" and _facet(html, "in the last hour") == "3"
+    assert 'id="facets-capped"' not in html
+    # Each filter counts what the others match.
+    html = viewer.get(URL, {"_facets": "", "queue_name": "slow"}).content.decode()
+    assert (_facet(html, "due"), _facet(html, "dead")) == ("0", "1")
+
+
+def test_show_counts_stop_at_the_cap_like_the_count(viewer, monkeypatch):
+    from django_jobguard.admin import jobs as job_admin
+
+    monkeypatch.setattr(job_admin, "COUNT_CAP", 3)
+    made = [tasks.add.enqueue(n) for n in range(6)]
+    Job.objects.filter(pk=made[-1].pk).update(status="dead")
+    with CaptureQueriesContext(connection) as queries:
+        html = viewer.get(URL, {"_facets": ""}).content.decode()
+    # Among the 3 newest jobs: 2 due and the dead one; "+" says there may be more.
+    assert (_facet(html, "due"), _facet(html, "dead"), _facet(html, "cancelled")) == ("2+", "1+", "0+")
+    assert 'id="facets-capped"' in html and "Counts marked + are counted among the newest 3 jobs" in html
+    # Every count over the jobs is bounded: by the cap's LIMIT or by the id of its last row.
+    jobs_sql = [
+        q["sql"]
+        for q in queries.captured_queries
+        if "COUNT(" in q["sql"].upper() and ('"jobguard_job"' in q["sql"] or "`jobguard_job`" in q["sql"])
+    ]
+    assert len(jobs_sql) == 1 + 4  # the list's count, and one per filter
+    unbounded = [
+        sql for sql in jobs_sql if "LIMIT" not in sql.upper() and '"id" >' not in sql and "`id` >" not in sql
+    ]
+    assert not unbounded, unbounded
+
+
+def test_the_search_bar_says_more_than_the_cap_not_the_capped_count(viewer, monkeypatch):
+    from django_jobguard.admin import jobs as job_admin
+
+    monkeypatch.setattr(job_admin, "COUNT_CAP", 3)
+    for n in range(5):
+        tasks.add.enqueue(n)
+    Job.objects.update(lock_key="shared")
+    html = viewer.get(URL, {"q": "shared"}).content.decode()
+    counted = re.search(r'id="search-result-count">([^(]*)\(', html).group(1).strip()
+    assert counted == "more than 3 results"
+    html = viewer.get(URL, {"q": "nothing-like-it"}).content.decode()
+    assert re.search(r'id="search-result-count">([^(]*)\(', html).group(1).strip() == "0 results"
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_show_counts_at_a_million_jobs_read_no_more_than_the_cap(viewer):
+    tasks.add.enqueue(1)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO jobguard_job (task_name, queue_name, args, kwargs, priority, status, attempts, "
+            "max_attempts, visibility_timeout, worker_id, enqueued_at, started_at, finished_at, "
+            "last_error, reappearances, lock_contentions, lock_key, handler_version, checkpoints) "
+            "SELECT 'tests.testapp.tasks.add', 'default', '[]', '{}', 0, "
+            "CASE WHEN n % 10 = 0 THEN 'dead' ELSE 'succeeded' END, 1, 5, 60, 'w', "
+            "now() - (n || ' seconds')::interval, now() - (n || ' seconds')::interval, "
+            "now() - (n || ' seconds')::interval, '', 0, 0, '', '', '{}' "
+            "FROM generate_series(1, 1000000) AS n"
+        )
+        cursor.execute("ANALYZE jobguard_job")
+    with CaptureQueriesContext(connection) as page:
+        response = viewer.get(URL, {"_facets": ""})
+    html = response.content.decode()
+    assert 'id="facets-capped"' in html and _facet(html, "dead").endswith("+")
+    counts = [
+        q["sql"] for q in page.captured_queries if "COUNT(" in q["sql"].upper() and "jobguard_job" in q["sql"]
+    ]
+    plans = []
+    with connection.cursor() as cursor:
+        for sql in counts:
+            cursor.execute("EXPLAIN " + sql)
+            plans.append((sql, "\n".join(row[0] for row in cursor.fetchall())))
+    assert not [plan for plan in plans if "Seq Scan on jobguard_job" in plan[1]], plans
