@@ -279,7 +279,7 @@ def _enqueue_round(
             return job, True
         key_rows.count_duplicate(alias, key_id=existing.pk)
         logger.debug(
-            "idempotency_duplicate where=enqueue scope=%s key=%s job_id=%s", scope, key, existing.job.pk
+            "idempotency_duplicate where=enqueue scope=%s key=%r job_id=%s", scope, key, existing.job.pk
         )
         return existing.job, False
 

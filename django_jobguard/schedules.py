@@ -522,7 +522,7 @@ def pause(schedule: Schedule, *, user: Any) -> bool:
     )
     if changed:
         logger.info(
-            "schedule_paused name=%s user=%s", schedule.name, _actor(user), extra={"schedule": schedule.name}
+            "schedule_paused name=%s user=%r", schedule.name, _actor(user), extra={"schedule": schedule.name}
         )
     return bool(changed)
 
@@ -540,7 +540,7 @@ def resume(schedule: Schedule, *, user: Any) -> bool:
     )
     if changed:
         logger.info(
-            "schedule_resumed name=%s user=%s next_tick_at=%s",
+            "schedule_resumed name=%s user=%r next_tick_at=%s",
             schedule.name,
             _actor(user),
             first,
@@ -566,7 +566,7 @@ def run_now(schedule: Schedule, *, user: Any) -> Job:
         *schedule.args, **schedule.kwargs
     )
     logger.info(
-        "schedule_run_now name=%s user=%s job_id=%s key=%s",
+        "schedule_run_now name=%s user=%r job_id=%s key=%r",
         schedule.name,
         _actor(user),
         job.pk,

@@ -227,28 +227,28 @@ def resolve_task(name: str) -> JobguardTask[Any, Any] | None:
         return twin
     if not _importable_task_path(name):
         # A row's task name is data: importing an arbitrary module runs its top-level code.
-        logger.warning("task_refused task=%s; its module is neither loaded nor in an installed app", name)
+        logger.warning("task_refused task=%r; its module is neither loaded nor in an installed app", name)
         return None
     try:
         found = import_string(name)
     except Exception:  # an unimportable path is an unknown task, whatever the import raised
-        logger.warning("task_unresolved task=%s; the path does not import", name, exc_info=True)
+        logger.warning("task_unresolved task=%r; the path does not import", name, exc_info=True)
         return None
     if not isinstance(found, _compat.Task):
-        logger.warning("task_refused task=%s; the path names a %s, not a task", name, type(found).__name__)
+        logger.warning("task_refused task=%r; the path names a %s, not a task", name, type(found).__name__)
         return None
     try:
         backend = found.get_backend()
     except Exception:
-        logger.warning("task_refused task=%s; its backend is not configured", name, exc_info=True)
+        logger.warning("task_refused task=%r; its backend is not configured", name, exc_info=True)
         return None
     if not isinstance(backend, JobGuardBackend) or found.module_path != name:
-        logger.warning("task_refused task=%s; it does not run on a JobGuardBackend", name)
+        logger.warning("task_refused task=%r; it does not run on a JobGuardBackend", name)
         return None
     try:
         return jobguard_task_for(found, backend.jobguard_defaults)
     except InvalidTaskError:
-        logger.warning("task_refused task=%s; its options are invalid", name, exc_info=True)
+        logger.warning("task_refused task=%r; its options are invalid", name, exc_info=True)
         return None
 
 

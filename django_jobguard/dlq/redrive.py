@@ -270,7 +270,7 @@ def _job_fields(task: Task[Any, Any] | None, letter: DeadLetter, args: Any, kwar
 
 def _announce_redrive(alias: str, letter_pk: int, job: Job, worker_id: str) -> None:
     logger.info(
-        "replay_redriven dead_letter_id=%s job_id=%s task=%s worker_id=%s",
+        "replay_redriven dead_letter_id=%s job_id=%s task=%r worker_id=%s",
         letter_pk,
         job.pk,
         job.task_name,

@@ -193,7 +193,7 @@ def transition_many(
     )
     for letter in letters:
         logger.info(
-            "replay_%s dead_letter_id=%s task=%s user=%s",
+            "replay_%s dead_letter_id=%s task=%r user=%r",
             to_state,
             letter.pk,
             letter.task_name,

@@ -182,7 +182,7 @@ class BaseLock(abc.ABC):
             self.release()
         except Exception:
             logger.warning(
-                "lock_release_failed lock=%s after an error in its block", self.name, exc_info=True
+                "lock_release_failed lock=%r after an error in its block", self.name, exc_info=True
             )
 
     def __repr__(self) -> str:

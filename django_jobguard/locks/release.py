@@ -77,7 +77,7 @@ def force_release(key: str, *, user: Any, reason: str, using: str | None = None)
             created_at=Now(),
         )
     logger.warning(
-        "lock_force_released key=%s by=%s fencing_token=%d holder_job=%s reason=%s",
+        "lock_force_released key=%r by=%r fencing_token=%d holder_job=%s reason=%r",
         key,
         user.get_username(),
         token,

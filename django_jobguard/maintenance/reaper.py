@@ -68,7 +68,7 @@ class Reaper:
         except LeaseLost:
             return False  # its worker acked it just in time
         logger.error(
-            "job_dead_lettered job_id=%s task=%s reason=%s error=LeaseExpired",
+            "job_dead_lettered job_id=%s task=%r reason=%s error=LeaseExpired",
             job_id,
             letter.task_name,
             DeadLetterReason.LEASE_EXPIRED,

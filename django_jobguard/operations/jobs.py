@@ -83,7 +83,7 @@ def cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None
             # Together: each counter row once, every workflow row after every counter row (an
             # ack's order); one call per member would lock a workflow between two counters.
             workflows.jobs_settled(alias, settled)
-    logger.info("jobs_cancelled count=%d ids=%s reason=%s", len(ids), ids[:20], reason or "-")
+    logger.info("jobs_cancelled count=%d ids=%s reason=%r", len(ids), ids[:20], reason or "-")
     return ids
 
 
@@ -124,7 +124,7 @@ def requeue_cancelled(job_ids: Iterable[int], *, reason: str = "", using: str | 
         )
         ttl = datetime.timedelta(seconds=get_settings().idempotency.ttl)
         key_rows.renew_for_jobs(alias, ids, expires_at=timezone.now() + ttl)
-    logger.info("jobs_requeued count=%d ids=%s reason=%s", len(ids), ids[:20], reason or "-")
+    logger.info("jobs_requeued count=%d ids=%s reason=%r", len(ids), ids[:20], reason or "-")
     return ids
 
 
@@ -149,7 +149,7 @@ def request_cancel(job_ids: Iterable[int], *, reason: str = "", using: str | Non
             cancel_requested=True,
         )
     if ids:
-        logger.info("cancel_requested count=%d ids=%s reason=%s", len(ids), ids[:20], reason or "-")
+        logger.info("cancel_requested count=%d ids=%s reason=%r", len(ids), ids[:20], reason or "-")
     return ids
 
 
@@ -170,7 +170,7 @@ def retry_now(job_ids: Iterable[int], *, reason: str = "", using: str | None = N
             alias, {"pk__in": wanted, "status": JobStatus.QUEUED, "run_after__gt": Now()}, run_after=Now()
         )
     if ids:
-        logger.info("jobs_made_due count=%d ids=%s reason=%s", len(ids), ids[:20], reason or "-")
+        logger.info("jobs_made_due count=%d ids=%s reason=%r", len(ids), ids[:20], reason or "-")
     return ids
 
 

@@ -162,6 +162,6 @@ def _change(
         )
         state.refresh_from_db(using=alias)
     logger.warning(
-        "queue_%s queue=%s by=%s reason=%s", "paused" if paused else "resumed", name, who, reason or "-"
+        "queue_%s queue=%r by=%r reason=%r", "paused" if paused else "resumed", name, who, reason or "-"
     )
     return QueueChange(name, paused, True, who, state.changed_at, reason)

@@ -362,7 +362,7 @@ class Completer:
         events.emit(events.DuplicatePrevented(job.task_name, "execution"))
         fields = job_fields(job, self.worker_id, outcome="duplicate")
         logger.info(
-            "job_duplicate job_id=%s idempotency_key=%s; stored result returned, handler not run",
+            "job_duplicate job_id=%s idempotency_key=%r; stored result returned, handler not run",
             job.id,
             fields["idempotency_key"],
             extra=fields,
@@ -457,7 +457,7 @@ class Completer:
         if self.breakers and outcome.error is not None:
             self._call(job, failed=self._failed_call(job, outcome.error, outcome.category))
         logger.error(
-            "job_dead_lettered job_id=%s task=%s reason=%s error=%s",
+            "job_dead_lettered job_id=%s task=%r reason=%s error=%s",
             job.id,
             job.task_name,
             outcome.reason,
@@ -472,7 +472,7 @@ class Completer:
         if cause is PutBackCause.IDEMPOTENCY_WAIT:
             fields = job_fields(job, self.worker_id, outcome="idempotency_wait")
             logger.info(
-                "idempotency_wait job_id=%s idempotency_key=%s; another job owns the key, retry in %.1fs",
+                "idempotency_wait job_id=%s idempotency_key=%r; another job owns the key, retry in %.1fs",
                 job.id,
                 fields["idempotency_key"],
                 outcome.delay,
@@ -499,7 +499,7 @@ class Completer:
             events.emit(events.LockContended(job.queue_name, job.task_name))
             fields = job_fields(job, self.worker_id, outcome="lock_contended")
             logger.info(
-                "lock_contended job_id=%s lock_key=%s; retry in %.2fs",
+                "lock_contended job_id=%s lock_key=%r; retry in %.2fs",
                 job.id,
                 fields["lock_key"],
                 outcome.delay,
@@ -517,11 +517,11 @@ class Completer:
         elif cause is PutBackCause.LOCK_UNAVAILABLE:
             fields = job_fields(job, self.worker_id, outcome="lock_unavailable")
             logger.warning(
-                "lock_unavailable job_id=%s lock_key=%s; handler not run, retry in %.2fs: %s",
+                "lock_unavailable job_id=%s lock_key=%r; handler not run, retry in %.2fs: %r",
                 job.id,
                 fields["lock_key"],
                 outcome.delay,
-                outcome.detail,
+                str(outcome.detail),
                 extra=fields,
             )
 

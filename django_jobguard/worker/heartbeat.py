@@ -72,7 +72,7 @@ def renew_lock(held: Held, now: float, worker_id: str) -> None:
     events.emit(events.LockFailed(held.job.queue_name, held.job.task_name, "lost"))
     fields = job_fields(held.job, worker_id, outcome="lock_lost")
     logger.warning(
-        "lock_lost job_id=%s lock_key=%s; the job will not be acked: %s",
+        "lock_lost job_id=%s lock_key=%r; the job will not be acked: %s",
         held.job.id,
         fields["lock_key"],
         cause,

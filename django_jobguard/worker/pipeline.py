@@ -380,7 +380,7 @@ def release_lock(held: Held, worker_id: str) -> None:
     except (LockUnavailable, LockNotAcquired) as exc:
         fields = job_fields(held.job, worker_id)
         logger.warning(
-            "lock_release_failed job_id=%s lock_key=%s: %s",
+            "lock_release_failed job_id=%s lock_key=%r: %r",
             held.job.id,
             fields["lock_key"],
             redact(str(exc), payload_secrets(held.job)),  # the error names the key

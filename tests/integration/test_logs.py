@@ -183,7 +183,7 @@ def test_the_text_formatter_writes_each_record_on_one_line_whatever_users_put_in
     formatter = TextFormatter("%(levelname)s %(name)s %(message)s idempotency_key=%(idempotency_key)s")
     records = [r for r in caplog.records if r.name.startswith("django_jobguard")]
     about_fields = [r for r in records if hasattr(r, "idempotency_key")]
-    assert any("nope\n" in r.getMessage() for r in records)  # the unknown task's record
+    assert any("nope\\n" in r.getMessage() for r in records)  # the unknown task's record, as %r
     assert any(r.idempotency_key == keyed.idempotency_key for r in about_fields)
     for record in about_fields:
         line = formatter.format(record)
@@ -192,12 +192,56 @@ def test_the_text_formatter_writes_each_record_on_one_line_whatever_users_put_in
     assert "\n" not in crash and "\r" not in crash and "\x1b" not in crash
     assert crash.startswith("ERROR job_crashed job_id=0\\nTraceback")
     assert "could not parse\\r\\nERROR django_jobguard.worker job_succeeded job_id=1 forged\\x1b[2K" in crash
-    # The plain logging.Formatter, for contrast, lets the forged record start its own line.
+    # The plain logging.Formatter, for contrast, lets a traceback's forged line start its own line.
     assert any(
         line.startswith("ERROR django_jobguard.worker job_succeeded")
         for record in records
         for line in logging.Formatter("%(message)s").format(record).splitlines()
     )
+
+
+def test_a_plain_formatter_keeps_each_user_value_inside_its_records_line(caplog):
+    """Without TextFormatter, a newline in a key, a reason, a user name or a row's task name
+    stays inside the record's line: user-supplied values are logged with %r, escaped."""
+    from django.contrib.auth.models import User
+
+    from django_jobguard import breakers
+    from django_jobguard.locks import release
+    from django_jobguard.operations import jobs as job_ops
+    from django_jobguard.operations import queues
+
+    caplog.set_level(logging.DEBUG, logger="django_jobguard")
+    person = User.objects.create_superuser(f"root{FORGED}")
+    unknown = Job.objects.create(task_name=f"shop.tasks.nope{FORGED}", args=[], kwargs={})
+    keyed = tasks.add.using(idempotency_key=f"key{FORGED}").enqueue(1)
+    tasks.add.using(idempotency_key=f"key{FORGED}").enqueue(1)  # a duplicate of the waiting job
+    waiting = tasks.add.enqueue(2)
+    job_ops.cancel([waiting.pk], reason=f"why{FORGED}")
+    queues.pause("default", user=person, reason=f"maintenance{FORGED}")
+    queues.resume("default", user=person)
+    breakers.open_breaker("flow-dep", actor=f"ops{FORGED}", reason=f"incident{FORGED}")
+    breakers.close("flow-dep", actor="ops")
+    handle = lock(f"order:1{FORGED}", ttl=600, backend="database")
+    assert handle.acquire(blocking=False)
+    release.force_release(handle.name, user=person, reason=f"stuck{FORGED}")
+    burst_until_done([unknown.pk, keyed.pk])
+
+    plain = logging.Formatter("%(levelname)s %(name)s %(message)s")
+    records = [r for r in caplog.records if r.name.startswith("django_jobguard")]
+    lines = {r.getMessage().split()[0]: plain.format(r) for r in records if not r.exc_info}
+    for event in (
+        "job_dead_lettered",
+        "idempotency_duplicate",
+        "jobs_cancelled",
+        "queue_paused",
+        "queue_resumed",
+        "breaker_open",
+        "lock_force_released",
+    ):
+        assert event in lines, sorted(lines)
+        assert "\n" not in lines[event] and "\\nERROR django_jobguard.worker" in lines[event], lines[event]
+    # Every record's own message (a traceback aside: TextFormatter escapes those) is one line.
+    assert [r.getMessage() for r in records if "\n" in r.getMessage()] == []
 
 
 @pytest.mark.parametrize(

@@ -73,7 +73,7 @@ def test_log_records_carry_keys_without_the_secret(caplog):
             "res:[redacted]",
             "pay:[redacted]",
         )
-    assert "lock_key=res:[redacted]" in contended[0].getMessage()
+    assert "lock_key='res:[redacted]'" in contended[0].getMessage()
     assert Job.objects.get(pk=job.pk).lock_key == f"res:{CARD}"  # stored as it is, to be locked by
 
 

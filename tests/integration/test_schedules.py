@@ -245,7 +245,7 @@ def test_pause_stops_ticks_and_resume_starts_from_the_next_tick(every_minute, ca
     ops = user_with("pause_schedule")
     with caplog.at_level(logging.INFO, logger="django_jobguard"):
         assert schedules.pause(row, user=ops)
-    assert "schedule_paused name=report user=u-pause_schedule" in caplog.text
+    assert "schedule_paused name=report user='u-pause_schedule'" in caplog.text
     assert not schedules.pause(row, user=ops)  # already paused
     outage("report", 5)
     assert schedules.run_once().enqueued == []
@@ -266,7 +266,7 @@ def test_run_now_enqueues_an_extra_job_with_its_own_key_and_logs_who(every_minut
         second = schedules.run_now(row, user=User.objects.get(username="u-run_schedule"))
     assert first.pk != second.pk
     assert first.idempotency_key.startswith("schedule:report:manual:")
-    assert f"schedule_run_now name=report user=u-run_schedule job_id={first.pk}" in caplog.text
+    assert f"schedule_run_now name=report user='u-run_schedule' job_id={first.pk}" in caplog.text
     assert Schedule.objects.get(name="report").next_tick_at == row.next_tick_at  # ticks untouched
     Schedule.objects.filter(pk=row.pk).update(removed_at=Now())
     with pytest.raises(InvalidArgumentsError, match="'report' is removed"):

@@ -100,7 +100,7 @@ def test_contention_puts_the_job_back_without_using_an_attempt_and_counts_it(use
     assert job.run_after > job.started_at  # a short delay after the claim
     assert not Interval.objects.exists()
     assert metric("jobguard_lock_contentions_total", tasks_locks.interval) == contended + 1
-    assert f"lock_contended job_id={job.pk} lock_key=res:a; retry in" in caplog.text
+    assert f"lock_contended job_id={job.pk} lock_key='res:a'; retry in" in caplog.text
 
     holder.release()
     run_until(job, "succeeded")
@@ -129,7 +129,7 @@ def test_an_unreachable_lock_store_puts_the_job_back_unrun_without_using_an_atte
     )
     assert not Interval.objects.exists()  # never run unlocked
     assert metric("jobguard_lock_failures_total", task, reason="unavailable") == unavailable + 1
-    assert f"lock_unavailable job_id={job.pk} lock_key=res:a; handler not run, retry in" in caplog.text
+    assert f"lock_unavailable job_id={job.pk} lock_key='res:a'; handler not run, retry in" in caplog.text
 
     # The store is back (here: the database back end): the job runs on its first attempt.
     with lock_settings("database"):
@@ -151,7 +151,7 @@ def test_a_job_whose_lock_was_taken_over_is_not_acked(uses, task, caplog):
     assert "_LockLostError: job" in job.last_error and "lock 'res:a' was lost while the handler ran" in (
         job.last_error
     )
-    assert f"lock_lost job_id={job.pk} lock_key=res:a; the job will not be acked" in caplog.text
+    assert f"lock_lost job_id={job.pk} lock_key='res:a'; the job will not be acked" in caplog.text
     assert metric("jobguard_lock_failures_total", task, reason="lost") == lost + 1
     if task.atomic:
         # Its writes rolled back with the refused ack.
