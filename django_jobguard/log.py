@@ -60,6 +60,7 @@ OUTCOMES = (
     "abandoned",
     "db_error",
     "crashed",
+    "statement_lost",
 )
 
 

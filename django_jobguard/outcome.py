@@ -59,13 +59,16 @@ class Tally(enum.Enum):
 
 
 class PutBackCause(enum.Enum):
-    """Why a job went back without running its handler."""
+    """Why a job went back without using an attempt: its handler did not run, or its writes rolled back."""
 
     LOCK_CONTENDED = "lock_contended"
     IDEMPOTENCY_WAIT = "idempotency_wait"
     LOCK_UNAVAILABLE = "lock_unavailable"
     #: A sync task claimed by a worker with no executor threads (``--concurrency 0``).
     NEEDS_THREAD = "needs_thread"
+    #: An atomic job's ack met a prepared statement an undeclared pooler had lost: the
+    #: transaction rolled back with the handler's writes, so the job runs again at once.
+    STATEMENT_LOST = "statement_lost"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -157,8 +157,9 @@ def _pgbouncer_port_warnings(conf: Settings) -> list[checks.CheckMessage]:
                     "is not in JOBGUARD['POOLED_DATABASES'].",
                     hint="If it goes through a pooler in transaction mode, add it to "
                     "JOBGUARD['POOLED_DATABASES'] so jobguard keeps no session state on it. Undeclared, "
-                    "the pooler is only found when a prepared statement first fails on it (that job's "
-                    "ack fails and the job runs again); each process then sends text and logs a warning.",
+                    "the pooler is only found when a prepared statement fails on it (up to once per "
+                    "connection: the transaction runs again, an atomic job at once without using an "
+                    "attempt); each process then sends text and logs a warning.",
                     id="jobguard.W061",
                 )
             )

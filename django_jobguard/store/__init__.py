@@ -108,6 +108,7 @@ __all__ = [
     "record_key_success",
     "requeue",
     "retrying",
+    "statement_lost",
     "substitute",
     "supported_vendors",
     "take_flow_turn",
@@ -195,6 +196,15 @@ def retrying(alias: str, operation: str, run: Callable[[], _T]) -> _T:
     if vendor == "postgresql":
         return postgres.rerun_after_lost_statement(alias, operation, run)
     return run()
+
+
+def statement_lost(alias: str, exc: BaseException) -> bool:
+    """Whether ``exc`` failed a transaction only because a prepared statement went stale.
+
+    PostgreSQL behind an undeclared pooler (the pooler is detected by then, so a rerun sends
+    text); never on the other databases. The caller that owns the transaction runs it again.
+    """
+    return connections[alias].vendor == "postgresql" and postgres.lost_statement(exc)
 
 
 def add_workflow_counts(alias: str, changes: Sequence[CounterChange]) -> list[tuple[int, int]]:

@@ -145,6 +145,12 @@ def _pooler_detected(alias: str, exc: DatabaseError) -> None:
     )
 
 
+def lost_statement(exc: BaseException) -> bool:
+    """Whether ``exc`` is a prepared statement gone stale (a pooler's, or re-planned): a rerun cures it."""
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    return isinstance(exc, DatabaseError) and sqlstate in _STALE_PREPARED_SQLSTATES
+
+
 def rerun_after_lost_statement(alias: str, operation: str, run: Callable[[], _T]) -> _T:
     """Run ``run`` (a whole transaction); once more if a prepared statement went stale in it.
 

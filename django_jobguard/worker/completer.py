@@ -466,7 +466,7 @@ class Completer:
         )
 
     def _put_back(self, held: Held, outcome: PutBack) -> None:
-        """Back in the queue without using an attempt: the handler did not run."""
+        """Back in the queue without using an attempt: the handler did not run (or rolled back)."""
         job = held.job
         cause = outcome.cause
         if cause is PutBackCause.IDEMPOTENCY_WAIT:
@@ -495,7 +495,17 @@ class Completer:
                 return
         else:
             self.count(Tally.PUT_BACK)
-        if cause is PutBackCause.LOCK_CONTENDED:
+        if cause is PutBackCause.STATEMENT_LOST:
+            # As a transaction of ours run again (store.retrying): counted and logged the same way.
+            events.emit(events.StatementRetried(operation="atomic_job", reason="prepared_statement_lost"))
+            logger.info(
+                "statement_retried alias=%s operation=atomic_job reason=prepared_statement_lost job_id=%s; "
+                "its transaction rolled back with the handler's writes, due again at once",
+                self.alias,
+                job.id,
+                extra=job_fields(job, self.worker_id, outcome="statement_lost"),
+            )
+        elif cause is PutBackCause.LOCK_CONTENDED:
             events.emit(events.LockContended(job.queue_name, job.task_name))
             fields = job_fields(job, self.worker_id, outcome="lock_contended")
             logger.info(

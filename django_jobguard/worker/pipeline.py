@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import async_to_sync
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from .. import _dispatch, _faults, idempotency, locks, retry, signals, store
 from .._json import normalize_json
@@ -69,6 +69,10 @@ class _InvalidResultError(Exception):
 
 class _LockLostError(Exception):
     """The job's lock could not be renewed: its writes must not commit."""
+
+
+class _AckStatementLostError(Exception):
+    """An atomic job's ack met a prepared statement a pooler had lost: all of it rolled back."""
 
 
 def run(held: Held, rt: Runtime) -> Outcome:
@@ -260,6 +264,10 @@ def handler_outcome(
     """What an exception out of the handler-and-ack step makes of the job."""
     if isinstance(exc, LeaseLost):
         return _STALE_ACK
+    if isinstance(exc, _AckStatementLostError):
+        # Nothing of the attempt committed and the pooler is known now: due again at once,
+        # its attempt given back (a --burst worker takes it again before it exits).
+        return PutBack(PutBackCause.STATEMENT_LOST, 0.0)
     if isinstance(exc, _InvalidResultError):
         scope_of = idempotency.scope_of(task)
         return Dead(DeadLetterReason.INVALID_RESULT, retry.PERMANENT, "TypeError", str(exc), scope=scope_of)
@@ -301,7 +309,12 @@ def _invoke_and_ack(
             result = call(task, context, job)
             if _faults.ENABLED:
                 _faults.maybe_crash("after_effect")
-            ack(rt, held, scope, result, commit=True)  # the block's last statement
+            try:
+                ack(rt, held, scope, result, commit=True)  # the block's last statement
+            except DatabaseError as exc:
+                if store.statement_lost(rt.alias, exc):  # leaving the block rolls all of it back
+                    raise _AckStatementLostError(str(exc)) from exc
+                raise
         return result, None
     result = call(task, context, job)
     if _faults.ENABLED:
@@ -316,8 +329,13 @@ def after_handler(rt: Runtime, held: Held, scope: str, result: Any) -> tuple[Any
         return result, result_json
     if scope or held.job.workflow_id is not None:
         # A key's success, and a workflow member's bookkeeping, commit with the ack or not at all.
-        with transaction.atomic(using=rt.alias):
-            ack(rt, held, scope, result, commit=True)
+        # The handler's writes are committed already: only this transaction runs again after a
+        # failure a rerun cures (a prepared statement a pooler lost, a MariaDB deadlock).
+        def ack_in_transaction() -> None:
+            with transaction.atomic(using=rt.alias):
+                ack(rt, held, scope, result, commit=True)
+
+        store.retrying(rt.alias, "ack", ack_in_transaction)
     else:
         ack(rt, held, scope, result)
     return result, None

@@ -131,6 +131,30 @@ def test_an_undeclared_pooler_is_detected_once_per_worker_and_every_job_runs_onc
         assert "Traceback" not in workers.log(proc), workers.log(proc)[-3000:]
 
 
+def test_behind_an_undeclared_pooler_burst_workers_finish_every_atomic_job_on_its_first_attempt(
+    bouncer, workers
+):
+    # An atomic job's ack that meets a lost prepared statement rolls back with the handler's
+    # writes: the job is put back due at once with its attempt given back, so burst workers
+    # (which stop at the first empty claim) leave nothing behind and no attempt is used.
+    count = 1000
+    tasks.record.bulk_enqueue([((f"burst:{index}",), {}) for index in range(count)])
+    env = {**pooled(bouncer), "JOBGUARD_TEST_PGBOUNCER_UNDECLARED": "1"}
+    procs = [workers.start("--burst", "--concurrency", "2", env=env) for _ in range(2)]
+    for proc in procs:
+        assert proc.wait(timeout=600) == 0, workers.log(proc)[-3000:]
+    assert Job.objects.filter(status="succeeded").count() == count
+    assert set(Job.objects.values_list("attempts", flat=True)) == {1}
+    assert LedgerEntry.objects.count() == count and not DeadLetter.objects.exists()
+    for proc in procs:
+        log = workers.log(proc)
+        assert log.count('JOBGUARD["POOLED_DATABASES"]') <= 1
+        # Once per connection that had prepared statements before the process found the
+        # pooler: its two executors, the ack thread and the heartbeat's at most.
+        assert log.count("reason=prepared_statement_lost") <= 4, log[-3000:]
+        assert "Traceback" not in log, log[-3000:]
+
+
 def test_a_worker_killed_behind_pgbouncer_is_recovered_by_another(bouncer, workers):
     env = pooled(bouncer)
     job = tasks.short_lease.enqueue("crash", seconds=30)
