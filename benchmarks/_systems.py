@@ -696,8 +696,11 @@ class Workers:
         burst: bool,
         profile: bool = False,
         wrap: Callable[[int], list[str]] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.system = system
+        #: Environment overrides of the worker processes (a counting proxy's URL, for instance).
+        self.env_overrides = env or {}
         self.workdir = workdir
         self.burst = burst
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -740,7 +743,7 @@ class Workers:
                     subprocess.Popen(
                         [*(self.wrap(index) if self.wrap else []), *self.system.command(*args)],
                         cwd=self.system.cwd,
-                        env=self.system.env(),
+                        env=self.system.env(**self.env_overrides),
                         stdout=handle,
                         stderr=subprocess.STDOUT,
                     )

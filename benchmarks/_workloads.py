@@ -16,6 +16,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from benchmarks._common import WARMUP_INDEX, rss_kib
 from benchmarks._systems import (
@@ -35,6 +37,9 @@ from benchmarks._systems import (
     verify,
     wait_until,
 )
+
+if TYPE_CHECKING:
+    from benchmarks._wire_count import WireCounter
 
 #: Warm-up jobs run through the idle workers of the latency workload before measuring.
 LATENCY_WARMUP_JOBS = 5
@@ -109,12 +114,28 @@ WORKLOADS = [
 
 
 def throughput_run(
-    system: System, workdir: Path, n: int, *, profile: bool = False, workers: Workers | None = None
+    system: System,
+    workdir: Path,
+    n: int,
+    *,
+    profile: bool = False,
+    workers: Workers | None = None,
+    counter: WireCounter | None = None,
 ) -> dict[str, float]:
-    """Enqueue ``n`` jobs one by one, then drain them with the workers; verify every job."""
+    """Enqueue ``n`` jobs one by one, then drain them with the workers; verify every job.
+
+    With ``counter`` (a proxy in front of PostgreSQL), the workers connect through it and the
+    result has what they sent per job: ``round_trips`` and ``statements``.
+    """
     system.reset()
     enq = enqueue(system, workdir, n)
-    workers = workers or Workers(system, workdir, burst=True, profile=profile)
+    worker_env: dict[str, str] = {}
+    if counter is not None:
+        url = urlsplit(system.env()["BENCH_DATABASE_URL"])
+        netloc = f"{url.username}@127.0.0.1:{counter.port}" if url.username else f"127.0.0.1:{counter.port}"
+        worker_env["BENCH_DATABASE_URL"] = url._replace(netloc=netloc).geturl()
+        counter.reset()
+    workers = workers or Workers(system, workdir, burst=True, profile=profile, env=worker_env)
     redis_before = system.servers.redis_cpu()
     backends = BackendCpu(system.dbname) if system.dbname else None
     with backends or contextlib.nullcontext():
@@ -129,6 +150,7 @@ def throughput_run(
             workers.kill()
             raise
     redis_cpu = system.servers.redis_cpu() - redis_before
+    sent = (counter.round_trips, counter.statements) if counter is not None else None
     records = verify(system, n)
     first = min(r.started_at for r in records if r.started_at is not None)
     last = max(r.finished_at for r in records if r.finished_at is not None)
@@ -149,6 +171,9 @@ def throughput_run(
         + result.get("postgres_cpu_ms_per_job", 0.0)
         + result["redis_cpu_ms_per_job"]
     )
+    if sent is not None:
+        result["round_trips_per_job"] = sent[0] / n
+        result["statements_per_job"] = sent[1] / n
     rss = [kib for kib in workers.rss_kib() if kib]
     if rss:
         result["worker_rss_mib"] = sum(rss) / len(rss) / 1024

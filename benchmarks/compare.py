@@ -3,6 +3,7 @@
 
     benchmarks/compare.py OLD NEW [--runs 3] [--jobs 5000]
     benchmarks/compare.py 047ab6a worker --runs 3 --jobs 1000 --db-prefix jg_perf --redis-dbs 8,9,10
+    benchmarks/compare.py 42b071a main --count-sql --runs 1
 
 Each commit is checked out into its own ``git worktree add --detach`` under a temporary
 directory. The harness (this tree's ``benchmarks/``) drives each commit's product code:
@@ -14,8 +15,10 @@ The throughput workload (no-op jobs, non-atomic and ``atomic=True``, 2 worker pr
 2 threads, metrics on, fencing on) runs old, new, old, new, ... round by round, after one
 unmeasured warm-up run each. The table gives the processing rate and the worker CPU per job
 as median [min-max] of the runs, and new/old: the ratio of the medians and the median of
-each round's own ratio (old and new measured back to back). Exit status 1 if a run failed
-its checks (a job lost or run twice).
+each round's own ratio (old and new measured back to back). With ``--count-sql`` the workers
+connect through a counting proxy, and the table adds their round trips and statements per job
+(a claim's batch size moves them a little; the host's speed hardly does). Exit status 1 if a run
+failed its checks (a job lost or run twice).
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ METRICS = [
     ("processing_rate", "processing jobs/s", 0),
     ("worker_cpu_ms_per_job", "worker CPU ms/job", 3),
     ("total_cpu_ms_per_job", "worker + servers CPU ms/job", 3),
+    ("round_trips_per_job", "worker round trips/job", 3),
+    ("statements_per_job", "worker statements/job", 3),
 ]
 
 
@@ -122,6 +127,8 @@ def report(
         for metric, heading, digits in METRICS:
             va = [r[metric] for r in a if metric in r]
             vb = [r[metric] for r in b if metric in r]
+            if not va and not vb:
+                continue  # not measured in this invocation (the counts need --count-sql)
             ratio = statistics.median(vb) / statistics.median(va) if va and vb else None
             # Round k's old and new ran back to back: their ratio leaves out drift between rounds.
             paired = [y / x for x, y in zip(va, vb, strict=False) if x]
@@ -175,6 +182,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--redis-dbs", default="5,6,7", help="Redis databases: locks, broker, records")
     parser.add_argument("--db-prefix", default="jg_bench", help="prefix of the databases it creates")
     parser.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument(
+        "--count-sql",
+        action="store_true",
+        help="the workers connect through a counting proxy: round trips and statements per job "
+        "(what they send does not depend on the host's load, so this runs on a busy host too)",
+    )
     args = parser.parse_args(argv)
     if args.runs < 1 or args.jobs < 1:
         parser.error("--runs and --jobs must be positive")
@@ -191,6 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     runs: dict[tuple[str, str], list[dict[str, float]]] = {}
     errors: list[str] = []
+    counter = None
+    if args.count_sql:
+        from urllib.parse import urlsplit
+
+        from benchmarks._wire_count import WireCounter
+
+        pg = urlsplit(args.pg_url)
+        counter = WireCounter(pg.hostname or "127.0.0.1", pg.port or 5432).start()
     with tempfile.TemporaryDirectory(prefix="jg-compare-") as tmp:
         workdir = Path(tmp)
         old = Checkout(args.old, workdir, "old")
@@ -214,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                     for checkout, system in systems:
                         system.configure(variant, metrics, lock_backend)
                         try:
-                            values = throughput_run(system, workdir, args.jobs)
+                            values = throughput_run(system, workdir, args.jobs, counter=counter)
                         except BenchError as exc:
                             errors.append(f"{label} {checkout.label}: {exc}")
                             log(f"  FAILED {label} {checkout.label}: {str(exc)[:2000]}")
