@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.settings import patched_settings
@@ -14,6 +15,7 @@ from rest_framework.response import Response
 from .. import __version__
 from .permissions import JobguardPermission
 from .problems import exception_handler
+from .serializers import PAYLOAD_FIELD_NOTE, _PayloadHiding
 from .views import documented
 
 __all__ = ["SCHEMA_SETTINGS", "SchemaView", "build_schema"]
@@ -36,6 +38,34 @@ SCHEMA_SETTINGS: dict[str, Any] = {
         "DeadLetterReasonEnum": "django_jobguard.models.DeadLetterReason",
     },
 }
+
+
+class PayloadFieldsOptional(OpenApiSerializerExtension):
+    """The fields a serializer drops without ``jobguard.view_payload`` are not ``required``: a
+    client generated from the document must not expect them. Each says when it is left out."""
+
+    target_class = _PayloadHiding
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: AutoSchema, direction: Any) -> dict[str, Any]:
+        # As OpenApiSerializerExtension.map_serializer itself does (its documented way to augment).
+        schema: dict[str, Any] = auto_schema._map_serializer(  # noqa: SLF001
+            self.target, direction, bypass_extensions=True
+        )
+        hidden = set(getattr(self.target, "payload_fields", ()))
+        required = [name for name in schema.get("required", []) if name not in hidden]
+        if required:
+            schema["required"] = required
+        else:
+            schema.pop("required", None)
+        properties = schema.get("properties", {})
+        for name in sorted(hidden & set(properties)):
+            field = properties[name]
+            if "$ref" in field:  # a reference takes no sibling keys in OpenAPI 3.0
+                field = properties[name] = {"allOf": [field]}
+            text = field.get("description", "")
+            field["description"] = f"{text} {PAYLOAD_FIELD_NOTE}" if text else PAYLOAD_FIELD_NOTE
+        return schema
 
 
 def build_schema() -> dict[str, Any]:

@@ -178,8 +178,13 @@ _JOB_FIELDS = [
 ]
 
 
+#: What the OpenAPI document says of each field in :attr:`_PayloadHiding.payload_fields`.
+PAYLOAD_FIELD_NOTE = "Omitted without the jobguard.view_payload permission."
+
+
 class _PayloadHiding(serializers.Serializer):
-    """Drops :attr:`payload_fields` unless the context says ``show_payload``."""
+    """Drops :attr:`payload_fields` unless the context says ``show_payload`` (the OpenAPI
+    document marks them optional, with :data:`PAYLOAD_FIELD_NOTE`: see ``schema.py``)."""
 
     payload_fields: tuple[str, ...] = ()
 
@@ -223,9 +228,31 @@ class JobFilterSerializer(serializers.Serializer):
 class EnqueueSerializer(serializers.Serializer):
     """``POST jobs/``: one call of a task declared ``@task(api=True)``."""
 
-    task = serializers.CharField(max_length=255, help_text="The registered task name (its dotted path).")
-    args = serializers.ListField(child=serializers.JSONField(), required=False, default=list)
-    kwargs = serializers.DictField(child=serializers.JSONField(), required=False, default=dict)
+    task = serializers.CharField(
+        max_length=255,
+        help_text="The task's registered name (its dotted path). A name not registered and a task "
+        "not declared @task(api=True) get the same 400 (code unknown_task): the task is not "
+        "available through the API.",
+    )
+    args = serializers.ListField(
+        child=serializers.JSONField(),
+        required=False,
+        default=list,
+        help_text="The positional arguments (none when left out). Refused with 400 naming the field: "
+        "null instead of the list, null as an argument (args.0; a null inside a list or an object "
+        "argument is kept), a string holding a NUL character (U+0000) at any depth, a payload "
+        "nested deeper or larger than JOBGUARD['API'] allows, arguments that do not bind to the "
+        "task's signature.",
+    )
+    kwargs = serializers.DictField(
+        child=serializers.JSONField(),
+        required=False,
+        default=dict,
+        help_text="The keyword arguments (none when left out). Refused with 400 naming the field: "
+        "null instead of the object, null as a value (kwargs.<name>; a null inside a list or an "
+        "object value is kept), a string holding a NUL character (U+0000) at any depth, as key or "
+        "value, and the rest as for args.",
+    )
     queue_name = serializers.CharField(
         max_length=100,
         required=False,

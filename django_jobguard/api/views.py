@@ -257,8 +257,14 @@ class JobListView(JobguardView):
             )
         ],
         responses={
-            201: OpenApiResponse(s.JobSerializer, description="Enqueued."),
-            200: OpenApiResponse(s.JobSerializer, description="The job this Idempotency-Key made before."),
+            201: OpenApiResponse(
+                s.JobSerializer, description="Enqueued. Without jobguard.view_job, only id and status."
+            ),
+            200: OpenApiResponse(
+                s.JobSerializer,
+                description="The job this Idempotency-Key made before. Without jobguard.view_job, only "
+                "id and status.",
+            ),
             (409, PROBLEM_CONTENT_TYPE): _problem("The Idempotency-Key was used with another body."),
             **WRITE_ERRORS,
             **COMMON_ERRORS,
@@ -279,9 +285,11 @@ class JobListView(JobguardView):
                 idempotency_key=key,
                 caller=f"user:{request.user.pk}",
             )
-        except (UnknownTaskError, TaskNotExposedError) as exc:
-            code = "unknown_task" if type(exc) is UnknownTaskError else "not_exposed"
-            raise exceptions.ValidationError({"task": [str(exc)]}, code=code) from None
+        except (UnknownTaskError, TaskNotExposedError):
+            # One answer for both: a caller cannot map the names of the tasks it may not call.
+            raise exceptions.ValidationError(
+                {"task": [f"Task {data['task']!r} is not available through the API."]}, code="unknown_task"
+            ) from None
         except (InvalidArgumentsError, InvalidTaskError) as exc:
             raise _arguments_error(exc) from None
         status = 201 if created else 200

@@ -130,3 +130,58 @@ def test_the_api_answers_every_generated_request_by_its_schema(case, admin_auth)
     # registered or which arguments bind to them, so a schema-valid body may rightly get 400
     # (test_enqueue.py asserts those answers one by one).
     case.call_and_validate(headers=admin_auth, excluded_checks=[ignored_auth, positive_data_acceptance])
+
+
+# -- what the document promises of fields a user may not see, and of refused input ----------------
+
+PAYLOAD_NOTE = "Omitted without the jobguard.view_payload permission."
+
+
+def test_fields_left_out_without_view_payload_are_not_required_and_say_so():
+    from django_jobguard.api.serializers import (
+        DeadLetterDetailSerializer,
+        DeadLetterSerializer,
+        JobSerializer,
+    )
+
+    components = RAW["components"]["schemas"]
+    for name, serializer in (
+        ("Job", JobSerializer),
+        ("DeadLetter", DeadLetterSerializer),
+        ("DeadLetterDetail", DeadLetterDetailSerializer),
+    ):
+        component = components[name]
+        hidden = set(serializer.payload_fields)
+        assert hidden <= set(component["properties"]), name
+        assert not hidden & set(component.get("required", [])), name
+        for field in hidden:
+            assert PAYLOAD_NOTE in component["properties"][field]["description"], (name, field)
+        # The rest stays required: only what may be left out is optional.
+        assert {"id", "task_name"} <= set(component["required"]), name
+
+
+@pytest.mark.django_db(transaction=True)  # dead_charge runs a worker in this process
+def test_a_reader_without_view_payload_gets_every_field_the_document_requires():
+    from tests.api.support import BASE, as_user
+    from tests.support.dlq import dead_charge
+
+    letter = dead_charge(order_id=3, amount=0)
+    reader, _ = as_user("reader", "view_job", "view_deadletter")
+    components = RAW["components"]["schemas"]
+    job = reader.get(f"{BASE}jobs/{letter.job_id}/")
+    assert job.status_code == 200, job.content
+    assert "args" not in job.json() and "last_error" not in job.json()
+    assert set(components["Job"]["required"]) <= set(job.json())
+    detail = reader.get(f"{BASE}dead-letters/{letter.pk}/")
+    assert detail.status_code == 200, detail.content
+    assert "error_message" not in detail.json()
+    assert set(components["DeadLetterDetail"]["required"]) <= set(detail.json())
+
+
+def test_the_enqueue_body_says_what_is_refused():
+    body = RAW["components"]["schemas"]["EnqueueRequest"]["properties"]
+    for name in ("args", "kwargs"):
+        text = body[name]["description"]
+        assert "null" in text and "NUL character (U+0000)" in text and "400" in text, name
+    assert "unknown_task" in body["task"]["description"]
+    assert "api=True" in body["task"]["description"]
