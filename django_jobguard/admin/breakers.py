@@ -17,17 +17,41 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext_lazy as _
 
-from .. import breakers
+from .. import breakers, store
 from ..conf import get_settings
 from ..exceptions import BreakerError, BreakerPermissionDenied
 from ..models import Breaker, BreakerEvent
 from ..monitoring import stats
-from .base import OperatorPageAdmin, ReadOnlyAdmin, format_time, refusal, refuse_nul
+from .base import OperatorPageAdmin, ReadOnlyAdmin, can_view_payload, format_time, refusal, refuse_nul
 
 #: Limit keys listed by the jobs waiting on them, most first.
 WAITING_KEYS_SHOWN = 20
 #: Breaker changes listed under the table.
 RECENT_EVENTS = 10
+
+
+def shown_waiting_keys(request: HttpRequest, keys: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """``keys`` as this user may see them: a keyed limit's key is rendered from the job's
+    arguments (``c:<task>|account:42``), so without ``jobguard.view_payload`` it shows as its
+    limit and template, as the job pages hide the arguments. Unkeyed limits are names."""
+    if can_view_payload(request):
+        return keys
+    plan = store.flow_plan()
+    templates = plan.templates if plan is not None else {}
+    shown = []
+    for key, count in keys:
+        family = store.limit_family(key)
+        if family != key:
+            kind = _("concurrency") if family.startswith("c:") else _("rate")
+            key = str(
+                _("%(task)s[%(template)s] %(kind)s: a key (hidden: needs the view payload permission)")
+            ) % {
+                "task": family[2:],
+                "template": templates.get(family, ""),
+                "kind": kind,
+            }
+        shown.append((key, count))
+    return shown
 
 
 @admin.register(Breaker)
@@ -68,7 +92,7 @@ class FlowControlAdmin(OperatorPageAdmin):
             "opts": self.opts,
             "title": _("Flow control"),
             "limits": stats.limit_stats(alias),
-            "waiting_keys": stats.waiting_keys(alias, WAITING_KEYS_SHOWN),
+            "waiting_keys": shown_waiting_keys(request, stats.waiting_keys(alias, WAITING_KEYS_SHOWN)),
             "breakers": [(row, format_time(row.changed_at)) for row in stats.breaker_stats(alias)],
             "events": [(event, format_time(event.created_at)) for event in events],
             "can_operate": breakers.can_operate(request.user),

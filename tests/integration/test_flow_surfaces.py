@@ -247,7 +247,7 @@ def test_the_console_shows_limits_waiting_keys_and_breakers_and_operates_them(cl
     client.force_login(staff("viewer", "view_job"))
     html = client.get(url).content.decode()
     assert f'id="breaker-{DEP}" data-limit="{DEP}" data-state="open"' in html
-    assert 'data-key="c:' in html and f'data-limit="{THREE}"' in html
+    assert "concurrency: a key (hidden" in html and f'data-limit="{THREE}"' in html
     assert 'name="close"' not in html  # no form without the permission
     refused = client.post(reverse("admin:jobguard_breaker_close"), {"limit": DEP})
     assert refused.status_code == 403
@@ -263,3 +263,17 @@ def test_the_console_shows_limits_waiting_keys_and_breakers_and_operates_them(cl
     client.force_login(User.objects.create_superuser("admin"))
     trail = client.get("/admin/jobguard/breakerevent/").content.decode()
     assert "fixed" in trail and "6 of 6 calls failed" in trail
+
+
+def test_the_console_hides_limit_key_values_from_users_without_view_payload(client, busy_limits):
+    # A keyed limit's key is made of the job's arguments (account:1): payload, as on the job pages.
+    url = "/admin/jobguard/breaker/"
+    template = f"{tasks_flow.per_account.name}[account:{{account_id}}]"
+    client.force_login(staff("viewer", "view_job"))
+    html = client.get(url).content.decode()
+    assert "account:1" not in html and "account:2" not in html
+    assert f"{template} concurrency: a key (hidden: needs the view payload permission)" in html
+    assert f'data-key="{THREE}"' in html  # an unkeyed limit is a name, not arguments
+    client.force_login(staff("reader", "view_job", "view_payload"))
+    html = client.get(url).content.decode()
+    assert f'data-key="c:{tasks_flow.per_account.name}|account:1"' in html
