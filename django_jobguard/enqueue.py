@@ -127,6 +127,7 @@ def enqueue_exposed(
     run_after: datetime.datetime | None = None,
     idempotency_key: str | None = None,
     caller: str | None = None,
+    may_view_payload: bool = True,
 ) -> tuple[Job, bool]:
     """Enqueue a task by name for a caller outside this code (the REST API): ``(job, created)``.
 
@@ -145,6 +146,13 @@ def enqueue_exposed(
     returned. The same key with other arguments, or with another ``queue_name`` or
     ``priority`` than its job, raises :class:`IdempotencyConflict`. Nothing is written on
     any error.
+
+    A key from the task's template is shared with every other enqueue of that action (the
+    application's, other callers'). For a ``caller`` without ``may_view_payload``, any repeat
+    of such a key whose job exists raises the same :class:`IdempotencyConflict`, whether or
+    not the arguments, schedule, queue or priority match: a 200 for the right arguments and a
+    409 for the wrong ones would let a caller guess another caller's arguments one try at a
+    time, and the job returned would be someone else's.
     """
     task = registry.get(task_name)
     if not task.api:
@@ -166,13 +174,21 @@ def enqueue_exposed(
         )
     key = _api_key(task, args, kwargs, idempotency_key, caller)
     call = task.using(queue_name=queue_name, priority=priority, run_after=run_after, idempotency_key=key)
+    # A template's key meets other enqueues' jobs: a caller who may not read payloads learns
+    # only that the action has a job, never whether its arguments are the ones it sent.
+    shared = key is None and task.idempotency_key_template is not None
+    hidden = shared and caller is not None and not may_view_payload
     try:
         job, created = _enqueue(call, args, kwargs)
     except IdempotencyConflict as exc:
+        if hidden:
+            raise _taken(exc.key, exc.scope) from None
         if key is None or key == idempotency_key:
             raise
         # Name the key the caller sent, not its namespaced form.
-        raise IdempotencyConflict(str(idempotency_key), exc.scope) from None
+        raise type(exc)(str(idempotency_key), exc.scope, exc.used) from None
+    if hidden and not created:
+        raise _taken(str(job.idempotency_key), idempotency.scope_of(task))
     wanted = (call.queue_name or get_settings().default_queue, call.priority)
     if not created and (job.queue_name, job.priority) != wanted:
         raise IdempotencyConflict(
@@ -189,6 +205,16 @@ def enqueue_exposed(
             f"for job #{job.pk}, which is to run after {job.run_after.isoformat()}",
         )
     return job, created
+
+
+def _taken(key: str, scope: str) -> IdempotencyConflict:
+    """The one answer to a repeat of a shared key by a caller who may not read payloads."""
+    return IdempotencyConflict(
+        key,
+        scope,
+        "by a job that already stands for this action (whether its arguments are these is shown "
+        "only to users with jobguard.view_payload)",
+    )
 
 
 def _check_api_routing(task: Task[Any, Any], queue_name: str | None, priority: int | None) -> None:

@@ -102,6 +102,16 @@ class IdempotencyConflict(JobguardError):  # noqa: N818 - public name fixed by t
         )
         self.key = key
         self.scope = scope
+        self.used = used
+
+
+class IdempotencyScheduleConflict(IdempotencyConflict):
+    """The key's job has not run yet and is due later than this enqueue asked, past the tolerance.
+
+    A repeat asks for the key's action by a time (``run_after``, or now); a job that will not
+    run until long after it does not stand for that action. ``JOBGUARD["IDEMPOTENCY"]
+    ["SCHEDULE_TOLERANCE"]`` sets how much later is still a duplicate.
+    """
 
 
 class LeaseLost(JobguardError):  # noqa: N818 - reads as a state, like Django's DoesNotExist

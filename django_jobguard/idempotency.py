@@ -36,7 +36,7 @@ from django.utils.crypto import salted_hmac
 from . import events, store
 from ._json import normalize_json
 from .conf import get_settings
-from .exceptions import IdempotencyConflict, InvalidArgumentsError
+from .exceptions import IdempotencyConflict, IdempotencyScheduleConflict, InvalidArgumentsError
 from .models import DeadLetter, IdempotencyKey, IdempotencyStatus, Job, JobStatus
 from .store import key_rows
 
@@ -66,9 +66,6 @@ __all__ = [
 
 #: Rounds a decision is retried when the key row vanished under it (pruned meanwhile).
 MAX_ROUNDS = 5
-#: A duplicate folded onto a job due later than this many seconds from now is logged at WARNING:
-#: the caller asked for work now and gets a job that will not run for a long time.
-FAR_FUTURE_DUPLICATE_SECONDS = 3600.0
 
 #: What the worker does with a keyed job (see :func:`begin_execution`).
 RUN = "run"
@@ -226,7 +223,6 @@ def enqueue_once(
             raise outcome  # raised out here, so the caller's transaction is not marked for rollback
         if outcome is not None:
             if not outcome[1]:
-                _warn_if_far_off(outcome[0], task, scope, key)
                 # Counted when the duplicate count on the row commits, so both agree.
                 duplicate = events.DuplicatePrevented(task.name, "enqueue")
                 transaction.on_commit(partial(events.emit, duplicate), using=alias)
@@ -234,18 +230,34 @@ def enqueue_once(
     raise RuntimeError(f"idempotency key {key!r} (scope {scope!r}) kept vanishing during enqueue")
 
 
-def _warn_if_far_off(job: Job, task: Task[Any, Any], scope: str, key: str) -> None:
-    ahead = (job.run_after - timezone.now()).total_seconds()
-    if job.status == JobStatus.QUEUED and ahead > FAR_FUTURE_DUPLICATE_SECONDS:
-        logger.warning(
-            "duplicate_onto_scheduled_job job_id=%s task=%s scope=%s due_in=%.0fs; the repeat "
-            "enqueue will not run before then",
-            job.pk,
-            task.name,
-            scope,
-            ahead,
-            extra={"job_id": job.pk, "task_name": task.name, "idempotency_key": key},
-        )
+def _due_later_than_asked(job: Job, asked: datetime.datetime | datetime.timedelta | None) -> float | None:
+    """Seconds by which ``job``, not run yet, is due after the time a repeat asks for (``asked``:
+    its ``run_after``, None for now), when that is more than ``SCHEDULE_TOLERANCE``; else None.
+
+    Only a job before its first attempt is compared: its ``run_after`` is still the one it was
+    enqueued with, while a retry's is the backoff's, which a repeat has no say in.
+    """
+    if job.status != JobStatus.QUEUED or job.attempts != 0:
+        return None
+    now = timezone.now()
+    if asked is None:
+        wanted = now
+    elif isinstance(asked, datetime.timedelta):
+        wanted = now + asked
+    else:
+        wanted = asked
+    late = (job.run_after - wanted).total_seconds()
+    return late if late > get_settings().idempotency.schedule_tolerance else None
+
+
+def _schedule_conflict(key: str, scope: str, late: float) -> IdempotencyScheduleConflict:
+    return IdempotencyScheduleConflict(
+        key,
+        scope,
+        f"for a job that has not run and is due {late:.0f}s later than this enqueue asks "
+        f"(more than JOBGUARD['IDEMPOTENCY']['SCHEDULE_TOLERANCE'] = "
+        f"{get_settings().idempotency.schedule_tolerance:g}s), so it cannot stand for this one",
+    )
 
 
 def _enqueue_round(
@@ -277,6 +289,9 @@ def _enqueue_round(
             job = create_job()
             key_rows.adopt(alias, existing.pk, job.pk, touched=True)
             return job, True
+        late = _due_later_than_asked(existing.job, task.run_after)
+        if late is not None:
+            return _schedule_conflict(key, scope, late)
         key_rows.count_duplicate(alias, key_id=existing.pk)
         logger.debug(
             "idempotency_duplicate where=enqueue scope=%s key=%r job_id=%s", scope, key, existing.job.pk

@@ -253,7 +253,8 @@ class JobListView(JobguardView):
                 str,
                 OpenApiParameter.HEADER,
                 description="The job's idempotency key: a repeat with the same body returns the same "
-                "job (200); the same key with another body is 409.",
+                "job (200); the same key with another body is 409. A task's key template applies "
+                "instead; its key is shared, so without jobguard.view_payload any repeat is 409.",
             )
         ],
         responses={
@@ -265,7 +266,10 @@ class JobListView(JobguardView):
                 description="The job this Idempotency-Key made before. Without jobguard.view_job, only "
                 "id and status.",
             ),
-            (409, PROBLEM_CONTENT_TYPE): _problem("The Idempotency-Key was used with another body."),
+            (409, PROBLEM_CONTENT_TYPE): _problem(
+                "The Idempotency-Key was used with another body, or its job is due much later than "
+                "asked; for a task's key template without jobguard.view_payload, the key has a job."
+            ),
             **WRITE_ERRORS,
             **COMMON_ERRORS,
         },
@@ -284,6 +288,7 @@ class JobListView(JobguardView):
                 run_after=data.get("run_after"),
                 idempotency_key=key,
                 caller=f"user:{request.user.pk}",
+                may_view_payload=can_view_payload(request),
             )
         except (UnknownTaskError, TaskNotExposedError):
             # One answer for both: a caller cannot map the names of the tasks it may not call.

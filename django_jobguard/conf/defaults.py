@@ -133,6 +133,9 @@ DEFAULTS: dict[str, Any] = {
         "TTL": 7 * 24 * 3600.0,
         # Let each worker prune expired keys while idle.
         "PRUNE_IN_WORKER": False,
+        # Seconds the key's job (not run yet) may be due after the time a repeat enqueue asks
+        # for; later than that, the repeat is an IdempotencyScheduleConflict, not a duplicate.
+        "SCHEDULE_TOLERANCE": 300.0,
     },
     "REPLAY": {
         # Let the user who requested a replay approve it too.

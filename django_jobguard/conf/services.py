@@ -28,6 +28,8 @@ class IdempotencySettings:
 
     ttl: float
     prune_in_worker: bool
+    #: Seconds the key's job, not run yet, may be due after the time a repeat enqueue asks for.
+    schedule_tolerance: float
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -76,6 +78,7 @@ def parse_idempotency_settings(idem: Mapping[str, Any]) -> IdempotencySettings:
     return IdempotencySettings(
         ttl=number(idem["TTL"], ("IDEMPOTENCY", "TTL"), allow_zero=False),
         prune_in_worker=boolean(idem["PRUNE_IN_WORKER"], ("IDEMPOTENCY", "PRUNE_IN_WORKER")),
+        schedule_tolerance=number(idem["SCHEDULE_TOLERANCE"], ("IDEMPOTENCY", "SCHEDULE_TOLERANCE")),
     )
 
 

@@ -17,9 +17,21 @@ connection) or to the completer's ack thread, so the connections do not grow wit
   ``DB_THREADS - 1`` of them run at once, so one DB thread is always left for the settles.
 
 A hard ``timeout`` cancels the job's own coroutine (:class:`~.pipeline.HandlerTimedOut`), not a
-thread; the watchdog leaves these jobs alone. A coroutine that blocks the loop (``time.sleep``,
-a sync client, CPU work) stalls all the others: the watch thread sees the loop miss its tick
-and logs ``event_loop_blocked`` with the task name, the job id and the line it is stuck on.
+thread. A coroutine that blocks the loop (``time.sleep``, a sync client, CPU work) stalls all
+the others, and no timeout can fire: the watch thread sees the loop miss its tick and logs
+``event_loop_blocked`` with the task name, the job id and the line it is stuck on. While the
+loop stays blocked, the heartbeat thread (:meth:`AsyncExecutor.overdue`, :meth:`~AsyncExecutor.stuck`)
+
+- fails the blocking job once it is past its own ``timeout`` (the watchdog abandons it, as it
+  does a thread: what the coroutine returns later is refused);
+- stops renewing the leases of the jobs waiting behind it once the stall outlasts their
+  ``timeout`` (their visibility timeout if they have none): they expire, the reaper puts them
+  back, other workers run them; one not started yet is handed back when the loop runs again,
+  not started;
+
+and a stall longer than the longest ``timeout`` of the async tasks plus
+:data:`WEDGED_MARGIN_SECONDS` stops the worker, with an ERROR ``event_loop_wedged``, for its
+supervisor to restart (:meth:`AsyncExecutor.watch`).
 """
 
 from __future__ import annotations
@@ -43,8 +55,10 @@ from django.db import DatabaseError, InterfaceError, connections
 from .. import _dispatch, _faults, signals, store
 from ..conf import get_settings
 from ..context import JobContext
+from ..exceptions import LeaseLost
 from ..log import job_fields, log_job_exception
 from ..outcome import HeldState, Outcome, PutBack, PutBackCause, Succeeded
+from ..registry import registry
 from ..task import Task
 from . import pipeline
 from .executor import hand_back
@@ -56,7 +70,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(LOGGER_NAME)
 
-__all__ = ["BLOCKED_AFTER_SECONDS", "DB_THREADS", "LAG_SAMPLE_SECONDS", "AsyncExecutor", "is_coroutine_task"]
+__all__ = [
+    "BLOCKED_AFTER_SECONDS",
+    "DB_THREADS",
+    "LAG_SAMPLE_SECONDS",
+    "WEDGED_MARGIN_SECONDS",
+    "AsyncExecutor",
+    "is_coroutine_task",
+]
 
 #: Threads (each with one database connection) doing the database work of the coroutines.
 DB_THREADS = 3
@@ -70,6 +91,8 @@ REFUSED_DELAY_SECONDS = 5.0
 BUSY_LOG_SECONDS = 60.0
 #: How long the exit waits for the cancelled coroutines to unwind.
 STOP_WAIT_SECONDS = 5.0
+#: A loop blocked this much longer than the longest ``timeout`` of the async tasks stops the worker.
+WEDGED_MARGIN_SECONDS = 10.0
 
 _T = TypeVar("_T")
 
@@ -86,13 +109,21 @@ async def _bounded(func: Callable[..., Any], args: Any, kwargs: dict[str, Any], 
     scope = asyncio.timeout(timeout)
     try:
         async with scope:
-            return await func(*args, **kwargs)
+            result = await func(*args, **kwargs)
     except TimeoutError:
         if scope.expired():
             raise pipeline.HandlerTimedOut(
                 f"the handler ran past its hard timeout of {timeout}s; its coroutine was cancelled"
             ) from None
         raise  # the handler's own TimeoutError
+    deadline = scope.when()
+    if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+        # Blocking code held the loop past the deadline, so the cancel never ran: the result
+        # came too late all the same.
+        raise pipeline.HandlerTimedOut(
+            f"the handler ran past its hard timeout of {timeout}s, blocking its event loop"
+        )
+    return result
 
 
 def _invoke_blocking(task: Task[Any, Any], context: JobContext | None, job: store.ClaimedJob) -> Any:
@@ -203,6 +234,9 @@ class AsyncExecutor:
         self.lag = 0.0
         self._max_lag = 0.0
         self._last_tick = time.monotonic()
+        #: The job whose coroutine holds the blocked loop, as the watch thread found it.
+        self.blocked_by: Held | None = None
+        self._wedged_after: float | None = None
         #: Runs and settles a job in its trace's spans; None (and no OpenTelemetry import)
         #: unless JOBGUARD["OPENTELEMETRY"] is on.
         self._traced: Callable[[Held], Awaitable[None]] | None = None
@@ -240,6 +274,60 @@ class AsyncExecutor:
         """Coroutines running now, and the worst lag (seconds) since the last sample (the beat row)."""
         worst, self._max_lag = max(self._max_lag, self.lag), self.lag
         return self.running, worst
+
+    # -- a blocked loop (asked by the heartbeat thread) ----------------------------------
+
+    def stalled(self, now: float) -> float:
+        """Seconds since the loop last ticked (0 before it started)."""
+        return max(0.0, now - self._last_tick) if self._loop is not None else 0.0
+
+    def overdue(self, now: float) -> Held | None:
+        """The job blocking the loop once it is past its own ``timeout`` (no timeout can cancel it)."""
+        held = self.blocked_by
+        if held is None or held.state is not HeldState.RUNNING or self.stalled(now) < BLOCKED_AFTER_SECONDS:
+            return None
+        task = pipeline.resolve_task(held.job.task_name)
+        timeout = task.timeout if task is not None else None
+        return held if timeout and now - held.started_at >= timeout else None
+
+    def stuck(self, active: list[Held], now: float) -> list[Held]:
+        """The jobs on the loop that waited behind a stall longer than their own bound.
+
+        The bound is the task's ``timeout``, or the job's visibility timeout without one. The
+        job blocking the loop is not among them, nor an atomic one on a DB thread (it runs).
+        """
+        stalled = self.stalled(now)
+        if stalled < BLOCKED_AFTER_SECONDS:
+            return []
+        blocking = {id(self.blocked_by), id(self._blocking_job()[0])}
+        return [
+            h
+            for h in active
+            if h.on_loop
+            and not h.lease_lost
+            and h.connection is None
+            and id(h) not in blocking
+            and stalled >= max(self._bound(h), BLOCKED_AFTER_SECONDS)
+        ]
+
+    @staticmethod
+    def _bound(held: Held) -> float:
+        task = pipeline.resolve_task(held.job.task_name)
+        return (task.timeout if task is not None else None) or held.job.visibility_timeout
+
+    def wedged_after(self) -> float | None:
+        """Seconds of stall that stop the worker: the longest async task ``timeout`` plus the margin.
+
+        None when no async task has a ``timeout``: then nothing says how long one may hold the loop.
+        """
+        if self._wedged_after is None:
+            timeouts = [
+                task.timeout
+                for name in registry.names()
+                if (task := registry.find(name)) is not None and is_coroutine_task(task) and task.timeout
+            ]
+            self._wedged_after = max(timeouts) + WEDGED_MARGIN_SECONDS if timeouts else 0.0
+        return self._wedged_after or None
 
     # -- the loop thread -----------------------------------------------------------------
 
@@ -305,7 +393,11 @@ class AsyncExecutor:
     async def _run(self, held: Held) -> None:
         """Run (or hand back) one held job and settle it; the slot is freed whatever happens."""
         try:
-            if self.slots.start(held, None):
+            if held.lease_lost and held.state is HeldState.WAITING:
+                # Its lease was given up while it waited (a blocked loop, a failed renewal): the
+                # job may be running elsewhere by now, so it goes back (if still ours), unstarted.
+                await self._settle(held, hand_back(held))
+            elif self.slots.start(held, None):
                 if self._traced is None:
                     await self._settle(held, await self._counted(held))
                 else:
@@ -398,7 +490,11 @@ class AsyncExecutor:
         except (KeyboardInterrupt, GeneratorExit, asyncio.CancelledError):
             raise
         except BaseException as exc:
-            return pipeline.handler_outcome(job, task, exc, time.perf_counter() - began)
+            # Taken over: the watchdog failed it as it blocked the loop past its timeout.
+            error: BaseException = exc
+            if self.slots.taken_over(held):
+                error = LeaseLost(f"job {job.id}: abandoned past its hard timeout")
+            return pipeline.handler_outcome(job, task, error, time.perf_counter() - began)
         return Succeeded(result, time.perf_counter() - began, ack_json, scope)
 
     async def _settle(self, held: Held, outcome: Outcome) -> None:
@@ -423,16 +519,17 @@ class AsyncExecutor:
 
     # -- the watch thread ----------------------------------------------------------------
 
-    def watch(self, stopping: Callable[[], bool]) -> None:
+    def watch(self, stopping: Callable[[], bool], on_wedged: Callable[[], None] | None = None) -> None:
         """Log a loop that misses its ticks, and the job blocking it; until ``stopping()``.
 
         A stall is blamed on a job only when every look during it found that job's coroutine
-        on the loop thread, at the same line: one coroutine holding the loop. A loop that is
+        on the loop thread: one coroutine holding the loop. A loop that is
         merely busy (more ready coroutines than one core runs) shows a different job, or none,
-        at each look: that is logged as ``event_loop_busy``, at most once a minute.
+        at each look: that is logged as ``event_loop_busy``, at most once a minute. A stall
+        past :meth:`wedged_after` is logged at ERROR and ``on_wedged()`` called (once).
         """
         looks: list[tuple[Held | None, str]] = []
-        reported = False
+        reported = wedged = False
         busy_logged_at = -BUSY_LOG_SECONDS
         while not self._stopped.wait(LAG_SAMPLE_SECONDS):
             if stopping() and self.running == 0:
@@ -446,16 +543,24 @@ class AsyncExecutor:
                         self.lag,
                         extra={"worker_id": self.worker_id},
                     )
-                looks, reported = [], False
+                looks, reported, self.blocked_by = [], False, None
                 continue
             looks.append(self._blocking_job())
+            limit = self.wedged_after()
+            if not wedged and limit is not None and stalled >= limit:
+                wedged = True
+                self._report_wedged(looks[-1], stalled, limit)
+                if on_wedged is not None:
+                    on_wedged()
             if reported or stalled < BLOCKED_AFTER_SECONDS:
                 continue
             self.lag = max(self.lag, stalled)
             self._max_lag = max(self._max_lag, stalled)
             held, where = looks[0]
-            if held is not None and all(look == (held, where) for look in looks):
+            # The same job at every look (its line may move: a CPU loop), not one of many.
+            if held is not None and all(look[0] is held for look in looks):
                 self._report_blocked(held, where, stalled)
+                self.blocked_by = held
                 reported = True
             elif time.monotonic() - busy_logged_at >= BUSY_LOG_SECONDS:
                 busy_logged_at = time.monotonic()
@@ -479,6 +584,25 @@ class AsyncExecutor:
             stalled,
             where,
             extra=job_fields(held.job, self.worker_id, outcome="loop_blocked"),
+        )
+
+    def _report_wedged(self, look: tuple[Held | None, str], stalled: float, limit: float) -> None:
+        held, where = self.blocked_by or look[0], look[1]
+        job = held.job if held is not None else None
+        logger.error(
+            "event_loop_wedged worker_id=%s task=%s job_id=%s blocked_for=%.2fs at=%s; longer than the "
+            "longest async task timeout plus %.0fs (%.1fs): stopping the worker for its supervisor to "
+            "restart it, the jobs it holds go back to the queue",
+            self.worker_id,
+            job.task_name if job is not None else "?",
+            job.id if job is not None else "?",
+            stalled,
+            where,
+            WEDGED_MARGIN_SECONDS,
+            limit,
+            extra=job_fields(job, self.worker_id, outcome="loop_wedged")
+            if job is not None
+            else {"worker_id": self.worker_id},
         )
 
     def _blocking_job(self) -> tuple[Held | None, str]:

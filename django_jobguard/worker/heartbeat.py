@@ -120,6 +120,24 @@ class LeaseKeeper:
                 self._lost(h)
         return held
 
+    def give_up(self, stuck: Sequence[Held], stalled: float) -> None:
+        """Stop renewing the leases of jobs stuck behind a blocked event loop past their bound.
+
+        Their leases expire and the reaper puts the jobs back for other workers; the handlers
+        see ``context.lease_lost``, and one not started yet is handed back, not started.
+        """
+        for h in stuck:
+            h.lease_lost = True
+            h.signals.lease_lost.set()
+            logger.warning(
+                "lease_released job_id=%s task=%s stalled_for=%.2fs; the event loop it waits on is "
+                "blocked past the job's timeout: its lease is left to expire, for another worker",
+                h.job.id,
+                h.job.task_name,
+                stalled,
+                extra=job_fields(h.job, self.worker_id, outcome="lease_released"),
+            )
+
     def _lost(self, h: Held) -> None:
         h.lease_lost = True
         h.signals.lease_lost.set()
@@ -197,13 +215,20 @@ class Heartbeat:
     def tick(self) -> None:
         """Renew the locks and leases due, fail jobs past their hard timeout, write the beat row."""
         now = time.monotonic()
+        aio = self.aio
+        if aio is not None:
+            # Blocking code cannot be cancelled: its job fails here once past its timeout.
+            overdue = aio.overdue(now)
+            if overdue is not None:
+                self.watchdog.abandon(overdue)
         active = self.slots.active()
         # Locks first, and even for jobs whose lease is lost: the handler still runs, so its
         # resource stays locked until it returns. A database error below must not stop them.
         self.keeper.renew_locks(active, now)
+        if aio is not None:
+            self.keeper.give_up(aio.stuck(active, now), aio.stalled(now))
         held = self.keeper.renew_leases(active, now)
         self.watchdog.check(held, now)
-        aio = self.aio
         if aio is not None:
             events.emit(events.EventLoopSampled(aio.running, aio.size, aio.lag))
         # The worker's own row and the outcome counts: one upsert each per beat interval.

@@ -43,7 +43,7 @@ from ..conf import WORKER_ID_MAX_LENGTH, get_settings
 from ..maintenance import Maintenance
 from ..monitoring import beats
 from ..outcome import Tally
-from .aio import AsyncExecutor
+from .aio import BLOCKED_AFTER_SECONDS, AsyncExecutor
 from .completer import Completer
 from .executor import Executor
 from .heartbeat import Heartbeat, LeaseKeeper
@@ -56,7 +56,7 @@ from .watchdog import Watchdog
 
 logger = logging.getLogger(LOGGER_NAME)
 
-__all__ = ["EXIT_THREAD_DIED", "OUTCOMES", "Worker", "claim_size", "default_worker_id"]
+__all__ = ["EXIT_LOOP_WEDGED", "EXIT_THREAD_DIED", "OUTCOMES", "Worker", "claim_size", "default_worker_id"]
 
 #: Back-off after a database error in the loop (the connection is reopened), doubling to the max,
 #: jittered (:func:`.outage.backoff_delay`).
@@ -85,6 +85,8 @@ ASYNC_REFILL_MIN_JOBS = 50
 OUTCOMES = tuple(tally.value for tally in Tally)
 #: The exit code of a worker stopped because one of its threads died.
 EXIT_THREAD_DIED = 1
+#: The exit code of a worker stopped because a coroutine blocked its event loop for too long.
+EXIT_LOOP_WEDGED = 3
 
 
 #: How often the worker looks for paused queues it serves, to log a pause or resume it sees.
@@ -273,7 +275,7 @@ class Worker:
         if aio is not None:
             self._spawn(aio.run, "jobguard-aio")
             aio.wait_started()
-            self._spawn(lambda: aio.watch(lambda: self._stopping), "jobguard-aio-watch")
+            self._spawn(lambda: aio.watch(lambda: self._stopping, self._loop_wedged), "jobguard-aio-watch")
         for index in range(self.concurrency):
             self._start_executor(index)
         heartbeat = self._spawn(self.heartbeat.run, "jobguard-heartbeat")
@@ -331,6 +333,14 @@ class Worker:
         self.slots.close()
         self._wake_waiters()
 
+    def _loop_wedged(self) -> None:
+        """A coroutine blocks the event loop past every async task's timeout: stop for a restart.
+
+        No grace period: the coroutines it would wait for cannot run. Their jobs are handed back.
+        """
+        self.exit_code = EXIT_LOOP_WEDGED
+        self.stop(force=True)
+
     def capacity_now(self) -> int:
         """Jobs to hold: more for short jobs, only what executors can start now for long ones.
 
@@ -365,6 +375,8 @@ class Worker:
             return capacity, capacity - len(self.slots) - self.completer.awaiting_acks
         if self.concurrency and self.slots.on_threads >= capacity:
             return self.async_slots, 0
+        if self.aio is not None and self.aio.stalled(time.monotonic()) >= BLOCKED_AFTER_SECONDS:
+            return self.async_slots, 0  # a blocked loop starts nothing: leave the jobs to others
         refill = max(ASYNC_REFILL_MIN_JOBS, self.async_slots // 10)
         free = self.async_slots - self.slots.on_loop - self.completer.awaiting_acks
         return min(self.async_slots, 2 * refill), free

@@ -3,6 +3,8 @@
 Python cannot stop a thread, so the handler keeps running; its ack is refused (the job is
 ``ABANDONED``), the job is retried or dead-lettered like any failed attempt, and a fresh
 executor takes the slot. Past :data:`MAX_ABANDONED_THREADS` the worker exits to be restarted.
+A coroutine blocking the event loop past its ``timeout`` is abandoned the same way (the
+heartbeat asks :meth:`.aio.AsyncExecutor.overdue`); there is no thread to replace.
 """
 
 from __future__ import annotations
@@ -62,11 +64,23 @@ class Watchdog:
             return False
         task = registry.find(held.job.task_name)
         timeout = task.timeout if task else None
-        error = TimeoutError(f"the handler ran past its hard timeout of {timeout}s; its thread was abandoned")
+        if held.on_loop:
+            error = TimeoutError(
+                f"the handler ran past its hard timeout of {timeout}s, blocking its event loop; its "
+                "coroutine was abandoned"
+            )
+        else:
+            error = TimeoutError(
+                f"the handler ran past its hard timeout of {timeout}s; its thread was abandoned"
+            )
         outcome = pipeline.failure_outcome(
             held.job, task, error, None, forced_category=retry.TRANSIENT, reason=DeadLetterReason.HARD_TIMEOUT
         )
         self.completer.settle(held, outcome)
+        if held.on_loop:
+            # A coroutine holds the loop, not a thread: nothing to replace. The loop's watch
+            # stops the worker if the loop stays blocked (aio.AsyncExecutor.watch).
+            return True
         # The lock stays with the stuck handler; without renewals its TTL frees it.
         if self.slots.abandoned > MAX_ABANDONED_THREADS:
             logger.error("too_many_abandoned_threads worker_id=%s; stopping for a restart", self.worker_id)

@@ -10,6 +10,7 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
+from django_jobguard.exceptions import IdempotencyScheduleConflict
 from django_jobguard.models import IdempotencyKey, Job
 from tests.api.support import BASE, as_user, client_for
 from tests.conftest import ON_SERVER_DB
@@ -258,17 +259,65 @@ def _check_one_job(answers: list[tuple[int, int]]) -> None:
 KEYED = "tests.testapp.tasks.api_charge"
 
 
-def test_a_header_cannot_override_a_tasks_key_template(producer):
+def test_a_header_cannot_override_a_tasks_key_template():
     # Three retries with fresh header values: one job, keyed by the template.
+    debugger, _ = as_user("debugger", "add_job", "view_job", "view_payload")
     body = {"task": KEYED, "kwargs": {"order_id": 7}}
-    first = post(producer, body)
+    first = post(debugger, body)
     assert first.status_code == 201, first.content
     for header in ("retry-1", "retry-2", "retry-3"):
-        assert_problem_kept(post(producer, body, **{"Idempotency-Key": header}), "Idempotency-Key", "charge:")
-    again = post(producer, body, **{"Idempotency-Key": "charge:order:7"})
+        assert_problem_kept(post(debugger, body, **{"Idempotency-Key": header}), "Idempotency-Key", "charge:")
+    again = post(debugger, body, **{"Idempotency-Key": "charge:order:7"})
     assert again.status_code == 200, again.content
     assert again.json()["id"] == first.json()["id"]
     assert list(Job.objects.values_list("idempotency_key", flat=True)) == ["charge:order:7"]
+
+
+SHARED = "tests.testapp.tasks.api_charge_amount"
+
+
+def test_a_shared_key_tells_a_caller_without_view_payload_nothing_of_another_jobs_arguments():
+    # The application charged order 6 for 100; the key, charge-amount:order:6, leaves the amount out.
+    own = tasks.api_charge_amount.enqueue(order_id=6, amount=100)
+    prober, _ = as_user("prober", "add_job", "view_job")
+    right = post(prober, {"task": SHARED, "kwargs": {"order_id": 6, "amount": 100}})
+    wrong = post(prober, {"task": SHARED, "kwargs": {"order_id": 6, "amount": 999}})
+    later = (timezone.now() + datetime.timedelta(days=3)).isoformat()
+    scheduled = post(prober, {"task": SHARED, "kwargs": {"order_id": 6, "amount": 100}, "run_after": later})
+    # One answer whatever was guessed: the same 409, no job id, no arguments.
+    assert (right.status_code, wrong.status_code, scheduled.status_code) == (409, 409, 409)
+    assert right.json() == wrong.json() == scheduled.json()
+    assert right.json()["code"] == "idempotency_conflict"
+    assert "'charge-amount:order:6'" in right.json()["detail"]
+    assert "view_payload" in right.json()["detail"]
+    assert str(own.pk) not in right.content.decode()
+    assert Job.objects.count() == 1
+    # A user who may read payloads could read the job anyway: the usual answers.
+    debugger, _ = as_user("debugger", "add_job", "view_job", "view_payload")
+    same = post(debugger, {"task": SHARED, "kwargs": {"order_id": 6, "amount": 100}})
+    assert (same.status_code, same.json()["id"]) == (200, own.pk)
+    other = post(debugger, {"task": SHARED, "kwargs": {"order_id": 6, "amount": 999}})
+    assert other.status_code == 409
+    assert "different arguments" in other.json()["detail"]
+
+
+def test_a_callers_own_repeat_of_a_shared_key_is_the_same_409_without_view_payload(producer):
+    body = {"task": SHARED, "kwargs": {"order_id": 8, "amount": 5}}
+    assert post(producer, body).status_code == 201
+    again = post(producer, body)
+    assert again.status_code == 409, again.content
+    assert again.json() == post(producer, {**body, "kwargs": {"order_id": 8, "amount": 6}}).json()
+    assert Job.objects.count() == 1
+
+
+def test_the_application_does_not_fold_onto_a_job_a_caller_scheduled_far_ahead(producer):
+    year = (timezone.now() + datetime.timedelta(days=360)).isoformat()
+    body = {"task": SHARED, "kwargs": {"order_id": 6, "amount": 100}, "run_after": year}
+    assert post(producer, body).status_code == 201
+    with pytest.raises(IdempotencyScheduleConflict, match="SCHEDULE_TOLERANCE"):
+        tasks.api_charge_amount.enqueue(order_id=6, amount=100)
+    assert Job.objects.count() == 1
+    assert IdempotencyKey.objects.get().duplicates == 0
 
 
 def assert_problem_kept(response, field, *words):
@@ -306,8 +355,18 @@ def test_run_after_is_part_of_an_idempotent_requests_identity(producer):
     )
     response = post(producer, {"task": ADD, "args": [1]}, **{"Idempotency-Key": "r"})
     assert response.status_code == 409, response.content
+    assert "later than this enqueue asks" in response.json()["detail"]
+    assert "'r'" in response.json()["detail"]  # the key the caller sent, not its namespaced form
+    # Within the tolerance, a repeat must still ask for the same run_after.
+    soon = (timezone.now() + datetime.timedelta(seconds=90)).isoformat()
+    assert (
+        post(producer, {"task": ADD, "args": [2], "run_after": soon}, **{"Idempotency-Key": "s"}).status_code
+        == 201
+    )
+    response = post(producer, {"task": ADD, "args": [2]}, **{"Idempotency-Key": "s"})
+    assert response.status_code == 409, response.content
     assert "run after" in response.json()["detail"]
-    assert Job.objects.count() == 1
+    assert Job.objects.count() == 2
 
 
 @pytest.mark.parametrize(

@@ -1,16 +1,20 @@
 """Idempotency keys at enqueue and at execution (the worker runs in this process, burst mode)."""
 
 import datetime
-import logging
+import re
 import time
 
 import pytest
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
+from django.test import override_settings
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
 from django_jobguard import IdempotencyConflict, LeaseLost, dlq, store
 from django_jobguard.context import JobContext
+from django_jobguard.exceptions import IdempotencyScheduleConflict
 from django_jobguard.idempotency import fingerprint
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job
 from django_jobguard.worker import Worker
@@ -370,16 +374,42 @@ def test_a_scoped_key_is_marked_failed_when_the_reaper_dead_letters_its_job():
     assert (key.scope, key.status, key.job_id) == ("payments", "failed", job.pk)
 
 
-def test_a_duplicate_folded_onto_a_job_due_far_ahead_is_logged_at_warning(caplog):
+def test_a_repeat_onto_a_job_due_far_later_than_asked_is_a_schedule_conflict():
     later = timezone.now() + datetime.timedelta(days=30)
     first = tasks.add.using(idempotency_key="far:1", run_after=later).enqueue(1)
-    with caplog.at_level(logging.WARNING, logger="django_jobguard.idempotency"):
-        again = tasks.add.using(idempotency_key="far:1").enqueue(1)
-    assert again.pk == first.pk
-    (record,) = [r for r in caplog.records if "duplicate_onto_scheduled_job" in r.getMessage()]
-    assert f"job_id={first.pk}" in record.getMessage()
-    with caplog.at_level(logging.WARNING, logger="django_jobguard.idempotency"):
-        caplog.clear()
-        tasks.add.using(idempotency_key="near:1").enqueue(1)
-        tasks.add.using(idempotency_key="near:1").enqueue(1)
-    assert not [r for r in caplog.records if "duplicate_onto_scheduled_job" in r.getMessage()]
+    with pytest.raises(IdempotencyScheduleConflict) as caught:
+        tasks.add.using(idempotency_key="far:1").enqueue(1)  # asks for now
+    assert isinstance(caught.value, IdempotencyConflict)  # caught by existing handlers too
+    assert "'far:1'" in str(caught.value)
+    assert re.search(r"has not run and is due 259\d{4}s later than this enqueue asks", str(caught.value))
+    assert "SCHEDULE_TOLERANCE'] = 300s" in str(caught.value)
+    with pytest.raises(IdempotencyScheduleConflict):  # a timedelta counts from now
+        tasks.add.using(idempotency_key="far:1", run_after=datetime.timedelta(days=1)).enqueue(1)
+    # Nothing written: no second job, no duplicate counted.
+    assert list(Job.objects.values_list("pk", flat=True)) == [first.pk]
+    assert IdempotencyKey.objects.get(key="far:1").duplicates == 0
+    # Asking for the job's own time, or a later one, is a duplicate.
+    assert tasks.add.using(idempotency_key="far:1", run_after=later).enqueue(1).pk == first.pk
+    later_still = later + datetime.timedelta(days=1)
+    assert tasks.add.using(idempotency_key="far:1", run_after=later_still).enqueue(1).pk == first.pk
+
+
+def test_a_job_due_within_the_tolerance_or_already_run_is_a_duplicate():
+    soon = tasks.add.using(idempotency_key="soon:1", run_after=datetime.timedelta(seconds=120)).enqueue(1)
+    assert tasks.add.using(idempotency_key="soon:1").enqueue(1).pk == soon.pk  # 2 minutes < 5
+    # A retry's run_after is the backoff's, not what anyone asked for: no conflict.
+    retried = tasks.add.using(idempotency_key="retried:1").enqueue(1)
+    Job.objects.filter(pk=retried.pk).update(
+        attempts=1, run_after=timezone.now() + datetime.timedelta(days=2)
+    )
+    assert tasks.add.using(idempotency_key="retried:1").enqueue(1).pk == retried.pk
+
+
+def test_the_schedule_tolerance_is_a_setting():
+    tasks.add.using(idempotency_key="tol:1", run_after=datetime.timedelta(seconds=120)).enqueue(1)
+    with override_settings(JOBGUARD={**settings.JOBGUARD, "IDEMPOTENCY": {"SCHEDULE_TOLERANCE": 60}}):
+        with pytest.raises(IdempotencyScheduleConflict, match="= 60s"):
+            tasks.add.using(idempotency_key="tol:1").enqueue(1)
+    with override_settings(JOBGUARD={**settings.JOBGUARD, "IDEMPOTENCY": {"SCHEDULE_TOLERANCE": -1}}):
+        with pytest.raises(ImproperlyConfigured, match="SCHEDULE_TOLERANCE"):
+            tasks.add.using(idempotency_key="tol:1").enqueue(1)

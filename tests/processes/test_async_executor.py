@@ -11,6 +11,7 @@ from django.db import connection
 from django.urls import reverse
 
 from django_jobguard.models import DeadLetter, Job, WorkerBeat
+from django_jobguard.worker import EXIT_LOOP_WEDGED
 from tests.conftest import statuses, wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Execution, LedgerEntry
@@ -56,6 +57,70 @@ def test_a_coroutine_that_blocks_the_loop_is_logged_with_its_task_and_job(worker
     assert "tasks.py" in line, line  # where it is stuck: the handler's time.sleep line
 
 
+def test_a_coroutine_blocking_the_loop_past_its_timeout_fails_and_the_jobs_behind_it_are_released(workers):
+    # Its 2 s timeout cannot cancel code that never awaits: it holds the loop for 8 s.
+    blocker = tasks.busy_loop_async.enqueue(seconds=8)
+    behind = [tasks.sleep_async.enqueue(f"b{i}", seconds=0.1) for i in range(5)]  # 2 s leases
+    proc = workers.start("--async-slots", "10")
+    wait_for(
+        lambda: statuses([blocker]) == ["dead"], message="the blocking job to be failed past its timeout"
+    )
+    letter = DeadLetter.objects.get(job=blocker)
+    assert letter.reason == "hard_timeout"
+    assert (
+        "past its hard timeout of 2" in letter.error_message
+        and "blocking its event loop" in letter.error_message
+    ), letter.error_message
+    # The jobs waiting on the blocked loop stop having their leases renewed past their bound.
+    wait_for(
+        lambda: workers.log(proc).count("lease_released") == 5,
+        message="the 5 leases behind it to be released",
+    )
+    log = workers.log(proc)
+    for job in behind:
+        assert f"lease_released job_id={job.pk} task={job.task_name} " in log, log[-3000:]
+    # The loop runs again: the blocker's late result is refused, the others run (again).
+    wait_for(
+        lambda: f"ack_rejected job_id={blocker.pk};" in workers.log(proc), message="its late ack refused"
+    )
+    wait_for(lambda: statuses(behind) == ["succeeded"] * 5, message="the jobs behind it to run")
+    blocker.refresh_from_db()
+    assert (blocker.status, blocker.result) == ("dead", None)
+    assert "event_loop_wedged" not in workers.log(proc)  # 8 s is short of 2 s plus the margin
+    assert proc.poll() is None
+
+
+def test_a_loop_blocked_past_every_async_timeout_stops_the_worker_and_others_take_its_jobs(workers):
+    blocker = tasks.busy_loop_async.enqueue(seconds=600)
+    behind = [tasks.sleep_async.enqueue(f"w{i}", seconds=0.1) for i in range(5)]
+    first = workers.start("--async-slots", "10", "--worker-id", "first")
+    wait_for(
+        lambda: (
+            Job.objects.filter(pk__in=[j.pk for j in behind], worker_id="first").count() == 5
+            and "event_loop_blocked" in workers.log(first)
+        ),
+        message="the first worker to claim them all and its loop to block",
+    )
+    workers.start("--async-slots", "10", "--worker-id", "second")
+    assert first.wait(timeout=120) == EXIT_LOOP_WEDGED, workers.log(first)[-3000:]
+    log = workers.log(first)
+    line = next(line for line in log.splitlines() if "event_loop_wedged" in line)
+    assert f"task={blocker.task_name} job_id={blocker.pk} " in line, line
+    assert "longest async task timeout" in line, line
+    # Its leases were let go before: the jobs behind it did not wait for the exit.
+    released = [log.index(f"lease_released job_id={job.pk} ") for job in behind]
+    assert max(released) < log.index("event_loop_wedged")
+    wait_for(
+        lambda: statuses(behind) == ["succeeded"] * 5, message="the second worker to run the jobs behind it"
+    )
+    assert set(Job.objects.filter(pk__in=[j.pk for j in behind]).values_list("worker_id", flat=True)) == {
+        "second"
+    }
+    blocker.refresh_from_db()
+    assert blocker.status == "dead"
+    assert DeadLetter.objects.get(job=blocker).reason == "hard_timeout"
+
+
 def test_a_timeout_cancels_its_own_coroutine_only_and_sync_tasks_run_on_threads(workers):
     late = tasks.times_out_async.enqueue()
     others = [tasks.sleep_async.enqueue(f"t{i}", seconds=1.5) for i in range(20)]
@@ -73,10 +138,16 @@ def test_a_timeout_cancels_its_own_coroutine_only_and_sync_tasks_run_on_threads(
 
 
 def test_sigterm_lets_coroutines_finish_within_the_grace_and_hands_the_rest_back(workers):
-    quick = [tasks.sleep_async.enqueue(f"q{i}", seconds=1) for i in range(50)]
-    slow = [tasks.sleep_async.enqueue(f"s{i}", seconds=120) for i in range(5)]
+    quick = [tasks.marks_start_async.enqueue(f"q{i}", seconds=1) for i in range(50)]
+    slow = [tasks.marks_start_async.enqueue(f"s{i}", seconds=120) for i in range(5)]
     proc = workers.start("--async-slots", "100", "--shutdown-grace", "4")
-    wait_for(lambda: running(quick + slow) == 55, message="all 55 coroutines to start")
+    # A row is `running` from its claim, but a coroutine the loop has not started yet is handed
+    # back at once, as designed: wait for each coroutine's own first write, not for the status.
+    wait_for(
+        lambda: Execution.objects.filter(job_id__in=[j.pk for j in quick + slow]).count() == 55,
+        timeout=120,
+        message="all 55 coroutines to begin",
+    )
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, workers.log(proc)[-2000:]
     assert statuses(quick) == ["succeeded"] * 50

@@ -367,6 +367,28 @@ async def blocks_loop_async(seconds: float = 1.5) -> None:
     time.sleep(seconds)
 
 
+@task(timeout=2, max_attempts=1)
+async def busy_loop_async(seconds: float = 25) -> str:
+    """A coroutine that never awaits: it busy-loops on the event loop past its 2 s timeout."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    return "finished"
+
+
+@task(takes_context=True, visibility_timeout=2)
+async def marks_start_async(context, marker: str, seconds: float = 0.0) -> None:
+    """Records that its coroutine began (an Execution row), then waits on the loop."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(Execution.objects.create)(
+        marker=marker, job_id=context.job_id, attempt=context.attempt, pid=os.getpid()
+    )
+    await asyncio.sleep(seconds)
+
+
 @task()
 def thread_name() -> str:
     """A sync task: the name of the thread it ran on."""
