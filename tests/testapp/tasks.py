@@ -253,6 +253,12 @@ def api_charge(order_id: int) -> int:
     return order_id
 
 
+@task(api=True, idempotency_key="charge-amount:order:{order_id}")
+def api_charge_amount(order_id: int, amount: int) -> int:
+    """Exposed and keyed by a template that leaves an argument out: callers share the key."""
+    return amount
+
+
 @task(api=True, name="tests.api_anything")
 def api_anything(*args: object, **kwargs: object) -> None:
     """Takes any arguments, so the API fuzzing reaches the insert with whatever JSON it makes up."""
