@@ -264,8 +264,10 @@ def check_against_database(out: str, summary: dict[str, Any], query: Query) -> N
 
 
 #: The console step, as the newcomer does it: the requester may not approve replays, the
-#: approver approves the one waiting in the admin (the demo's users and passwords).
+#: approver approves the one waiting in the admin (the demo's users and passwords), sending
+#: back the correction digest its approve page carries, as the browser's form does.
 CONSOLE_STEP = """
+import re
 from django.test import Client
 from django_jobguard.models import DeadLetter
 letter = DeadLetter.objects.get(replay_state="requested")
@@ -275,7 +277,10 @@ assert requester.login(username="requester", password="requester-demo")
 print("requester:", requester.post(url, {"reason": "mine"}).content.decode())
 approver = Client(HTTP_HOST="127.0.0.1")
 assert approver.login(username="approver", password="approver-demo")
-print("approver:", approver.post(url, {"reason": "checked with the partner"}).status_code)
+form = approver.get(url).content.decode()
+digest = re.search(r'name="correction_digest" value="([0-9a-f]+)"', form).group(1)
+approval = {"reason": "checked with the partner", "correction_digest": digest}
+print("approver:", approver.post(url, approval).status_code)
 """
 
 

@@ -34,7 +34,7 @@ def run_audit(*options: str) -> tuple[int, str]:
 
 
 def test_what_the_engine_writes_passes_every_check():
-    approver = make_user("amir", "approve_replay", "view_deadletter")
+    approver = make_user("amir", "approve_replay", "view_deadletter", "view_payload")  # approves a correction
     requester = make_user("rita", "request_replay", "view_payload", "view_deadletter")
     tasks_dlq.charge.using(idempotency_key="charge:1").enqueue(order_id=1, amount=100)  # succeeds
     tasks_dlq.charge.using(idempotency_key="charge:1").enqueue(order_id=1, amount=100)  # a duplicate
