@@ -310,6 +310,12 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return queryset.filter(functools.reduce(operator.or_, matches)), False
 
 
+def done_level(done: int) -> int:
+    """The message level of an action's summary: success if it changed something, else a
+    warning (a green box saying "0 jobs are due now" reads as if the refusal had worked)."""
+    return messages.SUCCESS if done else messages.WARNING
+
+
 def can_view_payload(request: HttpRequest) -> bool:
     """Whether the request's user may see payloads, results and tracebacks."""
     return dlq.can_view_payload(request.user)

@@ -36,6 +36,8 @@ from .base import (
     ReadOnlyAdmin,
     admin_link,
     can_view_payload,
+    done_level,
+    format_time,
     log_to_history,
     pretty_json,
     refusal,
@@ -61,18 +63,24 @@ STATES: tuple[tuple[str, Any], ...] = (
     (JobStatus.CANCELLED, _("cancelled")),
 )
 _STATE_LABELS = dict(STATES)
-#: Badge colours: a state that needs a look is red or amber.
+#: Badge colours, one per state, each under :data:`BADGE_TEXT` at a contrast of at least 4.5:1
+#: (WCAG AA; tests/unit/test_badge_contrast.py checks both): a state that needs a look is red,
+#: purple or amber.
 _BADGE_COLOURS = {
     JobStatus.WAITING: "#6b6b6b",
     "due": "#417690",
-    "scheduled": "#6b6b6b",
-    "retrying": "#b36b00",
-    JobStatus.RUNNING: "#2e7d32",
-    "stuck": "#ba2121",
+    "scheduled": "#3949ab",
+    "retrying": "#8a5300",
+    JobStatus.RUNNING: "#00695c",
+    "stuck": "#6a1b9a",
     JobStatus.SUCCEEDED: "#2e7d32",
     JobStatus.DEAD: "#ba2121",
-    JobStatus.CANCELLED: "#6b6b6b",
+    JobStatus.CANCELLED: "#795548",
 }
+#: The text of every badge.
+BADGE_TEXT = "#ffffff"
+#: The *cancel requested* badge beside a running job's state.
+CANCEL_REQUESTED_COLOUR = "#ad1457"
 
 
 def job_state(job: Job, now: Any = None) -> str:
@@ -154,7 +162,10 @@ class _CappedFacetsFilter(admin.SimpleListFilter):
                 if option is not None:
                     counts[f"{i}__c"] = Count("pk", filter=Q(pk__in=option.order_by().values("pk")))
         finally:
-            self.used_parameters[name] = chosen
+            if chosen is None:
+                self.used_parameters.pop(name, None)
+            else:
+                self.used_parameters[name] = chosen
         found = sample.order_by().aggregate(**counts) if counts else {}
         if not boundary:
             return found
@@ -307,6 +318,33 @@ class JobAdmin(ReadOnlyAdmin):
         "run_time",
     ]
 
+    def __init__(self, model: type[Job], admin_site: admin.AdminSite) -> None:
+        super().__init__(model, admin_site)
+        # Shown as the start of the last attempt: a claim handed back charges no attempt.
+        self._times["started_at"] = "attempt_started_at"
+
+    @admin.display(description=_("started at"), ordering="started_at")
+    def attempt_started_at(self, obj: Job) -> SafeString | str:
+        """The start of the last attempt that counts, or ``-`` when none does.
+
+        The claim sets ``started_at``; a claim handed back without an attempt (the job's lock
+        was held elsewhere, the worker was stopping) takes the attempt back but not the time,
+        which would show a start beside 0 attempts. The attempt history keeps the start of
+        the last attempt that counts.
+        """
+        if obj.attempts == 0:
+            if obj.started_at is None:
+                return "-"
+            why = (
+                _("Claimed at %(time)s and handed back without an attempt: its lock was held by another job.")
+                if obj.lock_contentions
+                else _("Claimed at %(time)s and handed back without an attempt.")
+            )
+            return format_html('<span title="{}">-</span>', why % {"time": format_time(obj.started_at)})
+        history = obj.attempt_history if isinstance(obj.attempt_history, list) else []
+        last = timeline.history_time(history[-1].get("started_at")) if history else None
+        return format_time(last or obj.started_at)
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
         queryset = super().get_queryset(request)
         match = request.resolver_match
@@ -339,8 +377,7 @@ class JobAdmin(ReadOnlyAdmin):
                     "fields": [
                         "task_name",
                         "queue_name",
-                        "state_badge",
-                        "status",
+                        "state_badge",  # the status, as the worker reads it (no "Status" beside it)
                         "priority",
                         "attempts",
                         "max_attempts",
@@ -381,21 +418,24 @@ class JobAdmin(ReadOnlyAdmin):
     def state_badge(self, obj: Job) -> SafeString:
         state = job_state(obj)
         badge = format_html(
-            '<span class="jobguard-badge state-{}" style="background:{};color:#fff;padding:1px 6px;'
+            '<span class="jobguard-badge state-{}" style="background:{};color:{};padding:1px 6px;'
             'border-radius:8px;white-space:nowrap">{}</span>',
             state,
             _BADGE_COLOURS[state],
+            BADGE_TEXT,
             _STATE_LABELS[state],
         )
         if obj.cancel_requested and obj.status == JobStatus.RUNNING:
             # Asked to stop, still running: the handler sees it at its next heartbeat.
             return format_html(
-                '{} <span class="jobguard-badge cancel-requested" title="{}" style="border:1px solid {};'
-                'color:{};padding:0 5px;border-radius:8px;white-space:nowrap">{}</span>',
+                # Filled like the state's badge: a coloured outline on the page's background
+                # would depend on the admin's theme for its contrast.
+                '{} <span class="jobguard-badge cancel-requested" title="{}" style="background:{};'
+                'color:{};padding:1px 6px;border-radius:8px;white-space:nowrap">{}</span>',
                 badge,
                 _("An operator asked this job to stop; its handler sees it at the next heartbeat."),
-                _BADGE_COLOURS["retrying"],
-                _BADGE_COLOURS["retrying"],
+                CANCEL_REQUESTED_COLOUR,
+                BADGE_TEXT,
                 _("cancel requested"),
             )
         return badge
@@ -493,7 +533,7 @@ class JobAdmin(ReadOnlyAdmin):
                 request,
                 ngettext("%(count)d job cancelled.", "%(count)d jobs cancelled.", len(cancelled))
                 % {"count": len(cancelled)},
-                messages.SUCCESS if cancelled else messages.WARNING,
+                done_level(len(cancelled)),
             )
         if asked:
             self.message_user(
@@ -604,7 +644,7 @@ class JobAdmin(ReadOnlyAdmin):
                 len(requeued),
             )
             % {"count": len(requeued)},
-            messages.SUCCESS if requeued else messages.WARNING,
+            done_level(len(requeued)),
         )
         left = len(ids) - len(requeued)
         if left:
@@ -620,6 +660,7 @@ class JobAdmin(ReadOnlyAdmin):
                 % {"count": left},
                 messages.WARNING,
             )
+        return None
 
     @admin.action(description=_("Retry selected waiting jobs now"), permissions=["retry"])
     def retry_jobs_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
@@ -634,7 +675,7 @@ class JobAdmin(ReadOnlyAdmin):
             request,
             ngettext("%(count)d job is due now.", "%(count)d jobs are due now.", len(made_due))
             % {"count": len(made_due)},
-            messages.SUCCESS,
+            done_level(len(made_due)),
         )
         if len(ids) > len(made_due):
             self.message_user(

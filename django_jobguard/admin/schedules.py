@@ -20,7 +20,7 @@ from django.utils.translation import gettext_lazy as _
 from .. import retention, schedules
 from ..exceptions import JobguardError
 from ..models import Schedule
-from .base import Deletion, ReadOnlyAdmin, admin_link, can_view_payload, pretty_json
+from .base import Deletion, ReadOnlyAdmin, admin_link, can_view_payload, done_level, pretty_json
 
 _FIELDS = [
     "name",
@@ -131,7 +131,7 @@ class ScheduleAdmin(ReadOnlyAdmin):
                 done += 1
                 message = f"{verb}: job #{result.pk}" if hasattr(result, "pk") else verb
                 self.log_change(request, schedule, message)
-        self.message_user(request, f"{verb}: {done} schedule(s).", messages.SUCCESS)
+        self.message_user(request, f"{verb}: {done} schedule(s).", done_level(done))
         for line in failed:
             self.message_user(request, line, messages.WARNING)
 

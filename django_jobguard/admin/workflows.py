@@ -24,7 +24,7 @@ from .. import workflows
 from ..conf import get_settings
 from ..models import DeadLetter, Job, JobStatus, Workflow, WorkflowCallback, WorkflowCounter, WorkflowState
 from ..operations import workflows as workflow_ops
-from .base import ReadOnlyAdmin, log_to_history, refusal
+from .base import ReadOnlyAdmin, done_level, log_to_history, refusal
 
 #: Members listed on a workflow's page; the job list (linked) has them all.
 MEMBERS_SHOWN = 200
@@ -209,7 +209,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
                 f"{len(result.cancelled)} members cancelled; {len(result.asked_to_stop)} running members "
                 "asked to stop (their handlers see it at the next heartbeat)"
                 + ("; the open batch is closed." if result.closed else "."),
-                messages.SUCCESS,
+                done_level(len(result.cancelled) + len(result.asked_to_stop) + result.closed),
             )
             return HttpResponseRedirect(reverse("admin:jobguard_workflow_change", args=[obj.pk]))
         return self._form_page(request, obj, f"Cancel {obj}", form, action="cancel")
@@ -251,7 +251,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
                 f"{len(result.requeued)} cancelled members queued again; "
                 f"{len(result.replays_requested)} replays of dead members requested: "
                 "each runs once another user approves it in the dead letters.",
-                messages.SUCCESS,
+                done_level(len(result.requeued) + len(result.replays_requested)),
             )
             if result.awaiting_approval:
                 self.message_user(

@@ -9,6 +9,7 @@ from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from django_jobguard.admin.base import format_time
 from django_jobguard.admin.jobs import JobAdmin
 from django_jobguard.models import Job
 from tests.testapp import tasks
@@ -213,3 +214,54 @@ def test_show_counts_at_a_million_jobs_read_no_more_than_the_cap(viewer):
             cursor.execute("EXPLAIN " + sql)
             plans.append((sql, "\n".join(row[0] for row in cursor.fetchall())))
     assert not [plan for plan in plans if "Seq Scan on jobguard_job" in plan[1]], plans
+
+
+# -- the job's page and the list say what happened, once -------------------------------------------
+
+
+def test_a_claim_handed_back_for_its_lock_shows_no_start_beside_zero_attempts(viewer):
+    from django_jobguard import store
+
+    job = tasks.add.enqueue(1)
+    [claimed] = store.claim("default", None, 1, "w-1")
+    assert store.requeue(
+        "default", claimed.id, claimed.lease_token, delay=0, error=None, refund_attempt=True, contention=True
+    )
+    row = Job.objects.get(pk=job.pk)
+    assert (row.attempts, row.lock_contentions) == (0, 1) and row.started_at is not None  # as stored
+    listing = viewer.get(URL).content.decode()
+    cell = re.search(r'<td class="field-attempt_started_at[^"]*">(.*?)</td>', listing).group(1)
+    assert cell.endswith(">-</span>") and "handed back without an attempt: its lock was held" in cell
+    page = viewer.get(f"{URL}{job.pk}/change/").content.decode()
+    assert "handed back without an attempt" in page
+    # Claimed again and run: the start is the attempt's.
+    assert len(store.claim("default", None, 1, "w-1")) == 1
+    row = Job.objects.get(pk=job.pk)
+    listing = viewer.get(URL).content.decode()
+    cell = re.search(r'<td class="field-attempt_started_at[^"]*">(.*?)</td>', listing).group(1)
+    assert row.attempts == 1 and cell == format_time(row.started_at)
+
+
+def test_the_jobs_page_shows_its_state_once(viewer):
+    job = tasks.add.enqueue(1)
+    page = viewer.get(f"{URL}{job.pk}/change/").content.decode()
+    assert page.count("<label>State:</label>") == 1
+    assert "<label>Status:</label>" not in page
+
+
+def test_an_action_that_changed_nothing_says_so_in_a_warning_not_a_success(client):
+    person = User.objects.create_user("ops", is_staff=True)
+    for perm in ("view_job", "retry_job", "cancel_job"):
+        person.user_permissions.add(Permission.objects.get(codename=perm))
+    client.force_login(person)
+    due = tasks.add.enqueue(1)  # due already: "retry now" has nothing to do
+    for action in ("retry_jobs_now", "requeue_cancelled_jobs"):
+        response = client.post(
+            URL, {"action": action, "_selected_action": [due.pk], "confirm": "yes"}, follow=True
+        )
+        boxes = re.findall(r'<li class="(\w+)">([^<]*)</li>', response.content.decode())
+        assert boxes and all(level == "warning" for level, _text in boxes), (action, boxes)
+    done = client.post(
+        URL, {"action": "cancel_jobs", "_selected_action": [due.pk], "confirm": "yes"}, follow=True
+    )
+    assert '<li class="success">1 job cancelled.</li>' in done.content.decode()
