@@ -325,12 +325,11 @@ class JobAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("started at"), ordering="started_at")
     def attempt_started_at(self, obj: Job) -> SafeString | str:
-        """The start of the last attempt that counts, or ``-`` when none does.
+        """``started_at``, or ``-`` when no attempt counts.
 
         The claim sets ``started_at``; a claim handed back without an attempt (the job's lock
         was held elsewhere, the worker was stopping) takes the attempt back but not the time,
-        which would show a start beside 0 attempts. The attempt history keeps the start of
-        the last attempt that counts.
+        which would show a start beside 0 attempts.
         """
         if obj.attempts == 0:
             if obj.started_at is None:
@@ -341,9 +340,7 @@ class JobAdmin(ReadOnlyAdmin):
                 else _("Claimed at %(time)s and handed back without an attempt.")
             )
             return format_html('<span title="{}">-</span>', why % {"time": format_time(obj.started_at)})
-        history = obj.attempt_history if isinstance(obj.attempt_history, list) else []
-        last = timeline.history_time(history[-1].get("started_at")) if history else None
-        return format_time(last or obj.started_at)
+        return format_time(obj.started_at)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
         queryset = super().get_queryset(request)
