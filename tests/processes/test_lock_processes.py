@@ -116,8 +116,9 @@ def test_a_frozen_holder_loses_its_lock_to_a_new_owner_and_is_not_acked(backend,
         timeout=60,
         message="the handler to see context.lock_lost",
     )
+    lost_line = f"lock_lost job_id={job.pk} lock_key='res:f'; the job will not be acked"
     wait_for(
-        lambda: f"lock_lost job_id={job.pk} lock_key='res:f'; the job will not be acked" in workers.log(frozen),
+        lambda: lost_line in workers.log(frozen),
         timeout=30,
         message="the worker to log the lost lock",
     )
