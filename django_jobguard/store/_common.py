@@ -125,6 +125,9 @@ class History:
     failed: str
     #: The history without its last entry (a refunded attempt did not count).
     dropped: str
+    #: The start of the entry before the last (the attempt a refunded one followed), a
+    #: timestamp, NULL when there is none: the job's ``started_at`` once the last is dropped.
+    previous_start: str
 
 
 @dataclasses.dataclass(slots=True)
@@ -320,6 +323,10 @@ def requeue(
         sets += ["last_error = %s", f"first_failed_at = COALESCE(first_failed_at, {clock.now})"]
         params.append(error)
     if refund_attempt:
+        # The refunded claim's start goes with its entry: the job's start is its last counted
+        # attempt's again (NULL if none), not the contended claim's. Before the history's own
+        # assignment: MySQL assigns left to right, so it must read the history unchanged.
+        sets.append(f"started_at = {history.previous_start}")
         sets.append(f"attempt_history = {history.dropped}")
     elif attempt_error is not None:
         sets.append(f"attempt_history = {history.failed}")

@@ -381,6 +381,9 @@ class MemoryStore:
                 job.last_error = error
                 job.first_failed_at = job.first_failed_at or now
             if refund_attempt:
+                # The refunded claim's start goes with its entry (as the SQL stores do).
+                previous = job.attempt_history[-2]["started_at"] if len(job.attempt_history) > 1 else None
+                job.started_at = datetime.datetime.fromisoformat(previous) if previous else None
                 del job.attempt_history[-1:]
             elif attempt_error is not None:
                 self._failed(job, now, attempt_error)

@@ -97,7 +97,14 @@ _HISTORY_DROPPED = (
     f"CASE WHEN JSON_LENGTH(attempt_history) > 0 THEN JSON_REMOVE(attempt_history, {_LAST}) "
     "ELSE attempt_history END"
 )
-_HISTORY = History(failed=_HISTORY_FAILED, dropped=_HISTORY_DROPPED)
+# The entry before the last's start, parsed back from the ISO text of _ISO_NOW (UTC, as the
+# column holds it); NULL when there is none.
+_HISTORY_PREVIOUS_START = (
+    "CASE WHEN JSON_LENGTH(attempt_history) > 1 THEN STR_TO_DATE(LEFT(JSON_UNQUOTE(JSON_EXTRACT("
+    "attempt_history, CONCAT('$[', JSON_LENGTH(attempt_history) - 2, '].started_at'))), 26), "
+    "'%%Y-%%m-%%dT%%H:%%i:%%s.%%f') END"
+)
+_HISTORY = History(failed=_HISTORY_FAILED, dropped=_HISTORY_DROPPED, previous_start=_HISTORY_PREVIOUS_START)
 #: The database clock: ``UTC_TIMESTAMP(6)``, the start of each statement, in UTC.
 CLOCK = Clock(
     now=NOW,

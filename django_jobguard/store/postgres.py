@@ -94,7 +94,10 @@ def _history_failed(column: str = "attempt_history") -> str:
     )
 
 
-_HISTORY = History(failed=_history_failed(), dropped=_HISTORY_DROPPED)
+# The start of the entry before the last (NULL past the array's start): jsonb renders a
+# timestamptz as ISO 8601 with its offset, which casts back exactly.
+_HISTORY_PREVIOUS_START = "(attempt_history -> -2 ->> 'started_at')::timestamptz"
+_HISTORY = History(failed=_history_failed(), dropped=_HISTORY_DROPPED, previous_start=_HISTORY_PREVIOUS_START)
 #: The database clock: ``statement_timestamp()``, the start of each statement.
 CLOCK = Clock(
     now=NOW,

@@ -57,7 +57,12 @@ _HISTORY_DROPPED = (
     "CASE WHEN json_array_length(attempt_history) > 0 "
     "THEN json_remove(attempt_history, '$[#-1]') ELSE attempt_history END"
 )
-_HISTORY = History(failed=_HISTORY_FAILED, dropped=_HISTORY_DROPPED)
+# The entry before the last's start: the text of NOW, the format the column holds.
+_HISTORY_PREVIOUS_START = (
+    "CASE WHEN json_array_length(attempt_history) > 1 "
+    "THEN json_extract(attempt_history, '$[#-2].started_at') END"
+)
+_HISTORY = History(failed=_HISTORY_FAILED, dropped=_HISTORY_DROPPED, previous_start=_HISTORY_PREVIOUS_START)
 #: The database clock: text in the format Django stores datetimes in (UTC).
 CLOCK = Clock(
     now=NOW,

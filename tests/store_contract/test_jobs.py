@@ -9,6 +9,7 @@ dialect that serves the ``default`` alias (``store.postgres``, ``store.mysql`` o
 
 import datetime
 import threading
+import time
 
 import pytest
 from django.db import connection, connections, transaction
@@ -107,6 +108,33 @@ def test_lock_contention_requeue_refunds_the_attempt():
     )
     row = Job.objects.get(pk=job.id)
     assert (row.attempts, row.lock_contentions, row.first_failed_at) == (0, 1, None)
+    # No attempt counted: no start either (the job list shows '-').
+    assert row.started_at is None
+
+
+def test_a_refunded_claim_gives_the_job_back_its_last_counted_attempts_start():
+    tasks.add.enqueue(1)
+    (first,) = claim()
+    failure = ("builtins.ValueError", "boom", "Traceback ...")
+    assert store.requeue(
+        "default", first.id, first.lease_token, delay=0, error="ValueError: boom", attempt_error=failure
+    )
+    started = Job.objects.get(pk=first.id).started_at
+    time.sleep(0.02)  # not a wait on a process: the next claim's clock must read a later time
+    (contended,) = claim()
+    assert Job.objects.get(pk=first.id).started_at > started
+    assert store.requeue(
+        "default",
+        contended.id,
+        contended.lease_token,
+        delay=0,
+        error=None,
+        refund_attempt=True,
+        contention=True,
+    )
+    row = Job.objects.get(pk=first.id)
+    assert (row.attempts, len(row.attempt_history)) == (1, 1)
+    assert row.started_at == started
 
 
 def test_reaper_returns_expired_leases_and_counts_the_reappearance():
