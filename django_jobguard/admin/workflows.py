@@ -13,7 +13,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
-from django.db.models import OuterRef, QuerySet, Subquery, Sum
+from django.db.models import OuterRef, Q, QuerySet, Subquery, Sum
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -41,6 +41,13 @@ class ReasonForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
         help_text=_("Recorded with your name: in the members' last error, or the replays' audit trail."),
     )
+
+
+def _job_ref(job_id: int | None) -> dict[str, Any] | None:
+    """A job's number and the link to its page, for a member's row; None for no job."""
+    if job_id is None:
+        return None
+    return {"id": job_id, "url": reverse("admin:jobguard_job_change", args=[job_id])}
 
 
 def can_cancel(request: HttpRequest) -> bool:
@@ -120,11 +127,19 @@ class WorkflowAdmin(ReadOnlyAdmin):
                 :MEMBERS_SHOWN
             ]
         )
-        letters = dict(
+        # The dead members' letters, and the letters whose replay is a member: a replay takes
+        # its dead member's place in the workflow, and the two rows say so to each other.
+        dead_ids = [job.pk for job in members if job.status == JobStatus.DEAD]
+        found = list(
             DeadLetter.objects.using(alias)
-            .filter(job_id__in=[job.pk for job in members if job.status == JobStatus.DEAD])
-            .values_list("job_id", "pk")
+            .filter(Q(job_id__in=dead_ids) | Q(replay_job_id__in=[job.pk for job in members]))
+            .values_list("pk", "job_id", "replay_job_id")
         )
+        letters = {job_id: pk for pk, job_id, _ in found if job_id in dead_ids}
+        replayed_as = {
+            job_id: replay_id for _, job_id, replay_id in found if replay_id and job_id in dead_ids
+        }
+        replay_of = {replay_id: job_id for _, job_id, replay_id in found if replay_id and job_id}
         rows = [
             {
                 "job": job,
@@ -139,6 +154,8 @@ class WorkflowAdmin(ReadOnlyAdmin):
                 "letter_url": reverse("admin:jobguard_deadletter_change", args=[letters[job.pk]])
                 if job.pk in letters
                 else "",
+                "replayed_as": _job_ref(replayed_as.get(job.pk)),
+                "replay_of": _job_ref(replay_of.get(job.pk)),
             }
             for job in members
         ]

@@ -151,6 +151,13 @@ def test_retrying_a_dead_member_goes_through_the_replay_approval():
     p = progress(batch.id)
     assert (p.state, p.total, p.succeeded, p.failed) == ("finished", 2, 2, 0)
     assert ran("ok") == 1
+    # The page links the dead member and its replay both ways, not two unrelated rows.
+    letter.refresh_from_db()
+    dead, replay = letter.job_id, letter.replay_job_id
+    html = login("watcher", "view_job").get(page_url(batch.id)).content.decode()
+    dead_url, replay_url = (reverse("admin:jobguard_job_change", args=[pk]) for pk in (dead, replay))
+    assert f'replayed as <a href="{replay_url}">#{replay}</a>' in html
+    assert f'replay of <a href="{dead_url}">#{dead}</a>' in html
 
 
 def gauges() -> dict[tuple[str, str], float]:
