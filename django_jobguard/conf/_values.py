@@ -62,6 +62,19 @@ def string(value: Any, path: tuple[str, ...]) -> str:
     return value
 
 
+def stored_text(value: str, path: tuple[str, ...], width: int, stored: str) -> str:
+    """A string setting the database stores (``stored`` says where): at most ``width``
+    characters, and no NUL, which PostgreSQL cannot store. Checked when the settings are
+    read, so that no claim, tick or admin action meets it as a database error later."""
+    if "\x00" in value:
+        raise fail(path, f"holds a NUL character (\\x00), which the database cannot store in {stored}.")
+    if len(value) > width:
+        raise fail(
+            path, f"is {len(value)} characters long; it may have at most {width}: it is stored in {stored}."
+        )
+    return value
+
+
 def boolean(value: Any, path: tuple[str, ...]) -> bool:
     if not isinstance(value, bool):
         raise fail(path, f"must be True or False, not {value!r}.")

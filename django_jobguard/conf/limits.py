@@ -8,8 +8,12 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
-from ..flow import Rate, parse_rate
-from ._values import fail, integer, mapping, number, optional_integer, reject_unknown, string
+from ..flow import MAX_STORED_RATE_KEY_LENGTH, Rate, parse_rate
+from ._values import fail, integer, mapping, number, optional_integer, reject_unknown, stored_text, string
+
+#: The width of the breaker tables' name columns (``Breaker.name``, ``BreakerEvent.name``),
+#: where a limit with a breaker or a retry budget keeps its state under its name.
+MAX_BREAKER_NAME_LENGTH = 100
 
 #: The options of an entry of JOBGUARD["LIMITS"].
 LIMIT_OPTIONS = {"rate", "burst", "concurrency", "breaker", "retry_budget"}
@@ -90,6 +94,7 @@ def parse_limits(value: Any) -> dict[str, NamedLimit]:
                 "needs a 'rate' (such as '25/s'), a 'concurrency' (such as 10), a 'breaker' "
                 "or a 'retry_budget' (True for the defaults).",
             )
+        _check_stored_name(name, options, path)
         rate = None
         if options.get("rate") is not None:
             try:
@@ -108,6 +113,33 @@ def parse_limits(value: Any) -> dict[str, NamedLimit]:
             retry_budget=_retry_budget(options.get("retry_budget"), (*path, "retry_budget")),
         )
     return limits
+
+
+def _check_stored_name(name: str, options: Mapping[str, Any], path: tuple[str, ...]) -> None:
+    """Refuse a limit name a stored form of which its columns cannot hold.
+
+    A rate's state is stored as ``rate:limit:<name>`` in the rate table's key column, a
+    breaker's or a retry budget's under the name in the breaker table's: a value too long
+    failed every claim of the limit's jobs, as "database unreachable", retried for ever.
+    """
+    if "\x00" in name:
+        raise fail(path, "holds a NUL character (\\x00): the database cannot store the limit's name.")
+    if options.get("breaker") not in (None, False) or options.get("retry_budget") not in (None, False):
+        stored_text(
+            name,
+            path,
+            MAX_BREAKER_NAME_LENGTH,
+            f"the {MAX_BREAKER_NAME_LENGTH}-character name column of the breaker table "
+            "(a limit with a breaker or a retry_budget keeps its state under its name)",
+        )
+    if options.get("rate") is not None:
+        longest = MAX_STORED_RATE_KEY_LENGTH - len("rate:limit:")
+        stored_text(
+            name,
+            path,
+            longest,
+            f"the rate table's key column as 'rate:limit:<name>' ({MAX_STORED_RATE_KEY_LENGTH} characters)",
+        )
 
 
 def _spec_options(value: Any, defaults: Mapping[str, object], path: tuple[str, ...]) -> dict[str, Any] | None:

@@ -11,8 +11,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..exceptions import PermanentError, TransientError
-from ._values import fail, integer, mapping, number, optional_integer, reject_unknown, string
+from ._values import fail, integer, mapping, number, optional_integer, reject_unknown, stored_text, string
 from .defaults import DEFAULTS
+
+#: The width of the queue columns (``Job.queue_name``, ``QueueState.queue_name``, ...).
+MAX_QUEUE_NAME_LENGTH = 100
+#: The width of the handler version columns (``Job.handler_version``, ``DeadLetter.handler_version``).
+MAX_HANDLER_VERSION_LENGTH = 64
+#: Where a queue name is stored, for the errors that refuse one.
+QUEUE_COLUMN = f"the {MAX_QUEUE_NAME_LENGTH}-character queue column of each job and of the queue controls"
 
 #: The options a queue in JOBGUARD["QUEUES"] may set (QueueConfig's fields but its name).
 QUEUE_OPTIONS = {"visibility_timeout", "max_attempts", "retry", "recoverable_retry", "concurrency"}
@@ -122,7 +129,7 @@ def parse_queues(
     queues: dict[str, QueueConfig] = {}
     for name, options in mapping(value, ("QUEUES",)).items():
         path = ("QUEUES", str(name))
-        string(name, path)
+        stored_text(string(name, path), path, MAX_QUEUE_NAME_LENGTH, QUEUE_COLUMN)
         options = mapping(options, path)
         reject_unknown(options, QUEUE_OPTIONS, path)
         queues[name] = QueueConfig(
@@ -149,4 +156,10 @@ def parse_unclassified_errors(merged: Mapping[str, Any]) -> str:
         )
     if not isinstance(merged["HANDLER_VERSION"], str):
         raise fail(("HANDLER_VERSION",), "must be a string.")
+    stored_text(
+        merged["HANDLER_VERSION"],
+        ("HANDLER_VERSION",),
+        MAX_HANDLER_VERSION_LENGTH,
+        f"the {MAX_HANDLER_VERSION_LENGTH}-character handler version column of each job and dead letter",
+    )
     return unclassified

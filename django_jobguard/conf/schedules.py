@@ -6,13 +6,18 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from ._values import fail, integer, mapping, number, reject_unknown, string
+from ._values import fail, integer, mapping, number, reject_unknown, stored_text, string
+from .queues import MAX_QUEUE_NAME_LENGTH, QUEUE_COLUMN
 
 #: What a schedule does with ticks missed while no scheduler ran (see docs/how-to/recurring-jobs.md).
 MISSED_POLICIES = ("skip", "run_once", "catch_up")
 
 #: Schedule names are part of each tick's idempotency key, which holds 255 characters.
 MAX_SCHEDULE_NAME_LENGTH = 200
+#: The widths of the schedule table's task, cron and time zone columns (``Schedule``).
+MAX_SCHEDULE_TASK_LENGTH = 255
+MAX_SCHEDULE_CRON_LENGTH = 255
+MAX_SCHEDULE_TIMEZONE_LENGTH = 64
 
 _SCHEDULE_KEYS = {"task", "cron", "timezone", "args", "kwargs", "queue_name", "missed"}
 
@@ -60,9 +65,13 @@ def parse_schedules(value: Any) -> dict[str, ScheduleConfig]:
     schedules: dict[str, ScheduleConfig] = {}
     for name, entry in mapping(value, ("SCHEDULES",)).items():
         path = ("SCHEDULES", str(name))
-        string(name, path)
-        if len(name) > MAX_SCHEDULE_NAME_LENGTH:
-            raise fail(path, f"is a schedule name of more than {MAX_SCHEDULE_NAME_LENGTH} characters.")
+        stored_text(
+            string(name, path),
+            path,
+            MAX_SCHEDULE_NAME_LENGTH,
+            f"the {MAX_SCHEDULE_NAME_LENGTH}-character name column of the schedule table, and in each "
+            "tick's idempotency key",
+        )
         entry = mapping(entry, path)
         reject_unknown(entry, _SCHEDULE_KEYS, path)
         for required in ("task", "cron"):
@@ -76,21 +85,31 @@ def parse_schedules(value: Any) -> dict[str, ScheduleConfig]:
         _json_value(dict(kwargs), (*path, "kwargs"))
         queue_name = entry.get("queue_name")
         if queue_name is not None:
-            string(queue_name, (*path, "queue_name"))
+            queue_path = (*path, "queue_name")
+            stored_text(string(queue_name, queue_path), queue_path, MAX_QUEUE_NAME_LENGTH, QUEUE_COLUMN)
         missed = entry.get("missed", "run_once")
         if missed not in MISSED_POLICIES:
             raise fail((*path, "missed"), f"must be one of {list(MISSED_POLICIES)}, not {missed!r}.")
         schedules[name] = ScheduleConfig(
             name=name,
-            task=string(entry["task"], (*path, "task")),
-            cron=string(entry["cron"], (*path, "cron")),
-            timezone=string(entry.get("timezone", "UTC"), (*path, "timezone")),
+            task=_column(entry["task"], (*path, "task"), MAX_SCHEDULE_TASK_LENGTH, "task"),
+            cron=_column(entry["cron"], (*path, "cron"), MAX_SCHEDULE_CRON_LENGTH, "cron"),
+            timezone=_column(
+                entry.get("timezone", "UTC"), (*path, "timezone"), MAX_SCHEDULE_TIMEZONE_LENGTH, "timezone"
+            ),
             args=tuple(args),
             kwargs=dict(kwargs),
             queue_name=queue_name,
             missed=missed,
         )
     return schedules
+
+
+def _column(value: Any, path: tuple[str, ...], width: int, column: str) -> str:
+    """A schedule's string option stored in the ``column`` of the schedule table, ``width`` wide."""
+    return stored_text(
+        string(value, path), path, width, f"the {width}-character {column} column of the schedule table"
+    )
 
 
 def parse_scheduler_settings(scheduler: Mapping[str, Any]) -> SchedulerSettings:

@@ -6,7 +6,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from ._values import boolean, fail, integer, merged_group, number, string
+from ._values import boolean, fail, integer, merged_group, number, stored_text, string
+
+#: The width of the lock table's key column (``Lock.key``): the prefix, then a job's lock key
+#: of at least one character.
+MAX_LOCK_PREFIX_LENGTH = 254
 
 _LOCK_BACKENDS = {"database", "redis"}
 
@@ -68,7 +72,12 @@ def parse_lock_settings(locks: Mapping[str, Any]) -> LockSettings:
     return LockSettings(
         backend=locks["BACKEND"],
         cache_alias=string(locks["CACHE_ALIAS"], ("LOCKS", "CACHE_ALIAS")),
-        prefix=string(locks["PREFIX"], ("LOCKS", "PREFIX")),
+        prefix=stored_text(
+            string(locks["PREFIX"], ("LOCKS", "PREFIX")),
+            ("LOCKS", "PREFIX"),
+            MAX_LOCK_PREFIX_LENGTH,
+            "the 255-character key column of the lock table, before each lock key",
+        ),
         ttl=number(locks["TTL"], ("LOCKS", "TTL"), allow_zero=False),
         contention_delay=number(locks["CONTENTION_DELAY"], ("LOCKS", "CONTENTION_DELAY")),
     )

@@ -31,6 +31,8 @@ class TuningSettings:
 def parse_worker_id(worker_id: Any) -> str:
     if not isinstance(worker_id, str) or len(worker_id) > WORKER_ID_MAX_LENGTH:
         raise fail(("WORKER_ID",), f"must be a string of at most {WORKER_ID_MAX_LENGTH} characters.")
+    if "\x00" in worker_id:
+        raise fail(("WORKER_ID",), "holds a NUL character (\\x00), which the database cannot store.")
     return worker_id
 
 

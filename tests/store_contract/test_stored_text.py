@@ -9,16 +9,22 @@ SQLite by default, PostgreSQL or MariaDB with ``JOBGUARD_TEST_DATABASE_URL`` (wh
 value is a ``DataError``, which SQLite would have stored).
 """
 
+import io
 from collections.abc import Callable
 
 import pytest
 from django.apps import apps
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import DatabaseError, models
+from django.test import override_settings
 
-from django_jobguard import InvalidArgumentsError, Rate, chain, store, task
+from django_jobguard import InvalidArgumentsError, Rate, chain, conf, store, task
 from django_jobguard.conf import WORKER_ID_MAX_LENGTH
 from django_jobguard.exceptions import InvalidTaskError
-from django_jobguard.models import FlowRate, IdempotencyKey, Job, Workflow
+from django_jobguard.models import Breaker, FlowRate, IdempotencyKey, Job, Schedule, Workflow
 from django_jobguard.registry import registry
 from django_jobguard.store._flow import hot_keys
 from django_jobguard.worker import Worker
@@ -29,18 +35,20 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 #: entry point probed below. "choices": one of its TextChoices. "system": by jobguard from its
 #: own values (tokens, digests, clocks). "clipped": free text cut to JOBGUARD["MAX_ERROR_CHARS"]
 #: or to its width where it is written (tests/integration/test_worker.py). "text": a TextField,
-#: without a width on any database. "settings": from JOBGUARD settings, checked when they are read.
-#: "user": an operator's user name (Django's 150 characters).
+#: without a width on any database. "settings": from JOBGUARD settings, checked when they are read
+#: (probed below: the longest that fits is stored intact, one more is refused by the parser).
+#: "user": an operator's user name (Django's 150 characters). A "probed" column that settings
+#: fill too says so, and is probed both ways.
 COLUMNS = {
     "Job.task_name": "probed",
-    "Job.queue_name": "probed",
+    "Job.queue_name": "probed",  # and JOBGUARD["QUEUES"], DEFAULT_QUEUE: settings
     "Job.status": "choices",
     "Job.lease_token": "system",
     "Job.worker_id": "probed",
     "Job.last_error": "clipped",
     "Job.idempotency_key": "probed",
     "Job.lock_key": "probed",
-    "Job.handler_version": "probed",
+    "Job.handler_version": "probed",  # and JOBGUARD["HANDLER_VERSION"]: settings
     "IdempotencyKey.key": "probed",
     "IdempotencyKey.scope": "probed",
     "IdempotencyKey.fingerprint": "system",
@@ -61,10 +69,10 @@ COLUMNS = {
     "ReplayEvent.action": "choices",
     "ReplayEvent.actor_name": "user",
     "ReplayEvent.reason": "text",
-    "Lock.key": "probed",  # the job's lock key behind the prefix (tests/api/test_enqueue.py)
+    "Lock.key": "probed",  # the job's lock key behind JOBGUARD["LOCKS"]["PREFIX"] (settings)
     "Lock.token": "system",
     "Schedule.name": "settings",
-    "Schedule.task_name": "probed",
+    "Schedule.task_name": "probed",  # and JOBGUARD["SCHEDULES"][name]["task"]: settings
     "Schedule.cron": "settings",
     "Schedule.timezone": "settings",
     "Schedule.queue_name": "settings",
@@ -84,7 +92,7 @@ COLUMNS = {
     "LockRelease.key": "probed",
     "LockRelease.actor_name": "user",
     "LockRelease.reason": "text",
-    "FlowRate.key": "probed",
+    "FlowRate.key": "probed",  # and rate:limit:<name> of JOBGUARD["LIMITS"]: settings
     "Workflow.kind": "choices",
     "Workflow.state": "choices",
     "Workflow.name": "probed",
@@ -229,6 +237,26 @@ def test_worker_id_written_by_each_claim(declare):
         ValueError,
         "worker_id must be at most 128",
     )
+    # The command line: a clean CommandError naming the option and the limit, not a traceback.
+    job = made.enqueue()
+    longest = "c" * WORKER_ID_MAX_LENGTH
+    call_command(
+        "jobguard_worker", "--burst", "--queue", "text-probe", "--worker-id", longest, stdout=io.StringIO()
+    )
+    assert Job.objects.get(pk=job.pk).worker_id == longest
+    refused(
+        lambda: call_command(
+            "jobguard_worker", "--burst", "--worker-id", longest + "c", stdout=io.StringIO()
+        ),
+        CommandError,
+        "--worker-id is 129 characters long",
+        f"at most {WORKER_ID_MAX_LENGTH}",
+    )
+    refused(
+        lambda: call_command("jobguard_worker", "--burst", "--worker-id", "w\x00", stdout=io.StringIO()),
+        CommandError,
+        "--worker-id holds a NUL character",
+    )
 
 
 def test_workflow_name(declare):
@@ -239,3 +267,92 @@ def test_workflow_name(declare):
     Job.objects.all().delete()
     refused(lambda: chain(made.s(), made.s()).enqueue(name=longest + "n"), InvalidArgumentsError, "name")
     assert Workflow.objects.count() == 1
+
+
+def refused_setting(raw: dict, *words: str) -> None:
+    """The settings ``raw`` are refused when read, naming ``words`` (nothing reaches a column)."""
+    with pytest.raises(ImproperlyConfigured) as info:
+        conf.parse(raw)
+    for word in words:
+        assert word in str(info.value), str(info.value)
+
+
+def with_settings(**changes: object) -> dict:
+    return {**settings.JOBGUARD, **changes}
+
+
+def test_shared_limit_names_stored_by_the_claim(declare):
+    """A limit's rate state is stored as rate:limit:<name>, its breaker and budget under its name."""
+    rated = "l" * (width("FlowRate.key") - len("rate:limit:"))
+    guarded = "g" * width("Breaker.name")
+    limits = {
+        rated: {"rate": "100/s", "burst": 100},
+        guarded: {"concurrency": 5, "retry_budget": True, "breaker": True},
+    }
+    with override_settings(JOBGUARD=with_settings(LIMITS=limits)):
+        jobs = [
+            declare(f"probe.limit.{n}", queue_name="text-probe-limit", limit=name).enqueue()
+            for n, name in enumerate(limits)
+        ]
+        claimed = store.claim("default", ["text-probe-limit"], 5, "probe-worker", flow=store.flow_plan())
+        assert sorted(each.id for each in claimed) == sorted(job.id for job in jobs)
+        assert FlowRate.objects.filter(key=f"rate:limit:{rated}").exists()
+        assert Breaker.objects.filter(name=guarded).exists()
+    # One more character: refused when the settings are read, before any claim.
+    refused_setting(
+        with_settings(LIMITS={rated + "l": limits[rated]}),
+        f"JOBGUARD['LIMITS']['{rated}l']",
+        f"at most {len(rated)}",
+        "rate:limit:<name>",
+    )
+    refused_setting(
+        with_settings(LIMITS={guarded + "g": limits[guarded]}),
+        f"JOBGUARD['LIMITS']['{guarded}g']",
+        f"at most {len(guarded)}",
+        "breaker",
+    )
+
+
+def test_queue_names_and_handler_version_from_settings(declare):
+    queue = "s" * width("Job.queue_name")
+    version = "v" * width("Job.handler_version")
+    with override_settings(JOBGUARD=with_settings(QUEUES={queue: {}}, HANDLER_VERSION=version)):
+        job = declare("probe.settings.queue", queue_name=queue).enqueue()
+        assert Job.objects.filter(pk=job.pk, queue_name=queue, handler_version=version).exists()
+    refused_setting(with_settings(QUEUES={queue + "s": {}}), "JOBGUARD['QUEUES']", f"at most {len(queue)}")
+    refused_setting(
+        with_settings(DEFAULT_QUEUE=queue + "s"), "JOBGUARD['DEFAULT_QUEUE']", f"at most {len(queue)}"
+    )
+    refused_setting(with_settings(HANDLER_VERSION=version + "v"), "JOBGUARD['HANDLER_VERSION']", "at most 64")
+
+
+def test_schedule_columns_from_settings():
+    """Each schedule column settings fill: the longest is stored intact, one more refused when read."""
+    longest = {
+        "name": "n" * width("Schedule.name"),
+        "task": "t" * width("Schedule.task_name"),
+        "cron": "*" * width("Schedule.cron"),
+        "timezone": "z" * width("Schedule.timezone"),
+        "queue_name": "q" * width("Schedule.queue_name"),
+    }
+    entry = {option: longest[option] for option in ("task", "cron", "timezone", "queue_name")}
+    parsed = conf.parse(with_settings(SCHEDULES={longest["name"]: entry})).schedules[longest["name"]]
+    row = Schedule.objects.create(
+        name=parsed.name,
+        task_name=parsed.task,
+        cron=parsed.cron,
+        timezone=parsed.timezone,
+        queue_name=parsed.queue_name,
+    )
+    row.refresh_from_db()
+    assert (row.name, row.task_name, row.cron, row.timezone, row.queue_name) == tuple(longest.values())
+    refused_setting(
+        with_settings(SCHEDULES={longest["name"] + "n": entry}), "JOBGUARD['SCHEDULES']", "at most 200"
+    )
+    for option in entry:
+        over = {**entry, option: entry[option] + "x"}
+        refused_setting(
+            with_settings(SCHEDULES={"s": over}),
+            f"JOBGUARD['SCHEDULES']['s']['{option}']",
+            f"at most {len(entry[option])}",
+        )

@@ -61,12 +61,71 @@ def test_queue_options_override_globals_and_fill_missing_keys():
         ({"OPENTELEMETRY_BAGGAGE": ["tenant", ""]}, "JOBGUARD['OPENTELEMETRY_BAGGAGE']"),
         ({"OPENTELEMETRY_BAGGAGE": ["a=b"]}, "JOBGUARD['OPENTELEMETRY_BAGGAGE'] holds 'a=b', not a baggage"),
         ({"OPENTELEMETRY_BAGGAGE": ["tenant id"]}, "holds 'tenant id', not a baggage entry name"),
+        # Names and versions the database stores: refused when read, not by every claim after.
+        (
+            {"LIMITS": {"b" * 101: {"breaker": True}}},
+            f"JOBGUARD['LIMITS']['{'b' * 101}'] is 101 characters long; it may have at most 100",
+        ),
+        (
+            {"LIMITS": {"b" * 101: {"retry_budget": {"ratio": 0.1}}}},
+            f"JOBGUARD['LIMITS']['{'b' * 101}'] is 101 characters long; it may have at most 100",
+        ),
+        (
+            {"LIMITS": {"r" * 245: {"rate": "5/s"}}},
+            f"JOBGUARD['LIMITS']['{'r' * 245}'] is 245 characters long; it may have at most 244: it is "
+            "stored in the rate table's key column as 'rate:limit:<name>'",
+        ),
+        ({"LIMITS": {"stripe\x00": {"rate": "5/s"}}}, "JOBGUARD['LIMITS']['stripe\\x00'] holds a NUL"),
+        (
+            {"HANDLER_VERSION": "v" * 65},
+            "JOBGUARD['HANDLER_VERSION'] is 65 characters long; it may have at most 64",
+        ),
+        ({"QUEUES": {"q" * 101: {}}}, f"JOBGUARD['QUEUES']['{'q' * 101}'] is 101 characters long"),
+        (
+            {"DEFAULT_QUEUE": "d" * 101},
+            "JOBGUARD['DEFAULT_QUEUE'] is 101 characters long; it may have at most 100",
+        ),
+        ({"LOCKS": {"PREFIX": "p" * 255}}, "JOBGUARD['LOCKS']['PREFIX'] is 255 characters long"),
+        *[
+            (
+                {"SCHEDULES": {"s": {"task": "t", "cron": "* * * * *", option: "x" * (width + 1)}}},
+                f"JOBGUARD['SCHEDULES']['s']['{option}'] is {width + 1} characters long; "
+                f"it may have at most {width}",
+            )
+            for option, width in (("task", 255), ("cron", 255), ("timezone", 64), ("queue_name", 100))
+        ],
+        (
+            {"SCHEDULES": {"n" * 201: {"task": "t", "cron": "* * * * *"}}},
+            f"JOBGUARD['SCHEDULES']['{'n' * 201}'] is 201 characters long; it may have at most 200",
+        ),
     ],
 )
 def test_invalid_settings_name_the_key(raw, named):
     with pytest.raises(ImproperlyConfigured) as info:
         conf.parse(raw)
     assert named in str(info.value)
+
+
+def test_stored_names_and_versions_are_accepted_up_to_their_columns():
+    schedule = {"task": "t" * 255, "cron": "* * * * *", "timezone": "z" * 64, "queue_name": "q" * 100}
+    settings = conf.parse(
+        {
+            "LIMITS": {
+                "b" * 100: {"breaker": True, "retry_budget": True, "rate": "5/s"},
+                "r" * 244: {"rate": "5/s"},
+                # Neither a rate nor a breaker: the name is stored nowhere.
+                "c" * 400: {"concurrency": 2},
+            },
+            "HANDLER_VERSION": "v" * 64,
+            "QUEUES": {"q" * 100: {}},
+            "DEFAULT_QUEUE": "d" * 100,
+            "LOCKS": {"PREFIX": "p" * 254},
+            "SCHEDULES": {"n" * 200: schedule},
+        }
+    )
+    assert sorted(len(name) for name in settings.limits) == [100, 244, 400]
+    assert (len(settings.handler_version), len(settings.default_queue)) == (64, 100)
+    assert settings.schedules["n" * 200].queue_name == "q" * 100
 
 
 def test_the_cached_settings_follow_override_settings():

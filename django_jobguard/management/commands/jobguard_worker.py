@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import metrics
+from ...conf import WORKER_ID_MAX_LENGTH
 from ...worker import Worker
 from ._options import (
     add_database_argument,
@@ -137,6 +138,7 @@ class Command(BaseCommand):
         port = options["metrics_port"]
         if port is not None and not 0 <= port <= 65535:
             raise CommandError(f"--metrics-port {port}: a port is 0 to 65535.")
+        _check_worker_id(options["worker_id"])
         if options["verbosity"] >= 2:
             logging.getLogger("django_jobguard").setLevel(logging.DEBUG)
         worker = Worker(
@@ -222,6 +224,19 @@ def _names(flag: str, value: str) -> list[str]:
         if not name or len(name) > 100:
             raise CommandError(f"{flag} {value!r}: each queue name is 1 to 100 characters.")
     return names
+
+
+def _check_worker_id(worker_id: str | None) -> None:
+    """``--worker-id``: every claim writes it into the job rows, so it must fit their column."""
+    if worker_id is None:
+        return
+    if len(worker_id) > WORKER_ID_MAX_LENGTH:
+        raise CommandError(
+            f"--worker-id is {len(worker_id)} characters long; a worker id may have at most "
+            f"{WORKER_ID_MAX_LENGTH} (the worker_id column of the job rows): {worker_id[:40]!r}..."
+        )
+    if "\x00" in worker_id:
+        raise CommandError("--worker-id holds a NUL character (\\x00), which the database cannot store.")
 
 
 def _db_worker_queues(
