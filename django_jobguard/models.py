@@ -440,6 +440,37 @@ class ReplayEvent(models.Model):
         return f"{self.action} by {self.actor_name or 'system'}"
 
 
+class ReplayRateChange(models.Model):
+    """One change of the redrive rate from the console: who, when, why. Append-only.
+
+    The newest row is the rate in force (``rate_per_minute`` NULL: back to
+    ``JOBGUARD["REPLAY"]["RATE_PER_MINUTE"]``); every redrive pass reads it, so a change
+    reaches every worker within one ``REAPER_INTERVAL``. No row: the setting.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    rate_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text=_("Redrives a minute across all workers; empty: the setting.")
+    )
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_name = models.CharField(
+        max_length=150, blank=True, default="", help_text=_("Kept if the user goes.")
+    )
+    reason = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        verbose_name = _("redrive rate change")
+        verbose_name_plural = _("redrive rate changes")
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        rate = "the setting" if self.rate_per_minute is None else f"{self.rate_per_minute}/min"
+        return f"redrive rate {rate} by {self.actor_name or 'system'}"
+
+
 class Lock(models.Model):
     """A lock of the database lock back end: one row per key, kept to carry the fencing counter."""
 

@@ -29,7 +29,7 @@ from django.utils.translation import ngettext
 from .. import dlq
 from ..conf import get_settings
 from ..exceptions import InvalidArgumentsError, ReplayError, ReplayPermissionDenied
-from ..models import DeadLetter
+from ..models import DeadLetter, ReplayRateChange
 from . import diff
 from .base import (
     ReadOnlyAdmin,
@@ -41,13 +41,25 @@ from .base import (
     pretty_json,
     refusal,
 )
-from .forms import ReplayDecisionForm, ReplayRequestForm, dumps
+from .forms import (
+    BatchForm,
+    BulkCorrectionForm,
+    RedriveRateForm,
+    ReplayDecisionForm,
+    ReplayRequestForm,
+    dumps,
+)
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
 
 #: Dead letters a bulk confirmation page lists (it says how many more it stands for).
 BULK_LISTED = 50
+#: Corrected replays a bulk approval lists first, each with its path diffs: only those listed
+#: are approved (each bound to the digest shown); a bigger batch is approved in several.
+CORRECTED_LISTED = 200
+#: Changes of the redrive rate its page lists, newest first.
+RATE_HISTORY = 20
 
 _SERVICES: dict[str, Callable[..., DeadLetter]] = {
     dlq.REQUEST: dlq.request_replay,
@@ -95,6 +107,8 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     search_fields = ["id", "task_name", "error_class", "lock_key"]
     payload_search_fields = ["idempotency_key"]
     search_whole_values = True
+    # The queue health page links a queue's unresolved dead letters (not replayed, not rejected).
+    extra_lookups = ["replay_state__in"]
     search_help_text = _("Dead-letter ids, task names, error classes, lock keys or idempotency keys, whole.")
     payload_derived_fields = ["error_message", "idempotency_key"]
     date_hierarchy = "created_at"
@@ -106,6 +120,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     # (jobguard_audit's dead_without_dead_letter).
     actions = ["request_replays", "approve_replays", "reject_replays"]
     change_form_template = "django_jobguard/admin/deadletter/change_form.html"
+    change_list_template = "django_jobguard/admin/deadletter/change_list.html"
     readonly_fields = [
         "job_link",
         "origin_link",
@@ -241,9 +256,89 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     # -- replay views ----------------------------------------------------------------------
 
     def get_urls(self) -> list[URLPattern]:
-        name = f"{self.opts.app_label}_{self.opts.model_name}_replay"
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
         view = self.admin_site.admin_view(self.replay_view)
-        return [path("<path:object_id>/replay/<str:action>/", view, name=name), *super().get_urls()]
+        rate = self.admin_site.admin_view(self.rate_view)
+        return [
+            path("redrive-rate/", rate, name=f"{prefix}_redrive_rate"),
+            path("<path:object_id>/replay/<str:action>/", view, name=f"{prefix}_replay"),
+            *super().get_urls(),
+        ]
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        # The rate in force, linked to its page: the first thing to change in an incident.
+        context = {"redrive_rate": dlq.current_rate(), **(extra_context or {})}
+        return super().changelist_view(request, context)
+
+    def rate_view(self, request: HttpRequest) -> HttpResponse:
+        """The redrive rate in force and its history; approvers change it for every worker here."""
+        title = _("Redrive rate")
+        if not self.has_view_permission(request):
+            name = request.user.get_username()
+            why = f"{name} may not view dead letters: that needs the jobguard.view_deadletter permission."
+            return refusal(request, self, str(title), why)
+        may_change = request.user.has_perm(dlq.RATE_PERMISSION)
+        current = dlq.current_rate()
+        form = RedriveRateForm(
+            request.POST if request.method == "POST" else None,
+            initial={"rate_per_minute": current.rate_per_minute},
+        )
+        if request.method == "POST":
+            if not may_change:
+                why = (
+                    f"{request.user.get_username()} may not change the redrive rate: that needs the "
+                    f"{dlq.RATE_PERMISSION} permission."
+                )
+                return refusal(request, self, str(title), why)
+            if form.is_valid():
+                rate = form.cleaned_data["rate_per_minute"]
+                try:
+                    change = dlq.set_rate(request.user, rate, form.cleaned_data["reason"])
+                except ReplayPermissionDenied as exc:
+                    return refusal(request, self, str(title), str(exc))
+                except ReplayError as exc:
+                    form.add_error(None, str(exc))
+                else:
+                    said = f"{rate}/min" if rate is not None else f"the setting ({current.setting}/min)"
+                    message = f"Redrive rate set to {said}: {form.cleaned_data['reason']}"
+                    log_to_history(
+                        request, ReplayRateChange, [change.pk], message, using=get_settings().database_alias
+                    )
+                    self.message_user(
+                        request,
+                        _("Redrive rate set to %(rate)s: every worker applies it at its next redrive pass.")
+                        % {"rate": said},
+                        messages.SUCCESS,
+                    )
+                    return HttpResponseRedirect(
+                        reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_redrive_rate")
+                    )
+        alias = get_settings().database_alias
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": title,
+            "current": current,
+            "changed_at": format_time(current.change.created_at) if current.change else "",
+            "history": [
+                {
+                    "rate": change.rate_per_minute,
+                    "actor": change.actor_name or _("system"),
+                    "at": format_time(change.created_at),
+                    "reason": change.reason,
+                }
+                for change in ReplayRateChange.objects.using(alias).order_by("-id")[:RATE_HISTORY]
+            ],
+            "waiting": DeadLetter.objects.using(alias).awaiting_redrive().count(),
+            "estimate_text": "",
+            "form": form if may_change else None,
+            "reaper_interval": get_settings().reaper_interval,
+        }
+        if context["waiting"]:
+            context["estimate_text"] = _duration(
+                context["waiting"] * dlq.RATE_WINDOW_SECONDS / current.rate_per_minute
+            )
+        return TemplateResponse(request, "django_jobguard/admin/deadletter/redrive_rate.html", context)
 
     def replay_view(self, request: HttpRequest, object_id: str, action: str) -> HttpResponse:
         """GET: a form (reason; payload when requesting); POST: the transition through dlq."""
@@ -373,17 +468,42 @@ class DeadLetterAdmin(ReadOnlyAdmin):
 
         "Select all" is carried to the confirmation as the change list's filter (the page
         posts back to the filtered URL with ``select_across``), never as one field per row,
-        so any number of dead letters fits in the request.
+        so any number of dead letters fits in the request. The page narrows the selection to
+        a batch (:class:`BatchForm`: the first N, a last-failed range), again as a filter; a
+        request may carry one correction for all of them (a JSON Patch of kwargs). An
+        approval lists the corrected replays first, each with its path diffs, and binds each
+        to the digest of the correction shown.
         """
         across = request.POST.get("select_across") == "1"
+        matching = queryset
+        batch = BatchForm(request.POST if "batch" in request.POST else None, prefix="batch")
+        queryset = batch.narrow(queryset)
         corrected_q = Q(replay_args__isnull=False) | Q(replay_kwargs__isnull=False)
         exclude_corrected = request.POST.get("exclude_corrected") == "1"
         if exclude_corrected:
             queryset = queryset.exclude(corrected_q)
-        form = ReplayDecisionForm(request.POST if "confirm" in request.POST else None)
         sees_payloads = dlq.can_view_payload(request.user)
+        corrects = action == dlq.REQUEST and sees_payloads
+        form_class = BulkCorrectionForm if corrects else ReplayDecisionForm
+        if action == dlq.REQUEST and not corrects and request.POST.get("patch", "").strip():
+            # Never drop a correction silently (the replays would run the original payloads).
+            why = (
+                f"{request.user.get_username()} may not correct payloads: that needs the "
+                f"{dlq.VIEW_PAYLOAD} permission."
+            )
+            return refusal(request, self, str(_LABELS[action]), why)
+        # "Update the counts" (preview) or a batch that does not validate shows the page again.
+        confirming = "confirm" in request.POST and "preview" not in request.POST
+        confirming = confirming and (not batch.is_bound or batch.is_valid())
+        if confirming:
+            form = form_class(request.POST)
+        elif "confirm" in request.POST:
+            # A changed batch is shown with its counts before anything happens; what was typed stays.
+            form = form_class(initial={k: request.POST.get(k, "") for k in ("reason", "patch")})
+        else:
+            form = form_class()
         corrected = queryset.filter(corrected_q).count() if action == dlq.APPROVE else 0
-        if form.is_valid():
+        if confirming and form.is_valid():
             if corrected and not sees_payloads:
                 self.message_user(
                     request,
@@ -400,20 +520,35 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                     messages.ERROR,
                 )
                 return None
-            decision = dlq.decide_many(
-                action,
-                queryset.values_list("pk", flat=True),
-                request.user,
-                form.cleaned_data["reason"],
-                # Each approval is bound to the payload its letter had on the confirmation page.
-                reviewed=_reviewed(request) if action == dlq.APPROVE else None,
-            )
+            ids = queryset.values_list("pk", flat=True)
+            patch = form.cleaned_data.get("patch") if corrects else None
+            reason = form.cleaned_data["reason"]
+            try:
+                if patch:
+                    decision = dlq.request_many_corrected(ids, request.user, reason, patch)
+                else:
+                    decision = dlq.decide_many(
+                        action,
+                        ids,
+                        request.user,
+                        reason,
+                        # Each approval is bound to the payload its letter had on the confirmation page.
+                        reviewed=_reviewed(request) if action == dlq.APPROVE else None,
+                    )
+            except ReplayPermissionDenied as exc:
+                return refusal(request, self, str(_LABELS[action]), str(exc))
             moved = decision.moved
             failed = [f"#{pk}: {why}" for pk, why in decision.refused]
             done = len(moved)
-            message = f"{_LABELS[action]} (bulk): {form.cleaned_data['reason']}"
+            message = f"{_LABELS[action]} (bulk): {reason}"
+            if patch:
+                message += f" (correction {json.dumps([op.as_json() for op in patch])})"
+            if batch.narrows:
+                message += f" (batch {_batch_text(batch)})"
             log_to_history(request, DeadLetter, moved, message, using=get_settings().database_alias)
             summary = f"{_LABELS[action]}: {done} done"
+            if patch:
+                summary += " with the correction"
             if failed:
                 summary += f", {len(failed)} not changed"
             self.message_user(request, summary + ".", messages.SUCCESS if done else messages.WARNING)
@@ -424,37 +559,73 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             return None
         count = queryset.count()
         estimate = dlq.redrive_estimate(count) if action in (dlq.REQUEST, dlq.APPROVE) else None
-        shown = list(queryset.order_by("id")[:BULK_LISTED])
+        # An approval lists the corrected replays first, with what each changes, whatever the
+        # selection's size: they are what the approver must read. The others follow.
+        corrected_shown = (
+            list(queryset.filter(corrected_q).order_by("id")[:CORRECTED_LISTED]) if corrected else []
+        )
+        others = queryset.exclude(corrected_q) if corrected else queryset
+        shown = list(others.order_by("id")[:BULK_LISTED])
+        others_count = count - corrected
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": _LABELS[action],
-            "listed": [
-                {
-                    "letter": letter,
-                    "corrected": letter.replay_args is not None or letter.replay_kwargs is not None,
-                    "review": _stored_review(letter) if sees_payloads else None,
-                    "digest": dlq.correction_digest(letter) if action == dlq.APPROVE else "",
-                }
-                for letter in shown
+            "corrected_listed": [
+                self._bulk_item(request, letter, action, sees_payloads) for letter in corrected_shown
             ],
+            "listed": [self._bulk_item(request, letter, action, sees_payloads) for letter in shown],
             "count": count,
+            "matching": matching.count() if batch.narrows else count,
+            "others_count": others_count,
             "listed_count": len(shown),
+            "corrected_listed_count": len(corrected_shown),
             "corrected": corrected,
             "sees_payloads": sees_payloads,
             "approving": action == dlq.APPROVE,
             "requesting": action == dlq.REQUEST,
+            "corrects": corrects,
             "select_across": across,
+            "first_pk": (corrected_shown + shown)[0].pk if corrected_shown or shown else None,
             "exclude_corrected": exclude_corrected,
-            "selected_ids": [] if across else [letter.pk for letter in queryset.only("pk")],
+            "selected_ids": [] if across else [letter.pk for letter in matching.only("pk")],
             "estimate": estimate,
             "estimate_text": _duration(estimate.seconds) if estimate else "",
             "ahead_text": _ahead(estimate.ahead) if estimate else "",
+            "rate_url": reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_redrive_rate"),
             "form": form,
+            "batch": batch,
             "action_name": name,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "django_jobguard/admin/deadletter/replay_bulk.html", context)
+
+    def _bulk_item(
+        self, request: HttpRequest, letter: DeadLetter, action: str, sees_payloads: bool
+    ) -> dict[str, Any]:
+        corrected = letter.replay_args is not None or letter.replay_kwargs is not None
+        review = _stored_review(letter) if corrected else None
+        return {
+            "letter": letter,
+            "corrected": corrected,
+            "review": review,
+            # The path diffs (values) for users who may see payloads; the names for the others.
+            "rows": _diff_rows(review) if review is not None and sees_payloads else [],
+            "digest": dlq.correction_digest(letter) if action == dlq.APPROVE else "",
+        }
+
+
+def _batch_text(batch: BatchForm) -> str:
+    """The batch as the admin log records it: ``first 500, last failed from ... before ...``."""
+    data = batch.cleaned_data
+    parts = []
+    if data.get("first") is not None:
+        parts.append(f"first {data['first']}")
+    if data.get("failed_from") is not None:
+        parts.append(f"last failed from {format_time(data['failed_from'])}")
+    if data.get("failed_to") is not None:
+        parts.append(f"last failed before {format_time(data['failed_to'])}")
+    return ", ".join(parts)
 
 
 def _reviewed(request: HttpRequest) -> dict[int, str]:
@@ -498,22 +669,26 @@ def _correction_context(request: HttpRequest, review: dlq.CorrectionReview | Non
     if review is None:
         return {"correction": None}
     show_payload = can_view_payload(request)
-    rows: list[dict[str, str]] = []
-    if show_payload:
-        absent = str(_("(not given)"))
-        # Only the leaves that changed (a nested qty 2 -> 30 is one row, items[0].qty), so
-        # the reviewer sees exactly what the replay will run differently.
-        rows = []
-        for change in review.changes:
-            for leaf in diff.changes(change.name, change.original, change.corrected):
-                rows.append(
-                    {
-                        "name": leaf.path,
-                        "original": absent if leaf.original is diff.ABSENT else dumps(leaf.original),
-                        "corrected": absent if leaf.corrected is diff.ABSENT else dumps(leaf.corrected),
-                    }
-                )
+    rows = _diff_rows(review) if show_payload else []
     return {"correction": review, "correction_rows": rows, "show_payload": show_payload}
+
+
+def _diff_rows(review: dlq.CorrectionReview) -> list[dict[str, str]]:
+    """The correction's path diffs, with values: only for users who may see payloads."""
+    absent = str(_("(not given)"))
+    # Only the leaves that changed (a nested qty 2 -> 30 is one row, items[0].qty), so
+    # the reviewer sees exactly what the replay will run differently.
+    rows = []
+    for change in review.changes:
+        for leaf in diff.changes(change.name, change.original, change.corrected):
+            rows.append(
+                {
+                    "name": leaf.path,
+                    "original": absent if leaf.original is diff.ABSENT else dumps(leaf.original),
+                    "corrected": absent if leaf.corrected is diff.ABSENT else dumps(leaf.corrected),
+                }
+            )
+    return rows
 
 
 def _duration(seconds: float) -> str:

@@ -15,7 +15,8 @@ replay), :mod:`.replay` (the user's steps) and :mod:`.redrive` (redrive under th
   :func:`reject_replay` (``jobguard.approve_replay``) moves a requested or approved, not yet
   redriven, replay to ``rejected``.
 - :func:`redrive`, run by every worker between claims, turns approved replays into new jobs,
-  at most ``JOBGUARD["REPLAY"]["RATE_PER_MINUTE"]`` a minute across all workers, and marks
+  at most ``JOBGUARD["REPLAY"]["RATE_PER_MINUTE"]`` a minute across all workers (or the rate
+  :func:`set_rate` stored from the console, read by every pass), and marks
   them ``replayed``. The new job keeps the idempotency key, and the key's row points at it
   under the fingerprint of the payload it runs: after a corrected replay, an enqueue of the key
   with the original arguments is an :class:`IdempotencyConflict` (docs/runbooks/dead-letters.md).
@@ -31,6 +32,7 @@ row saying who, when and why. Signals and metrics follow the commit.
 from .corrections import ABSENT, CorrectionReview, FieldChange, correction_digest, review_correction
 from .dead_letter import dead_letter
 from .keys import describe_key
+from .patch import MAX_PATCH_OPERATIONS, PatchError, PatchOperation, apply_patch, parse_patch
 from .permissions import (
     PAYLOAD_EVENT_KEYS,
     PERMISSIONS,
@@ -42,6 +44,7 @@ from .permissions import (
     replay_actions,
     visible_event_data,
 )
+from .rate import MAX_RATE_PER_MINUTE, RATE_PERMISSION, ReplayRate, current_rate, set_rate
 from .redrive import (
     BURST_WINDOW_SECONDS,
     RATE_WINDOW_SECONDS,
@@ -61,6 +64,7 @@ from .replay import (
     check_review,
     decide_many,
     reject_replay,
+    request_many_corrected,
     request_replay,
 )
 from .transitions import ALLOWED_FROM, APPROVE, LEADS_TO, REJECT, REQUEST, Transition, User
@@ -72,8 +76,11 @@ __all__ = [
     "BULK_CHUNK",
     "BURST_WINDOW_SECONDS",
     "LEADS_TO",
+    "MAX_PATCH_OPERATIONS",
+    "MAX_RATE_PER_MINUTE",
     "PAYLOAD_EVENT_KEYS",
     "PERMISSIONS",
+    "RATE_PERMISSION",
     "RATE_WINDOW_SECONDS",
     "REDRIVE_LOOKAHEAD",
     "REJECT",
@@ -83,27 +90,35 @@ __all__ = [
     "BulkDecision",
     "CorrectionReview",
     "FieldChange",
+    "PatchError",
+    "PatchOperation",
     "RedriveEstimate",
     "RedrivePass",
     "RedriveSkip",
+    "ReplayRate",
     "Transition",
     "User",
+    "apply_patch",
     "approve_replay",
     "available_actions",
     "can_view_payload",
     "check_permission",
     "check_review",
     "correction_digest",
+    "current_rate",
     "dead_letter",
     "decide_many",
     "describe_key",
+    "parse_patch",
     "redrive",
     "redrive_estimate",
     "redrive_once",
     "refusal_reason",
     "reject_replay",
     "replay_actions",
+    "request_many_corrected",
     "request_replay",
     "review_correction",
+    "set_rate",
     "visible_event_data",
 ]

@@ -3,9 +3,10 @@
 A pass holds the row lock of :data:`THROTTLE_LOCK_KEY` in ``jobguard_lock``, which
 serialises passes across all workers (a worker that finds it taken skips its pass), and
 each dead letter moves ``approved`` → ``replayed`` in a conditional update, so it yields
-exactly one job. The throttle allows at most ``JOBGUARD["REPLAY"]["RATE_PER_MINUTE"]``
-redrives in any :data:`RATE_WINDOW_SECONDS` and a sixth of that (rounded up) in any
-:data:`BURST_WINDOW_SECONDS`, counted on the database clock.
+exactly one job. The throttle allows at most ``JOBGUARD["REPLAY"]["RATE_PER_MINUTE"]`` (or
+the rate last set in the console, :mod:`.rate`) redrives in any :data:`RATE_WINDOW_SECONDS`
+and a sixth of that (rounded up) in any :data:`BURST_WINDOW_SECONDS`, counted on the
+database clock.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..exceptions import InvalidArgumentsError
 from ..models import DeadLetter, Job, Lock, ReplayAction, ReplayEvent, ReplayState
 from ..registry import registry
 from ..task import Task
+from .rate import rate_per_minute
 from .transitions import announce_transition
 
 # The package's logger: records keep the name they had before dlq became a package.
@@ -170,14 +172,18 @@ def redrive_estimate(count: int, *, using: str | None = None) -> RedriveEstimate
     while some run.
     """
     alias = using or get_settings().database_alias
-    rate = get_settings().replay.rate_per_minute
+    rate = rate_per_minute(alias)
     ahead = DeadLetter.objects.using(alias).awaiting_redrive().count()
     return RedriveEstimate(count, ahead, rate, (ahead + count) * RATE_WINDOW_SECONDS / rate)
 
 
 def _budget(alias: str) -> int:
-    """Redrives the throttle allows now, from the ``replayed_at`` of recent replays."""
-    rate = get_settings().replay.rate_per_minute
+    """Redrives the throttle allows now, from the ``replayed_at`` of recent replays.
+
+    The rate is read on every pass (:func:`.rate.rate_per_minute`): a change made in the
+    console reaches every worker at its next pass.
+    """
+    rate = rate_per_minute(alias)
     burst = math.ceil(rate * BURST_WINDOW_SECONDS / RATE_WINDOW_SECONDS)
     minute_ago = Now() - datetime.timedelta(seconds=RATE_WINDOW_SECONDS)
     burst_ago = Now() - datetime.timedelta(seconds=BURST_WINDOW_SECONDS)

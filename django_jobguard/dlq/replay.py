@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from django.db import transaction
@@ -19,6 +19,7 @@ from ..exceptions import (
 )
 from ..models import DeadLetter
 from .corrections import correction_digest, digest_matches, validated_payload
+from .patch import PatchOperation, apply_patch
 from .permissions import VIEW_PAYLOAD, can_view_payload, check_permission
 from .transitions import (
     APPROVE,
@@ -42,6 +43,7 @@ __all__ = [
     "check_review",
     "decide_many",
     "reject_replay",
+    "request_many_corrected",
     "request_replay",
 ]
 
@@ -319,3 +321,37 @@ def _decide_one_by_one(
         else:
             moved.append(pk)
     return moved, refused
+
+
+def request_many_corrected(
+    ids: Iterable[int], user: User, reason: str, patch: Sequence[PatchOperation]
+) -> BulkDecision:
+    """Request a replay of each dead letter of ``ids``, each corrected by the same JSON Patch.
+
+    The patch (:func:`.patch.parse_patch`) applies to each letter's own kwargs; the result is
+    that letter's correction, requested as :func:`request_replay` requests one (the
+    ``jobguard.view_payload`` permission, the state, the handler's signature), so each is
+    reviewed and approved bound to its own digest. A letter the patch does not apply to, or
+    whose corrected payload the handler refuses, is reported and the rest go on. One
+    transaction per letter.
+    """
+    reason = checked_reason(reason, REQUEST)
+    if not can_view_payload(user):
+        raise ReplayPermissionDenied(
+            f"{user.get_username()} may not correct payloads: that needs the {VIEW_PAYLOAD} permission."
+        )
+    alias = get_settings().database_alias
+    moved: list[int] = []
+    refused: list[tuple[int, str]] = []
+    for pk in sorted(set(ids)):
+        try:
+            kwargs = DeadLetter.objects.using(alias).values_list("kwargs", flat=True).get(pk=pk)
+            corrected = apply_patch(list(patch), kwargs if isinstance(kwargs, dict) else {})
+            request_replay(pk, user, reason, kwargs=corrected)
+        except DeadLetter.DoesNotExist:
+            refused.append((pk, f"Dead letter #{pk} no longer exists."))
+        except (ReplayError, InvalidArgumentsError) as exc:
+            refused.append((pk, f"Dead letter #{pk}: {exc}"))
+        else:
+            moved.append(pk)
+    return BulkDecision(moved, refused)
