@@ -29,17 +29,26 @@ def dead_letter(
     traceback: str = "",
     worker_id: str = "",
     idempotency_scope: str | None = None,
+    last_attempt_error: tuple[str, str] | None = None,
 ) -> DeadLetter:
     """Mark the job dead and store its dead letter in one transaction, fenced by the lease.
 
     Raises :class:`LeaseLost` (and writes nothing) if the lease moved on. The job's
     idempotency key, if any, is marked failed, so an approved replay may use it again.
+
+    ``last_attempt_error`` (an error class and message) is what the last attempt's history
+    entry records when it differs from the letter's error: the reaper files a handler's own
+    error, and the attempt it dead-letters ended in a lost lease.
     """
     limit = get_settings().max_error_chars
     error_message, traceback = clip(error_message, limit), clip(traceback, limit)
     summary = f"{error_class}: {error_message}" if error_class else error_message
     with transaction.atomic(using=alias):
-        attempt_error = (_class_path(error_class), error_message, traceback)
+        attempt_error = (
+            (_class_path(last_attempt_error[0]), clip(last_attempt_error[1], limit), "")
+            if last_attempt_error is not None
+            else (_class_path(error_class), error_message, traceback)
+        )
         if not store.mark_dead(alias, job_id, lease_token, summary, attempt_error):
             raise LeaseLost(f"job {job_id}: lease lost before dead-lettering")
         job = Job.objects.using(alias).get(pk=job_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 from .. import dlq, events, retry, store
 from ..exceptions import LeaseLost
@@ -12,7 +13,12 @@ from ..models import DeadLetterReason, Job
 
 logger = logging.getLogger("django_jobguard.worker")
 
-__all__ = ["ReapResult", "Reaper"]
+__all__ = ["LEASE_EXPIRED_MESSAGE", "ReapResult", "Reaper"]
+
+#: What a dead letter says of a lease that expired on the job's last attempt.
+LEASE_EXPIRED_MESSAGE = "the lease expired on the last attempt (worker crashed, froze or cut off)"
+#: How the attempt history names a lost lease (an attempt the reaper took back).
+LEASE_LOST = f"{LeaseLost.__module__}.{LeaseLost.__qualname__}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +41,18 @@ class Reaper:
         requeued, exhausted = store.reap(self.alias)
         if requeued:
             self._reappeared(requeued)
-        dead = sum(self._dead_letter(job_id, token) for job_id, token in exhausted)
+        histories = (
+            dict(
+                Job.objects.using(self.alias)
+                .filter(pk__in=[job_id for job_id, _ in exhausted])
+                .values_list("pk", "attempt_history")
+            )
+            if exhausted
+            else {}
+        )
+        dead = sum(
+            self._dead_letter(job_id, token, histories.get(job_id) or []) for job_id, token in exhausted
+        )
         return ReapResult(reappeared=len(requeued), dead_lettered=dead)
 
     def _reappeared(self, requeued: list[tuple[int, str]]) -> None:
@@ -53,7 +70,23 @@ class Reaper:
                 else {"job_id": job_id, "queue": queue_name, "outcome": "reappeared"},
             )
 
-    def _dead_letter(self, job_id: int, token: str) -> bool:
+    def _dead_letter(self, job_id: int, token: str, history: list[Any]) -> bool:
+        handler = _handler_error(history)
+        if handler is None:
+            error = ("LeaseExpired", LEASE_EXPIRED_MESSAGE, "")
+            last_attempt = None
+        else:
+            # The handler's own error files the letter (grouped with the same error's other
+            # letters, in the admin and Sentry); the lost lease stays its reason and is named
+            # in its message, and the last attempt's history entry records the lost lease.
+            attempt, error_class, message, traceback = handler
+            error = (
+                error_class,
+                f"{message}\n\n[The handler's error on attempt {attempt}; then LeaseExpired: "
+                f"{LEASE_EXPIRED_MESSAGE}.]",
+                traceback,
+            )
+            last_attempt = ("LeaseExpired", LEASE_EXPIRED_MESSAGE)
         try:
             letter = dlq.dead_letter(
                 self.alias,
@@ -61,18 +94,41 @@ class Reaper:
                 token,
                 reason=DeadLetterReason.LEASE_EXPIRED,
                 category=retry.TRANSIENT,
-                error_class="LeaseExpired",
-                error_message="the lease expired on the last attempt (worker crashed, froze or cut off)",
+                error_class=error[0],
+                error_message=error[1],
+                traceback=error[2],
                 worker_id="",
+                last_attempt_error=last_attempt,
             )
         except LeaseLost:
             return False  # its worker acked it just in time
         logger.error(
-            "job_dead_lettered job_id=%s task=%r reason=%s error=LeaseExpired",
+            "job_dead_lettered job_id=%s task=%r reason=%s error=%s",
             job_id,
             letter.task_name,
             DeadLetterReason.LEASE_EXPIRED,
+            letter.error_class,
             # The dead letter carries the job's fields; its own id is not the job's.
             extra={**job_fields(letter, self.worker_id, outcome="dead"), "job_id": job_id},
         )
         return True
+
+
+def _handler_error(history: list[Any]) -> tuple[int, str, str, str] | None:
+    """The last error a handler raised in ``history``: (attempt, class, message, traceback).
+
+    None if no attempt failed with one (each ended in a lost lease, or none had an entry).
+    """
+    for number in range(len(history), 0, -1):
+        entry = history[number - 1]
+        if not isinstance(entry, dict):
+            continue
+        error_class = str(entry.get("error_class") or "")
+        if error_class and error_class != LEASE_LOST:
+            return (
+                number,
+                error_class.removeprefix("builtins."),
+                str(entry.get("error") or ""),
+                str(entry.get("traceback") or ""),
+            )
+    return None
