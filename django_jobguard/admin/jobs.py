@@ -333,7 +333,13 @@ class JobAdmin(ReadOnlyAdmin):
         """
         if obj.attempts == 0:
             if obj.started_at is None:
-                return "-"
+                # The store gives a refunded claim's start back (none, before a first attempt).
+                if not obj.lock_contentions:
+                    return "-"
+                return format_html(
+                    '<span title="{}">-</span>',
+                    _("Claimed and handed back without an attempt: its lock was held by another job."),
+                )
             why = (
                 _("Claimed at %(time)s and handed back without an attempt: its lock was held by another job.")
                 if obj.lock_contentions
@@ -509,7 +515,7 @@ class JobAdmin(ReadOnlyAdmin):
             return "-"
 
     @admin.action(
-        description=_("Cancel selected jobs (queued: at once; running: ask the handler)"),
+        description=_("Cancel selected jobs (queued or stuck: at once; running: ask the handler)"),
         permissions=["cancel"],
     )
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> TemplateResponse | None:
@@ -565,14 +571,21 @@ class JobAdmin(ReadOnlyAdmin):
             queryset.order_by().values_list("status").annotate(n=Count("pk")).values_list("status", "n")
         )
         first = queryset.order_by("pk").values_list("pk", flat=True).first()
+        # A stuck job (lease expired) is cancelled outright: no heartbeat would carry a request.
+        stuck = (
+            queryset.filter(status=JobStatus.RUNNING, lease_expires_at__lt=Now()).count()
+            if by_status.get(JobStatus.RUNNING)
+            else 0
+        )
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": _("Cancel jobs"),
+            "stuck": stuck,
             "count": sum(by_status.values()),
             # A cancel takes waiting workflow steps at once, as it takes queued jobs.
             "queued": by_status.get(JobStatus.QUEUED, 0) + by_status.get(JobStatus.WAITING, 0),
-            "running": by_status.get(JobStatus.RUNNING, 0),
+            "running": by_status.get(JobStatus.RUNNING, 0) - stuck,
             "select_across": across,
             # With "Select all" the admin still wants one selected row to take the action.
             "selected_ids": ([first] if first is not None else [])

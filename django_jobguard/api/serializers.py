@@ -426,7 +426,10 @@ class QueueSerializer(serializers.Serializer):
     queue = serializers.CharField(read_only=True)
     depth = serializers.IntegerField(read_only=True, help_text="Queued jobs that are due.")
     scheduled = serializers.IntegerField(read_only=True, help_text="Queued jobs with a future run_after.")
-    in_flight = serializers.IntegerField(read_only=True, help_text="Running jobs.")
+    in_flight = serializers.IntegerField(read_only=True, help_text="Running jobs whose lease is live.")
+    stuck = serializers.IntegerField(
+        read_only=True, help_text="Running jobs whose lease expired, until the reaper hands them back."
+    )
     oldest_age_seconds = serializers.FloatField(
         read_only=True, help_text="Seconds the oldest due job has waited."
     )

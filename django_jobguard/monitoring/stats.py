@@ -86,8 +86,11 @@ class QueueStats:
     scheduled: int = 0
     #: Of the scheduled jobs, those that failed before: waiting out a retry backoff.
     waiting_for_retry: int = 0
-    #: Running jobs: claimed by a worker and holding a lease.
+    #: Running jobs whose lease is live (database clock): the job list's *running* state.
     in_flight: int = 0
+    #: Running jobs whose lease expired (database clock), not in :attr:`in_flight`: the
+    #: job list's *stuck* state, until the reaper hands them back.
+    stuck: int = 0
     #: Seconds the oldest due job has waited since its ``run_after`` (0 when none is due).
     oldest_age_seconds: float = 0.0
     #: Dead letters of this queue not replayed and not rejected.
@@ -183,10 +186,20 @@ def _count_queued(jobs: QuerySet[Job], rows: dict[str, QueueStats]) -> None:
 
 
 def _count_running(jobs: QuerySet[Job], rows: dict[str, QueueStats]) -> None:
-    """Running jobs per queue: one query."""
-    running = jobs.filter(status=JobStatus.RUNNING).values("queue_name").annotate(n=Count("pk"))
+    """Running jobs per queue, live leases apart from expired ones: one query.
+
+    The split is the job list's (``JobQuerySet.leased`` and ``expired_leases``): a stuck
+    job is not in flight, whatever page counts it.
+    """
+    live = Q(lease_expires_at__gte=Now())
+    running = (
+        jobs.filter(status=JobStatus.RUNNING)
+        .values("queue_name")
+        .annotate(n=Count("pk", filter=live), stuck=Count("pk", filter=~live))
+    )
     for run in running:
-        _row(rows, run["queue_name"]).in_flight = run["n"]
+        stats = _row(rows, run["queue_name"])
+        stats.in_flight, stats.stuck = run["n"], run["stuck"]
 
 
 def _count_dead_letters(letters: QuerySet[DeadLetter], rows: dict[str, QueueStats]) -> None:

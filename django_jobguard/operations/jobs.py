@@ -48,10 +48,14 @@ def _lock_and_update(
 
 
 def cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None) -> list[int]:
-    """Cancel the given jobs that are still queued (or waiting); the ids actually cancelled.
+    """Cancel the given jobs that are still queued (or waiting), or stuck; the ids cancelled.
 
-    Running jobs are left alone: a handler cannot be stopped safely from outside, and its
-    lease already decides who may finish it. A cancelled job's idempotency key expires at
+    Running jobs with a live lease are left alone (:func:`request_cancel` asks them): a
+    handler cannot be stopped safely from outside, and its lease already decides who may
+    finish it. A *stuck* job, running with an expired lease, has no heartbeat left to carry
+    a request: it is cancelled outright, as the reaper would have taken it back, and its
+    lease token is cleared, so a worker that was only frozen cannot ack it later. A
+    cancelled job's idempotency key expires at
     once, so the same business action can be enqueued again later. The jobs waiting for a
     cancelled one are cancelled too ("upstream failed"), and its workflow counts it failed.
     """
@@ -69,6 +73,18 @@ def cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None
             status=JobStatus.CANCELLED,
             finished_at=Now(),
             last_error=f"cancelled: {reason}" if reason else "cancelled",
+        )
+        # Stuck jobs: the lease's own expiry (database clock) is the reaper's condition too.
+        ids += _lock_and_update(
+            alias,
+            {"pk__in": wanted, "status": JobStatus.RUNNING, "lease_expires_at__lt": Now()},
+            status=JobStatus.CANCELLED,
+            finished_at=Now(),
+            lease_token=None,
+            lease_expires_at=None,
+            last_error=f"cancelled with its lease expired: {reason}"
+            if reason
+            else "cancelled with its lease expired",
         )
         if not ids:
             return []
@@ -129,11 +145,12 @@ def requeue_cancelled(job_ids: Iterable[int], *, reason: str = "", using: str | 
 
 
 def request_cancel(job_ids: Iterable[int], *, reason: str = "", using: str | None = None) -> list[int]:
-    """Ask the given running jobs to stop; the ids flagged.
+    """Ask the given running jobs with a live lease to stop; the ids flagged.
 
     Never a kill: the worker's heartbeat delivers the request to the handler as
     ``context.cancel_requested``, and the handler decides where stopping is safe. A
-    handler that ignores it runs to its end and is acked as usual.
+    handler that ignores it runs to its end and is acked as usual. A job whose lease
+    expired gets no heartbeat to carry the request: :func:`cancel` cancels it outright.
     """
 
     alias = using or get_settings().database_alias
@@ -144,7 +161,12 @@ def request_cancel(job_ids: Iterable[int], *, reason: str = "", using: str | Non
         # No skip_locked: a running row its worker holds a moment (a heartbeat) is waited for.
         ids = _lock_and_update(
             alias,
-            {"pk__in": wanted, "status": JobStatus.RUNNING, "cancel_requested": False},
+            {
+                "pk__in": wanted,
+                "status": JobStatus.RUNNING,
+                "cancel_requested": False,
+                "lease_expires_at__gte": Now(),
+            },
             skip_locked=False,
             cancel_requested=True,
         )

@@ -25,6 +25,7 @@ from collections import defaultdict
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -122,8 +123,12 @@ def cancel(workflow_id: int, *, reason: str = "", using: str | None = None) -> C
     cancelled: list[int] = []
     # Chunks by id, each its own transaction: a 100,000-member batch does not hold every lock
     # at once. A chain's first step cancels the rest down the chain ("upstream failed").
+    # Stuck members (running, lease expired) too: no heartbeat would carry a stop request.
     pending = list(
-        members.filter(status__in=[JobStatus.QUEUED, JobStatus.WAITING])
+        members.filter(
+            Q(status__in=[JobStatus.QUEUED, JobStatus.WAITING])
+            | Q(status=JobStatus.RUNNING, lease_expires_at__lt=Now())
+        )
         .order_by("pk")
         .values_list("pk", flat=True)
     )

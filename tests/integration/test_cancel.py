@@ -1,7 +1,10 @@
 """Cancelling queued jobs (the service and the admin action), and running queued jobs now."""
 
+import datetime
+
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 
 from django_jobguard import jobs, store
 from django_jobguard.models import IdempotencyKey, Job
@@ -24,6 +27,41 @@ def test_cancel_touches_only_queued_jobs():
     assert queued.finished_at is not None
     assert running.status == "running"
     assert store.claim("default", None, 5, "w") == []
+
+
+def test_a_stuck_job_is_cancelled_outright_and_its_late_ack_is_refused(client):
+    # Its worker died (or froze) and the reaper has not come by: no heartbeat would carry a
+    # stop request, so a cancel does not promise one.
+    stuck = tasks.add.using(idempotency_key="sum:stuck").enqueue(1)
+    live = tasks.add.enqueue(2)
+    held = {job.id: job for job in store.claim("default", None, 2, "w")}
+    Job.objects.filter(pk=stuck.pk).update(lease_expires_at=timezone.now() - datetime.timedelta(minutes=5))
+    operator = make_user("operator", "view_job", "cancel_job")
+    client.force_login(operator)
+    url = reverse("admin:jobguard_job_changelist")
+    confirm = client.post(url, {"action": "cancel_jobs", "_selected_action": [stuck.pk, live.pk]})
+    page = confirm.content.decode()
+    assert "1 running are asked to stop" in page and "1 stuck job (running, its lease expired" in page
+    response = client.post(
+        url, {"action": "cancel_jobs", "_selected_action": [stuck.pk, live.pk], "confirm": "yes"}, follow=True
+    )
+    text = [str(message) for message in response.context["messages"]]
+    assert "1 job cancelled." in text
+    assert any(line.startswith("1 running job was asked to stop") for line in text), text
+    stuck.refresh_from_db()
+    live.refresh_from_db()
+    assert (stuck.status, stuck.lease_token, stuck.cancel_requested) == ("cancelled", None, False)
+    assert stuck.last_error == "cancelled with its lease expired: by operator in the admin"
+    assert (live.status, live.cancel_requested) == ("running", True)
+    assert IdempotencyKey.objects.get(key="sum:stuck").status == "failed"
+    # The frozen worker wakes up: its ack is fenced off, the cancel stands.
+    assert not store.complete("default", stuck.pk, held[stuck.pk].lease_token, "1")
+    assert Job.objects.get(pk=stuck.pk).status == "cancelled"
+    # Asked directly, a stuck job is not flagged with a request no heartbeat would carry.
+    again = tasks.add.enqueue(3)
+    (claimed,) = store.claim("default", None, 1, "w")
+    Job.objects.filter(pk=claimed.id).update(lease_expires_at=timezone.now() - datetime.timedelta(seconds=1))
+    assert jobs.request_cancel([again.pk]) == []
 
 
 def test_a_cancelled_jobs_key_can_be_used_again():

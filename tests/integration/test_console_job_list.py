@@ -228,7 +228,8 @@ def test_a_claim_handed_back_for_its_lock_shows_no_start_beside_zero_attempts(vi
         "default", claimed.id, claimed.lease_token, delay=0, error=None, refund_attempt=True, contention=True
     )
     row = Job.objects.get(pk=job.pk)
-    assert (row.attempts, row.lock_contentions) == (0, 1) and row.started_at is not None  # as stored
+    # The store gives the refunded claim's start back: none, before a first attempt.
+    assert (row.attempts, row.lock_contentions, row.started_at) == (0, 1, None)
     listing = viewer.get(URL).content.decode()
     cell = re.search(r'<td class="field-attempt_started_at[^"]*">(.*?)</td>', listing).group(1)
     assert cell.endswith(">-</span>") and "handed back without an attempt: its lock was held" in cell

@@ -102,6 +102,17 @@ def test_queue_stats_count_each_state_per_queue():
     assert (rows["reports"].dead_letters, rows["reports"].pending_approvals) == (1, 1)
 
 
+def test_a_stuck_job_is_not_in_flight_as_on_the_job_lists_running_filter():
+    scenario()
+    stuck = job("default", "running")
+    Job.objects.filter(pk=stuck.pk).update(lease_expires_at=timezone.now() - datetime.timedelta(seconds=5))
+    default = by_queue(stats.queue_stats())["default"]
+    # The job list's split: "running" is a live lease, "stuck" an expired one; each counted once.
+    assert (default.in_flight, default.stuck) == (1, 1)
+    running = Job.objects.filter(queue_name="default")
+    assert (running.leased().count(), running.expired_leases().count()) == (1, 1)
+
+
 def test_configured_queues_are_listed_with_zeros_and_rows_are_sorted():
     rows = stats.queue_stats()
     # tests/settings.py configures "default" and "slow"; nothing is enqueued.
@@ -257,6 +268,7 @@ def test_status_json_has_the_same_numbers_for_scripts():
         "scheduled": 2,
         "waiting_for_retry": 0,
         "in_flight": 1,
+        "stuck": 0,
         "dead_letters": 3,
         "pending_approvals": 1,
         "paused": False,
