@@ -1,4 +1,10 @@
-"""Admin for the database lock back end's rows: who holds which resource, until when."""
+"""Admin for locks: who holds which resource, until when, and whether that holder is gone.
+
+The holder is read from the lock's own owner token (a worker's token names the job's claim,
+see :mod:`django_jobguard.locks.holders`), never from the jobs that carry its key: a job
+waiting for the lock carries the same key. With the database back end the list pages through
+the lock rows; with the Redis back end it reads the live locks from Redis (SCAN, bounded).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,10 @@ from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
-from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
-from django.db.models.functions import Now, Substr
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied
+from django.db.models import Q, QuerySet
+from django.db.models.functions import Now
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -18,9 +26,9 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import get_settings
-from ..exceptions import LockReleaseError, LockReleasePermissionDenied
-from ..locks import release
-from ..models import Job, JobStatus, Lock, LockRelease
+from ..exceptions import LockReleaseError, LockReleasePermissionDenied, LockUnavailable
+from ..locks import holders, release
+from ..models import JobStatus, Lock, LockRelease
 from .base import ReadOnlyAdmin, refusal
 from .forms import ForceReleaseForm
 
@@ -29,13 +37,18 @@ _FIELDS = (
     "is_held",
     "holder",
     "holder_gone",
+    "stuck",
     "age",
     "ttl",
     "fencing_token",
+    "contention",
     "acquired_at",
     "expires_at",
+    "holder_why",
     "running_jobs",
 )
+#: Longest SCAN cursor accepted from the query string (Redis's are unsigned 64-bit).
+_MAX_CURSOR = 2**64 - 1
 
 
 class HeldFilter(admin.SimpleListFilter):
@@ -55,14 +68,41 @@ class HeldFilter(admin.SimpleListFilter):
         return queryset
 
 
+class _LockChangeList(ChangeList):
+    """Reads the page's holders and contention in three queries, whatever the page's length."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        rows = list(self.result_list)
+        for row, live in zip(rows, holders.describe(rows), strict=True):
+            row.live = live  # type: ignore[attr-defined]
+
+
+def _live(obj: Lock) -> holders.LiveLock:
+    live = getattr(obj, "live", None)
+    if live is None:
+        live = obj.live = holders.describe([obj])[0]  # type: ignore[attr-defined]
+    return live
+
+
+def holder_link(live: holders.LiveLock | None) -> SafeString | str:
+    """``#<job> <worker>``, the job linked; "-" when free, "not a job" for a lock taken in code."""
+    if live is None or not live.held:
+        return "-"
+    if live.holder is None:
+        return _("not a job's claim")
+    url = reverse("admin:jobguard_job_change", args=[live.holder.job_id])
+    return format_html('<a href="{}">#{}</a> {}', url, live.holder.job_id, live.holder.worker_id)
+
+
 @admin.register(Lock)
 class LockAdmin(ReadOnlyAdmin):
-    """Read-only: a lock is released by its owner's token or by its TTL, never from a form.
+    """Read-only: a lock is released by its owner's token, by its TTL, or by a forced release.
 
-    Only the database back end stores rows here; Redis locks live in Redis.
+    Only the database back end stores rows here; with the Redis back end the list reads Redis.
     """
 
-    list_display = _FIELDS[:-1]
+    list_display = [name for name in _FIELDS if name not in ("holder_why", "running_jobs")]
     list_filter = [HeldFilter]
     search_fields = ["key"]
     ordering = ["-acquired_at"]
@@ -71,33 +111,53 @@ class LockAdmin(ReadOnlyAdmin):
     show_full_result_count = False
     change_form_template = "django_jobguard/admin/lock/change_form.html"
 
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return _LockChangeList
+
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
-        if get_settings().locks.backend != "database":
-            # These rows are the database back end's; the live locks are elsewhere.
-            messages.info(
-                request,
-                _(
-                    "Locks are held in Redis (JOBGUARD['LOCKS']['BACKEND'] is 'redis'): this list "
-                    "shows only rows left by the database back end, not the live locks. See them "
-                    "with redis-cli (SCAN for the key prefix %(prefix)s) or the lock metrics."
-                )
-                % {"prefix": get_settings().locks.prefix},
-            )
+        if get_settings().locks.backend == "redis":
+            return self.redis_changelist_view(request)
         return super().changelist_view(request, extra_context)
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Lock]:
-        # The holder, by the lock key the running job carries: one subquery per column, in
-        # the list's own query (no query per row).
-        prefix = get_settings().locks.prefix
-        holders = Job.objects.filter(
-            status=JobStatus.RUNNING, lock_key=Substr(OuterRef("key"), len(prefix) + 1)
-        ).order_by("-started_at")
-        queryset: QuerySet[Lock] = super().get_queryset(request)
-        return queryset.annotate(
-            holder_job_id=Subquery(holders.values("pk")[:1]),
-            holder_worker=Subquery(holders.values("worker_id")[:1]),
-            holder_alive=Exists(holders.filter(lease_expires_at__gte=Now())),
-        )
+    def redis_changelist_view(self, request: HttpRequest) -> HttpResponse:
+        """The live Redis locks, a bounded SCAN per page: stuck ones first."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        raw_cursor = request.GET.get("cursor", "0")
+        if not raw_cursor.isdigit() or int(raw_cursor) > _MAX_CURSOR:
+            return refusal(
+                request,
+                self,
+                "Locks in Redis",
+                f"cursor must be a SCAN cursor (digits), not {raw_cursor!r}.",
+                status=400,
+            )
+        context: dict[str, Any] = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Locks in Redis"),
+            "prefix": get_settings().locks.prefix,
+            "cap": holders.SCAN_CAP,
+            "can_force_release": release.can_force_release(request.user),
+            "cursor": int(raw_cursor),
+        }
+        try:
+            page = holders.redis_page(int(raw_cursor))
+        except (LockUnavailable, ImproperlyConfigured) as exc:
+            context["error"] = str(exc)
+        else:
+            context["page"] = page
+            context["rows"] = [
+                {"live": live, "holder": holder_link(live), "ttl": _seconds(live.ttl_left)}
+                for live in page.locks
+            ]
+        return TemplateResponse(request, "django_jobguard/admin/lock/redis_list.html", context)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Lock | None:
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None:
+            _live(obj)
+        return obj
 
     def get_urls(self) -> list[URLPattern]:
         name = f"{self.opts.app_label}_{self.opts.model_name}_force_release"
@@ -120,14 +180,23 @@ class LockAdmin(ReadOnlyAdmin):
                 "Force the release of a lock",
                 f"Forcing a lock's release needs the {release.PERMISSION!r} permission.",
             )
-        lock = self.get_object(request, unquote(object_id))
-        if lock is None:
-            raise Http404(f"No lock {object_id!r}.")
-        title = f"Force the release of {lock.key}"
+        name = unquote(object_id)
+        try:
+            live = holders.live_lock(name)
+        except (LockUnavailable, ImproperlyConfigured) as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return HttpResponseRedirect(reverse("admin:jobguard_lock_changelist"))
+        if live is None:
+            raise Http404(f"No lock {name!r}.")
+        title = f"Force the release of {live.name}"
         form = ForceReleaseForm(request.POST if request.method == "POST" else None)
         if form.is_valid():
+            # The owner token the operator confirmed against: a lock taken since is not freed.
+            seen = request.POST.get("token", "")
             try:
-                token = release.force_release(lock.key, user=request.user, reason=form.cleaned_data["reason"])
+                token = release.force_release(
+                    live.name, user=request.user, reason=form.cleaned_data["reason"], token=seen
+                )
             except LockReleasePermissionDenied as exc:
                 return refusal(request, self, title, str(exc))
             except LockReleaseError as exc:
@@ -135,7 +204,7 @@ class LockAdmin(ReadOnlyAdmin):
             else:
                 self.message_user(
                     request,
-                    f"Lock {lock.key!r} released; its fencing token is now {token}, so the old holder "
+                    f"Lock {live.name!r} released; its fencing token is now {token}, so the old holder "
                     "can no longer extend it or write with its token.",
                     messages.SUCCESS,
                 )
@@ -144,9 +213,9 @@ class LockAdmin(ReadOnlyAdmin):
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": title,
-            "lock": lock,
-            "holder": self.holder(lock),
-            "holder_gone": self.holder_gone(lock),
+            "lock": live,
+            "holder": holder_link(live),
+            "holder_gone": live.holder_gone,
             "form": form,
         }
         return TemplateResponse(request, "django_jobguard/admin/lock/force_release.html", context)
@@ -160,18 +229,31 @@ class LockAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("holder (job, worker)"))
     def holder(self, obj: Lock) -> SafeString | str:
-        job_id = getattr(obj, "holder_job_id", None)
-        if job_id is None or obj.token is None:
-            return "-"
-        url = reverse("admin:jobguard_job_change", args=[job_id])
-        return format_html('<a href="{}">#{}</a> {}', url, job_id, getattr(obj, "holder_worker", "") or "")
+        return holder_link(_live(obj))
 
     @admin.display(boolean=True, description=_("holder gone"))
     def holder_gone(self, obj: Lock) -> bool | None:
-        """Held, yet no running job with a live lease carries its key: nobody will release it."""
-        if not self.is_held(obj):
-            return None
-        return not getattr(obj, "holder_alive", False)
+        """Held by a claim that can no longer release it (see ``holder_why``); unknown: not a job's."""
+        return _live(obj).holder_gone
+
+    @admin.display(boolean=True, description=_("stuck"))
+    def stuck(self, obj: Lock) -> bool | None:
+        live = _live(obj)
+        return live.stuck if live.held else None
+
+    @admin.display(description=_("holder"))
+    def holder_why(self, obj: Lock) -> str:
+        live = _live(obj)
+        if not live.held:
+            return "-"
+        if live.holder is None:
+            return "Its owner token names no job: it was taken in code (lock()), not by a worker for a job."
+        return live.holder.why
+
+    @admin.display(description=_("waiting jobs (put back)"))
+    def contention(self, obj: Lock) -> str:
+        live = _live(obj)
+        return f"{live.waiting} ({live.put_backs})" if live.waiting else "-"
 
     @admin.display(description=_("age"))
     def age(self, obj: Lock) -> str:
@@ -194,6 +276,10 @@ class LockAdmin(ReadOnlyAdmin):
         return format_html(
             '<a href="{}?{}">{}</a>', reverse("admin:jobguard_job_changelist"), query, _("show")
         )
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{max(0.0, value):.1f} s"
 
 
 @admin.register(LockRelease)

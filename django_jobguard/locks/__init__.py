@@ -27,6 +27,7 @@ def lock(
     backend: str | None = None,
     using: str | None = None,
     cache_alias: str | None = None,
+    owner: str = "",
 ) -> BaseLock:
     """A lock on business resource ``key``, stored as ``JOBGUARD["LOCKS"]["PREFIX"] + key``.
 
@@ -39,6 +40,8 @@ def lock(
     - ``using``: database alias of the database back end (default ``JOBGUARD["DATABASE_ALIAS"]``).
     - ``cache_alias``: django-redis cache of the Redis back end (default
       ``JOBGUARD["LOCKS"]["CACHE_ALIAS"]``).
+    - ``owner``: who holds it, written at the start of each owner token (letters, digits,
+      ``.-_``, at most 47): a worker passes the job's claim, so the lock names its holder.
     """
     conf = get_settings().locks
     backend = backend or conf.backend
@@ -55,11 +58,14 @@ def lock(
             blocking=blocking,
             timeout=timeout,
             cache_alias=cache_alias or conf.cache_alias,
+            owner=owner,
         )
     if backend == "database":
         if cache_alias is not None:
             raise ValueError("cache_alias= names a cache; the database lock back end takes using=")
         from .db import DatabaseLock
 
-        return DatabaseLock(key, ttl=ttl, prefix=conf.prefix, blocking=blocking, timeout=timeout, using=using)
+        return DatabaseLock(
+            key, ttl=ttl, prefix=conf.prefix, blocking=blocking, timeout=timeout, using=using, owner=owner
+        )
     raise ValueError(f"unknown lock back end {backend!r}; use 'database' or 'redis'")

@@ -21,7 +21,7 @@ from ..exceptions import LockNotAcquired
 
 logger = logging.getLogger("django_jobguard.locks")
 
-__all__ = ["MAX_NAME_LENGTH", "RESERVED_SUFFIX", "BaseLock"]
+__all__ = ["MAX_NAME_LENGTH", "MAX_OWNER_LENGTH", "RESERVED_SUFFIX", "BaseLock"]
 
 #: Seconds between attempts of a blocking acquire.
 RETRY_INTERVAL_SECONDS = 0.05
@@ -29,6 +29,10 @@ RETRY_INTERVAL_SECONDS = 0.05
 MAX_NAME_LENGTH = 255
 #: Keys may not end with this: the Redis back end stores a key's fencing counter under it.
 RESERVED_SUFFIX = ":fencing"
+#: Longest owner: with the 17 characters of the random tail, an owner token fits the database
+#: back end's 64-character token column.
+MAX_OWNER_LENGTH = 47
+_OWNER_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_")
 
 
 class BaseLock(abc.ABC):
@@ -47,6 +51,7 @@ class BaseLock(abc.ABC):
         prefix: str,
         blocking: bool = True,
         timeout: float | None = None,
+        owner: str = "",
     ) -> None:
         if not isinstance(key, str) or not key:
             raise ValueError(f"a lock key names a resource, e.g. 'order:123', not {key!r}")
@@ -56,7 +61,14 @@ class BaseLock(abc.ABC):
             raise ValueError(f"every lock needs a finite TTL in seconds (ttl > 0), not {ttl!r}")
         if timeout is not None and timeout < 0:
             raise ValueError(f"timeout must be zero or more seconds, not {timeout!r}")
+        if len(owner) > MAX_OWNER_LENGTH or not set(owner) <= _OWNER_CHARACTERS:
+            raise ValueError(
+                f"a lock owner is at most {MAX_OWNER_LENGTH} letters, digits, '.', '-' or '_', not {owner!r}"
+            )
         self.key = key
+        #: Who takes the lock (e.g. a job's claim, see :mod:`.holders`): the start of every owner
+        #: token of this lock, so the lock's own token names its holder.
+        self.owner = owner
         self.name = f"{prefix}{key}"
         if len(self.name) > MAX_NAME_LENGTH:
             raise ValueError(
@@ -110,7 +122,7 @@ class BaseLock(abc.ABC):
                     )
                 # A fresh token per acquire: a late release from an earlier hold can never
                 # free this one.
-                token = secrets.token_hex(16)
+                token = f"{self.owner}.{secrets.token_hex(8)}" if self.owner else secrets.token_hex(16)
                 fencing = self._try_acquire(token)
                 if fencing is not None:
                     self.token = token

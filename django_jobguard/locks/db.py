@@ -41,8 +41,9 @@ class DatabaseLock(BaseLock):
         blocking: bool = True,
         timeout: float | None = None,
         using: str | None = None,
+        owner: str = "",
     ) -> None:
-        super().__init__(key, ttl=ttl, prefix=prefix, blocking=blocking, timeout=timeout)
+        super().__init__(key, ttl=ttl, prefix=prefix, blocking=blocking, timeout=timeout, owner=owner)
         self.using = using or get_settings().database_alias
 
     def _run(self, statement: Callable[[], _T], *, in_transaction: bool = False) -> _T:

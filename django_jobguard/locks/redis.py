@@ -25,22 +25,44 @@ from .._redis import milliseconds, run_script
 from ..exceptions import LockUnavailable
 from .base import RESERVED_SUFFIX, BaseLock
 
-__all__ = ["RedisLock", "hash_tag", "redis_key"]
+__all__ = ["RedisLock", "client", "force_release", "hash_tag", "redis_key"]
 
 #: Seconds an idle key's fencing counter is kept; later tokens come from the clock term.
 FENCING_KEY_TTL_SECONDS = 24 * 3600
 
-# KEYS[1] lock, KEYS[2] fencing counter; ARGV[1] token, ARGV[2] TTL in ms, ARGV[3] counter TTL in ms.
-_ACQUIRE = """
-if redis.replicate_commands then redis.replicate_commands() end
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    return false
-end
+# Issues the next fencing token into `fencing`: KEYS[2] fencing counter, ARGV[3] its TTL in ms.
+_BUMP_FENCING = """
 local now = redis.call('TIME')
 local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
 local fencing = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, micros)
 redis.call('SET', KEYS[2], string.format('%.0f', fencing), 'PX', ARGV[3])
+"""
+# KEYS[1] lock, KEYS[2] fencing counter; ARGV[1] token, ARGV[2] TTL in ms, ARGV[3] counter TTL in ms.
+_ACQUIRE = f"""
+if redis.replicate_commands then redis.replicate_commands() end
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return false
+end
+{_BUMP_FENCING}
 return fencing
+"""
+# A forced release: KEYS[1] lock, KEYS[2] fencing counter; ARGV[1] the owner token the
+# operator saw ('' for whichever holds it), ARGV[3] counter TTL in ms (ARGV[2] unused). The
+# lock goes and the counter moves past the old holder's token in one step. Returns
+# {0, ''} when not held, {2, token} when another token holds it, else {1, new fencing
+# token, the token it freed}.
+_FORCE_RELEASE = f"""
+if redis.replicate_commands then redis.replicate_commands() end
+local held = redis.call('GET', KEYS[1])
+if not held then
+    return {{0, ''}}
+end
+if ARGV[1] ~= '' and held ~= ARGV[1] then
+    return {{2, held}}
+end
+redis.call('DEL', KEYS[1])
+{_BUMP_FENCING}
+return {{1, string.format('%.0f', fencing), held}}
 """
 # KEYS[1] lock; ARGV[1] token.
 _RELEASE = """
@@ -56,6 +78,50 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+
+
+def client(cache_alias: str) -> Any:
+    """The Redis client of django-redis cache ``cache_alias``."""
+    try:
+        from django_redis import get_redis_connection
+    except ImportError as exc:  # pragma: no cover - only without the redis extra
+        raise ImproperlyConfigured(
+            "the redis lock back end needs django-redis (pip install django-jobguard[redis])"
+        ) from exc
+    try:
+        return get_redis_connection(cache_alias)
+    except NotImplementedError:
+        raise ImproperlyConfigured(
+            f"JOBGUARD['LOCKS']['CACHE_ALIAS'] is {cache_alias!r}, which is not a "
+            "django-redis cache (BACKEND 'django_redis.cache.RedisCache')"
+        ) from None
+
+
+def force_release(cache_alias: str, prefix: str, key: str, token: str) -> tuple[int, str, str]:
+    """Delete lock ``key`` and move its fencing counter on, atomically (see ``_FORCE_RELEASE``).
+
+    ``token``: the owner token expected to hold it ("" for any). Returns ``(0, "", "")`` if it
+    is not held, ``(2, "", holder's token)`` if another token holds it, else
+    ``(1, new fencing token, the token it freed)``. Raises :class:`LockUnavailable` when Redis
+    does not answer.
+    """
+    from redis.exceptions import RedisError
+
+    name = redis_key(prefix, key)
+    try:
+        result = run_script(
+            client(cache_alias),
+            _FORCE_RELEASE,
+            [name, f"{name}{RESERVED_SUFFIX}"],
+            [token, 0, milliseconds(FENCING_KEY_TTL_SECONDS)],
+        )
+    except RedisError as exc:
+        raise LockUnavailable(f"lock {prefix + key!r}: Redis did not answer ({exc})") from exc
+    text = [value.decode() if isinstance(value, bytes) else str(value) for value in result[1:]]
+    status = int(result[0])
+    if status == 1:
+        return status, text[0], text[1]
+    return status, "", text[0]
 
 
 def redis_key(prefix: str, key: str) -> str:
@@ -85,8 +151,9 @@ class RedisLock(BaseLock):
         blocking: bool = True,
         timeout: float | None = None,
         cache_alias: str = "default",
+        owner: str = "",
     ) -> None:
-        super().__init__(key, ttl=ttl, prefix=prefix, blocking=blocking, timeout=timeout)
+        super().__init__(key, ttl=ttl, prefix=prefix, blocking=blocking, timeout=timeout, owner=owner)
         self.cache_alias = cache_alias
         #: The Redis key: the lock key as a hash tag, so the fencing counter is on its slot.
         self.redis_key = redis_key(prefix, key)
@@ -100,19 +167,7 @@ class RedisLock(BaseLock):
         self.fencing_key = f"{self.redis_key}{RESERVED_SUFFIX}"
 
     def _client(self) -> Any:
-        try:
-            from django_redis import get_redis_connection
-        except ImportError as exc:  # pragma: no cover - only without the redis extra
-            raise ImproperlyConfigured(
-                "the redis lock back end needs django-redis (pip install django-jobguard[redis])"
-            ) from exc
-        try:
-            return get_redis_connection(self.cache_alias)
-        except NotImplementedError:
-            raise ImproperlyConfigured(
-                f"JOBGUARD['LOCKS']['CACHE_ALIAS'] is {self.cache_alias!r}, which is not a "
-                "django-redis cache (BACKEND 'django_redis.cache.RedisCache')"
-            ) from None
+        return client(self.cache_alias)
 
     def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
         from redis.exceptions import RedisError

@@ -26,6 +26,7 @@ from .._text import clip
 from ..conf import RetryPolicy, get_settings
 from ..context import JobContext
 from ..exceptions import InvalidArgumentsError, LeaseLost, LockNotAcquired, LockUnavailable
+from ..locks.holders import job_owner
 from ..log import job_fields
 from ..models import DeadLetterReason
 from ..outcome import Dead, Duplicate, HeldState, Outcome, PutBack, PutBackCause, Retry, Stale, Succeeded
@@ -208,7 +209,9 @@ def take_lock(held: Held, task: Task[Any, Any]) -> Outcome | None:
     job = held.job
     conf = get_settings().locks
     try:
-        handle = locks.lock(job.lock_key, ttl=task.lock_ttl or conf.ttl)
+        # The claim owns the lock: its owner token names the job, so the lock names its holder.
+        owner = job_owner(job.id, job.lease_token)
+        handle = locks.lock(job.lock_key, ttl=task.lock_ttl or conf.ttl, owner=owner)
     except ValueError as exc:
         return Dead(
             DeadLetterReason.INVALID_PAYLOAD,
