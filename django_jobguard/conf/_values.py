@@ -13,6 +13,9 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .defaults import DEFAULTS
 
+#: The width of the queue columns (``Job.queue_name``, ``QueueState.queue_name``, ...).
+MAX_QUEUE_NAME_LENGTH = 100
+
 
 def _key(*parts: str) -> str:
     return "JOBGUARD" + "".join(f"[{p!r}]" for p in parts)
@@ -73,6 +76,16 @@ def stored_text(value: str, path: tuple[str, ...], width: int, stored: str) -> s
             path, f"is {len(value)} characters long; it may have at most {width}: it is stored in {stored}."
         )
     return value
+
+
+def queue_setting(value: Any, path: tuple[str, ...]) -> str:
+    """A queue name a setting gives: a non-empty string that fits the queue columns."""
+    return stored_text(
+        string(value, path),
+        path,
+        MAX_QUEUE_NAME_LENGTH,
+        f"the {MAX_QUEUE_NAME_LENGTH}-character queue column of each job and of the queue controls",
+    )
 
 
 def boolean(value: Any, path: tuple[str, ...]) -> bool:

@@ -11,15 +11,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..exceptions import PermanentError, TransientError
-from ._values import fail, integer, mapping, number, optional_integer, reject_unknown, stored_text, string
+from ._values import (
+    fail,
+    integer,
+    mapping,
+    number,
+    optional_integer,
+    queue_setting,
+    reject_unknown,
+    stored_text,
+)
 from .defaults import DEFAULTS
 
-#: The width of the queue columns (``Job.queue_name``, ``QueueState.queue_name``, ...).
-MAX_QUEUE_NAME_LENGTH = 100
 #: The width of the handler version columns (``Job.handler_version``, ``DeadLetter.handler_version``).
 MAX_HANDLER_VERSION_LENGTH = 64
-#: Where a queue name is stored, for the errors that refuse one.
-QUEUE_COLUMN = f"the {MAX_QUEUE_NAME_LENGTH}-character queue column of each job and of the queue controls"
 
 #: The options a queue in JOBGUARD["QUEUES"] may set (QueueConfig's fields but its name).
 QUEUE_OPTIONS = {"visibility_timeout", "max_attempts", "retry", "recoverable_retry", "concurrency"}
@@ -129,7 +134,7 @@ def parse_queues(
     queues: dict[str, QueueConfig] = {}
     for name, options in mapping(value, ("QUEUES",)).items():
         path = ("QUEUES", str(name))
-        stored_text(string(name, path), path, MAX_QUEUE_NAME_LENGTH, QUEUE_COLUMN)
+        queue_setting(name, path)
         options = mapping(options, path)
         reject_unknown(options, QUEUE_OPTIONS, path)
         queues[name] = QueueConfig(

@@ -6,8 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from ._values import fail, integer, mapping, number, reject_unknown, stored_text, string
-from .queues import MAX_QUEUE_NAME_LENGTH, QUEUE_COLUMN
+from ._values import fail, integer, mapping, number, queue_setting, reject_unknown, stored_text, string
 
 #: What a schedule does with ticks missed while no scheduler ran (see docs/how-to/recurring-jobs.md).
 MISSED_POLICIES = ("skip", "run_once", "catch_up")
@@ -86,7 +85,7 @@ def parse_schedules(value: Any) -> dict[str, ScheduleConfig]:
         queue_name = entry.get("queue_name")
         if queue_name is not None:
             queue_path = (*path, "queue_name")
-            stored_text(string(queue_name, queue_path), queue_path, MAX_QUEUE_NAME_LENGTH, QUEUE_COLUMN)
+            queue_setting(queue_name, queue_path)
         missed = entry.get("missed", "run_once")
         if missed not in MISSED_POLICIES:
             raise fail((*path, "missed"), f"must be one of {list(MISSED_POLICIES)}, not {missed!r}.")

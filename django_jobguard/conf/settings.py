@@ -13,23 +13,15 @@ from ._values import (
     mapping,
     merged_group,
     number,
+    queue_setting,
     reject_unknown,
-    stored_text,
     string,
 )
 from .api import ApiSettings, parse_api_settings, parse_page_sizes
 from .defaults import DEFAULTS
 from .limits import NamedLimit, parse_limits
 from .payloads import parse_depth, parse_redact
-from .queues import (
-    MAX_QUEUE_NAME_LENGTH,
-    QUEUE_COLUMN,
-    QueueConfig,
-    RetryPolicy,
-    parse_queues,
-    parse_retry_policies,
-    parse_unclassified_errors,
-)
+from .queues import QueueConfig, RetryPolicy, parse_queues, parse_retry_policies, parse_unclassified_errors
 from .schedules import ScheduleConfig, SchedulerSettings, parse_scheduler_settings, parse_schedules
 from .services import (
     CacheSettings,
@@ -177,12 +169,7 @@ def parse(raw: Any) -> Settings:
 
     return Settings(
         database_alias=string(merged["DATABASE_ALIAS"], ("DATABASE_ALIAS",)),
-        default_queue=stored_text(
-            string(merged["DEFAULT_QUEUE"], ("DEFAULT_QUEUE",)),
-            ("DEFAULT_QUEUE",),
-            MAX_QUEUE_NAME_LENGTH,
-            QUEUE_COLUMN,
-        ),
+        default_queue=queue_setting(merged["DEFAULT_QUEUE"], ("DEFAULT_QUEUE",)),
         visibility_timeout=visibility,
         max_attempts=attempts,
         retry=retry,
