@@ -7,8 +7,8 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import admin
-from django.db.models import BooleanField, Case, QuerySet, Value, When
-from django.db.models.functions import Now
+from django.db.models import BooleanField, Case, Exists, OuterRef, QuerySet, Value, When
+from django.db.models.functions import Concat, Now
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
@@ -68,7 +68,15 @@ class WorkerAdmin(ReadOnlyAdmin):
                 When(last_beat_at__lt=_stale_cutoff(), then=Value(True)),
                 default=Value(False),
                 output_field=BooleanField(),
-            )
+            ),
+            # A live process beating in a row of its own under this row's worker id
+            # (beats.clash_row_id): two processes share the id.
+            shared_live=Exists(
+                WorkerBeat.objects.filter(
+                    worker_id__startswith=Concat(OuterRef("worker_id"), Value(" (pid ")),
+                    last_beat_at__gte=_stale_cutoff(),
+                )
+            ),
         )
 
     @admin.display(description=_("last beat"), ordering="last_beat_at")
@@ -82,10 +90,26 @@ class WorkerAdmin(ReadOnlyAdmin):
                 'padding:1px 6px;border-radius:8px">{}</span>',
                 _("stale"),
             )
-        return format_html(
+        live = format_html(
             '<span class="jobguard-badge state-live" style="background:#2e7d32;color:#fff;'
             'padding:1px 6px;border-radius:8px">{}</span>',
             _("live"),
+        )
+        shared = beats.shared_worker_id(obj.worker_id) or (
+            obj.worker_id if getattr(obj, "shared_live", False) else None
+        )
+        if shared is None:
+            return live
+        return format_html(
+            '{} <span class="jobguard-badge worker-id-clash" title="{}" style="background:#8a5300;'
+            'color:#fff;padding:1px 6px;border-radius:8px;white-space:nowrap">{}</span>',
+            live,
+            _(
+                "Another live process beats under the worker id %(id)r: give each process its own "
+                "(--worker-id, WORKER_ID). Their jobs share the id."
+            )
+            % {"id": shared},
+            _("worker id shared"),
         )
 
     @admin.display(description=_("async slots in use"), ordering="async_in_use")
@@ -97,8 +121,16 @@ class WorkerAdmin(ReadOnlyAdmin):
         return f"{obj.loop_lag_ms} ms" if obj.async_slots else "-"
 
     @admin.display(description=_("jobs in hand"), ordering="jobs_in_hand")
-    def jobs_in_hand_link(self, obj: WorkerBeat) -> SafeString:
-        query = urlencode({"worker_id": obj.worker_id, "status__exact": JobStatus.RUNNING})
+    def jobs_in_hand_link(self, obj: WorkerBeat) -> SafeString | str:
+        stale = getattr(obj, "is_stale", None)
+        if stale is None:
+            stale = beats.is_stale(obj.last_beat_at)
+        if stale:
+            # Its last count is history: the reaper hands its jobs back once their leases expire.
+            return "-"
+        # A process of a shared worker id beats in a row of its own; its jobs carry the id.
+        worker_id = beats.shared_worker_id(obj.worker_id) or obj.worker_id
+        query = urlencode({"worker_id": worker_id, "status__exact": JobStatus.RUNNING})
         return format_html(
             '<a href="{}?{}">{}</a>', reverse("admin:jobguard_job_changelist"), query, obj.jobs_in_hand
         )

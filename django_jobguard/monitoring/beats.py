@@ -16,6 +16,8 @@ Minutes are the worker's wall clock (UTC), truncated; last-beat times are the da
 from __future__ import annotations
 
 import datetime
+import logging
+import re
 import socket
 import threading
 import time
@@ -28,13 +30,17 @@ from .. import events, retention
 from ..store import beats as store_beats
 from .stats import oldest_due_ages
 
+logger = logging.getLogger("django_jobguard.worker")
+
 __all__ = [
     "OUTCOMES",
     "STALE_AFTER_SECONDS",
     "WORKER_BEAT_INTERVAL_SECONDS",
     "Beat",
+    "clash_row_id",
     "count",
     "is_stale",
+    "shared_worker_id",
 ]
 
 #: Seconds between two beats (row upserts and outcome flushes) of one worker.
@@ -82,6 +88,25 @@ def _give_back(taken: dict[tuple[str, int], list[int]]) -> None:
                 bucket[index] += value
 
 
+#: The row id a process takes once it finds another live process beating under its worker id.
+_CLASH_SUFFIX = " (pid {pid} on {host})"
+_CLASH_ROW = re.compile(r"^(?P<worker_id>.*) \(pid \d+ on [^()]*\)$", re.DOTALL)
+#: The beat row's ``worker_id`` column.
+_ROW_ID_CHARS = 128
+
+
+def clash_row_id(worker_id: str, host: str, pid: int) -> str:
+    """The beat row of one of two processes sharing ``worker_id``: ``"w1 (pid 42 on web-3)"``."""
+    suffix = _CLASH_SUFFIX.format(pid=pid, host=host[:60])
+    return worker_id[: max(0, _ROW_ID_CHARS - len(suffix))] + suffix
+
+
+def shared_worker_id(row_id: str) -> str | None:
+    """The worker id a row of :func:`clash_row_id` stands for; None for an ordinary row."""
+    match = _CLASH_ROW.match(row_id)
+    return match["worker_id"] if match else None
+
+
 def is_stale(last_beat_at: datetime.datetime, now: datetime.datetime | None = None) -> bool:
     """Whether a worker whose last beat was at ``last_beat_at`` missed three beats."""
     now = now or timezone.now()
@@ -111,6 +136,10 @@ class Beat:
         self.started_at = timezone.now()
         self._next_beat = 0.0
         self._next_sample = 0.0
+        #: The row this process upserts: its worker id, or its own once another live process
+        #: turned out to beat under the same id (the two would flap one row between them).
+        self.row_id = worker_id
+        self._beaten = False
 
     def maybe_beat(
         self, now: float, jobs_in_hand: int, loop: Callable[[], tuple[int, float]] | None = None
@@ -132,10 +161,19 @@ class Beat:
         return True
 
     def beat(self, jobs_in_hand: int, async_in_use: int = 0, loop_lag_ms: int = 0) -> None:
-        """Upsert this worker's row and add the pending outcome counts (two statements)."""
+        """Upsert this worker's row and add the pending outcome counts (two statements).
+
+        After its first beat, a process reads its row's process first (one more statement):
+        another process wrote it since, so two live processes share the worker id. It warns
+        (``worker_id_clash``) and beats in a row of its own from then on (:func:`clash_row_id`).
+        A restarted process takes its predecessor's row at its first beat without a warning:
+        a dead process does not write again.
+        """
+        if self._beaten and self.row_id == self.worker_id:
+            self._check_clash()
         store_beats.upsert_worker_beat(
             self.alias,
-            worker_id=self.worker_id,
+            worker_id=self.row_id,
             host=self.host,
             pid=self.pid,
             queues=self.queues[:1000],
@@ -146,7 +184,26 @@ class Beat:
             async_in_use=async_in_use,
             loop_lag_ms=loop_lag_ms,
         )
+        self._beaten = True
         self.flush()
+
+    def _check_clash(self) -> None:
+        other = store_beats.worker_beat_process(self.alias, self.worker_id)
+        if other is None or other == (self.host, self.pid):
+            return
+        self.row_id = clash_row_id(self.worker_id, self.host, self.pid)
+        logger.warning(
+            "worker_id_clash worker_id=%r host=%r pid=%s other_host=%r other_pid=%s; another live "
+            "process beats under this worker id: give each process its own (--worker-id, "
+            'JOBGUARD["WORKER_ID"]); this one now beats as %r',
+            self.worker_id,
+            self.host,
+            self.pid,
+            other[0],
+            other[1],
+            self.row_id,
+            extra={"worker_id": self.worker_id},
+        )
 
     def flush(self) -> None:
         """Add the outcome counts gathered since the last flush to their minutes (one statement)."""

@@ -84,6 +84,15 @@ def upsert_worker_beat(
         cursor.execute(sql, params)
 
 
+def worker_beat_process(alias: str, worker_id: str) -> tuple[str, int] | None:
+    """``(host, pid)`` of the process that last wrote ``worker_id``'s row; None if it has none."""
+    table = _tables()[0]
+    with connections[alias].cursor() as cursor:
+        cursor.execute(f"SELECT host, pid FROM {table} WHERE worker_id = %s", [worker_id])
+        row = cursor.fetchone()
+    return None if row is None else (str(row[0]), int(row[1]))
+
+
 def add_minute_counts(
     alias: str, columns: Sequence[str], counts: Sequence[tuple[str, datetime.datetime, Sequence[int]]]
 ) -> None:

@@ -66,3 +66,27 @@ def test_a_worker_reports_itself_its_jobs_in_hand_and_its_outcomes(workers, clie
         .content.decode()
         .split("<tbody>")[-1]
     )
+
+
+def test_two_live_workers_started_with_one_worker_id_keep_a_row_each_and_one_warns(workers):
+    first = workers.start("--worker-id", "twin", "--queue", "default")
+    second = workers.start("--worker-id", "twin", "--queue", "default")
+
+    def rows():
+        return dict(WorkerBeat.objects.filter(worker_id__startswith="twin").values_list("worker_id", "pid"))
+
+    # Whichever beats second takes the row; the other finds it taken at its next beat.
+    wait_for(lambda: len(rows()) == 2, timeout=90, message="a row for each of the two processes")
+    by_pid = {pid: worker_id for worker_id, pid in rows().items()}
+    assert set(by_pid) == {first.pid, second.pid}
+    (moved,) = [proc for proc in (first, second) if by_pid[proc.pid] != "twin"]
+    assert by_pid[moved.pid] == f"twin (pid {moved.pid} on {socket.gethostname()[:60]})"
+    assert "worker_id_clash worker_id='twin'" in workers.log(moved)
+    # No more flapping: three beats later each row still shows its own process.
+    last = WorkerBeat.objects.get(pk="twin").last_beat_at
+    wait_for(
+        lambda: WorkerBeat.objects.get(pk="twin").last_beat_at > last + datetime.timedelta(seconds=9),
+        timeout=60,
+        message="two more beats of the row's process",
+    )
+    assert {pid: worker_id for worker_id, pid in rows().items()} == by_pid
