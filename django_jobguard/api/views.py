@@ -353,7 +353,7 @@ class JobCancelView(_JobObjectView):
         },
     )
     def post(self, request: Request, job_id: int) -> Response:
-        """Cancel a queued job; a running or finished one is left alone (409)."""
+        """Cancel a queued or stuck job (lease expired); a live or finished one is left alone (409)."""
         data = self.validated(CancelSerializer, request.data)
         job = self.job(job_id)
         if job.pk not in jobs.cancel([job.pk], reason=data["reason"]):
