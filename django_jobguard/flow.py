@@ -23,6 +23,7 @@ __all__ = [
     "keyed_rate_room",
     "over_long_rate_keys",
     "parse_rate",
+    "stored_flow_keys",
     "template_fields",
 ]
 
@@ -55,6 +56,19 @@ def keyed_rate_room(task_name: str) -> int:
 def over_long_rate_keys(keys: list[str]) -> list[str]:
     """The rate keys of a job's stored ``flow_keys`` that the rate table cannot hold."""
     return [key for key in keys if key.startswith("r:") and len(key) > MAX_STORED_RATE_KEY_LENGTH]
+
+
+def stored_flow_keys(value: Any) -> list[str] | None:
+    """A job's stored ``flow_keys`` (decoded) as its keys; None when they are not a list of strings.
+
+    Enqueue stores a JSON array of strings; a row written by hand, through the ORM or by an
+    older release may hold any JSON value. The limited claim counts such a job under none of
+    its stored keys and leases it, and the worker dead-letters it, rather than fail every
+    limited claim of its queue.
+    """
+    if isinstance(value, list) and all(isinstance(key, str) for key in value):
+        return value
+    return None
 
 
 def parse_rate(value: Any) -> tuple[int, float]:

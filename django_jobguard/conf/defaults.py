@@ -19,12 +19,13 @@ DEFAULTS: dict[str, Any] = {
     # Database alias that stores jobs, keys and dead letters. Enqueue joins the caller's
     # transaction only when it runs on this alias.
     "DATABASE_ALIAS": "default",
-    # Queue used when a task names none.
+    # Queue used when a task names none (at most 100 characters, the width of the queue columns).
     "DEFAULT_QUEUE": "default",
     # Per-queue options: visibility_timeout, max_attempts, retry, recoverable_retry, and
     # concurrency (jobs of the queue running at once across every worker). Once any
     # queue is declared here, enqueue, jobguard_worker --queue and jobguard_status --queue
-    # refuse a queue that is neither declared nor DEFAULT_QUEUE.
+    # refuse a queue that is neither declared nor DEFAULT_QUEUE. A queue name has at most 100
+    # characters.
     "QUEUES": {},
     # Shared limits that tasks name with @task(limit="stripe"): {"stripe": {"rate": "25/s",
     # "burst": 25, "concurrency": 10}}. Each entry needs rate, concurrency, breaker or
@@ -32,7 +33,8 @@ DEFAULTS: dict[str, Any] = {
     # of failure_rate, min_calls, window, open_for, probes) stops claiming the dependency's jobs
     # while its transient failures run high; "retry_budget": True (or a dict of ratio,
     # min_retries, window) caps its retries at a fraction of its first attempts. Enforced at
-    # claim across every worker.
+    # claim across every worker. A name has at most 100 characters with a breaker or a
+    # retry_budget (their state is kept under it) and 244 with a rate (kept as rate:limit:<name>).
     "LIMITS": {},
     # Accept queue names QUEUES does not declare (free-form queues, as with no QUEUES at all).
     "ALLOW_UNDECLARED_QUEUES": False,
@@ -68,7 +70,8 @@ DEFAULTS: dict[str, Any] = {
     "RECOVERABLE_RETRY": {"base": 60.0, "max": 3600.0, "jitter": 30.0},
     # How an exception that is not classified is treated: "transient" or "permanent".
     "UNCLASSIFIED_ERRORS": "transient",
-    # Handler version recorded on jobs and dead letters when a task names none.
+    # Handler version recorded on jobs and dead letters when a task names none (at most 64
+    # characters).
     "HANDLER_VERSION": "",
     # Worker: seconds an idle worker waits between polls (LISTEN/NOTIFY wakes it sooner).
     "POLL_INTERVAL": 1.0,
@@ -121,7 +124,8 @@ DEFAULTS: dict[str, Any] = {
         "BACKEND": "database",
         # Cache alias whose django-redis connection the redis back end uses.
         "CACHE_ALIAS": "default",
-        # Prefix of every lock key, so keys read jobguard:lock:order:123.
+        # Prefix of every lock key, so keys read jobguard:lock:order:123 (at most 254 characters:
+        # the lock table's key column holds 255 with the key).
         "PREFIX": "jobguard:lock:",
         # Seconds a task lock lives without renewal; the heartbeat renews it.
         "TTL": 30.0,

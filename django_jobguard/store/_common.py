@@ -149,6 +149,10 @@ class ClaimedJob:
     handler_version: str
     #: The workflow the job belongs to: its completion then settles the workflow's bookkeeping.
     workflow_id: int | None = None
+    #: The job's stored ``flow_keys`` (as JSON, clipped) when they are not a list of strings,
+    #: as a limited claim found them: it counted the job under none of them, and the worker
+    #: dead-letters it (see ``flow.stored_flow_keys``). None otherwise.
+    unreadable_flow_keys: str | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> ClaimedJob:

@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import connections, transaction
 
-from ..flow import MAX_STORED_RATE_KEY_LENGTH
+from .._text import clip
+from ..flow import MAX_STORED_RATE_KEY_LENGTH, stored_flow_keys
 from ._common import ClaimedJob, paused_queue_names, placeholders
 
 if TYPE_CHECKING:
@@ -434,10 +435,42 @@ def upsert_rates_statement(arrivals: Mapping[str, float]) -> tuple[str, list[Any
     )
 
 
-def _keys(value: Any) -> list[str]:
+#: How much of a job's unreadable ``flow_keys`` its dead letter shows.
+UNREADABLE_SHOWN_CHARS = 200
+
+
+def read_flow_keys(value: Any) -> list[str] | None:
+    """A row's ``flow_keys`` as the database returns them (JSON text, or decoded) as its keys;
+    None when they are not a JSON array of strings (see :func:`~django_jobguard.flow.stored_flow_keys`)."""
     if isinstance(value, str | bytes):
-        value = json.loads(value)
-    return list(value or [])
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    return stored_flow_keys(value)
+
+
+def _keys(value: Any) -> list[str]:
+    """A row's stored flow keys; none when they cannot be read (the job is then dead-lettered)."""
+    keys = read_flow_keys(value)
+    return [] if keys is None else keys
+
+
+def shown_flow_keys(value: Any) -> str:
+    """A row's unreadable ``flow_keys`` as its dead letter shows them: JSON, clipped."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    text = value if isinstance(value, str) else json.dumps(value, default=repr)
+    return clip(text, UNREADABLE_SHOWN_CHARS)
+
+
+def mark_unreadable(jobs: list[ClaimedJob], unreadable: Mapping[int, Any]) -> list[ClaimedJob]:
+    """Mark the leased jobs whose ``flow_keys`` could not be read (by id), for the worker."""
+    if unreadable:
+        for job in jobs:
+            if job.id in unreadable:
+                job.unreadable_flow_keys = shown_flow_keys(unreadable[job.id])
+    return jobs
 
 
 def candidate_filters(
@@ -779,6 +812,10 @@ def claim_limited(
         admitted: list[int] = []
         advanced: dict[str, float] = {}
         seen: set[int] = set()
+        # Admitted jobs whose stored flow keys are not a list of strings, with what they hold:
+        # counted under none of them, leased, and dead-lettered by the worker, rather than
+        # fail this claim and every one after it.
+        unreadable: dict[int, Any] = {}
         count = limit * CANDIDATES_PER_JOB + CANDIDATES_EXTRA
         per_key = plan.most_per_key
         remembered = hot_keys.recent(time.monotonic())
@@ -825,7 +862,8 @@ def claim_limited(
                 if job_id in seen:
                     continue  # our own lock from the pass before: SKIP LOCKED returns it again
                 seen.add(job_id)
-                keys = plan.keys_of(task_name, queue_name, _keys(flow_keys))
+                stored = read_flow_keys(flow_keys)
+                keys = plan.keys_of(task_name, queue_name, stored or [])
                 if any(full(key) for key in keys):
                     newly = {key for key in keys if full(key)} - blocked
                     if newly:
@@ -839,6 +877,8 @@ def claim_limited(
                         continue
                     gate.admit(attempts)
                 admitted.append(job_id)
+                if stored is None:
+                    unreadable[job_id] = flow_keys
                 for key in keys:
                     if plan.capacity(key) is not None:
                         running[key] += 1
@@ -859,4 +899,5 @@ def claim_limited(
         # hand) keeps no rate state: its job is leased, and the worker dead-letters it (see
         # worker/pipeline.py), rather than fail every claim of its queue.
         advanced = {key: tat for key, tat in advanced.items() if len(key) <= MAX_STORED_RATE_KEY_LENGTH}
-        return sql.close_turn(alias, cursor, admitted, worker_id, advanced, scope)
+        jobs = sql.close_turn(alias, cursor, admitted, worker_id, advanced, scope)
+        return mark_unreadable(jobs, unreadable)

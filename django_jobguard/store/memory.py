@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
+from ..flow import stored_flow_keys
 from ._common import (
     INSERT_FIELDS,
     LEASE_EXPIRED_ERROR,
@@ -35,6 +36,7 @@ from ._common import (
     DurationRow,
     Inserted,
 )
+from ._flow import mark_unreadable
 
 if TYPE_CHECKING:
     from ._flow import FlowPlan, Throttle
@@ -238,9 +240,8 @@ class MemoryStore:
             running: Counter[str] = Counter()
             for job in self.jobs.values():
                 if job.status == "running":
-                    for key in plan.keys_of(
-                        job.fields["task_name"], job.queue_name, job.fields.get("flow_keys") or []
-                    ):
+                    stored = stored_flow_keys(job.fields.get("flow_keys", []))
+                    for key in plan.keys_of(job.fields["task_name"], job.queue_name, stored or []):
                         running[key] += 1
 
             def room(key: str) -> bool:
@@ -251,13 +252,17 @@ class MemoryStore:
                 return rate is None or max(self.arrivals.get(key, now), now) - now <= rate.tolerance + 1e-6
 
             admitted = []
+            # Stored flow keys that are not a list of strings: counted under none, leased, and
+            # dead-lettered by the worker (as the databases' limited claims do).
+            unreadable: dict[int, Any] = {}
             for job in self._due(queues, exclude):
-                keys = plan.keys_of(
-                    job.fields["task_name"], job.queue_name, job.fields.get("flow_keys") or []
-                )
+                stored = stored_flow_keys(job.fields.get("flow_keys", []))
+                keys = plan.keys_of(job.fields["task_name"], job.queue_name, stored or [])
                 if not all(room(key) for key in keys):
                     continue
                 admitted.append(job)
+                if stored is None:
+                    unreadable[job.id] = json.dumps(job.fields.get("flow_keys"), default=repr)
                 for key in keys:
                     running[key] += 1
                     rate = plan.rate(key)
@@ -272,7 +277,7 @@ class MemoryStore:
                     if (rate := plan.rate(key)) is not None and arrival - now > rate.tolerance + 1e-6
                 ]
                 throttle.retry_after = min(waits) if waits else None
-            return self._lease(admitted, worker_id)
+            return mark_unreadable(self._lease(admitted, worker_id), unreadable)
 
     def _due(self, queues: Sequence[str] | None, exclude: Sequence[str]) -> list[StoredJob]:
         """The due jobs of ``queues`` (all but ``exclude`` if None) in claim order."""

@@ -790,7 +790,17 @@ _LEASE_IF_QUEUED = _CLAIM_UPDATE.replace(
 
 
 #: What a one-string claim says of its turn, after each row's job columns (on one row only).
-_SUMMARY = ("now", "held", "filled", "times", "candidates")
+_SUMMARY = ("now", "held", "filled", "times", "candidates", "unreadable")
+#: The leased jobs whose stored flow keys are not a JSON array of strings, as ``{id: flow_keys}``
+#: (NULL when none): counted under none of them (see :func:`_keys_of`), and marked for the
+#: worker, which dead-letters them (``_flow.stored_flow_keys``).
+_UNREADABLE = (
+    "(SELECT jsonb_object_agg(c.id::text, c.flow_keys) FROM candidates AS c "
+    "WHERE c.id IN (SELECT id FROM leased) AND CASE WHEN jsonb_typeof(c.flow_keys) = 'array' "
+    "THEN EXISTS (SELECT 1 FROM jsonb_array_elements(c.flow_keys) AS e(v) "
+    "WHERE jsonb_typeof(e.v) <> 'string') "
+    "ELSE true END)"
+)
 
 
 def _family(key: str) -> str:
@@ -807,7 +817,11 @@ def _keys_of(rows: str) -> str:
     """
     return (
         "SELECT k.ord, k.key, l.cap, l.step, l.tolerance FROM ("
-        f"SELECT r.ord, e.key FROM {rows} AS r, jsonb_array_elements_text(r.flow_keys) AS e(key) "
+        # Stored keys that are not an array (written by hand, or by an older release) are no
+        # keys here, rather than an error that would fail every limited claim of the queue:
+        # the job is leased, and the worker dead-letters it (see _UNREADABLE).
+        f"SELECT r.ord, e.key FROM {rows} AS r, jsonb_array_elements_text("
+        "CASE WHEN jsonb_typeof(r.flow_keys) = 'array' THEN r.flow_keys END) AS e(key) "
         f"UNION ALL SELECT r.ord, t.key FROM {rows} AS r JOIN task_limits AS t ON t.task = r.task_name "
         f"UNION ALL SELECT r.ord, 'queue:' || r.queue_name FROM {rows} AS r "
         "WHERE r.queue_name = ANY((SELECT queues FROM plan)::text[])) AS k "
@@ -938,7 +952,7 @@ def _one_string_sql(shape: str, count: int, per_key: int) -> str:
         "OR (SELECT count(*) FROM picked) < (SELECT wanted FROM plan))) AS filled, "
         "(SELECT jsonb_object_agg(key, tat) FROM (SELECT key, max(tat) AS tat FROM ("
         "SELECT key, tat FROM arrivals UNION ALL SELECT key, tat FROM advanced) AS x GROUP BY key) AS y) "
-        "AS times, (SELECT count(*) FROM candidates) AS candidates) AS s "
+        f"AS times, (SELECT count(*) FROM candidates) AS candidates, {_UNREADABLE} AS unreadable) AS s "
         "LEFT JOIN (SELECT *, row_number() OVER () AS n FROM leased) AS l ON true"
     )
 
@@ -1020,7 +1034,12 @@ def _claim_in_one_string(
         width = len(rows[0]) - len(_SUMMARY)
         jobs += [ClaimedJob.from_row(row[:width]) for row in rows if row[0] is not None]
         # The summary is on one row (the clock is never NULL there).
-        now, blocked, refused, times, candidates = next(row[width:] for row in rows if row[width] is not None)
+        now, blocked, refused, times, candidates, unreadable = next(
+            row[width:] for row in rows if row[width] is not None
+        )
+        if unreadable is not None:
+            found = json.loads(unreadable) if isinstance(unreadable, str | bytes) else unreadable
+            _flow.mark_unreadable(jobs, {int(job_id): json.dumps(value) for job_id, value in found.items()})
         filled = set(refused or ()) - set(blocked or ())
         if filled:
             _flow.hot_keys.note(filled, time.monotonic())

@@ -99,7 +99,11 @@ def prepare(held: Held, rt: Runtime) -> Outcome | tuple[Task[Any, Any], str]:
             "UnknownTaskError",
             f"no task is registered as {job.task_name!r} in this worker; it was never run",
         )
-    invalid = validate_payload(job, task, rt.valid_shapes) or check_rate_key(job, task)
+    invalid = (
+        check_flow_keys(job, task)
+        or validate_payload(job, task, rt.valid_shapes)
+        or check_rate_key(job, task)
+    )
     if invalid is not None:
         return invalid
     scope = ""
@@ -179,6 +183,26 @@ def check_rate_key(job: store.ClaimedJob, task: Task[Any, Any]) -> Dead | None:
             scope=idempotency.scope_of(task),
         )
     return None
+
+
+def check_flow_keys(job: store.ClaimedJob, task: Task[Any, Any]) -> Dead | None:
+    """Dead-letter a job whose stored flow keys are not a list of strings; None otherwise.
+
+    Enqueue stores a JSON array of strings; a row written by hand, through the ORM or by an
+    older release may hold anything else. The limited claim leases such a job counted under
+    none of its keyed limits (rather than fail every claim of its queue) and marks it: it
+    never runs, since its limits cannot be kept.
+    """
+    if job.unreadable_flow_keys is None:
+        return None
+    return Dead(
+        DeadLetterReason.INVALID_PAYLOAD,
+        retry.PERMANENT,
+        "InvalidArgumentsError",
+        "its flow keys are not a list of strings, so its limits cannot be kept and it was never "
+        f"run: {job.unreadable_flow_keys}",
+        scope=idempotency.scope_of(task),
+    )
 
 
 def check_idempotency(rt: Runtime, job: store.ClaimedJob, task: Task[Any, Any], scope: str) -> Outcome | None:

@@ -8,9 +8,12 @@ dead-lettered by the worker with its reason, while the other jobs of its queue r
 Runs on SQLite by default and on PostgreSQL or MariaDB with ``JOBGUARD_TEST_DATABASE_URL``.
 """
 
-import pytest
+import json
 
-from django_jobguard import InvalidArgumentsError, Rate, store, task
+import pytest
+from django.db.models import JSONField, Value
+
+from django_jobguard import InvalidArgumentsError, Limit, Rate, store, task
 from django_jobguard.exceptions import InvalidTaskError
 from django_jobguard.models import DeadLetter, FlowRate, Job
 from django_jobguard.registry import registry
@@ -90,3 +93,77 @@ def test_a_task_whose_stored_rate_keys_could_never_fit_is_refused_at_declaration
         task(name="u" * 245, rate="1/s")(noop),
     ):
         registry.unregister(declared.name)
+
+
+#: ``flow_keys`` values enqueue never writes, as a hand-written row, the ORM or an older
+#: release may hold them: none is a JSON array of strings.
+UNREADABLE_FLOW_KEYS = {
+    "object": {"r": "k"},
+    "string": "r:tests.store_contract.test_stored_keys.keyed|p:b",
+    "number": 7,
+    "null": None,
+    "array with a number": ["r:tests.store_contract.test_stored_keys.keyed|p:b", 7],
+    "nested array": [["r:tests.store_contract.test_stored_keys.keyed|p:b"]],
+}
+KEYED = "tests.store_contract.test_stored_keys.keyed"
+KEYED_QUEUE = "flow-unreadable"
+
+
+@pytest.fixture(params=["own limits", "guarded shared limit"])
+def keyed_task(request):
+    """A task with a keyed rate and a keyed concurrency; with a breaker's shared limit too, which
+    takes the claim over three round trips on PostgreSQL instead of its one string."""
+    hot_keys.clear()
+
+    def partner_call(partner: str) -> None:
+        """Does nothing: the test is about what is stored."""
+
+    shared = {"limit": "flow-dep"} if request.param == "guarded shared limit" else {}
+    declared = task(
+        name=KEYED,
+        queue_name=KEYED_QUEUE,
+        rate=Rate("100/s", key="p:{partner}", burst=100),
+        concurrency=Limit(5, key="p:{partner}"),
+        **shared,
+    )(partner_call)
+    yield declared
+    registry.unregister(declared.name)
+
+
+@pytest.mark.parametrize("stored", UNREADABLE_FLOW_KEYS.values(), ids=UNREADABLE_FLOW_KEYS.keys())
+def test_a_row_whose_flow_keys_are_not_a_list_of_strings_is_dead_lettered_and_the_queue_runs_on(
+    keyed_task, stored
+):
+    before, bad, after = (keyed_task.enqueue(partner) for partner in "abc")
+    # Value(..., JSONField()): a JSON null, not SQL NULL.
+    Job.objects.filter(pk=bad.pk).update(flow_keys=Value(stored, output_field=JSONField()))
+    # Before, PostgreSQL's one-string claim failed on it (jsonb_array_elements_text of a
+    # non-array), and the claim in Python on every database: no job of the queue was claimed.
+    claimed = store.claim("default", [KEYED_QUEUE], 10, "test-worker", flow=store.flow_plan())
+    assert sorted(job.id for job in claimed) == [before.id, bad.id, after.id]
+    marked = {job.id: job.unreadable_flow_keys for job in claimed}
+    assert marked[before.id] is None and marked[after.id] is None
+    assert json.loads(marked[bad.id]) == stored
+    # Running, it still counts under none of its keys and breaks no claim.
+    later = keyed_task.enqueue("d")
+    again = store.claim("default", [KEYED_QUEUE], 10, "test-worker", flow=store.flow_plan())
+    assert [job.id for job in again] == [later.id]
+    # What the console reports of the limits reads it too: counted under its task's keys only.
+    running, _ = store.flow_usage("default", store.flow_plan())
+    assert running[f"c:{KEYED}|p:a"] == 1 and f"c:{KEYED}|p:b" not in running
+
+    Job.objects.filter(pk__in=[before.pk, bad.pk, after.pk, later.pk]).update(
+        status="queued", attempts=0, lease_token=None, lease_expires_at=None
+    )
+    assert run_burst() == 0
+    statuses = dict(Job.objects.values_list("pk", "status"))
+    assert [statuses[job.pk] for job in (before, bad, after, later)] == [
+        "succeeded",
+        "dead",
+        "succeeded",
+        "succeeded",
+    ]
+    letter = DeadLetter.objects.get(job_id=bad.pk)
+    assert (letter.reason, letter.category) == ("invalid_payload", "permanent")
+    assert letter.error_message.startswith("its flow keys are not a list of strings"), letter.error_message
+    assert "it was never run" in letter.error_message
