@@ -144,7 +144,9 @@ DEFAULTS: dict[str, Any] = {
     "REPLAY": {
         # Let the user who requested a replay approve it too.
         "ALLOW_SELF_APPROVAL": False,
-        # Approved replays redriven per minute at most, across all workers.
+        # Approved replays redriven per minute at most, across all workers, until an approver
+        # changes the rate on the admin's Redrive rate page (dlq.set_rate), which every worker
+        # follows at its next pass; clearing it there comes back to this value.
         "RATE_PER_MINUTE": 60,
     },
     "CACHE": {
