@@ -8,8 +8,10 @@ audit trail would go with them (retention is ``jobguard_prune``'s).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -18,11 +20,13 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import ObjectDoesNotExist
+from django.db import connections
 from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.safestring import SafeString
+from django.utils.text import smart_split, unescape_string_literal
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
@@ -58,6 +62,8 @@ BULK_LISTED = 50
 #: Corrected replays a bulk approval lists first, each with its path diffs: only those listed
 #: are approved (each bound to the digest shown); a bigger batch is approved in several.
 CORRECTED_LISTED = 200
+#: Characters a key prefix search needs before its ``*``: a shorter one lists most keys.
+KEY_PREFIX_MIN = 3
 #: Changes of the redrive rate its page lists, newest first.
 RATE_HISTORY = 20
 
@@ -109,7 +115,10 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     search_whole_values = True
     # The queue health page links a queue's unresolved dead letters (not replayed, not rejected).
     extra_lookups = ["replay_state__in"]
-    search_help_text = _("Dead-letter ids, task names, error classes, lock keys or idempotency keys, whole.")
+    search_help_text = _(
+        "Dead-letter ids, task names, error classes, lock keys or idempotency keys, whole; "
+        "an idempotency key's start followed by * (order-50012*) with jobguard.view_payload."
+    )
     payload_derived_fields = ["error_message", "idempotency_key"]
     date_hierarchy = "created_at"
     ordering = ["-id"]
@@ -217,6 +226,30 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                 }
             )
         return events
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[DeadLetter], search_term: str
+    ) -> tuple[QuerySet[DeadLetter], bool]:
+        """Whole values as every change list here searches them, and ``prefix*`` on idempotency keys.
+
+        A word ending in ``*`` (at least :data:`KEY_PREFIX_MIN` characters before it) finds the
+        dead letters whose idempotency key starts with it (``order-50012*``): only for users
+        with ``jobguard.view_payload``, as the key carries argument values; read from an index
+        on each database (:func:`key_prefix`).
+        """
+        words = list(smart_split(search_term))
+        prefix_words = [
+            word for word in words if _unquoted(word).endswith("*") and len(_unquoted(word)) > KEY_PREFIX_MIN
+        ]
+        prefixes = [_unquoted(word)[:-1] for word in prefix_words]
+        if not prefixes or not can_view_payload(request):
+            return super().get_search_results(request, queryset, search_term)
+        rest = " ".join(word for word in words if word not in prefix_words)
+        found = queryset.filter(functools.reduce(operator.or_, (key_prefix(p) for p in prefixes)))
+        if rest.strip():
+            whole, _duplicates = super().get_search_results(request, queryset, rest)
+            found = found | whole
+        return found, False
 
     @admin.display(description=_("job"))
     def job_link(self, obj: DeadLetter) -> SafeString | str:
@@ -613,6 +646,27 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             "rows": _diff_rows(review) if review is not None and sees_payloads else [],
             "digest": dlq.correction_digest(letter) if action == dlq.APPROVE else "",
         }
+
+
+def _unquoted(word: str) -> str:
+    if word[:1] in {'"', "'"} and word[0] == word[-1] and len(word) > 1:
+        return unescape_string_literal(word)
+    return word
+
+
+def key_prefix(prefix: str) -> Q:
+    """Dead letters whose idempotency key starts with ``prefix``, as a lookup an index answers.
+
+    PostgreSQL: ``LIKE 'prefix%'``, which ``jobguard_dl_idem_like_idx`` (migration 0023,
+    ``varchar_pattern_ops``) serves under any collation. SQLite and MariaDB/MySQL compare
+    the keys by code point (0022 gave MariaDB a binary collation), so a range of
+    ``jobguard_dl_idem_idx`` holds every key with the prefix; ``startswith`` keeps it exact.
+    """
+    starts = Q(idempotency_key__startswith=prefix)
+    if connections[get_settings().database_alias].vendor == "postgresql" or ord(prefix[-1]) >= 0x10FFFF:
+        return starts
+    upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    return Q(idempotency_key__gte=prefix, idempotency_key__lt=upper) & starts
 
 
 def _batch_text(batch: BatchForm) -> str:

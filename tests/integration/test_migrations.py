@@ -55,6 +55,7 @@ NOT_KEYS = {
     ("jobguard_breakerevent", "from_state"): "a fixed set",
     ("jobguard_breakerevent", "to_state"): "a fixed set",
     ("jobguard_breakerevent", "actor_name"): "free text",
+    ("jobguard_replayratechange", "actor_name"): "free text",
 }
 
 

@@ -265,3 +265,47 @@ def test_a_patch_that_breaks_the_handlers_signature_is_refused_per_letter():
     )
     assert decision.moved == [] and len(decision.refused) == 2
     assert "nope" in decision.refused[0][1]
+
+
+# -- lookup by a business value --------------------------------------------------------------------
+
+
+def test_a_key_prefix_search_finds_the_incidents_letters_for_users_who_may_see_payloads(client):
+    letters = dead_letters(4)
+    keys = ["order-50012:charge", "order-50012:refund", "order-5001:charge", "Order-50012:charge"]
+    for letter, key in zip(letters, keys, strict=True):
+        DeadLetter.objects.filter(pk=letter.pk).update(idempotency_key=key)
+    client.force_login(make_user("reader", "view_deadletter", "view_payload"))
+
+    def found(term):
+        page = client.get(URL, {"q": term}).content.decode()
+        return {int(pk) for pk in re.findall(r'href="/admin/jobguard/deadletter/(\d+)/change/', page)}
+
+    assert found("order-50012*") == {letters[0].pk, letters[1].pk}  # exact case, a true prefix
+    assert found('"order-5001*"') == {letters[0].pk, letters[1].pk, letters[2].pk}
+    assert found("order-50012* order-5001:charge") == {letters[0].pk, letters[1].pk, letters[2].pk}
+    assert found("order-50012:refund") == {letters[1].pk}  # whole values as before
+    assert found("or*") == set()  # too short to be a prefix: a whole value that matches nothing
+    assert found("order_50012*") == set()  # _ and % are no wildcards
+    client.force_login(make_user("blind", "view_deadletter"))
+    assert found("order-50012*") == set()  # the key carries argument values
+
+
+def test_the_key_prefix_lookup_reads_an_index():
+    from django.db import connection
+
+    from django_jobguard.admin.dead_letters import key_prefix
+
+    query = DeadLetter.objects.filter(key_prefix("order-500")).values_list("pk")
+    sql, params = query.query.sql_with_params()
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            cursor.execute("EXPLAIN " + sql, params)
+            assert "jobguard_dl_idem_like_idx" in " ".join(row[0] for row in cursor.fetchall())
+        elif connection.vendor == "sqlite":
+            cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
+            assert "jobguard_dl_idem_idx" in " ".join(str(row) for row in cursor.fetchall())
+        else:
+            cursor.execute("EXPLAIN " + sql, params)
+            assert "jobguard_dl_idem_idx" in " ".join(str(row) for row in cursor.fetchall())
