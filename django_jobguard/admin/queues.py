@@ -9,18 +9,21 @@ queries); pause and resume call :mod:`django_jobguard.queues`, which checks
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import NoReverseMatch, URLPattern, path, reverse
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import get_settings
 from ..exceptions import QueueError, QueuePermissionDenied
 from ..models import QueueEvent, QueueState
 from ..monitoring import health
+from ..monitoring.stats import RECENT_WINDOW_SECONDS
 from ..operations import queues
 from .base import OperatorPageAdmin, ReadOnlyAdmin, format_time, refusal, refuse_nul
 from .charts import bar_chart
@@ -35,7 +38,11 @@ RECENT_EVENTS = 10
 
 @admin.register(QueueState)
 class QueueHealthAdmin(OperatorPageAdmin):
-    """Every queue's depth, age, dead letters and pause state, with last-hour charts."""
+    """Every queue's causes of trouble, depth, age, dead letters and pause state, with last-hour charts.
+
+    The queues in trouble come first (:meth:`~django_jobguard.monitoring.health.Health.triaged`),
+    each with its causes in words; every count links to the jobs or dead letters it counts.
+    """
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Whoever may read jobs may read the queues they make up.
@@ -67,19 +74,39 @@ class QueueHealthAdmin(OperatorPageAdmin):
         alias = get_settings().database_alias
         wanted = request.GET.get("queue") or None
         report = health.queue_health(alias, queue=wanted)
-        states = {state.queue: state for state in queues.states(using=alias)}
         events = list(QueueEvent.objects.using(alias).order_by("-created_at", "-id")[:RECENT_EVENTS])
+        hour_ago = (report.generated_at - datetime.timedelta(seconds=RECENT_WINDOW_SECONDS)).isoformat(
+            timespec="seconds"
+        )
         rows = []
-        for stats in report.queues:
-            state = states.get(stats.queue)
+        for stats in report.triaged():
+            name = stats.queue
+            pause = report.pauses.get(name)
+            causes = report.causes.get(name, [])
+            jobs = {"queue_name": name}
             rows.append(
                 {
                     "stats": stats,
-                    "live_workers": report.live_workers.get(stats.queue, 0),
-                    "stuck": report.stuck.get(stats.queue, 0),
-                    "since": format_time(state.changed_at) if state and stats.paused else "",
-                    "by": state.changed_by if state and stats.paused else "",
-                    "reason": state.reason if state and stats.paused else "",
+                    "live_workers": report.live_workers.get(name, 0),
+                    "stuck": report.stuck.get(name, 0),
+                    "severity": _SEVERITY_CLASS.get(report.severity(name), ""),
+                    "causes": [
+                        (cause, _cause_url(cause), _SEVERITY_CLASS[cause.severity]) for cause in causes
+                    ],
+                    "since": format_time(pause.at) if pause else "",
+                    "by": pause.by if pause else "",
+                    "reason": pause.reason if pause else "",
+                    "links": {
+                        "depth": _list_url("jobs", {**jobs, "state": "due"}),
+                        "scheduled": _list_url("jobs", {**jobs, "state": "scheduled"}),
+                        "retrying": _list_url("jobs", {**jobs, "state": "retrying"}),
+                        "in_flight": _list_url("jobs", {**jobs, "state": "running"}),
+                        "stuck": _list_url("jobs", {**jobs, "state": "stuck"}),
+                        "succeeded": _list_url("jobs", {**jobs, "state": "succeeded"}),
+                        "failed": _list_url("dead_letters", {**jobs, "created_at__gte": hour_ago}),
+                        "dead": _list_url("dead_letters", {**jobs, "replay_state__in": health.UNRESOLVED}),
+                        "approvals": _list_url("dead_letters", {**jobs, "replay_state__exact": "requested"}),
+                    },
                 }
             )
         charts = [
@@ -139,6 +166,33 @@ class QueueEventAdmin(ReadOnlyAdmin):
     list_filter = ["action", "queue_name"]
     search_fields = ["queue_name", "actor_name", "reason"]
     show_full_result_count = False
+
+
+#: The CSS class of each severity (the row's and each cause's).
+_SEVERITY_CLASS = {health.CRITICAL: "critical", health.WARNING: "warning", health.NOTE: "note"}
+#: The change list each cause target names.
+_LISTS = {
+    "jobs": "admin:jobguard_job_changelist",
+    "dead_letters": "admin:jobguard_deadletter_changelist",
+    "breakers": "admin:jobguard_breaker_changelist",
+    "locks": "admin:jobguard_lock_changelist",
+}
+
+
+def _list_url(target: str, params: dict[str, str]) -> str:
+    """The change list ``target`` filtered by ``params`` ("" when this admin site has none)."""
+    try:
+        url = reverse(_LISTS[target])
+    except NoReverseMatch:
+        return ""
+    return f"{url}?{urlencode(params)}" if params else url
+
+
+def _cause_url(cause: health.Cause) -> str:
+    """Where a cause's jobs are listed; a breaker's row is an anchor of the breakers page."""
+    anchors = [value for key, value in cause.params if not key]
+    url = _list_url(cause.target, {key: value for key, value in cause.params if key})
+    return f"{url}#{anchors[0]}" if url and anchors else url
 
 
 def _refresh_seconds(request: HttpRequest) -> int:

@@ -1,35 +1,55 @@
-"""Queue health: the numbers and last-hour series the admin's health page shows.
+"""Queue health: the numbers, the causes and last-hour series the admin's health page shows.
 
-:func:`queue_health` runs :data:`QUERIES` indexed queries whatever the table size: the
+:func:`queue_health` runs at most :data:`QUERIES` queries whatever the number of queues: the
 queue statistics (:func:`django_jobguard.stats.queue_stats`), the jobs that finished in
 the last hour per minute (a range of the partial index on finished rows,
 ``jobguard_job_finished_idx``), and the per-minute rows the workers write
 (:class:`~django_jobguard.models.QueueMinute`: failed attempts, retries, oldest-age samples).
+
+Beside the figures it names, per queue, why the queue is held back or needs a look
+(:class:`Cause`): dead letters, leases past their end, no live worker, a pause (by whom), an
+open breaker (when it probes next), a full concurrency limit, a lock its waiting jobs keep
+running into while its holder is gone. Each cause has a severity, a sentence, the runbook to
+follow and the filtered list that shows its jobs; :meth:`Health.triaged` ranks the queues by
+them. The causes cost a few grouped reads (:data:`CAUSE_QUERIES` at most), never one per queue.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+from collections import Counter
 from typing import Any
 
-from django.db.models import Count, Max, Sum
+from django.db.models import Count, F, Max, Min, Q, Sum
 from django.db.models.functions import Now, TruncMinute
 from django.utils import timezone
 
+from .. import store
 from ..conf import get_settings
-from ..models import Job, JobStatus, QueueMinute, WorkerBeat
+from ..models import Breaker, BreakerState, Job, JobStatus, Lock, QueueMinute, QueueState, WorkerBeat
 from . import beats
 from .stats import QUERIES_WITH_RECENT as STATS_QUERIES
 from .stats import QueueStats, queue_stats
 
-__all__ = ["CHART_MINUTES", "QUERIES", "SERIES", "Health", "queue_health"]
+__all__ = [
+    "CHART_MINUTES",
+    "CRITICAL",
+    "NOTE",
+    "QUERIES",
+    "SERIES",
+    "WARNING",
+    "Cause",
+    "Health",
+    "Pause",
+    "queue_health",
+]
 
 #: Minutes the charts cover.
 CHART_MINUTES = 60
-#: Queries :func:`queue_health` runs: the statistics with the last hour's counts, the charts'
-#: two, the live workers and the stuck jobs.
-QUERIES = STATS_QUERIES + 2 + 2
+#: Queries :func:`queue_health` runs whatever the queues: the statistics with the last hour's
+#: counts, the charts' two, the live workers and the stuck jobs...
+BASE_QUERIES = STATS_QUERIES + 2 + 2
 #: The charted series: key, title, unit.
 SERIES = (
     ("succeeded", "Succeeded per minute", "jobs"),
@@ -55,6 +75,25 @@ class Health:
     #: One value per minute for each key of :data:`SERIES` (None: no sample that minute).
     series: dict[str, list[float | None]]
     generated_at: datetime.datetime
+    #: Why each queue is held back or needs a look, most severe first (empty: nothing found).
+    causes: dict[str, list[Cause]] = dataclasses.field(default_factory=dict)
+    #: Who paused each paused queue, when and why.
+    pauses: dict[str, Pause] = dataclasses.field(default_factory=dict)
+
+    def severity(self, queue: str) -> int:
+        """The queue's most severe cause (-1 with none)."""
+        return max((cause.severity for cause in self.causes.get(queue, [])), default=-1)
+
+    def triaged(self) -> list[QueueStats]:
+        """The queues in trouble first (most severe cause, then the oldest due job), the rest by name."""
+        return sorted(
+            self.queues,
+            key=lambda stats: (
+                -max(self.severity(stats.queue), NOTE),
+                -stats.oldest_age_seconds if self.severity(stats.queue) > NOTE else 0.0,
+                stats.queue,
+            ),
+        )
 
 
 def queue_health(alias: str | None = None, *, queue: str | None = None) -> Health:
@@ -106,8 +145,19 @@ def queue_health(alias: str | None = None, *, queue: str | None = None) -> Healt
         series["failed"][i] = float(item["failed"] or 0)
         series["retried"][i] = float(item["retried"] or 0)
         series["oldest_age_seconds"][i] = item["oldest"]
+    pauses = {
+        row.queue_name: Pause(row.changed_by_name, row.changed_at, row.reason)
+        for row in QueueState.objects.using(alias).filter(paused=True)
+    }
     return Health(
-        queues=rows, live_workers=live_workers, stuck=stuck, minutes=minutes, series=series, generated_at=now
+        queues=rows,
+        live_workers=live_workers,
+        stuck=stuck,
+        minutes=minutes,
+        series=series,
+        generated_at=now,
+        causes=_causes(alias, rows, live_workers, stuck, pauses, now),
+        pauses=pauses,
     )
 
 
@@ -130,3 +180,370 @@ def _slot(index: dict[datetime.datetime, int], at: Any) -> int | None:
     if timezone.is_naive(at):
         at = timezone.make_aware(at, datetime.UTC)
     return index.get(at.astimezone(datetime.UTC).replace(second=0, microsecond=0))
+
+
+# -- triage: why a queue is in trouble ------------------------------------------------------
+
+#: Severities of a :class:`Cause`: the queue's work does not move; it moves but needs a look;
+#: a note that does not rank the queue among those in trouble.
+CRITICAL, WARNING, NOTE = 2, 1, 0
+#: A due job older than this (seconds) with nothing else to explain it is a backlog.
+BACKLOG_SECONDS = 60.0
+#: Put-backs on one lock key (all its waiting jobs together) worth a warning while its holder runs.
+LOCK_CONTENTIONS_WARNING = 100
+#: Contended lock keys read at most (the most contended first).
+LOCK_KEYS_READ = 50
+#: Keys of a keyed limit named in one cause (the rest are counted).
+KEYS_NAMED = 3
+#: The most queries :func:`queue_health` adds to :data:`BASE_QUERIES` for the causes: the pause
+#: rows; the contended locks, their running holders and (database locks) their rows; the
+#: limited queues' jobs, the breaker rows and the database clock.
+CAUSE_QUERIES = 1 + 3 + 3
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cause:
+    """One reason a queue is held back or needs a look, in words, with where to look next."""
+
+    #: ``dead_lettered``, ``dead_letters``, ``stuck``, ``no_worker``, ``paused``, ``breaker``,
+    #: ``limit``, ``lock``, ``backlog`` or ``approvals``.
+    kind: str
+    #: :data:`CRITICAL`, :data:`WARNING` or :data:`NOTE`.
+    severity: int
+    #: One sentence an operator reads on the page (plain text).
+    text: str
+    #: The runbook under ``docs/runbooks/`` (its file name without ``.md``).
+    runbook: str
+    #: The list that shows the jobs behind the cause: ``jobs``, ``dead_letters``, ``breakers``
+    #: or ``locks`` (the admin's change lists), and its query-string filters.
+    target: str
+    params: tuple[tuple[str, str], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pause:
+    """Who paused a queue, when and why."""
+
+    by: str
+    at: datetime.datetime
+    reason: str
+
+
+def _plural(n: int, one: str, many: str | None = None) -> str:
+    return f"{n:,} {one if n == 1 else (many or one + 's')}"
+
+
+def _duration(seconds: float) -> str:
+    """``42 s``, ``16 min``, ``3 h 5 min``."""
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    hours, rest = divmod(int(seconds), 3600)
+    return f"{hours} h {rest // 60} min"
+
+
+def _causes(
+    alias: str,
+    rows: list[QueueStats],
+    live_workers: dict[str, int],
+    stuck: dict[str, int],
+    pauses: dict[str, Pause],
+    now: datetime.datetime,
+) -> dict[str, list[Cause]]:
+    """Every queue's causes, most severe first: :data:`CAUSE_QUERIES` queries at most, whatever the queues."""
+    found: dict[str, list[Cause]] = {stats.queue: [] for stats in rows}
+    holds: dict[str, list[Cause]] = {name: [] for name in found}
+    for cause_queue, cause in [*_flow_causes(alias), *_lock_causes(alias, now)]:
+        holds.setdefault(cause_queue, []).append(cause)
+        found.setdefault(cause_queue, [])
+    for stats in rows:
+        name = stats.queue
+        causes = found[name]
+        if stats.failed_last_hour:
+            causes.append(
+                Cause(
+                    "dead_lettered",
+                    CRITICAL,
+                    f"{_plural(stats.failed_last_hour, 'job')} dead-lettered in the last hour"
+                    f" ({stats.dead_letters:,} unresolved in all)",
+                    "dead-letters",
+                    "dead_letters",
+                    (("queue_name", name), ("created_at__gte", _iso(now - datetime.timedelta(hours=1)))),
+                )
+            )
+        elif stats.dead_letters:
+            causes.append(
+                Cause(
+                    "dead_letters",
+                    WARNING,
+                    f"{_plural(stats.dead_letters, 'dead letter')} unresolved (none in the last hour)",
+                    "growing-dead-letter-queue",
+                    "dead_letters",
+                    (("queue_name", name), ("replay_state__in", UNRESOLVED)),
+                )
+            )
+        workers = live_workers.get(name, 0)
+        if not workers and (stats.depth or stats.in_flight or stats.scheduled):
+            waiting = stats.depth + stats.in_flight
+            causes.append(
+                Cause(
+                    "no_worker",
+                    CRITICAL if waiting else WARNING,
+                    f"no live worker serves this queue ({_plural(stats.depth, 'due job')}, "
+                    f"{stats.in_flight:,} running, {stats.scheduled:,} scheduled)",
+                    "no-live-worker",
+                    "jobs",
+                    (("queue_name", name), ("state", "due")),
+                )
+            )
+        if stuck.get(name):
+            causes.append(
+                Cause(
+                    "stuck",
+                    WARNING if workers else CRITICAL,
+                    f"{_plural(stuck[name], 'running job')} past the lease: "
+                    + ("the reaper hands them back" if workers else "no live worker reaps them"),
+                    "lease-reappearances",
+                    "jobs",
+                    (("queue_name", name), ("state", "stuck")),
+                )
+            )
+        pause = pauses.get(name)
+        if pause is not None:
+            causes.append(
+                Cause(
+                    "paused",
+                    WARNING,
+                    f"paused by {pause.by or 'unknown'} {_duration((now - pause.at).total_seconds())} ago"
+                    + (f": {pause.reason}" if pause.reason else ""),
+                    "paused-queue",
+                    "jobs",
+                    (("queue_name", name), ("state", "due")),
+                )
+            )
+        causes.extend(holds.get(name, []))
+        explained = any(cause.kind in ("no_worker", "paused", "breaker", "limit", "lock") for cause in causes)
+        if stats.oldest_age_seconds >= BACKLOG_SECONDS and not explained:
+            causes.append(
+                Cause(
+                    "backlog",
+                    WARNING,
+                    f"the oldest due job has waited {_duration(stats.oldest_age_seconds)} "
+                    f"({_plural(stats.depth, 'due job')}, {_plural(workers, 'live worker')})",
+                    "rising-backlog",
+                    "jobs",
+                    (("queue_name", name), ("state", "due")),
+                )
+            )
+        if stats.pending_approvals:
+            causes.append(
+                Cause(
+                    "approvals",
+                    NOTE,
+                    f"{_plural(stats.pending_approvals, 'replay')} awaiting approval",
+                    "replay",
+                    "dead_letters",
+                    (("queue_name", name), ("replay_state__exact", "requested")),
+                )
+            )
+    for causes in found.values():
+        causes.sort(key=lambda cause: -cause.severity)
+    return found
+
+
+#: The replay states of a dead letter still in the dead-letter queue (as the statistics count).
+UNRESOLVED = "none,requested,approved"
+
+
+def _iso(moment: datetime.datetime) -> str:
+    return moment.astimezone(datetime.UTC).isoformat(timespec="seconds")
+
+
+def _flow_causes(alias: str) -> list[tuple[str, Cause]]:
+    """Queues waiting on an open breaker or a full concurrency limit: at most three queries.
+
+    One grouped read of the limited queues' running and due jobs (what the claim counts), and,
+    when a limit has a breaker, the breaker rows and the database clock.
+    """
+    plan = store.flow_plan()
+    if plan is None:
+        return []
+    running: Counter[str] = Counter()
+    #: Due jobs per (queue, task, limit key).
+    waiting: Counter[tuple[str, str, str]] = Counter()
+    groups = (
+        Job.objects.using(alias)
+        .order_by()
+        .filter(queue_name__in=sorted(plan.queues))
+        .filter(
+            Q(status=JobStatus.RUNNING)
+            | Q(status=JobStatus.QUEUED, run_after__lte=Now(), attempts__lt=F("max_attempts"))
+        )
+        .values_list("status", "queue_name", "task_name", "flow_keys")
+        .annotate(n=Count("pk"))
+    )
+    for status, queue_name, task_name, flow_keys, n in groups:
+        keys = plan.keys_of(task_name, queue_name, flow_keys if isinstance(flow_keys, list) else [])
+        if status == JobStatus.RUNNING:
+            for key in keys:
+                if plan.capacity(key) is not None:
+                    running[key] += n
+        else:
+            for key in keys:
+                waiting[queue_name, task_name, key] += n
+            guard = plan.guarded_tasks.get(task_name)
+            if guard is not None:
+                waiting[queue_name, task_name, f"breaker:{guard}"] += n
+    found: list[tuple[str, Cause]] = []
+    # Breakers: every queue with due jobs of a task behind one that is not closed.
+    behind: dict[tuple[str, str], int] = Counter()
+    for (queue_name, _task, key), n in waiting.items():
+        if key.startswith("breaker:"):
+            behind[queue_name, key[8:]] += n
+    if behind:
+        names = sorted({name for _queue, name in behind})
+        now = store.database_now(alias).timestamp()
+        breakers = {row.name: row for row in Breaker.objects.using(alias).filter(name__in=names)}
+        for (queue_name, name), n in sorted(behind.items()):
+            row = breakers.get(name)
+            if row is None or row.state == BreakerState.CLOSED:
+                continue
+            jobs = _plural(n, "due job")
+            if row.state == BreakerState.HALF_OPEN:
+                text, severity = f"breaker {name} half-open: probing ({jobs} wait)", WARNING
+            elif row.manual:
+                by = row.changed_by_name or "an operator"
+                text = f"breaker {name} open by hand by {by}" + (f": {row.reason}" if row.reason else "")
+                text, severity = f"{text} ({jobs} wait until it is closed)", CRITICAL
+            else:
+                probe = max(0.0, (row.open_until or now) - now)
+                text, severity = (
+                    f"breaker {name} open, next probe in {_duration(probe)} ({jobs} wait)",
+                    CRITICAL,
+                )
+            found.append(
+                (
+                    queue_name,
+                    Cause("breaker", severity, text, "open-breaker", "breakers", (("", f"breaker-{name}"),)),
+                )
+            )
+    # Concurrency limits at their bound with due jobs of this queue counted under them.
+    full: dict[tuple[str, str], list[str]] = {}
+    full_waiting: Counter[tuple[str, str]] = Counter()
+    for (queue_name, _task, key), n in sorted(waiting.items()):
+        bound = plan.capacity(key)
+        if bound is None or running[key] < bound:
+            continue
+        fam = store.limit_family(key)
+        keyed = fam != key
+        entry = full.setdefault((queue_name, fam), [])
+        if keyed and key not in entry:
+            entry.append(key)
+        full_waiting[queue_name, fam] += n
+    for (queue_name, fam), keys in sorted(full.items()):
+        n = full_waiting[queue_name, fam]
+        jobs = _plural(n, "due job")
+        if keys:
+            task_name = fam[2:]
+            shown = ", ".join(key.split("|", 1)[1] for key in keys[:KEYS_NAMED])
+            more = f" and {len(keys) - KEYS_NAMED:,} more" if len(keys) > KEYS_NAMED else ""
+            template = plan.templates.get(fam, "")
+            text = (
+                f"limit {template} of {task_name.rsplit('.', 1)[-1]} full for {shown}{more} "
+                f"({plan.keyed_capacity.get(task_name)} per key running; {jobs} wait)"
+            )
+        else:
+            bound = plan.capacity(fam)
+            text = f"limit {_limit_name(fam)} full: {running[fam]:,} of {bound} running ({jobs} wait)"
+        found.append(
+            (
+                queue_name,
+                Cause(
+                    "limit",
+                    WARNING,
+                    text,
+                    "full-limit",
+                    "jobs",
+                    (("queue_name", queue_name), ("state", "due")),
+                ),
+            )
+        )
+    return found
+
+
+def _limit_name(key: str) -> str:
+    """``limit:carrier`` -> ``carrier``; ``task:app.tasks.send`` -> ``of task send``."""
+    kind, _, name = key.partition(":")
+    if kind == "limit":
+        return name
+    if kind == "task":
+        return f"of task {name.rsplit('.', 1)[-1]}"
+    return f"of queue {name}"
+
+
+def _lock_causes(alias: str, now: datetime.datetime) -> list[tuple[str, Cause]]:
+    """Queues whose jobs are put back on a taken lock: at most three queries.
+
+    The queued jobs put back on a lock, per queue and key; the running jobs with a live lease
+    that carry those keys (the holders, as the locks page decides); with the database lock back
+    end, whether each key's row is still held. A key held by no live job is held by nobody who
+    will release it: its holder is gone, and its waiters spin until the lock's TTL ends.
+    """
+    groups = list(
+        Job.objects.using(alias)
+        .order_by()
+        .filter(status=JobStatus.QUEUED, lock_contentions__gt=0)
+        .exclude(lock_key="")
+        .values_list("queue_name", "lock_key")
+        .annotate(times=Sum("lock_contentions"), jobs=Count("pk"), since=Min("enqueued_at"))
+        .order_by("-times")[:LOCK_KEYS_READ]
+    )
+    if not groups:
+        return []
+    keys = sorted({key for _queue, key, *_rest in groups})
+    holders: dict[str, tuple[int, str]] = {}
+    for key, job_id, worker_id in (
+        Job.objects.using(alias)
+        .order_by("-started_at")
+        .filter(status=JobStatus.RUNNING, lock_key__in=keys, lease_expires_at__gte=Now())
+        .values_list("lock_key", "pk", "worker_id")
+    ):
+        holders.setdefault(key, (job_id, worker_id))
+    conf = get_settings().locks
+    held: dict[str, datetime.datetime | None] | None = None
+    if conf.backend == "database":
+        held = {
+            row_key[len(conf.prefix) :]: expires
+            for row_key, expires in Lock.objects.using(alias)
+            .filter(key__in=[conf.prefix + key for key in keys], token__isnull=False, expires_at__gt=Now())
+            .values_list("key", "expires_at")
+        }
+    found: list[tuple[str, Cause]] = []
+    for queue_name, key, times, jobs, since in groups:
+        rate = times / max(1.0, (now - since).total_seconds()) if since is not None else 0.0
+        spin = f"lock {key} contended {_plural(times, 'time')} ({rate:.1f}/s) by {_plural(jobs, 'job')}"
+        params = (("queue_name", queue_name), ("lock_key", key))
+        holder = holders.get(key)
+        if holder is not None:
+            if times < LOCK_CONTENTIONS_WARNING:
+                continue
+            job_id, worker_id = holder
+            text = f"{spin}; held by job #{job_id} on {worker_id or 'a worker'}"
+            found.append((queue_name, Cause("lock", WARNING, text, "stuck-locks", "jobs", params)))
+            continue
+        if held is not None and key not in held:
+            continue  # free (or expired) now: the next try takes it
+        until = held.get(key) if held is not None else None
+        text = f"{spin} with its holder gone: no running job holds it" + (
+            f"; it expires in {_duration((until - now).total_seconds())}" if until is not None else ""
+        )
+        found.append(
+            (queue_name, Cause("lock", CRITICAL, text, "stuck-locks", "locks", (("q", conf.prefix + key),)))
+        )
+    return found
+
+
+#: The most queries :func:`queue_health` runs, whatever the number of queues and rows.
+QUERIES = BASE_QUERIES + CAUSE_QUERIES

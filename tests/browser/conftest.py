@@ -14,7 +14,14 @@ ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts" / "browser"
 DOC_IMAGES = ROOT / "docs" / "images"
 #: The screenshots docs/how-to/operate-the-admin.md shows.
-DOC_SHOTS = {"queue-health-paused", "job-list", "workers", "dead-letter-detail", "job-timeline"}
+DOC_SHOTS = {
+    "queue-triage",
+    "queue-health-paused",
+    "job-list",
+    "workers",
+    "dead-letter-detail",
+    "job-timeline",
+}
 LAUNCH_ARGS = [
     "--headless",
     "--no-sandbox",

@@ -55,6 +55,7 @@ def test_an_operator_pauses_a_queue_sees_it_fill_without_claims_and_resumes_it(
     # The page lists every queue with jobs: "held" has one scheduled for later.
     tasks.add.using(queue_name="held", run_after=datetime.timedelta(hours=1)).enqueue(0)
     page.reload()
+    page.click("#queue-held details.claims-change summary")  # the compact control opens
     page.fill("#queue-held input[name=reason]", "provider returns 503")
     follow(page, "#queue-held button[name=pause]")
     assert "Queue 'held' paused." in page.inner_text(".messagelist")
@@ -73,6 +74,7 @@ def test_an_operator_pauses_a_queue_sees_it_fill_without_claims_and_resumes_it(
     }
     shot(page, "queue-health-paused")
 
+    page.click("#queue-held details.claims-change summary")
     follow(page, "#queue-held button[name=resume]")
     assert "Queue 'held' resumed." in page.inner_text(".messagelist")
     wait_for(
@@ -113,14 +115,16 @@ def test_the_health_page_does_not_reload_over_a_half_typed_reason(live_server, b
     page.goto(f"{live_server.url}/admin/jobguard/queuestate/?refresh=2")
     stamp = page.inner_text("#as-of")
 
+    page.click("#queue-typed details.claims-change summary")
     page.fill("#queue-typed input[name=reason]", "half a reas")
     # The reload came due and waited: the note says so, and the text is still there.
     page.wait_for_selector("#refresh-note", state="visible", timeout=60_000)
     assert page.input_value("#queue-typed input[name=reason]") == "half a reas"
     assert page.inner_text("#as-of") == stamp
 
-    # Once the field is empty and has no focus, the page reloads on its own.
+    # Once the field is empty, has no focus and the control is closed, the page reloads on its own.
     with page.expect_navigation(timeout=60_000):
         page.fill("#queue-typed input[name=reason]", "")
         page.locator("#queue-typed input[name=reason]").blur()
+        page.click("#queue-typed details.claims-change summary")
     assert page.locator("#refresh-note").is_hidden()
