@@ -5,6 +5,7 @@ the completer would: these tests have no database access at all.
 """
 
 import datetime
+import json
 
 import pytest
 from django.utils import timezone
@@ -151,3 +152,20 @@ def test_reporting_reads_ages_and_durations(memory, clock):
     ((queue, task, count, percentiles, top),) = store.observed_durations("default", 60)
     assert (queue, task, count, top) == ("default", "tests.testapp.tasks.add", 2, 4.0)
     assert percentiles == pytest.approx([3.0, 3.9, 3.98])
+
+
+@pytest.mark.parametrize("stored", [{"c": "k"}, "c:t|k", 7, None, ["c:t|k", 7]])
+def test_a_limited_claim_leases_and_marks_a_job_whose_flow_keys_are_not_a_list_of_strings(memory, stored):
+    from django_jobguard.store._flow import FlowPlan
+
+    plan = FlowPlan({}, {}, {"t": ()}, {"t": 1}, {}, frozenset({"default"}))
+    ids = [
+        store.insert_jobs("default", [row(task_name="t", flow_keys=keys)])[0][0]
+        for keys in (["c:t|a"], stored, ["c:t|b"])
+    ]
+    claimed = store.claim("default", None, 10, "w", flow=plan)
+    assert [job.id for job in claimed] == ids
+    assert [job.unreadable_flow_keys for job in claimed] == [None, json.dumps(stored), None]
+    # Running, it still counts under none of its keys; a good job's key is full.
+    (late,) = store.insert_jobs("default", [row(task_name="t", flow_keys=["c:t|a"]), row(task_name="t")])[1:]
+    assert [job.id for job in store.claim("default", None, 10, "w", flow=plan)] == [late[0]]
