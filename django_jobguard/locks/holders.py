@@ -5,9 +5,10 @@ every owner token it writes starts ``job.<job id>.<digest of the claim's lease t
 holder of a lock is therefore read from the lock itself, never guessed from the jobs that
 carry its key (a job waiting for the lock carries the same key). The holder is *gone* when
 the claim that took the lock cannot release it any more: the job no longer exists, was
-settled or claimed again since, its lease ran out, or its worker stopped beating. A lock
-whose holder is gone is *stuck*: it blocks every other job of its key until its TTL runs
-out, and a Redis lock without a TTL (set by hand) would block them for ever.
+settled or claimed again since, its lease ran out, or its worker stopped beating (or never
+beat since the claim). A lock whose holder is gone is *stuck*: it blocks every other job of
+its key until its TTL runs out, and a Redis lock without a TTL (set by hand) would block
+them for ever.
 
 The database back end lists its rows (the admin pages through them); the Redis back end is
 read with ``SCAN`` over the lock prefix, a bounded number of keys per page (:func:`redis_page`).
@@ -146,7 +147,7 @@ def _holders(tokens: Iterable[str], using: str) -> dict[str, Holder]:
         row["pk"]: row
         for row in Job.objects.using(using)
         .filter(pk__in={job_id for job_id, _ in claims.values()})
-        .values("pk", "status", "lease_token", "lease_expires_at", "worker_id")
+        .values("pk", "status", "lease_token", "lease_expires_at", "worker_id", "started_at")
     }
     workers = {row["worker_id"] for row in jobs.values() if row["worker_id"]}
     beats = dict(
@@ -190,6 +191,18 @@ def _holder(
             f"its worker {worker} stopped renewing it.",
         )
     last_beat = beats.get(worker)
+    started = job["started_at"]
+    if last_beat is None and started is not None and is_stale(started, now):
+        # A live worker writes its row within one beat interval of starting: this one was
+        # killed before its first beat, or its row was pruned a day after its last.
+        return Holder(
+            job_id,
+            worker,
+            status,
+            True,
+            f"Its worker {worker} has written no beat in the {(now - started).total_seconds():.0f} s "
+            "since it claimed the job: it is gone.",
+        )
     if last_beat is not None and is_stale(last_beat, now):
         return Holder(
             job_id,
@@ -315,14 +328,15 @@ def _read_redis(client: Any, names: Sequence[str], prefix: str) -> list[_Raw]:
 
 
 def redis_page(
-    cursor: int = 0, *, cache_alias: str | None = None, cap: int = SCAN_CAP, page_size: int = PAGE_SIZE
+    cursor: int = 0, *, cache_alias: str | None = None, cap: int | None = None, page_size: int = PAGE_SIZE
 ) -> RedisPage:
-    """The held Redis locks from SCAN ``cursor`` on: at most ``cap`` keys examined.
+    """The held Redis locks from SCAN ``cursor`` on: at most ``cap`` keys examined (:data:`SCAN_CAP`).
 
     Raises :class:`~django_jobguard.LockUnavailable` when Redis does not answer.
     """
     from redis.exceptions import RedisError
 
+    cap = SCAN_CAP if cap is None else cap
     conf = get_settings().locks
     client = redis_locks.client(cache_alias or conf.cache_alias)
     # Lock keys end with the closing brace of their hash tag; fencing counters do not.

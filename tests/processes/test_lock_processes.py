@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import time
@@ -199,3 +200,68 @@ def test_no_handler_runs_without_its_lock_while_redis_is_down_and_all_complete_a
     # Waiting for the lock store used no attempts; only a run whose lock was lost at its ack can.
     assert set(waited.values_list("attempts", flat=True)) <= {1, 2}
     assert all(proc.poll() is None for proc in procs)
+
+
+def test_the_lock_page_names_a_sigkilled_holder_and_marks_it_gone_not_the_contender(
+    backend, workers, client, settings
+):
+    """The incident: a worker SIGKILLed while its job holds a long-TTL lock, a second job contending.
+
+    The page used to name the contender (a running job with the same key) as the holder and
+    say the holder was not gone.
+    """
+    from django.contrib.auth.models import User
+    from django.urls import reverse
+
+    from django_jobguard.locks import holders
+
+    locks = settings.JOBGUARD.get("LOCKS", {})
+    alias = {"CACHE_ALIAS": "redis"} if backend == "redis" else {}
+    settings.JOBGUARD = {**settings.JOBGUARD, "LOCKS": {**locks, "BACKEND": backend, **alias}}
+    client.force_login(User.objects.create_superuser("ops"))
+    holder_job = tasks_locks.hold_long.enqueue("incident", marker="holder", seconds=600)
+    holder = workers.start("--worker-id", "holder-worker", env=lock_env(backend))
+    wait_for(
+        lambda: Execution.objects.filter(marker="holder").exists(),
+        timeout=120,
+        message="the holder to start the handler",
+    )
+    holder.kill()  # SIGKILL: no release, no hand-back, no goodbye beat
+    holder.wait(timeout=10)
+
+    contender_job = tasks_locks.hold_long.enqueue("incident", marker="contender", seconds=0)
+    workers.start("--worker-id", "contender-worker", env=lock_env(backend))
+    wait_for(
+        lambda: Job.objects.get(pk=contender_job.pk).lock_contentions >= 2,
+        timeout=120,
+        message="the second job to contend for the dead holder's lock",
+    )
+    name = make_lock(backend, "res:incident").name
+
+    def holder_gone() -> bool:
+        live = holders.live_lock(name)
+        return live is not None and live.holder_gone is True
+
+    from django_jobguard.models import WorkerBeat
+
+    wait_for(
+        holder_gone,
+        timeout=60,
+        message=f"the dead holder's worker to miss its beats: {holders.live_lock(name)!r} "
+        f"{list(WorkerBeat.objects.values_list('worker_id', 'last_beat_at'))}",
+    )
+    live = holders.live_lock(name)
+    assert live.holder.job_id == holder_job.pk and live.holder.worker_id == "holder-worker"
+    assert re.search(r"holder-worker has (not beaten|written no beat)", live.holder.why)
+    assert live.stuck and live.waiting == 1 and live.put_backs >= 2
+
+    html = client.get(reverse("admin:jobguard_lock_changelist")).content.decode()
+    if backend == "redis":
+        row = re.search(rf'<tr[^>]*data-key="{re.escape(name)}".*?</tr>', html, re.S).group(0)
+    else:
+        row = re.search(rf"<tr>(?:(?!</tr>).)*{re.escape(name)}.*?</tr>", html, re.S).group(0)
+    holder_cell = re.search(r'class="field-holder">(.*?)</td>', row, re.S).group(1)
+    assert f"#{holder_job.pk}</a> holder-worker" in holder_cell
+    assert f"#{contender_job.pk}" not in row
+    gone_cell = re.search(r'class="field-holder_gone">(.*?)</td>', row, re.S).group(1)
+    assert gone_cell == "yes" if backend == "redis" else 'alt="True"' in gone_cell

@@ -120,3 +120,12 @@ def loses_lock_atomic(context, resource: str, marker: str) -> int:
     if context.attempt == 1:
         _steal(resource)
     return context.attempt
+
+
+@task(lock="res:{resource}", lock_ttl=300, visibility_timeout=300, takes_context=True)
+def hold_long(context, resource: str, marker: str, seconds: float) -> None:
+    """Holds its lock ``seconds`` (an incident's holder: killed while it holds a long-TTL lock)."""
+    Execution.objects.create(
+        marker=marker, job_id=context.job_id, attempt=context.attempt, pid=os.getpid(), worker=""
+    )
+    time.sleep(seconds)
