@@ -75,7 +75,7 @@ class _LockChangeList(ChangeList):
         super().get_results(request)
         rows = list(self.result_list)
         for row, live in zip(rows, holders.describe(rows), strict=True):
-            row.live = live  # type: ignore[attr-defined]
+            row.live = live
 
 
 def _live(obj: Lock) -> holders.LiveLock:
@@ -90,7 +90,7 @@ def holder_link(live: holders.LiveLock | None) -> SafeString | str:
     if live is None or not live.held:
         return "-"
     if live.holder is None:
-        return _("not a job's claim")
+        return str(_("not a job's claim"))
     url = reverse("admin:jobguard_job_change", args=[live.holder.job_id])
     return format_html('<a href="{}">#{}</a> {}', url, live.holder.job_id, live.holder.worker_id)
 
