@@ -287,7 +287,7 @@ def test_run_now_enqueues_an_extra_job_with_its_own_key_and_logs_who(every_minut
             {"x": {"task": ADD, "cron": "* * * * *", "kwargs": {"a": {1}}}},
             r"\['x'\]\['kwargs'\] must be JSON",
         ),
-        ({"x" * 201: {"task": ADD, "cron": "* * * * *"}}, "more than 200 characters"),
+        ({"x" * 201: {"task": ADD, "cron": "* * * * *"}}, "is 201 characters long; it may have at most 200"),
         ({"x": {"task": ADD, "cron": ""}}, r"\['x'\]\['cron'\] must be a non-empty string"),
     ],
 )

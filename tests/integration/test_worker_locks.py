@@ -97,7 +97,9 @@ def test_contention_puts_the_job_back_without_using_an_attempt_and_counts_it(use
     assert run_burst() == 0
     job.refresh_from_db()
     assert (job.status, job.attempts, job.lock_contentions) == ("queued", 0, 1)
-    assert job.run_after > job.started_at  # a short delay after the claim
+    # The claim was refunded: no attempt counted, so no start either; due again after a short delay.
+    assert job.started_at is None
+    assert job.run_after > job.enqueued_at
     assert not Interval.objects.exists()
     assert metric("jobguard_lock_contentions_total", tasks_locks.interval) == contended + 1
     assert f"lock_contended job_id={job.pk} lock_key='res:a'; retry in" in caplog.text

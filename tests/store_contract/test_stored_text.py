@@ -107,6 +107,8 @@ COLUMNS = {
     "BreakerEvent.to_state": "choices",
     "BreakerEvent.actor_name": "user",
     "BreakerEvent.reason": "text",
+    "ReplayRateChange.actor_name": "user",
+    "ReplayRateChange.reason": "text",
 }
 
 
