@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from .. import events, retention
 from ..store import beats as store_beats
+from ..store.beats import STALE_AFTER_SECONDS, WORKER_BEAT_INTERVAL_SECONDS, is_stale
 from .stats import oldest_due_ages
 
 logger = logging.getLogger("django_jobguard.worker")
@@ -43,10 +44,6 @@ __all__ = [
     "shared_worker_id",
 ]
 
-#: Seconds between two beats (row upserts and outcome flushes) of one worker.
-WORKER_BEAT_INTERVAL_SECONDS = 5.0
-#: A worker whose last beat is older than this is marked stale (three missed beats).
-STALE_AFTER_SECONDS = 3 * WORKER_BEAT_INTERVAL_SECONDS
 #: Seconds between two samples of the oldest due ages (a skip scan of the due index on PostgreSQL).
 OLDEST_AGE_SAMPLE_SECONDS = 60.0
 #: Per-minute rows and worker rows older than this are deleted by the writers.
@@ -105,12 +102,6 @@ def shared_worker_id(row_id: str) -> str | None:
     """The worker id a row of :func:`clash_row_id` stands for; None for an ordinary row."""
     match = _CLASH_ROW.match(row_id)
     return match["worker_id"] if match else None
-
-
-def is_stale(last_beat_at: datetime.datetime, now: datetime.datetime | None = None) -> bool:
-    """Whether a worker whose last beat was at ``last_beat_at`` missed three beats."""
-    now = now or timezone.now()
-    return (now - last_beat_at).total_seconds() > STALE_AFTER_SECONDS
 
 
 class Beat:

@@ -27,7 +27,9 @@ from django.utils import timezone
 
 from .. import store
 from ..conf import get_settings
-from ..models import Breaker, BreakerState, Job, JobStatus, Lock, QueueMinute, QueueState, WorkerBeat
+from ..exceptions import LockUnavailable
+from ..locks.holders import held_locks
+from ..models import Breaker, BreakerState, Job, JobStatus, QueueMinute, QueueState, WorkerBeat
 from . import beats
 from .stats import QUERIES_WITH_RECENT as STATS_QUERIES
 from .stats import QueueStats, queue_stats
@@ -195,10 +197,12 @@ LOCK_CONTENTIONS_WARNING = 100
 LOCK_KEYS_READ = 50
 #: Keys of a keyed limit named in one cause (the rest are counted).
 KEYS_NAMED = 3
+#: The lock causes' queries: the contended keys, then their locks as the Locks page reads them
+#: (the lock rows, the holders' jobs, their workers' beats, the waiting jobs).
+LOCK_QUERIES = 1 + 4
 #: The most queries :func:`queue_health` adds to :data:`BASE_QUERIES` for the causes: the pause
-#: rows; the contended locks, their running holders and (database locks) their rows; the
-#: limited queues' jobs, the breaker rows and the database clock.
-CAUSE_QUERIES = 1 + 3 + 3
+#: rows; the lock causes; the limited queues' jobs, the breaker rows and the database clock.
+CAUSE_QUERIES = 1 + LOCK_QUERIES + 3
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -484,12 +488,12 @@ def _limit_name(key: str) -> str:
 
 
 def _lock_causes(alias: str, now: datetime.datetime) -> list[tuple[str, Cause]]:
-    """Queues whose jobs are put back on a taken lock: at most three queries.
+    """Queues whose jobs are put back on a taken lock: at most :data:`LOCK_QUERIES` queries.
 
-    The queued jobs put back on a lock, per queue and key; the running jobs with a live lease
-    that carry those keys (the holders, as the locks page decides); with the database lock back
-    end, whether each key's row is still held. A key held by no live job is held by nobody who
-    will release it: its holder is gone, and its waiters spin until the lock's TTL ends.
+    The queued jobs put back on a lock, per queue and key; then those keys' locks as the
+    Locks page reads them (:func:`.locks.holders.held_locks`): the holder named by the lock's
+    own owner token, and whether it is gone. A lock whose holder is gone is released by
+    nobody: its waiters spin until its TTL ends.
     """
     groups = list(
         Job.objects.using(alias)
@@ -502,45 +506,38 @@ def _lock_causes(alias: str, now: datetime.datetime) -> list[tuple[str, Cause]]:
     )
     if not groups:
         return []
-    keys = sorted({key for _queue, key, *_rest in groups})
-    holders: dict[str, tuple[int, str]] = {}
-    for key, job_id, worker_id in (
-        Job.objects.using(alias)
-        .order_by("-started_at")
-        .filter(status=JobStatus.RUNNING, lock_key__in=keys, lease_expires_at__gte=Now())
-        .values_list("lock_key", "pk", "worker_id")
-    ):
-        holders.setdefault(key, (job_id, worker_id))
-    conf = get_settings().locks
-    held: dict[str, datetime.datetime | None] | None = None
-    if conf.backend == "database":
-        held = {
-            row_key[len(conf.prefix) :]: expires
-            for row_key, expires in Lock.objects.using(alias)
-            .filter(key__in=[conf.prefix + key for key in keys], token__isnull=False, expires_at__gt=Now())
-            .values_list("key", "expires_at")
-        }
+    try:
+        held = held_locks(sorted({key for _queue, key, *_rest in groups}), alias)
+    except LockUnavailable:
+        return []  # the lock store does not answer: the page shows the rest
+    prefix = get_settings().locks.prefix
     found: list[tuple[str, Cause]] = []
     for queue_name, key, times, jobs, since in groups:
+        lock = held.get(key)
+        if lock is None:
+            continue  # free (or expired) now: the next try takes it
         rate = times / max(1.0, (now - since).total_seconds()) if since is not None else 0.0
         spin = f"lock {key} contended {_plural(times, 'time')} ({rate:.1f}/s) by {_plural(jobs, 'job')}"
-        params = (("queue_name", queue_name), ("lock_key", key))
-        holder = holders.get(key)
-        if holder is not None:
+        if not lock.stuck:
             if times < LOCK_CONTENTIONS_WARNING:
                 continue
-            job_id, worker_id = holder
-            text = f"{spin}; held by job #{job_id} on {worker_id or 'a worker'}"
-            found.append((queue_name, Cause("lock", WARNING, text, "stuck-locks", "jobs", params)))
+            holder = lock.holder
+            where = (
+                f"held by job #{holder.job_id} on {holder.worker_id or 'a worker'}"
+                if holder is not None
+                else "held by code outside a job"
+            )
+            params = (("queue_name", queue_name), ("lock_key", key))
+            found.append(
+                (queue_name, Cause("lock", WARNING, f"{spin}; {where}", "stuck-locks", "jobs", params))
+            )
             continue
-        if held is not None and key not in held:
-            continue  # free (or expired) now: the next try takes it
-        until = held.get(key) if held is not None else None
-        text = f"{spin} with its holder gone: no running job holds it" + (
-            f"; it expires in {_duration((until - now).total_seconds())}" if until is not None else ""
+        why = lock.holder.why if lock.holder is not None else "it has no TTL"
+        text = f"{spin} with its holder gone: {why}" + (
+            f" It expires in {_duration(lock.ttl_left)}." if lock.ttl_left is not None else ""
         )
         found.append(
-            (queue_name, Cause("lock", CRITICAL, text, "stuck-locks", "locks", (("q", conf.prefix + key),)))
+            (queue_name, Cause("lock", CRITICAL, text, "stuck-locks", "locks", (("q", prefix + key),)))
         )
     return found
 

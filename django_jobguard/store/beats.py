@@ -12,6 +12,21 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.db import connections
+from django.utils import timezone
+
+#: Seconds between two beats (row upserts and outcome flushes) of one worker.
+WORKER_BEAT_INTERVAL_SECONDS = 5.0
+#: A worker whose last beat is older than this is marked stale (three missed beats).
+STALE_AFTER_SECONDS = 3 * WORKER_BEAT_INTERVAL_SECONDS
+
+
+def is_stale(last_beat_at: datetime.datetime, now: datetime.datetime | None = None) -> bool:
+    """Whether a worker whose last beat was at ``last_beat_at`` missed three beats.
+
+    Here, below the monitoring and the lock services that both ask it.
+    """
+    now = now or timezone.now()
+    return (now - last_beat_at).total_seconds() > STALE_AFTER_SECONDS
 
 
 def _tables() -> tuple[str, str]:

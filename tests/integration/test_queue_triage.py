@@ -89,6 +89,7 @@ def test_a_lock_whose_holder_runs_is_no_emergency_and_a_free_lock_is_no_cause():
         lease_expires_at=timezone.now() + datetime.timedelta(minutes=1),
         started_at=timezone.now(),
     )
+    triage.Lock.objects.update(token=triage.lock_owner(holder.pk, "1" * 32))
     [cause] = health.queue_health().causes["accounts"]
     assert (cause.kind, cause.severity) == ("lock", health.WARNING)
     assert f"held by job #{holder.pk} on web-1:4001:live" in cause.text

@@ -2,8 +2,8 @@
 
 Three queues in trouble among healthy ones: ``flow-dep`` waits behind an open breaker (its
 jobs due for 16 minutes), ``accounts`` has a job put back 1,074 times on lock ``account:999``
-whose holder is gone (the lock row is held by a token no running job carries), and ``emails``
-dead-letters. The healthy queues have a live worker and a few succeeded jobs.
+whose holder is gone (the lock row names that job's earlier claim, on a killed worker), and
+``emails`` dead-letters. The healthy queues have a live worker and a few succeeded jobs.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from django_jobguard import store
 from django_jobguard.conf import get_settings
+from django_jobguard.locks import holders
 from django_jobguard.models import Breaker, DeadLetter, Job, Lock, WorkerBeat
 from tests.testapp import tasks, tasks_flow
 
@@ -59,6 +60,15 @@ def open_breaker(probe_in: float = 65.0, waiting: int = 4, waited: float = 16 * 
     )
 
 
+#: The lease token of the claim a killed worker held (the job was put back since).
+DEAD_CLAIM = "f" * 32
+
+
+def lock_owner(job_id: int, lease_token: str) -> str:
+    """The owner token a worker writes on the lock it takes for job ``job_id``'s claim."""
+    return f"{holders.job_owner(job_id, lease_token)}.{'0' * 16}"
+
+
 def contended_lock(queue: str = "accounts", held_for: float = 600.0) -> Job:
     """A job put back :data:`CONTENTIONS` times on a lock whose row a dead worker's token holds."""
     job = tasks.add.using(queue_name=queue).enqueue(1)
@@ -72,7 +82,9 @@ def contended_lock(queue: str = "accounts", held_for: float = 600.0) -> Job:
     Lock.objects.update_or_create(
         key=get_settings().locks.prefix + LOCK_KEY,
         defaults={
-            "token": "f" * 32,  # the dead worker's: no running job carries this key
+            # Taken by this job's earlier claim, on the worker that was killed; the reaper put
+            # the job back since, so that claim can neither finish nor release it.
+            "token": lock_owner(job.pk, DEAD_CLAIM),
             "expires_at": now + datetime.timedelta(seconds=held_for),
             "acquired_at": now - datetime.timedelta(minutes=10),
             "fencing_token": 7,
