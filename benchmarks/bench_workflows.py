@@ -274,8 +274,8 @@ def drain(
     processes' of this database: other work on the host does not inflate it, as it does
     the seconds.
     """
-    from django_jobguard import queues
     from django_jobguard.models import WorkerBeat
+    from django_jobguard.operations import queues
 
     ids = [f"bench-wf-{n}" for n in range(processes)]
     logging.getLogger("django_jobguard").setLevel(logging.WARNING)  # not a line per pause and resume

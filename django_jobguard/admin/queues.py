@@ -3,7 +3,7 @@
 The page is the change list of :class:`~django_jobguard.models.QueueState`, so it is
 linked from the admin index and the app index of whichever admin site registers it. Its
 figures come from :func:`django_jobguard.monitoring.health.queue_health` (a fixed number of indexed
-queries); pause and resume call :mod:`django_jobguard.queues`, which checks
+queries); pause and resume call :mod:`django_jobguard.operations.queues`, which checks
 ``jobguard.pause_queue`` again whatever the page showed.
 """
 

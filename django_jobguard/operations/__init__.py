@@ -9,9 +9,6 @@ check permissions and call it, so the admin, the API and the commands follow the
   waiting ones due now.
 - :mod:`.workflows`: cancel a workflow, retry its failed members.
 
-Importable from their first homes too (``django_jobguard.queues``, ``django_jobguard.jobs``,
-``django_jobguard.workflow_ops``), the paths the docs use.
-
 The verbs that live with the rules they change stay there: a breaker opened or closed by hand
 (:mod:`django_jobguard.breakers`), a schedule paused, resumed or run now
 (:mod:`django_jobguard.schedules`), a replay requested, approved or rejected

@@ -4,7 +4,7 @@ The insert itself and the ack's "succeeded" are per database (:func:`~django_job
 :func:`~django_jobguard.store.insert_keyed_job`, :func:`~django_jobguard.store.record_key_success`):
 they are on the hot path. The rest are rare (a duplicate, a take-over, a cancel, a replay) and
 the same statement on every database, so they are ORM updates. The decisions stay with their
-callers (:mod:`django_jobguard.idempotency`, :mod:`django_jobguard.jobs`,
+callers (:mod:`django_jobguard.idempotency`, :mod:`django_jobguard.operations.jobs`,
 :mod:`django_jobguard.workflows`); this module only says how a decision is written.
 
 Pruning (deleting expired rows) lives with the other retention rules, in

@@ -62,7 +62,7 @@ def test_cancel_needs_the_cancel_permission_and_cancels_the_pending_members():
 
 
 def test_retry_failed_needs_a_reason_and_a_retry_permission():
-    from django_jobguard import jobs
+    from django_jobguard.operations import jobs
 
     batch = Batch().enqueue([tasks.add.s(1), tasks.add.s(2)])
     member = Job.objects.filter(workflow_id=batch.id).order_by("pk").first()

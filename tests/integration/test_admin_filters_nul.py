@@ -70,8 +70,9 @@ def test_a_nul_in_a_breaker_reason_is_refused_with_a_message_and_nothing_written
 
 
 def test_the_services_refuse_a_nul_in_a_reason_whoever_calls_them():
-    from django_jobguard import breakers, queues
+    from django_jobguard import breakers
     from django_jobguard.exceptions import BreakerError, QueueError
+    from django_jobguard.operations import queues
 
     with pytest.raises(QueueError, match="NUL"):
         queues.pause("default", actor="cli", reason="a\x00b")

@@ -59,7 +59,7 @@ def test_a_keyed_and_locked_coroutine_takes_its_key_and_lock_and_a_duplicate_get
 
 
 def test_a_paused_queue_is_not_claimed_by_an_async_worker_until_resumed():
-    from django_jobguard import queues
+    from django_jobguard.operations import queues
 
     job = tasks.add_async.enqueue(1, b=1)
     queues.pause(job.queue_name, actor="test", reason="maintenance")

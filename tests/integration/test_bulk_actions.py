@@ -9,8 +9,9 @@ from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
 
-from django_jobguard import dlq, jobs
+from django_jobguard import dlq
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job
+from django_jobguard.operations import jobs
 from tests.support.dlq import dead_charge
 from tests.testapp import tasks
 

@@ -6,8 +6,9 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from django_jobguard import jobs, store
+from django_jobguard import store
 from django_jobguard.models import IdempotencyKey, Job
+from django_jobguard.operations import jobs
 from tests.support.dlq import make_user
 from tests.testapp import tasks
 

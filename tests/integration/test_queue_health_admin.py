@@ -11,9 +11,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from django_jobguard import queues
 from django_jobguard.models import DeadLetter, Job, QueueEvent, QueueMinute, QueueState
 from django_jobguard.monitoring import beats, health
+from django_jobguard.operations import queues
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db

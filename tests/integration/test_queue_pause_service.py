@@ -11,11 +11,12 @@ from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
-from django_jobguard import queues, store
+from django_jobguard import store
 from django_jobguard.exceptions import QueueError, QueuePermissionDenied
 from django_jobguard.management.commands.jobguard_status import render_table
 from django_jobguard.models import Job, QueueEvent, QueueState
 from django_jobguard.monitoring import stats
+from django_jobguard.operations import queues
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db

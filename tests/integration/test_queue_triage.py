@@ -14,9 +14,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_jobguard import queues, store
+from django_jobguard import store
 from django_jobguard.models import Breaker, Job
 from django_jobguard.monitoring import health
+from django_jobguard.operations import queues
 from django_jobguard.registry import registry
 from tests.support import triage
 from tests.testapp import tasks, tasks_flow

@@ -202,7 +202,7 @@ def test_the_scrape_reports_open_batches_and_the_oldest_ones_age():
 def test_a_dependent_cancelled_with_its_parent_says_why_on_its_timeline():
     wf = chain(tasks.wf_step.s("a"), tasks.wf_step.s("b")).enqueue()
     first, second = wf.jobs
-    from django_jobguard import jobs
+    from django_jobguard.operations import jobs
 
     jobs.cancel([first.pk], reason="order withdrawn")
     viewer = login("viewer", "view_job")

@@ -4,8 +4,9 @@ import pytest
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
-from django_jobguard import Batch, InvalidArgumentsError, chain, group, jobs, store, task
+from django_jobguard import Batch, InvalidArgumentsError, chain, group, store, task
 from django_jobguard.models import Job, JobDependency, Workflow, WorkflowCallback, WorkflowCounter
+from django_jobguard.operations import jobs
 from django_jobguard.workflows import progress
 from tests.support.dlq import run_burst
 from tests.testapp import tasks
@@ -335,7 +336,7 @@ def test_the_batch_record_outlives_its_callbacks_and_the_pruning_of_its_jobs():
 
 
 def test_a_member_cancelled_and_retried_then_succeeding_counts_once_as_a_success():
-    from django_jobguard import workflow_ops
+    from django_jobguard.operations import workflows as workflow_ops
     from tests.support.dlq import make_user
 
     batch = Batch(on_success=tasks.wf_callback.s("ok")).enqueue(
@@ -355,7 +356,7 @@ def test_a_member_cancelled_and_retried_then_succeeding_counts_once_as_a_success
 
 
 def test_workflow_actions_refuse_bad_input_and_change_nothing():
-    from django_jobguard import workflow_ops
+    from django_jobguard.operations import workflows as workflow_ops
     from tests.support.dlq import make_user
 
     with pytest.raises(InvalidArgumentsError, match=r"No workflow #987654"):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from django_jobguard import jobs
+from django_jobguard.operations import jobs
 from tests.conftest import wait_for
 from tests.testapp import tasks
 

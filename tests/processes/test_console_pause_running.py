@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from django_jobguard import queues
 from django_jobguard.models import Job
+from django_jobguard.operations import queues
 from tests.conftest import wait_for
 from tests.testapp import tasks
 

@@ -4,7 +4,7 @@ import datetime
 
 import pytest
 
-from django_jobguard import queues
+from django_jobguard.operations import queues
 from tests.conftest import wait_for
 from tests.testapp import tasks
 

@@ -12,9 +12,9 @@ import datetime
 import pytest
 from django.utils import timezone
 
-from django_jobguard import queues as queues_service
 from django_jobguard import store
 from django_jobguard.models import FlowRate, IdempotencyKey, Job
+from django_jobguard.operations import queues as queues_service
 from django_jobguard.store import locks
 from tests.testapp import tasks, tasks_flow
 

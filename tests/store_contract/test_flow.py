@@ -130,7 +130,7 @@ def test_a_slot_frees_when_its_lease_is_reaped(flow_tasks):
 
 
 def test_paused_queues_stay_paused_under_the_limited_claim(flow_tasks):
-    from django_jobguard import queues
+    from django_jobguard.operations import queues
 
     tasks_flow.three_at_once.enqueue(0)
     queues.pause("flow-global", actor="test", reason="test")

@@ -16,9 +16,9 @@ from django.db import connection, connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from django_jobguard import queues as queues_service
 from django_jobguard import store
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job
+from django_jobguard.operations import queues as queues_service
 from django_jobguard.store import mysql, postgres, sqlite
 from tests.testapp import tasks
 
