@@ -81,8 +81,9 @@ def one_run(jobs: int) -> float:
 def calls_per_job(jobs: int) -> Counter[str]:
     """How often one job reaches each place tracing added a check to (one profiled burst)."""
     from benchmarks.jobguard_app.tasks import noop
-    from django_jobguard import enqueue, log, metrics
+    from django_jobguard import enqueue, log
     from django_jobguard.models import Job
+    from django_jobguard.monitoring import metrics
     from django_jobguard.worker import Worker
     from django_jobguard.worker.executor import Executor
 

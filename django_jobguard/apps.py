@@ -26,8 +26,8 @@ class JobguardConfig(AppConfig):
         # loads after this module. checks register on import; cache registers the durable
         # invalidation task; enqueue, which Task.enqueue() imports at its call (see task.py),
         # loads here, before the first request.
-        from . import cache, checks, conf, enqueue, events, metrics, registry  # noqa: F401
-        from .monitoring import beats
+        from . import cache, checks, conf, enqueue, events, registry  # noqa: F401
+        from .monitoring import beats, metrics
 
         setting_changed.connect(conf.reload, dispatch_uid="jobguard_settings_reload")
         registry.autodiscover()
@@ -49,20 +49,21 @@ def install_tracing(**kwargs: Any) -> None:
     """
     if kwargs.get("setting", "JOBGUARD") != "JOBGUARD":
         return
-    from . import conf, events, log, metrics
+    from . import conf, events, log
+    from .monitoring import metrics
 
     try:
         enabled = conf.get_settings().opentelemetry
     except ImproperlyConfigured:
         enabled = False
     if enabled:
-        from . import tracing  # an optional extra: imported only when enabled
+        from .monitoring import tracing  # an optional extra: imported only when enabled
 
         events.add_sink(tracing.sink)
         log.set_trace_fields(tracing.trace_fields)
         metrics.set_exemplar_source(tracing.exemplar)
-    elif "django_jobguard.tracing" in sys.modules:
-        events.remove_sink(sys.modules["django_jobguard.tracing"].sink)
+    elif "django_jobguard.monitoring.tracing" in sys.modules:
+        events.remove_sink(sys.modules["django_jobguard.monitoring.tracing"].sink)
         log.set_trace_fields(None)
         metrics.set_exemplar_source(None)
 

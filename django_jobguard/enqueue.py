@@ -77,11 +77,11 @@ def prepare(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
 
 
 def _tracing() -> ModuleType:
-    """:mod:`django_jobguard.tracing`, imported only when ``OPENTELEMETRY`` is on.
+    """:mod:`django_jobguard.monitoring.tracing`, imported only when ``OPENTELEMETRY`` is on.
 
     It imports OpenTelemetry, an optional extra: a project without it never loads it.
     """
-    from . import tracing
+    from .monitoring import tracing
 
     return tracing
 

@@ -2,7 +2,7 @@
 
 A site that enqueues, settles, invalidates or ticks says *what* happened with :func:`emit`;
 it does not know who listens. The app's ``ready()`` installs the sinks: Prometheus metrics
-(:func:`django_jobguard.metrics.sink`) and the console's per-minute counts
+(:func:`django_jobguard.monitoring.metrics.sink`) and the console's per-minute counts
 (:func:`django_jobguard.monitoring.beats.sink`). A tracer or a test adds its own with :func:`add_sink`.
 
 Events carry names and numbers only (queue, task, reason, duration), never a payload. Sinks

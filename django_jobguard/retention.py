@@ -104,7 +104,7 @@ KEY_DELETION_RULE = (
 def deletable_jobs(alias: str) -> Any:
     """Jobs that may be deleted by hand: finished, and no live key or dead letter refers to them.
 
-    Deleting one cannot break what :func:`~django_jobguard.audit.audit` checks: it is not
+    Deleting one cannot break what :func:`~django_jobguard.monitoring.audit.audit` checks: it is not
     running, no dead letter loses its job (or its replay job), and no live key loses the job
     it answers resends with.
     """

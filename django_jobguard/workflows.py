@@ -258,7 +258,7 @@ _Verb = TypeVar("_Verb", bound=Callable[..., Any])
 
 
 def _traced(operation: str, kind: str | None = None) -> Callable[[_Verb], _Verb]:
-    """Run a verb in the workflow's producer span when tracing is on (see :mod:`.tracing`).
+    """Run a verb in the workflow's producer span when tracing is on (see :mod:`.monitoring.tracing`).
 
     Its jobs store that span as their enqueue, so every member's run links to it. ``kind``
     None: the verb is a :class:`Batch` method, whose own kind (batch or group) is used.
@@ -269,7 +269,7 @@ def _traced(operation: str, kind: str | None = None) -> Callable[[_Verb], _Verb]
         def traced(*args: Any, **kwargs: Any) -> Any:
             if not get_settings().opentelemetry:
                 return verb(*args, **kwargs)
-            from . import tracing  # an optional extra, imported only with the setting on
+            from .monitoring import tracing  # an optional extra, imported only with the setting on
 
             with tracing.workflow_span(operation, kind or args[0].kind) as span:
                 result = verb(*args, **kwargs)
@@ -513,7 +513,7 @@ def enqueue_after(task: Task[Any, Any], args: Sequence[Any], kwargs: Any) -> Job
                     "enqueues it)."
                 )
         if "trace_context" in fields:  # tracing on: its run links to its parents' enqueues too
-            from . import tracing
+            from .monitoring import tracing
 
             contexts = {pk: context for pk, _, _, context in rows}
             fields["trace_context"] = tracing.with_parents(

@@ -111,7 +111,7 @@ class Settings:
     # Frozen, so one shared default instance is safe (ruff cannot tell across modules).
     scheduler: SchedulerSettings = SchedulerSettings(interval=1.0, missed_after=60.0, catch_up_max=100)  # noqa: RUF009
     limits: Mapping[str, NamedLimit] = dataclasses.field(default_factory=dict)
-    #: ``OPENTELEMETRY``: trace enqueues and runs (see :mod:`django_jobguard.tracing`).
+    #: ``OPENTELEMETRY``: trace enqueues and runs (see :mod:`django_jobguard.monitoring.tracing`).
     opentelemetry: bool = False
     #: ``OPENTELEMETRY_PARENT``: the run's span is a child of the enqueue's, not linked to it.
     opentelemetry_parent: bool = False

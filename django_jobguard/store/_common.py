@@ -55,7 +55,7 @@ INSERT_FIELDS = (
     "lock_key",
     "handler_version",
     "flow_keys",
-    # Optional in a row (None: tracing is off); see django_jobguard.tracing.
+    # Optional in a row (None: tracing is off); see django_jobguard.monitoring.tracing.
     "trace_context",
     # Optional: a workflow's members are inserted as its members (no UPDATE of each row after).
     "workflow_id",

@@ -241,7 +241,7 @@ class AsyncExecutor:
         #: unless JOBGUARD["OPENTELEMETRY"] is on.
         self._traced: Callable[[Held], Awaitable[None]] | None = None
         if get_settings().opentelemetry:
-            from .. import tracing  # an optional extra: imported only when enabled
+            from . import tracing  # an optional extra: imported only when enabled
 
             self._traced = functools.partial(
                 tracing.run_async,

@@ -49,7 +49,7 @@ class Executor:
         #: unless JOBGUARD["OPENTELEMETRY"] is on.
         self._traced: Callable[[Held], None] | None = None
         if get_settings().opentelemetry:
-            from .. import tracing  # an optional extra: imported only when enabled
+            from . import tracing  # an optional extra: imported only when enabled
 
             self._traced = functools.partial(
                 tracing.run, runtime=runtime, completer=completer, run_pipeline=pipeline.run

@@ -301,7 +301,7 @@ class Worker:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
             if get_settings().opentelemetry:
                 # Spans of the last jobs sit in the provider's batch: export them before exit.
-                from .. import tracing  # an optional extra: imported only when enabled
+                from . import tracing  # an optional extra: imported only when enabled
 
                 tracing.flush()
         logger.info(

@@ -28,7 +28,7 @@ from sentry_sdk.integrations.django import DjangoIntegration  # noqa: E402
 from sentry_sdk.transport import Transport  # noqa: E402
 
 from django_jobguard.models import Job  # noqa: E402
-from django_jobguard.sentry import JobguardIntegration  # noqa: E402
+from django_jobguard.monitoring.sentry import JobguardIntegration  # noqa: E402
 from tests.support.otel import by_name, memory_exporter  # noqa: E402
 from tests.testapp import tasks_django  # noqa: E402
 

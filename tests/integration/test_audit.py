@@ -10,8 +10,8 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from django_jobguard import dlq
-from django_jobguard.audit import CHECKS, SAMPLE_SIZE, audit
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job
+from django_jobguard.monitoring.audit import CHECKS, SAMPLE_SIZE, audit
 from django_jobguard.operations import jobs
 from tests.support.dlq import dead_charge, make_user, run_burst
 from tests.testapp import tasks, tasks_dlq

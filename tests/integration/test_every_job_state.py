@@ -13,9 +13,10 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
-from django_jobguard import audit, chain
+from django_jobguard import chain
 from django_jobguard.admin import jobs as job_admin
 from django_jobguard.models import IdempotencyStatus, Job, JobStatus
+from django_jobguard.monitoring import audit
 from tests.support.dlq import make_user
 from tests.testapp import tasks
 

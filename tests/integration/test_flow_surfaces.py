@@ -10,9 +10,10 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 from django.urls import reverse
 
-from django_jobguard import breakers, metrics, store
+from django_jobguard import breakers, store
 from django_jobguard.conf import get_settings
 from django_jobguard.models import Breaker, BreakerEvent
+from django_jobguard.monitoring import metrics
 from django_jobguard.monitoring.stats import limit_stats
 from django_jobguard.registry import registry
 from tests.testapp import tasks_flow

@@ -8,7 +8,7 @@ from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
-from django_jobguard import metrics
+from django_jobguard.monitoring import metrics
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -21,7 +21,7 @@ sentry_sdk = pytest.importorskip("sentry_sdk", reason="needs sentry-sdk (the [se
 
 from sentry_sdk.transport import Transport  # noqa: E402
 
-from django_jobguard.sentry import JobguardIntegration  # noqa: E402
+from django_jobguard.monitoring.sentry import JobguardIntegration  # noqa: E402
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

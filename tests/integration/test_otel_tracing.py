@@ -316,7 +316,8 @@ def test_without_the_setting_nothing_is_stored_and_no_span_is_made():
     assert Job.objects.get(pk=job.pk).trace_context is None
     assert run_burst() == 0
     assert [s.name for s in exporter.get_finished_spans()] == ["GET /checkout"]
-    assert not any(getattr(sink, "__module__", "") == "django_jobguard.tracing" for sink in events._sinks)
+    tracing_module = "django_jobguard.monitoring.tracing"
+    assert not any(getattr(sink, "__module__", "") == tracing_module for sink in events._sinks)
 
 
 def test_without_the_setting_opentelemetry_is_never_imported(tmp_path):

@@ -13,10 +13,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_jobguard import metrics
 from django_jobguard.management.commands.jobguard_status import format_age
 from django_jobguard.models import DeadLetter, Job
-from django_jobguard.monitoring import stats
+from django_jobguard.monitoring import metrics, stats
 
 pytestmark = pytest.mark.django_db
 

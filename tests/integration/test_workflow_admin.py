@@ -161,7 +161,7 @@ def test_retrying_a_dead_member_goes_through_the_replay_approval():
 
 
 def gauges() -> dict[tuple[str, str], float]:
-    from django_jobguard import metrics
+    from django_jobguard.monitoring import metrics
 
     return {
         (family.name, sample.labels["kind"]): sample.value

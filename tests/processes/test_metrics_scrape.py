@@ -22,8 +22,8 @@ from django.test import RequestFactory
 from django.utils import timezone
 
 from django_jobguard import lock
-from django_jobguard.metrics import metrics_view
 from django_jobguard.models import DeadLetter, Job
+from django_jobguard.monitoring.metrics import metrics_view
 from tests.conftest import wait_for
 from tests.support.prometheus import Samples, free_port, parse, scrape_worker, value
 from tests.testapp import tasks, tasks_cache

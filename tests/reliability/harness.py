@@ -701,8 +701,8 @@ AUDIT_CHECKS = ("expired_leases", "dead_without_dead_letter", "keys_disagreeing_
 
 def invariant_violations() -> dict[str, list[int]]:
     """Run every invariant query and the audit's checks; each must return no rows."""
-    from django_jobguard.audit import audit
     from django_jobguard.models import DeadLetterReason
+    from django_jobguard.monitoring.audit import audit
 
     out: dict[str, list[int]] = {}
     postgres = connection.vendor == "postgresql"

@@ -1,7 +1,7 @@
 """T12: metrics under faults: queue gauges equal the database, counters never go back.
 
 Written against issue 6's public API: the scrape-time collector
-``django_jobguard.metrics.QueueCollector`` (``jobguard_queue_*`` gauges) and
+``django_jobguard.monitoring.metrics.QueueCollector`` (``jobguard_queue_*`` gauges) and
 prometheus_client's multiprocess mode for the workers' counters (``PROMETHEUS_MULTIPROC_DIR``),
 which keeps a killed worker's counts. Skipped, naming the missing piece, until they exist.
 
@@ -17,8 +17,8 @@ import time
 import pytest
 from django.db.models import Count
 
-from django_jobguard import metrics
 from django_jobguard.models import DeadLetter, Job
+from django_jobguard.monitoring import metrics
 
 from .harness import Pool, django_backend_pid, enqueue_probes, open_jobs, run_until
 
@@ -79,7 +79,9 @@ def scrape_and_count(queue, attempts=20):
 
 
 @pytest.mark.scenario("T12")
-@pytest.mark.skipif(bool(MISSING), reason=f"needs issue 6: django_jobguard.metrics.{', '.join(MISSING)}")
+@pytest.mark.skipif(
+    bool(MISSING), reason=f"needs issue 6: django_jobguard.monitoring.metrics.{', '.join(MISSING)}"
+)
 def test_t12_gauges_equal_the_database_and_counters_never_decrease_under_faults(
     scenario, observer, workers, tmp_path
 ):

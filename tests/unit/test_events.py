@@ -5,8 +5,8 @@ import logging
 import pytest
 from prometheus_client import REGISTRY
 
-from django_jobguard import events, metrics
-from django_jobguard.monitoring import beats
+from django_jobguard import events
+from django_jobguard.monitoring import beats, metrics
 
 
 @pytest.fixture

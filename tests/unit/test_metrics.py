@@ -10,7 +10,8 @@ import prometheus_client
 import pytest
 from django.db import IntegrityError
 
-from django_jobguard import metrics, store
+from django_jobguard import store
+from django_jobguard.monitoring import metrics
 from tests.support.prometheus import alert_rules
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.utils import timezone
 
-from ...audit import DEFAULT_GRACE_SECONDS, Finding, audit
+from ...monitoring.audit import DEFAULT_GRACE_SECONDS, Finding, audit
 from ._options import add_database_argument, database_alias, non_negative_float
 
 

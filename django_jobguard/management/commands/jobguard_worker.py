@@ -7,8 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ... import metrics
 from ...conf import WORKER_ID_MAX_LENGTH
+from ...monitoring import metrics
 from ...worker import Worker
 from ._options import (
     add_database_argument,

@@ -17,7 +17,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from django_jobguard.audit import audit
+from django_jobguard.monitoring.audit import audit
 
 from .acts import Act, Proof, build_acts, create_demo_users, reset
 from .display import Display, snapshot

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, cast
 import sentry_sdk
 from sentry_sdk.integrations import Integration
 
-from . import signals
-from ._redact import payload_secrets, redact
+from .. import signals
+from .._redact import payload_secrets, redact
 
 if TYPE_CHECKING:
     from sentry_sdk._types import Event

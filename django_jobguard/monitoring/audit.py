@@ -22,8 +22,8 @@ from typing import Any
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.db.models.functions import Now
 
-from .conf import get_settings
-from .models import DeadLetter, IdempotencyKey, IdempotencyStatus, Job, JobStatus, ReplayState
+from ..conf import get_settings
+from ..models import DeadLetter, IdempotencyKey, IdempotencyStatus, Job, JobStatus, ReplayState
 
 __all__ = ["CHECKS", "DEFAULT_GRACE_SECONDS", "SAMPLE_SIZE", "Finding", "audit"]
 

@@ -37,9 +37,9 @@ try:
 except ImportError:  # pragma: no cover - exercised only without the metrics extra
     prometheus_client = None  # type: ignore[assignment]
 
-from . import events
-from .conf import get_settings
-from .monitoring.stats import breaker_stats, limit_stats, queue_stats, workflow_stats
+from .. import events
+from ..conf import get_settings
+from .stats import breaker_stats, limit_stats, queue_stats, workflow_stats
 
 logger = logging.getLogger("django_jobguard.metrics")
 

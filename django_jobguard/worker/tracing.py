@@ -1,209 +1,70 @@
-"""OpenTelemetry traces across the queue, with ``JOBGUARD["OPENTELEMETRY"] = True``.
+"""The worker's half of tracing: each attempt's ``process`` span and its ``settle`` child.
 
-Imported only with that setting on (``pip install django-jobguard[otel]``): without it nothing
-imports OpenTelemetry and the claim-and-ack path runs no code of this module.
+Imported by the executors only with ``JOBGUARD["OPENTELEMETRY"]`` on (see
+:mod:`django_jobguard.monitoring.tracing`, the producer half, whose tracer, propagators and
+job attributes it uses).
 
-- **Enqueue** runs in a ``send <queue>`` span (kind PRODUCER); the job row stores that span's
-  W3C context (``traceparent``, ``tracestate``, ``baggage``) in ``trace_context``.
-- **Workflows**: storing a chain, a batch (or adding to one) or a job with ``after=`` runs in
-  a ``send workflow`` span (kind PRODUCER) that names the workflow; its members and callbacks
-  store *that* span as their enqueue, and a dependent job also keeps its parents' enqueue
-  contexts (``parents``), so its run links to them as well.
-- **Run**: each attempt is a ``process <queue>`` span (kind CONSUMER) that *links* to the
-  enqueue span and to the job's earlier attempts (the convention of Sidekiq and River), or,
-  with ``OPENTELEMETRY_PARENT``, is its child. Attributes
-  say how long the job waited; settling the outcome (the ack, the retry or the dead letter)
-  is a ``settle <queue>`` child span, and events of the event stream land on it.
-- **Baggage** crosses the queue only for the entries named in ``OPENTELEMETRY_BAGGAGE``
-  (none by default): the enqueue stores those, and the attempt restores those (named then)
-  as the current baggage of its handler, in both modes. A caller's baggage header is data
-  from outside: nothing else of it is stored or handed to a worker.
+- Each attempt is a ``process <queue>`` span (kind CONSUMER) that *links* to the enqueue
+  span and to the job's earlier attempts (the convention of Sidekiq and River), or, with
+  ``OPENTELEMETRY_PARENT``, is its child. Attributes say how long the job waited; settling
+  the outcome (the ack, the retry or the dead letter) is a ``settle <queue>`` child span, and
+  events of the event stream land on it.
+- The attempt restores the allowed baggage (``OPENTELEMETRY_BAGGAGE``) as the current
+  baggage of its handler, in both modes.
 - A context that cannot be read (malformed, or none: a row from before tracing was on) is
   logged at DEBUG and left out; the job runs.
-
-Spans go to whatever tracer provider the project set up; the worker flushes it when it exits
-(SIGTERM, ``--max-jobs``, ``--burst``). Attributes follow OpenTelemetry's messaging semantic
-conventions; they never hold the payload.
+- The worker flushes the tracer provider when it exits (SIGTERM, ``--max-jobs``, ``--burst``).
 """
 
 from __future__ import annotations
 
-import contextvars
 import datetime
 import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
-from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
-from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from . import __version__, events
-from ._redact import payload_secrets, redact
-from .conf import get_settings
-from .log import job_fields
-from .outcome import Dead, Duplicate, Outcome, PutBack, Retry, Stale, Succeeded
+from .._redact import payload_secrets, redact
+from ..conf import get_settings
+from ..monitoring.tracing import (
+    BAGGAGE,
+    SYSTEM,
+    TRACE_CONTEXT,
+    TRACER,
+    W3C_KEYS,
+    allowed_baggage,
+    job_attributes,
+)
+from ..outcome import Dead, Duplicate, Outcome, PutBack, Retry, Stale, Succeeded
 
 if TYPE_CHECKING:
-    from .store import ClaimedJob
-    from .worker.completer import Completer
-    from .worker.held import Held
-    from .worker.pipeline import Runtime
+    from ..store import ClaimedJob
+    from .completer import Completer
+    from .held import Held
+    from .pipeline import Runtime
 
-__all__ = [
-    "MAX_LINKED_ATTEMPTS",
-    "carrier",
-    "enqueue_span",
-    "exemplar",
-    "flush",
-    "record_enqueued",
-    "record_workflow",
-    "run",
-    "run_async",
-    "sink",
-    "trace_fields",
-    "with_parents",
-    "workflow_span",
-]
+__all__ = ["MAX_LINKED_ATTEMPTS", "flush", "run", "run_async"]
 
+# The tracing area's logger, shared with the producer half (see the loggers reference).
 logger = logging.getLogger("django_jobguard.tracing")
 
 #: Earlier attempts a run links to (the latest ones): a job retried forever stays bounded.
 MAX_LINKED_ATTEMPTS = 32
-#: Parents a dependent job's run links to (``after=`` takes any number of jobs).
-MAX_LINKED_PARENTS = 32
 #: Seconds the worker waits for the tracer provider to export what it holds when it exits.
 FLUSH_TIMEOUT_SECONDS = 10.0
-#: The value of ``messaging.system``.
-SYSTEM = "jobguard"
-#: Keys of a job's ``trace_context`` that come from the W3C propagators.
-_W3C_KEYS = ("traceparent", "tracestate", "baggage")
-#: The keys of the trace context proper (the baggage is stored apart, filtered).
-_TRACE_KEYS = ("traceparent", "tracestate")
 
 _STORED_SQL = "SELECT trace_context, enqueued_at, run_after, started_at FROM jobguard_job WHERE id = %s"
 
-_tracer = trace.get_tracer("django_jobguard", __version__)
-_trace_context = TraceContextTextMapPropagator()
-_baggage = W3CBaggagePropagator()
-
 RunPipeline = Callable[["Held", "Runtime"], Outcome]
-
-#: The workflow span being recorded in this context: ``Batch.enqueue`` opens, adds and closes
-#: in one span, not three.
-_workflow_span: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
-    "jobguard_workflow_span", default=None
-)
-
-
-# -- enqueue -----------------------------------------------------------------------------------
-
-
-@contextmanager
-def enqueue_span(task_name: str, queue_name: str) -> Iterator[Span]:
-    """The producer span one enqueue runs in (the job's id is added once it is known)."""
-    attributes = {
-        "messaging.system": SYSTEM,
-        "messaging.destination.name": queue_name,
-        "messaging.operation.type": "send",
-        "messaging.operation.name": "enqueue",
-        "jobguard.task": task_name,
-    }
-    with _tracer.start_as_current_span(
-        f"send {queue_name}", kind=SpanKind.PRODUCER, attributes=attributes
-    ) as span:
-        yield span
-
-
-def record_enqueued(span: Span, job: Any, created: bool = True) -> None:
-    """Name the job the producer span enqueued (or found, for a repeated idempotency key)."""
-    if not span.is_recording():
-        return
-    span.set_attributes(_job_attributes(job, attempt=False))
-    if not created:
-        span.set_attribute("jobguard.duplicate", True)
-
-
-@contextmanager
-def workflow_span(operation: str, kind: str) -> Iterator[Span]:
-    """The producer span that stores a workflow's jobs (or adds to it); nested calls share it."""
-    current = _workflow_span.get()
-    if current is not None:
-        yield current
-        return
-    attributes = {
-        "messaging.system": SYSTEM,
-        "messaging.destination.name": "workflow",
-        "messaging.operation.type": "send",
-        "messaging.operation.name": operation,
-        "jobguard.workflow.kind": kind,
-    }
-    with _tracer.start_as_current_span(
-        "send workflow", kind=SpanKind.PRODUCER, attributes=attributes
-    ) as span:
-        token = _workflow_span.set(span)
-        try:
-            yield span
-        finally:
-            _workflow_span.reset(token)
-
-
-def record_workflow(span: Span, workflow_id: int | None, members: int) -> None:
-    """Name the workflow the span stored, and how many jobs it stored in it."""
-    if not span.is_recording():
-        return
-    if workflow_id is not None:
-        span.set_attribute("jobguard.workflow.id", workflow_id)
-    if members:
-        span.set_attribute("messaging.batch.message_count", members)
-
-
-def with_parents(stored: dict[str, Any] | None, parents: Sequence[Any]) -> dict[str, Any] | None:
-    """A dependent job's trace context: its own, plus its parents' enqueue contexts."""
-    traceparents = [
-        context["traceparent"]
-        for context in parents
-        if isinstance(context, Mapping) and isinstance(context.get("traceparent"), str)
-    ][:MAX_LINKED_PARENTS]
-    if not traceparents:
-        return stored
-    return {**(stored or {}), "parents": traceparents}
-
-
-def carrier() -> dict[str, str] | None:
-    """The current W3C trace context to store with a job; None when no span is current.
-
-    Of the current baggage, only the entries named in ``OPENTELEMETRY_BAGGAGE``.
-    """
-    values: dict[str, str] = {}
-    propagate.inject(values)
-    stored = {key: values[key] for key in _TRACE_KEYS if key in values}
-    allowed = _allowed_baggage(otel_context.get_current())
-    if allowed is not None:
-        _baggage.inject(stored, context=allowed)
-    return stored or None
-
-
-def _allowed_baggage(context: otel_context.Context) -> otel_context.Context | None:
-    """A context holding only the baggage entries of ``context`` that may cross the queue."""
-    names = get_settings().opentelemetry_baggage
-    if not names:
-        return None
-    entries = {name: value for name, value in baggage.get_all(context).items() if name in names}
-    if not entries:
-        return None
-    allowed = otel_context.Context()
-    for name, value in entries.items():
-        allowed = baggage.set_baggage(name, value, context=allowed)
-    return allowed
 
 
 # -- run ---------------------------------------------------------------------------------------
@@ -249,7 +110,7 @@ def _begin(held: Held, runtime: Runtime) -> tuple[otel_context.Context, list[Lin
     job = held.job
     stored, waited = _stored(runtime.alias, job.id)
     parent, links = _continuation(job, stored)
-    attributes = _job_attributes(job)
+    attributes = job_attributes(job)
     attributes.update(waited)
     attributes["messaging.operation.type"] = "process"
     attributes["messaging.operation.name"] = "run"
@@ -268,7 +129,7 @@ def _process_span(
     """
     token = otel_context.attach(parent)
     try:
-        with _tracer.start_as_current_span(
+        with TRACER.start_as_current_span(
             f"process {job.queue_name}",
             context=parent,
             kind=SpanKind.CONSUMER,
@@ -293,7 +154,7 @@ def _settle_span(held: Held, outcome: Outcome) -> Iterator[Span]:
         "messaging.operation.name": "ack" if type(outcome) in (Succeeded, Duplicate) else "nack",
         "messaging.message.id": str(job.id),
     }
-    with _tracer.start_as_current_span(
+    with TRACER.start_as_current_span(
         f"settle {job.queue_name}", kind=SpanKind.INTERNAL, attributes=attributes
     ) as settle:
         # A batched ack is reported later, on the ack thread: in this span's context again.
@@ -349,11 +210,11 @@ def _continuation(job: ClaimedJob, stored: Any) -> tuple[otel_context.Context, l
     if not isinstance(stored, Mapping):
         logger.debug("trace_context_invalid job_id=%s; not a JSON object, ignored", job.id)
         return fresh, []
-    w3c = {key: value for key, value in stored.items() if key in _W3C_KEYS and isinstance(value, str)}
+    w3c = {key: value for key, value in stored.items() if key in W3C_KEYS and isinstance(value, str)}
     enqueued = _span_context(w3c)
     # The allowed baggage crosses in both modes, whatever the span relation; the rest of a
     # stored header (an older row, a list that has shrunk since) is left behind.
-    start = _allowed_baggage(_baggage.extract(w3c, context=fresh)) or fresh
+    start = allowed_baggage(BAGGAGE.extract(w3c, context=fresh)) or fresh
     links: list[Link] = []
     if enqueued is None:
         logger.debug(
@@ -379,7 +240,7 @@ def _continuation(job: ClaimedJob, stored: Any) -> tuple[otel_context.Context, l
 def _span_context(w3c: Mapping[str, str]) -> trace.SpanContext | None:
     if "traceparent" not in w3c:
         return None
-    span_context = trace.get_current_span(_trace_context.extract(w3c)).get_span_context()
+    span_context = trace.get_current_span(TRACE_CONTEXT.extract(w3c)).get_span_context()
     return span_context if span_context.is_valid else None
 
 
@@ -389,10 +250,10 @@ def _remember_attempt(alias: str, job: ClaimedJob, stored: Any, span: Span) -> N
     Only for failures (a trace reads best with the earlier ones at hand): one more write per
     failed attempt, matched by the lease token like every other write of the job's holder.
     """
-    from .models import Job  # the app registry is ready by the time a worker runs jobs
+    from ..models import Job  # the app registry is ready by the time a worker runs jobs
 
     values: dict[str, str] = {}
-    _trace_context.inject(values, context=trace.set_span_in_context(span))
+    TRACE_CONTEXT.inject(values, context=trace.set_span_in_context(span))
     if "traceparent" not in values:
         return  # a non-recording span (sampled out): nothing to link to
     context = dict(stored) if isinstance(stored, Mapping) else {}
@@ -400,29 +261,6 @@ def _remember_attempt(alias: str, job: ClaimedJob, stored: Any, span: Span) -> N
     attempts = [*(earlier if isinstance(earlier, list) else []), values["traceparent"]]
     context["attempts"] = attempts[-MAX_LINKED_ATTEMPTS:]
     Job.objects.using(alias).filter(pk=job.id, lease_token=job.lease_token).update(trace_context=context)
-
-
-def _job_attributes(job: Any, *, attempt: bool = True) -> dict[str, Any]:
-    """The span attributes of a job: identity and keys (redacted as in logs), never the payload."""
-    fields = job_fields(job)
-    attributes: dict[str, Any] = {
-        "messaging.system": SYSTEM,
-        "messaging.destination.name": job.queue_name,
-        "messaging.message.id": str(job.id),
-        "jobguard.job.id": job.id,
-        "jobguard.task": job.task_name,
-    }
-    if attempt:
-        attributes["jobguard.attempt"] = job.attempts
-        attributes["jobguard.max_attempts"] = job.max_attempts
-    if fields["idempotency_key"]:
-        attributes["jobguard.idempotency_key"] = fields["idempotency_key"]
-    if fields["lock_key"]:
-        attributes["jobguard.lock_key"] = fields["lock_key"]
-    workflow_id = getattr(job, "workflow_id", None)
-    if workflow_id is not None:
-        attributes["jobguard.workflow.id"] = workflow_id
-    return attributes
 
 
 def _record_outcome(span: Span, job: ClaimedJob, outcome: Outcome) -> None:
@@ -451,45 +289,7 @@ def _record_outcome(span: Span, job: ClaimedJob, outcome: Outcome) -> None:
         span.set_attribute("jobguard.outcome", "stale")
 
 
-# -- the event stream, logs, exit ----------------------------------------------------------
-
-
-def sink(event: Any) -> None:
-    """An event sink: events of a job's settle (lease lost, lock contended...) as span events."""
-    if isinstance(event, events.JobEnqueued | events.ScheduleTicked | events.RefillLoaded):
-        return  # the producer span says as much already; cache events concern no job
-    span = trace.get_current_span()
-    if not span.is_recording():
-        return
-    name = type(event).__name__
-    attributes = {
-        f"jobguard.{key}": value
-        for key in getattr(event, "__slots__", ())
-        if isinstance(value := getattr(event, key), str | int | float | bool)
-    }
-    span.add_event(f"jobguard.{name}", attributes)
-
-
-def trace_fields() -> dict[str, str | None]:
-    """``trace_id`` and ``span_id`` of the current span (hex), for a log record's fields."""
-    span_context = trace.get_current_span().get_span_context()
-    if not span_context.is_valid:
-        return {"trace_id": None, "span_id": None}
-    return {
-        "trace_id": trace.format_trace_id(span_context.trace_id),
-        "span_id": trace.format_span_id(span_context.span_id),
-    }
-
-
-def exemplar() -> dict[str, str] | None:
-    """The current span's ids as a Prometheus exemplar; None outside a recorded span."""
-    span_context = trace.get_current_span().get_span_context()
-    if not span_context.is_valid or not span_context.trace_flags.sampled:
-        return None
-    return {
-        "trace_id": trace.format_trace_id(span_context.trace_id),
-        "span_id": trace.format_span_id(span_context.span_id),
-    }
+# -- exit ---------------------------------------------------------------------------------------
 
 
 def flush(timeout: float = FLUSH_TIMEOUT_SECONDS) -> bool:
