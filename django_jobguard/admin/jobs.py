@@ -148,10 +148,21 @@ class _CappedFacetsFilter(admin.SimpleListFilter):
     so the page says so.
     """
 
-    def get_facet_queryset(self, changelist: Any) -> dict[str, Any]:
+    def _sample(self, changelist: Any) -> tuple[QuerySet[Job], bool]:
+        """The jobs the other filters match, at most the newest COUNT_CAP + 1; and whether capped."""
         matched = changelist.get_queryset(self.request, exclude_parameters=self.expected_parameters())
         boundary = list(matched.order_by("-pk").values_list("pk", flat=True)[COUNT_CAP : COUNT_CAP + 1])
-        sample = matched.filter(pk__gt=boundary[0]) if boundary else matched
+        return (matched.filter(pk__gt=boundary[0]), True) if boundary else (matched, False)
+
+    @staticmethod
+    def _shown(found: dict[str, int], capped: bool, changelist: Any) -> dict[str, Any]:
+        if not capped:
+            return found
+        changelist.facets_capped = True
+        return {key: f"{count:,}+" for key, count in found.items()}
+
+    def get_facet_queryset(self, changelist: Any) -> dict[str, Any]:
+        sample, capped = self._sample(changelist)
         counts: dict[str, Any] = {}
         name = str(self.parameter_name)
         chosen = self.used_parameters.get(name)
@@ -167,10 +178,7 @@ class _CappedFacetsFilter(admin.SimpleListFilter):
             else:
                 self.used_parameters[name] = chosen
         found = sample.order_by().aggregate(**counts) if counts else {}
-        if not boundary:
-            return found
-        changelist.facets_capped = True
-        return {key: f"{count:,}+" for key, count in found.items()}
+        return self._shown(found, capped, changelist)
 
 
 class _NamedFilter(_CappedFacetsFilter):
@@ -186,6 +194,15 @@ class _NamedFilter(_CappedFacetsFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
         value = self.value()
         return queryset.filter(**{str(self.parameter_name): value}) if value else queryset
+
+    def get_facet_queryset(self, changelist: Any) -> dict[str, Any]:
+        # One GROUP BY over the sample: a count per option would read it once per name (a
+        # hundred tasks, a hundred reads).
+        sample, capped = self._sample(changelist)
+        field = str(self.parameter_name)
+        per_name = dict(sample.order_by().values_list(field).annotate(n=Count("pk")).values_list(field, "n"))
+        found = {f"{i}__c": per_name.get(value, 0) for i, (value, _label) in enumerate(self.lookup_choices)}
+        return self._shown(found, capped, changelist)
 
 
 class QueueFilter(_NamedFilter):
