@@ -21,6 +21,7 @@ DOC_SHOTS = {
     "workers",
     "dead-letter-detail",
     "job-timeline",
+    "bulk-approval-corrected-batch",
 }
 LAUNCH_ARGS = [
     "--headless",
@@ -55,6 +56,25 @@ def browser_page(monkeypatch):
             # Inside Playwright's event loop the ORM gets connections of their own (Django's
             # connections are context-local): close them, or the test database cannot be dropped.
             connections.close_all()
+
+
+def person(name, *codenames):
+    """A staff user with the jobguard permissions named by ``codenames`` (password ``console-test``)."""
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.create_user(name, password="console-test", is_staff=True)  # noqa: S106
+    for codename in codenames:
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    return user
+
+
+def log_in(page, url, name, then="/admin/jobguard/deadletter/"):
+    """Log ``name`` in on a fresh session and land on ``then``."""
+    page.context.clear_cookies()
+    page.goto(f"{url}/admin/login/?next={then}")
+    page.fill("#id_username", name)
+    page.fill("#id_password", "console-test")
+    follow(page, "input[type=submit]")
 
 
 def follow(page, selector):

@@ -4,11 +4,10 @@ reason, and no empty error box shows."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import Permission, User
 
 from django_jobguard import dlq
 from django_jobguard.models import DeadLetter
-from tests.browser.conftest import CHROMIUM, follow
+from tests.browser.conftest import CHROMIUM, follow, log_in, person
 from tests.support.dlq import dead_charge
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright: pip install --group browser")
@@ -19,21 +18,6 @@ pytestmark = [
 ]
 
 LIST = "/admin/jobguard/deadletter/"
-
-
-def person(name, *codenames):
-    user = User.objects.create_user(name, password="console-test", is_staff=True)  # noqa: S106
-    for codename in codenames:
-        user.user_permissions.add(Permission.objects.get(codename=codename))
-    return user
-
-
-def log_in(page, url, name):
-    page.context.clear_cookies()
-    page.goto(f"{url}/admin/login/?next={LIST}")
-    page.fill("#id_username", name)
-    page.fill("#id_password", "console-test")
-    follow(page, "input[type=submit]")
 
 
 def focused(page):

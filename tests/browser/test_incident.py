@@ -7,12 +7,11 @@ import re
 import time
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.utils import timezone
 
 from django_jobguard import dlq
 from django_jobguard.models import DeadLetter
-from tests.browser.conftest import CHROMIUM, follow, shot
+from tests.browser.conftest import CHROMIUM, follow, log_in, person, shot
 from tests.conftest import wait_for
 from tests.testapp import tasks, tasks_dlq
 
@@ -26,21 +25,6 @@ pytestmark = [
 LIST = "/admin/jobguard/deadletter/"
 #: Five times Django's DATA_UPLOAD_MAX_NUMBER_FIELDS: one form field per row could never carry them.
 MANY = 5_000
-
-
-def person(name, *codenames):
-    user = User.objects.create_user(name, password="console-test", is_staff=True)  # noqa: S106
-    for codename in codenames:
-        user.user_permissions.add(Permission.objects.get(codename=codename))
-    return user
-
-
-def log_in(page, url, name, then=LIST):
-    page.context.clear_cookies()
-    page.goto(f"{url}/admin/login/?next={then}")
-    page.fill("#id_username", name)
-    page.fill("#id_password", "console-test")
-    follow(page, "input[type=submit]")
 
 
 def dead_letters(count, kwargs, task_name="tests.testapp.tasks_dlq.charge", **extra):

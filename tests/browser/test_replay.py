@@ -8,10 +8,9 @@ import re
 import time
 
 import pytest
-from django.contrib.auth.models import Permission, User
 
 from django_jobguard.models import DeadLetter, Job
-from tests.browser.conftest import CHROMIUM, follow, shot
+from tests.browser.conftest import CHROMIUM, follow, log_in, person, shot
 from tests.support.dlq import run_burst
 from tests.testapp import tasks_dlq
 from tests.testapp.models import LedgerEntry
@@ -25,21 +24,6 @@ pytestmark = [
 ]
 
 LIST = "/admin/jobguard/deadletter/"
-
-
-def person(name, *codenames):
-    user = User.objects.create_user(name, password="console-test", is_staff=True)  # noqa: S106
-    for codename in codenames:
-        user.user_permissions.add(Permission.objects.get(codename=codename))
-    return user
-
-
-def log_in(page, url, name):
-    page.context.clear_cookies()
-    page.goto(f"{url}/admin/login/?next={LIST}")
-    page.fill("#id_username", name)
-    page.fill("#id_password", "console-test")
-    follow(page, "input[type=submit]")
 
 
 def bulk(page, action, reason):

@@ -7,11 +7,10 @@ from __future__ import annotations
 import datetime
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.utils import timezone
 
 from django_jobguard.models import DeadLetter, ReplayRateChange
-from tests.browser.conftest import CHROMIUM, follow, shot
+from tests.browser.conftest import CHROMIUM, follow, log_in, person, shot
 from tests.conftest import wait_for
 from tests.testapp.models import LedgerEntry
 
@@ -27,21 +26,6 @@ LIST = "/admin/jobguard/deadletter/"
 RATE = "/admin/jobguard/deadletter/redrive-rate/"
 BATCH = 10
 PATCH = '[{"op": "replace", "path": "/kwargs/amount", "value": 500}]'
-
-
-def person(name, *codenames):
-    user = User.objects.create_user(name, password="console-test", is_staff=True)  # noqa: S106
-    for codename in codenames:
-        user.user_permissions.add(Permission.objects.get(codename=codename))
-    return user
-
-
-def log_in(page, url, name):
-    page.context.clear_cookies()
-    page.goto(f"{url}/admin/login/?next={LIST}")
-    page.fill("#id_username", name)
-    page.fill("#id_password", "console-test")
-    follow(page, "input[type=submit]")
 
 
 def choose(page, action):
