@@ -733,6 +733,8 @@ class IdempotencyKeyAdmin(ReadOnlyAdmin):
     search_help_text = _("Keys, whole.")
     show_full_result_count = False  # a count(*) over every key ever written
     raw_id_fields = ["job"]
+    # The job column renders each row's job: one join, not a query per row.
+    list_select_related = ["job"]
     readonly_fields = ["result_json"]
     deletion = Deletion(retention.deletable_keys, retention.delete_keys, retention.KEY_DELETION_RULE)
 
