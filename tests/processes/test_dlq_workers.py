@@ -137,8 +137,14 @@ def test_a_replay_approved_in_the_admin_is_redriven_by_a_worker_and_succeeds(wor
     assert "raises IdempotencyConflict" in response.content.decode()
     confirmed = {**corrected, "confirm_correction": response.context["confirm_correction"]}
     assert client.post(replay_url(letter, "request"), confirmed).status_code == 302
+    # Approving a correction needs view_payload, and binds the approval to the correction shown.
     client.force_login(approver)
-    assert client.post(replay_url(letter, "approve"), {"reason": "ticket OPS-12"}).status_code == 302
+    assert client.post(replay_url(letter, "approve"), {"reason": "ticket OPS-12"}).status_code == 403
+    reviewer = make_user("vera", "approve_replay", "view_deadletter", "view_payload")
+    client.force_login(reviewer)
+    shown = client.get(replay_url(letter, "approve")).context["correction_digest"]
+    approved = {"reason": "ticket OPS-12", "correction_digest": shown}
+    assert client.post(replay_url(letter, "approve"), approved).status_code == 302
 
     wait_for(lambda: DeadLetter.objects.get(pk=letter.pk).replay_state == "replayed", message="the redrive")
     letter.refresh_from_db()
@@ -187,8 +193,10 @@ def test_a_user_without_permission_gets_403_and_no_worker_replays_anything(worke
 
 
 def test_two_concurrent_approvals_produce_one_replay(workers):
-    requester, approver, _ = people()
-    second_approver = make_user("ada", "approve_replay", "view_deadletter")
+    requester, _, _ = people()
+    # The replay carries a correction: its approvers need view_payload.
+    approver = make_user("vera", "approve_replay", "view_deadletter", "view_payload")
+    second_approver = make_user("ada", "approve_replay", "view_deadletter", "view_payload")
     job = tasks_dlq.charge.using(idempotency_key="charge:order:9").enqueue(order_id=9, amount=0)
     workers.burst()
     letter = DeadLetter.objects.get(job=job)
