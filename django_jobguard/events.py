@@ -25,10 +25,12 @@ __all__ = [
     "DuplicatePrevented",
     "DurableInvalidation",
     "EventLoopSampled",
+    "HorizonSampled",
     "JobDeadLettered",
     "JobEnqueued",
     "JobFailed",
     "JobSucceeded",
+    "JobTransactionSampled",
     "KeyConflict",
     "LeaseLost",
     "LeaseReappeared",
@@ -77,6 +79,22 @@ class EventLoopSampled:
     in_use: int
     slots: int
     lag: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HorizonSampled:
+    """What holds PostgreSQL's vacuum horizon, as the horizon watcher saw it: the oldest holder's
+    seconds and transactions (0 and 0 with none)."""
+
+    age_seconds: float
+    xid_age: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobTransactionSampled:
+    """A worker's longest open job transaction (an ``atomic=True`` job's), in seconds; 0 with none."""
+
+    age_seconds: float
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

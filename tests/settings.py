@@ -252,6 +252,11 @@ if os.environ.get("JOBGUARD_TEST_QUEUE_CONCURRENCY"):
     JOBGUARD["QUEUES"] = {**JOBGUARD["QUEUES"], _name: {"concurrency": int(_n)}}
 if os.environ.get("JOBGUARD_TEST_MAINTENANCE_LEADER"):
     JOBGUARD["MAINTENANCE_LEADER"] = True
+if os.environ.get("JOBGUARD_TEST_HORIZON"):
+    # Process tests of the horizon watcher: a JSON object of JOBGUARD["HORIZON"] keys.
+    import json as _json
+
+    JOBGUARD["HORIZON"] = _json.loads(os.environ["JOBGUARD_TEST_HORIZON"])
 if os.environ.get("JOBGUARD_TEST_LIVENESS_FILE"):
     JOBGUARD["LIVENESS_FILE"] = os.environ["JOBGUARD_TEST_LIVENESS_FILE"]
 if os.environ.get("JOBGUARD_TEST_WAKEUP_CACHE"):

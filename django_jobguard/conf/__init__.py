@@ -13,8 +13,9 @@ Where things are: :mod:`.defaults` (every key, its default and its comment), :mo
 (``Settings`` and ``parse()``), and one module per area, each with its dataclasses and their
 checks: :mod:`.queues` (queues and retries), :mod:`.limits` (shared limits, breakers, retry
 budgets), :mod:`.workers` (the worker process, its databases, ``TUNING``), :mod:`.services`
-(``LOCKS``, ``IDEMPOTENCY``, ``REPLAY``, ``CACHE``), :mod:`.api`, :mod:`.payloads` and
-:mod:`.schedules`. Import every name from ``django_jobguard.conf``.
+(``LOCKS``, ``IDEMPOTENCY``, ``REPLAY``, ``CACHE``), :mod:`.horizon` (``HORIZON``, the vacuum
+horizon), :mod:`.api`, :mod:`.payloads` and :mod:`.schedules`. Import every name from
+``django_jobguard.conf``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .defaults import (
     DEFAULT_VISIBILITY_TIMEOUT_SECONDS,
     DEFAULTS,
 )
+from .horizon import HorizonSettings
 from .limits import (
     BREAKER_DEFAULTS,
     LIMIT_OPTIONS,
@@ -64,6 +66,7 @@ __all__ = [
     "ApiSettings",
     "BreakerSpec",
     "CacheSettings",
+    "HorizonSettings",
     "IdempotencySettings",
     "LockSettings",
     "NamedLimit",

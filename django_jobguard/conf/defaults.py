@@ -207,6 +207,20 @@ DEFAULTS: dict[str, Any] = {
         # Seconds after now a run_after sent to the REST API may lie (later is refused, 400).
         "RUN_AFTER_FUTURE": 365 * 24 * 3600.0,
     },
+    "HORIZON": {
+        # Seconds a transaction, a replication slot or a standby (hot_standby_feedback) may hold
+        # PostgreSQL's vacuum horizon before the workers name it in a WARNING (again every as
+        # many seconds while it holds), jobguard_status and the queues page. While it holds,
+        # no dead job row of the cluster can be vacuumed and claims slow down. PostgreSQL only.
+        "WARN_AFTER": 300.0,
+        # Seconds between two looks at what holds the horizon (one query on pg_stat_activity,
+        # pg_prepared_xacts, pg_replication_slots and pg_stat_replication), by the worker that
+        # runs maintenance; 0 turns the watcher off.
+        "INTERVAL": 30.0,
+        # Seconds an atomic=True task may run (its timeout, else its expected_duration) before
+        # check jobguard.W064 warns: its transaction holds the horizon for the whole run.
+        "ATOMIC_TIMEOUT": 60.0,
+    },
     # Recurring jobs declared in settings: {"name": {"task": "app.tasks.f", "cron": "0 2 * * *",
     # "timezone": "UTC", "args": [], "kwargs": {}, "queue_name": None, "missed": "run_once"}}.
     # Tasks can declare their own with @task(schedule="*/5 * * * *").

@@ -19,6 +19,7 @@ from ._values import (
 )
 from .api import ApiSettings, parse_api_settings, parse_page_sizes
 from .defaults import DEFAULTS
+from .horizon import HorizonSettings, parse_horizon_settings
 from .limits import NamedLimit, parse_limits
 from .payloads import parse_depth, parse_redact
 from .queues import QueueConfig, RetryPolicy, parse_queues, parse_retry_policies, parse_unclassified_errors
@@ -117,6 +118,8 @@ class Settings:
     opentelemetry_parent: bool = False
     #: ``OPENTELEMETRY_BAGGAGE``: the baggage entries that cross the queue (none by default).
     opentelemetry_baggage: frozenset[str] = frozenset()
+    #: ``HORIZON``: when a held vacuum horizon is named; how long an atomic task may run.
+    horizon: HorizonSettings = HorizonSettings()  # noqa: RUF009 (frozen)
 
     def queue(self, name: str) -> QueueConfig:
         """The configuration of queue ``name`` (global defaults for queues not listed)."""
@@ -166,6 +169,7 @@ def parse(raw: Any) -> Settings:
     api = merged_group(raw, "API")
     page_size, max_page_size = parse_page_sizes(api)
     scheduler = merged_group(raw, "SCHEDULER")
+    horizon = merged_group(raw, "HORIZON")
 
     return Settings(
         database_alias=string(merged["DATABASE_ALIAS"], ("DATABASE_ALIAS",)),
@@ -210,6 +214,7 @@ def parse(raw: Any) -> Settings:
         opentelemetry=boolean(merged["OPENTELEMETRY"], ("OPENTELEMETRY",)),
         opentelemetry_parent=boolean(merged["OPENTELEMETRY_PARENT"], ("OPENTELEMETRY_PARENT",)),
         opentelemetry_baggage=_baggage_names(merged["OPENTELEMETRY_BAGGAGE"]),
+        horizon=parse_horizon_settings(horizon),
     )
 
 

@@ -1,21 +1,25 @@
-"""Maintenance services a worker runs between claims: reaper, redrive, key pruning, scheduler tick.
+"""Maintenance services a worker runs between claims: reaper, redrive, key pruning, scheduler tick,
+the horizon watcher.
 
 Each service has a public ``run_once()`` that does one pass and returns what it did, for
 tests and for running a pass by hand. :class:`Maintenance` is what the worker loop calls:
 it runs each service on its interval and, with ``JOBGUARD["MAINTENANCE_LEADER"]`` on, runs
-the reaper, redrive and pruning only while this worker is the elected leader.
+the reaper, redrive, pruning and the horizon watcher only while this worker is the elected leader.
 """
 
 from __future__ import annotations
 
 from ..conf import get_settings
 from ..leadership import MaintenanceLeadership
+from .horizon import HorizonResult, HorizonWatcher
 from .key_pruner import KeyPruner, PruneResult
 from .reaper import Reaper, ReapResult
 from .redriver import Redriver, RedriveResult
 from .scheduler_tick import SchedulerTick, TickResult
 
 __all__ = [
+    "HorizonResult",
+    "HorizonWatcher",
     "KeyPruner",
     "Maintenance",
     "PruneResult",
@@ -39,6 +43,12 @@ class Maintenance:
         self.redriver = Redriver(alias, worker_id)
         self.pruner = KeyPruner(alias, worker_id)
         self.scheduler = SchedulerTick(alias, worker_id)
+        self.horizon = HorizonWatcher(alias, worker_id)
+        horizon_interval = get_settings().horizon.interval
+        #: Seconds between two passes of the horizon watcher (inf: HORIZON["INTERVAL"] is 0, off).
+        self.horizon_interval = horizon_interval if horizon_interval > 0 else float("inf")
+        self.next_horizon = 0.0 if horizon_interval > 0 else float("inf")
+        self.leading = False
         self.leadership = (
             MaintenanceLeadership(alias, worker_id, reaper_interval)
             if get_settings().maintenance_leader
@@ -50,13 +60,14 @@ class Maintenance:
     @property
     def next_at(self) -> float:
         """When the next pass of any service is due."""
-        return min(self.next_reap, self.next_schedule)
+        return min(self.next_reap, self.next_schedule, self.next_horizon)
 
     def run_due(self, now: float) -> None:
         """Run the passes due at ``now``; a database error is the caller's (it backs off)."""
         if now >= self.next_reap:
             # With an elected leader, the other workers skip maintenance passes.
             leading = self.leadership is None or self.leadership.hold()
+            self.leading = leading
             if leading:
                 self.reaper.run_once()
                 self.redriver.run_once()
@@ -65,6 +76,10 @@ class Maintenance:
                 self.pruner.tick(now)
         if now >= self.next_schedule:
             self.next_schedule = self.scheduler.run_once(now).next_at
+        if now >= self.next_horizon:
+            self.next_horizon = now + self.horizon_interval
+            if self.leading:  # one worker names the holder, not every one
+                self.horizon.run_once(now)
 
     def resign(self) -> None:
         """Give up maintenance leadership (at shutdown), so another worker takes over at once."""

@@ -325,6 +325,23 @@ EVENT_LOOP_LAG = _worker_gauge(
     "jobguard_worker_event_loop_lag_seconds",
     "How late the worker's event loop last woke from a 0.1 s sleep: time a coroutine held the loop.",
 )
+VACUUM_HORIZON_AGE = _worker_gauge(
+    "jobguard_vacuum_horizon_age_seconds",
+    "Seconds the oldest holder of PostgreSQL's vacuum horizon (a transaction, a prepared transaction, "
+    "a replication slot or a standby with hot_standby_feedback) has held it, as the worker that runs "
+    "maintenance last saw (JOBGUARD['HORIZON']['INTERVAL']); a slot's or a standby's: since that "
+    "worker first saw its xmin. PostgreSQL only.",
+)
+VACUUM_HORIZON_XID_AGE = _worker_gauge(
+    "jobguard_vacuum_horizon_xid_age",
+    "Transactions started since the xmin of the oldest holder of PostgreSQL's vacuum horizon: the "
+    "dead rows it keeps grow with it. PostgreSQL only.",
+)
+JOB_TRANSACTION_AGE = _worker_gauge(
+    "jobguard_worker_job_transaction_age_seconds",
+    "Seconds the worker's longest open job transaction (an atomic=True job's: its handler and ack "
+    "in one transaction) has been open; 0 with none. It holds the vacuum horizon meanwhile.",
+)
 QUEUE_DEPTH = _gauge(
     "jobguard_queue_depth", "Queued jobs that are due: the work waiting for a worker.", ("queue",)
 )
@@ -843,6 +860,12 @@ def event_loop_sampled(in_use: int, slots: int, lag: float) -> None:
     EVENT_LOOP_LAG.set(lag)
 
 
+def horizon_sampled(age_seconds: float, xid_age: int) -> None:
+    """Set the gauges of the vacuum horizon's oldest holder."""
+    VACUUM_HORIZON_AGE.set(age_seconds)
+    VACUUM_HORIZON_XID_AGE.set(xid_age)
+
+
 def schedule_tick_enqueued(schedule: str, lag: float) -> None:
     """Count one tick's job of ``schedule``, enqueued ``lag`` seconds after the tick's time."""
     _child(SCHEDULE_TICKS, schedule).inc()
@@ -910,6 +933,8 @@ _REPORTS: dict[type, Callable[[Any], None]] = {
     events.WorkflowCallbackEnqueued: lambda e: WORKFLOW_CALLBACKS.labels(e.kind, e.when).inc(),
     events.CacheInvalidated: lambda e: cache_invalidated(e.cache, e.status, e.count),
     events.EventLoopSampled: lambda e: event_loop_sampled(e.in_use, e.slots, e.lag),
+    events.HorizonSampled: lambda e: horizon_sampled(e.age_seconds, e.xid_age),
+    events.JobTransactionSampled: lambda e: JOB_TRANSACTION_AGE.set(e.age_seconds),
     events.StaleWriteRejected: lambda e: stale_write_rejected(e.cache),
     events.DurableInvalidation: lambda e: durable_invalidation(e.cache, e.status),
     events.RefillLeaseTaken: lambda e: refill_lease_taken(e.cache),

@@ -46,6 +46,8 @@ class Held:
     statement_guard: threading.RLock | None = None
     #: Runs as a coroutine on the worker's event loop (``--async-slots``), not on a thread.
     on_loop: bool = False
+    #: When (monotonic) its job transaction opened, while an ``atomic=True`` job's is open; else 0.
+    transaction_started_at: float = 0.0
     #: With tracing on, makes the attempt's settle span current again: its batched ack is
     #: written and reported on the ack thread, whose log lines and exemplars join the trace.
     trace_scope: Callable[[], AbstractContextManager[Any]] | None = None

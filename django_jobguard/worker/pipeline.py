@@ -332,16 +332,21 @@ def _invoke_and_ack(
     call = rt.invoke or invoke
     if task.atomic:
         # Its writes and its ack commit together: one transaction per job, never batched.
-        with transaction.atomic(using=rt.alias):
-            result = call(task, context, job)
-            if _faults.ENABLED:
-                _faults.maybe_crash("after_effect")
-            try:
-                ack(rt, held, scope, result, commit=True)  # the block's last statement
-            except DatabaseError as exc:
-                if store.statement_lost(rt.alias, exc):  # leaving the block rolls all of it back
-                    raise _AckStatementLostError(str(exc)) from exc
-                raise
+        # The heartbeat reports the longest one open (it holds the vacuum horizon meanwhile).
+        held.transaction_started_at = time.monotonic()
+        try:
+            with transaction.atomic(using=rt.alias):
+                result = call(task, context, job)
+                if _faults.ENABLED:
+                    _faults.maybe_crash("after_effect")
+                try:
+                    ack(rt, held, scope, result, commit=True)  # the block's last statement
+                except DatabaseError as exc:
+                    if store.statement_lost(rt.alias, exc):  # leaving the block rolls all of it back
+                        raise _AckStatementLostError(str(exc)) from exc
+                    raise
+        finally:
+            held.transaction_started_at = 0.0
         return result, None
     result = call(task, context, job)
     if _faults.ENABLED:
