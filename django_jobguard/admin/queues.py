@@ -122,6 +122,7 @@ class QueueHealthAdmin(OperatorPageAdmin):
             "chart_queue": wanted,
             "events": [(event, format_time(event.created_at)) for event in events],
             "generated_at": format_time(report.generated_at),
+            "horizon": report.horizon,
             "refresh_seconds": _refresh_seconds(request),
             "can_pause": queues.can_pause(request.user),
             **(extra_context or {}),

@@ -11,6 +11,7 @@ from django.db.migrations.recorder import MigrationRecorder
 
 from .. import store
 from ..conf import Settings, get_settings
+from ..store.horizon import server_timeouts
 
 if TYPE_CHECKING:
     pass
@@ -364,3 +365,40 @@ def _mysql_server(alias: str) -> list[checks.CheckMessage]:
             )
         )
     return messages
+
+
+@checks.register(checks.Tags.database)
+def check_transaction_timeouts(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """jobguard.W063: the jobs' PostgreSQL connections have no idle_in_transaction_session_timeout
+    (nor, on PostgreSQL 17 and later, transaction_timeout).
+
+    Tagged ``database``: Django runs it for ``check --database ALIAS`` and ``migrate``.
+    """
+    try:
+        alias = get_settings().database_alias
+    except ImproperlyConfigured:
+        return []
+    if not databases or alias not in databases or connections[alias].vendor != "postgresql":
+        return []
+    try:
+        timeouts = server_timeouts(alias) or {}
+    except DatabaseError:
+        return []  # the other database checks report a server that does not answer
+    unset = [name for name, value in sorted(timeouts.items()) if not value]
+    if not unset:
+        return []
+    return [
+        checks.Warning(
+            f"{' and '.join(unset)} {'is' if len(unset) == 1 else 'are'} off (0) for the connections of "
+            f"{alias!r}: a session of theirs left in a transaction (a crashed handler's, a shell's) "
+            "holds the cluster's vacuum horizon until someone ends it, and every claim slows down.",
+            hint="Set it above the longest pause between two queries of an atomic task's handler "
+            "(and, for transaction_timeout, above its longest run), for example "
+            "'OPTIONS': {'options': '-c idle_in_transaction_session_timeout=60s'} in DATABASES, or "
+            "ALTER ROLE ... SET for the jobs' role; set them for the other roles of the cluster too. "
+            "See docs/runbooks/vacuum-horizon-held.md.",
+            id="jobguard.W063",
+        )
+    ]

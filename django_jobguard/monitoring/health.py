@@ -30,6 +30,7 @@ from ..conf import get_settings
 from ..exceptions import LockUnavailable
 from ..locks.holders import held_locks
 from ..models import Breaker, BreakerState, Job, JobStatus, QueueMinute, QueueState, WorkerBeat
+from ..store.horizon import Holder, holders
 from . import beats
 from .stats import QUERIES_WITH_RECENT as STATS_QUERIES
 from .stats import QueueStats, queue_stats
@@ -81,6 +82,9 @@ class Health:
     causes: dict[str, list[Cause]] = dataclasses.field(default_factory=dict)
     #: Who paused each paused queue, when and why.
     pauses: dict[str, Pause] = dataclasses.field(default_factory=dict)
+    #: What has held PostgreSQL's vacuum horizon past ``HORIZON["WARN_AFTER"]``, oldest first:
+    #: a cause of the whole cluster, not of one queue (the page shows it above the queues).
+    horizon: list[HorizonHold] = dataclasses.field(default_factory=list)
 
     def severity(self, queue: str) -> int:
         """The queue's most severe cause (-1 with none)."""
@@ -160,6 +164,7 @@ def queue_health(alias: str | None = None, *, queue: str | None = None) -> Healt
         generated_at=now,
         causes=_causes(alias, rows, live_workers, stuck, pauses, now),
         pauses=pauses,
+        horizon=horizon_holds(alias),
     )
 
 
@@ -542,5 +547,56 @@ def _lock_causes(alias: str, now: datetime.datetime) -> list[tuple[str, Cause]]:
     return found
 
 
-#: The most queries :func:`queue_health` runs, whatever the number of queues and rows.
-QUERIES = BASE_QUERIES + CAUSE_QUERIES
+# -- the cluster: what holds the vacuum horizon -----------------------------------------------
+
+#: A replication slot or a standby holding the horizon by this many transactions is shown
+#: (neither has a clock to say for how long; the workers' watcher measures that).
+HORIZON_XID_AGE_SHOWN = 1_000_000
+#: The runbook of a held horizon.
+HORIZON_RUNBOOK = "vacuum-horizon-held"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HorizonHold:
+    """Something that holds the vacuum horizon of the cluster the jobs live in, in words."""
+
+    holder: Holder
+    #: ``vacuum horizon held by session pid 4242 (database app, user report, ...) for 12 min``.
+    text: str
+    runbook: str = HORIZON_RUNBOOK
+
+
+def horizon_holds(alias: str) -> list[HorizonHold]:
+    """What holds the vacuum horizon past ``HORIZON["WARN_AFTER"]`` (one query; none but on PostgreSQL).
+
+    A session or a prepared transaction by its age; a replication slot or a standby (no clock)
+    when it holds :data:`HORIZON_XID_AGE_SHOWN` transactions or more, or is an inactive slot.
+    The query's text is left out: the page's readers may not be the session's.
+    """
+    warn_after = get_settings().horizon.warn_after
+    found = []
+    for holder in holders(alias):
+        if holder.age_seconds is not None:
+            if holder.age_seconds < warn_after:
+                continue
+            since = f" for {_duration(holder.age_seconds)}"
+        elif holder.xid_age >= HORIZON_XID_AGE_SHOWN or (
+            holder.kind == "replication slot" and holder.pid is None
+        ):
+            since = ""
+        else:
+            continue
+        found.append(
+            HorizonHold(
+                holder,
+                f"vacuum horizon held by {holder.describe()}{since} "
+                f"({_plural(holder.xid_age, 'transaction')} since its xmin): dead job rows cannot be "
+                "vacuumed and claims slow down",
+            )
+        )
+    return found
+
+
+#: The most queries :func:`queue_health` runs, whatever the number of queues and rows (with
+#: the horizon's, on PostgreSQL).
+QUERIES = BASE_QUERIES + CAUSE_QUERIES + 1

@@ -13,6 +13,7 @@ from django.utils import timezone
 from ...models import WorkerBeat
 from ...monitoring import beats
 from ...monitoring.beats import STALE_AFTER_SECONDS
+from ...monitoring.health import HorizonHold, horizon_holds
 from ...monitoring.stats import (
     BreakerStats,
     EventLoopStats,
@@ -204,7 +205,8 @@ class Command(BaseCommand):
         "then each flow-control limit: its bound, the jobs running under it, its full keys and the "
         "due jobs waiting on it; then each circuit breaker and retry budget: its state, its window's "
         "calls and failures, the retries it still allows and the jobs waiting behind it; then each "
-        "live worker with async slots: slots in use and its event loop's lag."
+        "live worker with async slots: slots in use and its event loop's lag. On PostgreSQL, a line "
+        "above the table names what has held the vacuum horizon past JOBGUARD['HORIZON']['WARN_AFTER']."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -252,6 +254,7 @@ class Command(BaseCommand):
                 limits = limit_stats(alias)
                 loops = event_loop_stats(alias, live_within=STALE_AFTER_SECONDS)
                 guards = breaker_stats(alias)
+                horizon = horizon_holds(alias)
                 self._show(
                     rows,
                     timetable,
@@ -259,6 +262,7 @@ class Command(BaseCommand):
                     worker_health(alias),
                     loops,
                     guards,
+                    horizon,
                     as_json=options["json"],
                     clear=watch is not None and not options["json"],
                 )
@@ -277,6 +281,7 @@ class Command(BaseCommand):
         workers: dict[str, Any],
         loops: list[EventLoopStats],
         guards: list[BreakerStats],
+        horizon: list[HorizonHold],
         *,
         as_json: bool,
         clear: bool,
@@ -291,6 +296,10 @@ class Command(BaseCommand):
                 "workers": workers,
                 "event_loops": [loop.as_dict() for loop in loops],
                 "breakers": [guard.as_dict() for guard in guards],
+                "vacuum_horizon": [
+                    {**{k: v for k, v in hold.holder.as_dict().items() if k != "query"}, "text": hold.text}
+                    for hold in horizon
+                ],
             }
             self.stdout.write(json.dumps(document, sort_keys=True))
             return
@@ -302,6 +311,8 @@ class Command(BaseCommand):
             names = ", ".join(f"{w['worker_id']} ({w['seconds_since_beat']}s)" for w in stale)
             summary += f", {len(stale)} not beating (stopped, frozen or cut off from the database): {names}"
         self.stdout.write(f"jobguard queues at {now:%Y-%m-%d %H:%M:%S %Z}; {summary}")
+        for hold in horizon:
+            self.stdout.write(f"{hold.text}: see docs/runbooks/{hold.runbook}.md")
         self.stdout.write(render_table(rows), ending="")
         if timetable:
             self.stdout.write("")
