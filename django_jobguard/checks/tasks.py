@@ -313,3 +313,41 @@ def check_unused_breakers(app_configs: Any = None, **kwargs: Any) -> list[checks
             )
         )
     return messages
+
+
+@checks.register()
+def check_long_atomic_tasks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.W064: an ``atomic=True`` task may run past ``HORIZON["ATOMIC_TIMEOUT"]``.
+
+    Its transaction is open for the whole run, and holds PostgreSQL's vacuum horizon (every
+    database of the cluster) meanwhile. Judged by its ``timeout``, else its ``expected_duration``;
+    a task with neither is left to the worker's gauge of its longest open job transaction.
+    """
+    try:
+        bound = get_settings().horizon.atomic_timeout
+    except ImproperlyConfigured:
+        return []
+    messages: list[checks.CheckMessage] = []
+    for task in _tasks():
+        if not task.atomic:
+            continue
+        runs, option = (
+            (task.timeout, "timeout") if task.timeout else (task.expected_duration, "expected_duration")
+        )
+        if not runs or runs <= bound:
+            continue
+        messages.append(
+            checks.Warning(
+                f"atomic=True with {option}={runs:g}s, over JOBGUARD['HORIZON']['ATOMIC_TIMEOUT'] "
+                f"({bound:g}s): its job's transaction stays open for the whole run, and meanwhile no "
+                "dead row of the cluster can be vacuumed (the job queue's own included, so claims "
+                "slow down).",
+                hint="Use atomic=False with an idempotency key (idempotency_key='...', or "
+                "idempotent=True with effects that are safe to repeat), so each write commits on "
+                "its own; or split the work into shorter jobs (a chain or a batch). "
+                "See docs/runbooks/vacuum-horizon-held.md.",
+                obj=task,
+                id="jobguard.W064",
+            )
+        )
+    return messages
