@@ -70,7 +70,7 @@ def main() -> None:
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from django_jobguard import retention
+    from django_jobguard.maintenance import retention
     from django_jobguard.models import IdempotencyKey
     from tests.testapp import tasks
 

@@ -1,6 +1,6 @@
 """Admin for jobs and idempotency keys: read-only, payloads only with ``jobguard.view_payload``.
 
-Deleting is allowed only for the rows :mod:`django_jobguard.retention` says may go.
+Deleting is allowed only for the rows :mod:`django_jobguard.maintenance.retention` says may go.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from .. import retention
 from ..conf import get_settings
+from ..maintenance import retention
 from ..models import TERMINAL_STATUSES, IdempotencyKey, Job, JobQuerySet, JobStatus
 from ..operations import jobs
 from ..registry import registry

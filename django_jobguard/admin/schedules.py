@@ -17,8 +17,9 @@ from django.http import HttpRequest
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from .. import retention, schedules
+from .. import schedules
 from ..exceptions import JobguardError
+from ..maintenance import retention
 from ..models import Schedule
 from .base import Deletion, ReadOnlyAdmin, admin_link, can_view_payload, done_level, pretty_json
 

@@ -10,9 +10,9 @@ the reaper, redrive, pruning and the horizon watcher only while this worker is t
 from __future__ import annotations
 
 from ..conf import get_settings
-from ..leadership import MaintenanceLeadership
 from .horizon import HorizonResult, HorizonWatcher
 from .key_pruner import KeyPruner, PruneResult
+from .leadership import MaintenanceLeadership
 from .reaper import Reaper, ReapResult
 from .redriver import Redriver, RedriveResult
 from .scheduler_tick import SchedulerTick, TickResult

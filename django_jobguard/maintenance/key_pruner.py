@@ -7,8 +7,8 @@ import logging
 
 from django.db import DatabaseError, InterfaceError
 
-from .. import retention
 from ..conf import get_settings
+from . import retention
 
 logger = logging.getLogger("django_jobguard.worker")
 
@@ -32,7 +32,7 @@ class KeyPruner:
         self._next_prune = 0.0
 
     def tick(self, now: float) -> PruneResult:
-        """Prune if on and :data:`~django_jobguard.retention.WORKER_PRUNE_INTERVAL_SECONDS` passed."""
+        """Prune if on and :data:`.retention.WORKER_PRUNE_INTERVAL_SECONDS` passed."""
         if now < self._next_prune or not get_settings().idempotency.prune_in_worker:
             return PruneResult()
         self._next_prune = now + retention.WORKER_PRUNE_INTERVAL_SECONDS

@@ -26,9 +26,14 @@ from typing import Any
 
 from django.utils import timezone
 
-from .. import events, retention
+from .. import events
 from ..store import beats as store_beats
-from ..store.beats import STALE_AFTER_SECONDS, WORKER_BEAT_INTERVAL_SECONDS, is_stale
+from ..store.beats import (
+    CONSOLE_ROWS_KEPT_FOR_SECONDS,
+    STALE_AFTER_SECONDS,
+    WORKER_BEAT_INTERVAL_SECONDS,
+    is_stale,
+)
 from .stats import oldest_due_ages
 
 logger = logging.getLogger("django_jobguard.worker")
@@ -46,8 +51,9 @@ __all__ = [
 
 #: Seconds between two samples of the oldest due ages (a skip scan of the due index on PostgreSQL).
 OLDEST_AGE_SAMPLE_SECONDS = 60.0
-#: Per-minute rows and worker rows older than this are deleted by the writers.
-KEEP_SECONDS = 24 * 3600
+#: Per-minute rows and worker rows older than this are deleted by the writers (the rule is the
+#: store's, which maintenance's retention also lists).
+KEEP_SECONDS = CONSOLE_ROWS_KEPT_FOR_SECONDS
 #: What :func:`count` counts, in the order of the per-minute columns.
 OUTCOMES = ("succeeded", "failed", "retried", "dead_lettered")
 #: Minutes held in memory at most, so a process that never flushes (a web process
@@ -221,7 +227,7 @@ class Beat:
 
     def prune(self) -> None:
         """Delete per-minute rows and worker rows older than :data:`KEEP_SECONDS`."""
-        retention.prune_console_rows(self.alias, datetime.timedelta(seconds=KEEP_SECONDS))
+        store_beats.prune_console_rows(self.alias, datetime.timedelta(seconds=KEEP_SECONDS))
 
 
 def sink(event: Any) -> None:

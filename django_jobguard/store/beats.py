@@ -20,6 +20,11 @@ WORKER_BEAT_INTERVAL_SECONDS = 5.0
 STALE_AFTER_SECONDS = 3 * WORKER_BEAT_INTERVAL_SECONDS
 
 
+#: The console's per-minute rows and worker rows older than this (seconds) are deleted by the
+#: worker's beat (:func:`prune_console_rows`).
+CONSOLE_ROWS_KEPT_FOR_SECONDS = 24 * 3600
+
+
 def is_stale(last_beat_at: datetime.datetime, now: datetime.datetime | None = None) -> bool:
     """Whether a worker whose last beat was at ``last_beat_at`` missed three beats.
 
@@ -148,3 +153,19 @@ def record_oldest_ages(alias: str, minute: datetime.datetime, ages: Sequence[tup
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
+
+
+def prune_console_rows(alias: str, older_than: datetime.timedelta | None = None) -> None:
+    """Delete the console's per-minute counts and worker rows older than ``older_than``.
+
+    By default :data:`CONSOLE_ROWS_KEPT_FOR_SECONDS`. Indexed range deletes; the worker's beat
+    calls it (see :mod:`django_jobguard.monitoring.beats`), and
+    :mod:`django_jobguard.maintenance.retention` lists it with the other pruning rules.
+    """
+    from ..models import QueueMinute, WorkerBeat  # app registry: see _common
+
+    if older_than is None:
+        older_than = datetime.timedelta(seconds=CONSOLE_ROWS_KEPT_FOR_SECONDS)
+    cutoff = timezone.now() - older_than
+    QueueMinute.objects.using(alias).filter(minute__lt=cutoff).delete()
+    WorkerBeat.objects.using(alias).filter(last_beat_at__lt=cutoff).delete()

@@ -8,7 +8,7 @@ callers (:mod:`django_jobguard.idempotency`, :mod:`django_jobguard.operations.jo
 :mod:`django_jobguard.workflows`); this module only says how a decision is written.
 
 Pruning (deleting expired rows) lives with the other retention rules, in
-:mod:`django_jobguard.retention`.
+:mod:`django_jobguard.maintenance.retention`.
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
 from django_jobguard.locks import lock
+from django_jobguard.maintenance.retention import JOB_DELETION_RULE, KEY_DELETION_RULE
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job, Lock, ReplayEvent
 from django_jobguard.monitoring.audit import audit
-from django_jobguard.retention import JOB_DELETION_RULE, KEY_DELETION_RULE
 from tests.support.dlq import dead_charge, make_user
 from tests.testapp import tasks_dlq
 

@@ -25,7 +25,8 @@ import pytest
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from django_jobguard import events, retention, store
+from django_jobguard import events, store
+from django_jobguard.maintenance import retention
 from django_jobguard.models import Job
 from tests.conftest import wait_for
 from tests.testapp import tasks

@@ -11,9 +11,9 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_jobguard import retention
+from django_jobguard.maintenance import retention
+from django_jobguard.maintenance.retention import WORKER_PRUNE_INTERVAL_SECONDS
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job
-from django_jobguard.retention import WORKER_PRUNE_INTERVAL_SECONDS
 from django_jobguard.worker import Worker
 from tests.testapp import tasks
 

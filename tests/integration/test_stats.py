@@ -314,7 +314,7 @@ def test_recent_outcomes_and_pruning_read_the_partial_finished_index():
     # that need it must still be able to use it.
     if connection.vendor != "postgresql":
         pytest.skip("the plan is PostgreSQL's")
-    from django_jobguard.retention import prunable_jobs
+    from django_jobguard.maintenance.retention import prunable_jobs
 
     scenario()
     with CaptureQueriesContext(connection) as ctx:

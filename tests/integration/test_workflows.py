@@ -321,7 +321,7 @@ def test_a_member_that_runs_twice_is_counted_once():
 def test_the_batch_record_outlives_its_callbacks_and_the_pruning_of_its_jobs():
     import datetime
 
-    from django_jobguard import retention
+    from django_jobguard.maintenance import retention
 
     batch = Batch(on_complete=tasks.wf_callback.s("cb")).enqueue(
         [tasks.wf_step.s("m1"), tasks.wf_step.s("m2")]

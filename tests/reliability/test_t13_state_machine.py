@@ -37,8 +37,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from django_jobguard import dlq, retention, retry, store
+from django_jobguard import dlq, retry, store
 from django_jobguard.exceptions import JobguardError, LeaseLost
+from django_jobguard.maintenance import retention
 from django_jobguard.models import DeadLetter, DeadLetterReason, IdempotencyKey, Job, ReplayEvent
 from django_jobguard.worker import Worker
 from tests.testapp import tasks_faults

@@ -228,7 +228,7 @@ def test_a_claim_attempt_count_is_unchanged_for_waiting_jobs(flow_tasks):
 
 
 def test_prune_deletes_only_rate_keys_idle_for_an_hour():
-    from django_jobguard import retention
+    from django_jobguard.maintenance import retention
 
     now = timezone.now().timestamp()
     FlowRate.objects.create(key="rate:task:idle", tat=now - 7200)

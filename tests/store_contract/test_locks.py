@@ -9,7 +9,8 @@ import datetime
 import pytest
 from django.utils import timezone
 
-from django_jobguard import retention, store
+from django_jobguard import store
+from django_jobguard.maintenance import retention
 from django_jobguard.models import Lock
 from django_jobguard.store import locks
 from tests.conftest import wait_for

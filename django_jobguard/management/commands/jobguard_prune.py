@@ -1,4 +1,7 @@
-"""``manage.py jobguard_prune``: parse options, then call :func:`django_jobguard.retention.prune`."""
+"""``manage.py jobguard_prune``: parse options, then call the retention service.
+
+See :func:`django_jobguard.maintenance.retention.prune`.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from ...retention import prune
+from ...maintenance.retention import prune
 from ._options import add_database_argument, database_alias, duration, positive_int
 
 

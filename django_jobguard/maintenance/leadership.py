@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 
-from .exceptions import LockNotAcquired, LockUnavailable
-from .locks.db import DatabaseLock
+from ..exceptions import LockNotAcquired, LockUnavailable
+from ..locks.db import DatabaseLock
 
 logger = logging.getLogger("django_jobguard.leadership")
 

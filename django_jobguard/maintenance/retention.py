@@ -2,7 +2,9 @@
 
 Expired idempotency keys, old finished jobs, idle lock rows (their SQL in
 :mod:`django_jobguard.store.locks`), old attempt history, and the console's per-minute and
-worker rows.
+worker rows (:func:`prune_console_rows`, from :mod:`django_jobguard.store.beats`: the
+worker's beat prunes them, and monitoring sits below maintenance, so their rule lives in the
+store both import).
 
 ``manage.py jobguard_prune`` calls :func:`prune`; the worker prunes keys on its own when
 ``JOBGUARD["IDEMPOTENCY"]["PRUNE_IN_WORKER"]`` is on. Nothing that a queued or running job
@@ -22,8 +24,8 @@ from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from .conf import get_settings
-from .models import (
+from ..conf import get_settings
+from ..models import (
     TERMINAL_STATUSES,
     DeadLetter,
     FlowRate,
@@ -31,14 +33,14 @@ from .models import (
     IdempotencyStatus,
     Job,
     JobStatus,
-    QueueMinute,
     Schedule,
-    WorkerBeat,
 )
-from .store import FLOW_TURN_KEY
-from .store import locks as lock_rows
+from ..store import FLOW_TURN_KEY
+from ..store import locks as lock_rows
+from ..store.beats import CONSOLE_ROWS_KEPT_FOR_SECONDS, prune_console_rows
 
 __all__ = [
+    "CONSOLE_ROWS_KEPT_FOR_SECONDS",
     "JOB_DELETION_RULE",
     "KEY_DELETION_RULE",
     "LOCK_ROWS_KEPT_FOR",
@@ -279,16 +281,6 @@ def prune_expired_keys(
         if len(ids) < batch_size:
             break
     return deleted
-
-
-def prune_console_rows(alias: str, older_than: datetime.timedelta) -> None:
-    """Delete the console's per-minute counts and worker rows older than ``older_than``.
-
-    Indexed range deletes; the worker's beat calls it (see :mod:`django_jobguard.monitoring.beats`).
-    """
-    cutoff = timezone.now() - older_than
-    QueueMinute.objects.using(alias).filter(minute__lt=cutoff).delete()
-    WorkerBeat.objects.using(alias).filter(last_beat_at__lt=cutoff).delete()
 
 
 def prune(
