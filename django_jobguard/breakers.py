@@ -33,8 +33,8 @@ from django.db import connections, transaction
 from django.db.models.functions import Now
 
 from . import events, retry, store
+from .actors import User
 from .conf import BreakerSpec, get_settings
-from .dlq import User
 from .exceptions import BreakerError, BreakerPermissionDenied
 from .models import Breaker, BreakerEvent, BreakerState
 

@@ -29,6 +29,8 @@ concurrent approvals, or two workers redriving, exactly one wins) and a :class:`
 row saying who, when and why. Signals and metrics follow the commit.
 """
 
+# Kept here for the callers that name it ``dlq.User``: the protocol lives in the leaf ``actors``.
+from ..actors import User
 from .corrections import ABSENT, CorrectionReview, FieldChange, correction_digest, review_correction
 from .dead_letter import dead_letter
 from .keys import describe_key
@@ -67,7 +69,7 @@ from .replay import (
     request_many_corrected,
     request_replay,
 )
-from .transitions import ALLOWED_FROM, APPROVE, LEADS_TO, REJECT, REQUEST, Transition, User
+from .transitions import ALLOWED_FROM, APPROVE, LEADS_TO, REJECT, REQUEST, Transition
 
 __all__ = [
     "ABSENT",

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..actors import User
 from ..conf import get_settings
 from ..exceptions import InvalidArgumentsError, ReplayError, ReplayPermissionDenied
 from ..models import DeadLetter
 from .corrections import CORRECTION_DIGEST_LENGTH, validated_payload
-from .transitions import ALLOWED_FROM, APPROVE, REJECT, REQUEST, Transition, User, check_state
+from .transitions import ALLOWED_FROM, APPROVE, REJECT, REQUEST, Transition, check_state
 
 __all__ = [
     "PAYLOAD_EVENT_KEYS",

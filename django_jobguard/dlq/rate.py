@@ -13,11 +13,12 @@ import logging
 
 from django.db import transaction
 
+from ..actors import User
 from ..conf import get_settings
 from ..exceptions import ReplayError, ReplayPermissionDenied
 from ..models import ReplayRateChange
 from .permissions import PERMISSIONS
-from .transitions import APPROVE, MAX_REASON_LENGTH, User
+from .transitions import APPROVE, MAX_REASON_LENGTH
 
 logger = logging.getLogger("django_jobguard.dlq")
 

@@ -9,6 +9,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models.functions import Now
 
+from ..actors import User
 from ..conf import get_settings
 from ..exceptions import (
     InvalidArgumentsError,
@@ -27,7 +28,6 @@ from .transitions import (
     REQUEST,
     RacedError,
     Transition,
-    User,
     check_state,
     checked_reason,
     locked,

@@ -12,11 +12,12 @@ import enum
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from django.db import transaction
 
 from .. import _dispatch, events, signals
+from ..actors import User
 from ..exceptions import ReplayError
 from ..models import DeadLetter, Job, ReplayAction, ReplayEvent, ReplayState
 
@@ -32,7 +33,6 @@ __all__ = [
     "REQUEST",
     "RacedError",
     "Transition",
-    "User",
     "announce_transition",
     "check_state",
     "checked_reason",
@@ -75,20 +75,6 @@ _SIGNALS = {
     ReplayState.REJECTED: signals.replay_rejected,
     ReplayState.REPLAYED: signals.replay_redriven,
 }
-
-
-class User(Protocol):
-    """What the replay functions need of a user: Django's ``User`` and ``AnonymousUser`` fit."""
-
-    @property
-    def pk(self) -> Any: ...
-
-    @property
-    def is_authenticated(self) -> bool: ...
-
-    def has_perm(self, perm: str, obj: Any = None) -> bool: ...
-
-    def get_username(self) -> str: ...
 
 
 #: The longest reason a replay step keeps (the API's limit too): a page must stay readable.

@@ -19,8 +19,8 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from .. import store
+from ..actors import User
 from ..conf import get_settings
-from ..dlq import User
 from ..exceptions import QueueError, QueuePermissionDenied
 from ..models import Job, QueueAction, QueueEvent, QueueState
 

@@ -30,6 +30,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from .. import dlq, workflows
+from ..actors import User
 from ..conf import get_settings
 from ..exceptions import InvalidArgumentsError
 from ..models import (
@@ -146,7 +147,7 @@ def cancel(workflow_id: int, *, reason: str = "", using: str | None = None) -> C
     return CancelResult(workflow_id, cancelled, asked, closed)
 
 
-def retry_failed(workflow_id: int, user: dlq.User, reason: str, *, using: str | None = None) -> RetryResult:
+def retry_failed(workflow_id: int, user: User, reason: str, *, using: str | None = None) -> RetryResult:
     """Put the workflow's failed members back: cancelled ones re-queued, dead ones' replays requested.
 
     ``user`` needs ``jobguard.retry_job`` for the cancelled members and
