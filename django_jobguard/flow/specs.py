@@ -14,7 +14,7 @@ import re
 import string
 from typing import Any
 
-from .exceptions import InvalidTaskError
+from ..exceptions import InvalidTaskError
 
 __all__ = [
     "MAX_STORED_RATE_KEY_LENGTH",
