@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiSerializerExtension
@@ -12,13 +13,19 @@ from drf_spectacular.views import SpectacularAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from .. import __version__
 from .permissions import JobguardPermission
 from .problems import exception_handler
 from .serializers import PAYLOAD_FIELD_NOTE, _PayloadHiding
 from .views import documented
 
 __all__ = ["SCHEMA_SETTINGS", "SchemaView", "build_schema"]
+
+#: The document's version: the installed distribution's (no module of the package imports the
+#: package root); a checkout on ``sys.path`` that was never installed has none.
+try:
+    VERSION = importlib.metadata.version("django-jobguard")
+except importlib.metadata.PackageNotFoundError:
+    VERSION = "0+unknown"
 
 #: drf-spectacular settings of this API's document, whatever the project's SPECTACULAR_SETTINGS say.
 SCHEMA_SETTINGS: dict[str, Any] = {
@@ -28,7 +35,7 @@ SCHEMA_SETTINGS: dict[str, Any] = {
         'the project mounts django_jobguard.api.urls (path("jobguard/api/", ...) in the docs). '
         "Errors are RFC 9457 problem details (application/problem+json)."
     ),
-    "VERSION": __version__,
+    "VERSION": VERSION,
     "SCHEMA_PATH_PREFIX": "",
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_GENERATE_CHOICE_DESCRIPTION": False,

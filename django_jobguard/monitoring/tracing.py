@@ -27,6 +27,7 @@ messaging semantic conventions; they never hold the payload.
 from __future__ import annotations
 
 import contextvars
+import importlib.metadata
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -37,7 +38,7 @@ from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.trace import Span, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from .. import __version__, events
+from .. import events
 from ..conf import get_settings
 from ..log import job_fields
 
@@ -69,8 +70,15 @@ W3C_KEYS = ("traceparent", "tracestate", "baggage")
 #: The keys of the trace context proper (the baggage is stored apart, filtered).
 _TRACE_KEYS = ("traceparent", "tracestate")
 
+#: The installed distribution's version (its metadata: no module of the package imports the
+#: package root); a checkout on ``sys.path`` that was never installed has none.
+try:
+    VERSION = importlib.metadata.version("django-jobguard")
+except importlib.metadata.PackageNotFoundError:
+    VERSION = "0+unknown"
+
 #: The tracer of every span jobguard makes, the producer's and the worker's.
-TRACER = trace.get_tracer("django_jobguard", __version__)
+TRACER = trace.get_tracer("django_jobguard", VERSION)
 #: The W3C propagators a stored context is written and read with.
 TRACE_CONTEXT = TraceContextTextMapPropagator()
 BAGGAGE = W3CBaggagePropagator()
