@@ -340,7 +340,8 @@ VACUUM_HORIZON_XID_AGE = _worker_gauge(
 JOB_TRANSACTION_AGE = _worker_gauge(
     "jobguard_worker_job_transaction_age_seconds",
     "Seconds the worker's longest open job transaction (an atomic=True job's: its handler and ack "
-    "in one transaction) has been open; 0 with none. It holds the vacuum horizon meanwhile.",
+    "in one transaction) has been open; 0 with none. It holds the vacuum horizon meanwhile. On SQLite "
+    "the heartbeat that sets it waits while a job holds the database's write lock.",
 )
 QUEUE_DEPTH = _gauge(
     "jobguard_queue_depth", "Queued jobs that are due: the work waiting for a worker.", ("queue",)

@@ -222,6 +222,10 @@ class Heartbeat:
             if overdue is not None:
                 self.watchdog.abandon(overdue)
         active = self.slots.active()
+        # The longest open atomic job transaction (it holds the cluster's vacuum horizon), set
+        # before the database work below, which may wait.
+        opened = [h.transaction_started_at for h in active if h.transaction_started_at]
+        events.emit(events.JobTransactionSampled(now - min(opened) if opened else 0.0))
         # Locks first, and even for jobs whose lease is lost: the handler still runs, so its
         # resource stays locked until it returns. A database error below must not stop them.
         self.keeper.renew_locks(active, now)
@@ -231,8 +235,5 @@ class Heartbeat:
         self.watchdog.check(held, now)
         if aio is not None:
             events.emit(events.EventLoopSampled(aio.running, aio.size, aio.lag))
-        # The longest open atomic job transaction: it holds the cluster's vacuum horizon.
-        opened = [h.transaction_started_at for h in active if h.transaction_started_at]
-        events.emit(events.JobTransactionSampled(now - min(opened) if opened else 0.0))
         # The worker's own row and the outcome counts: one upsert each per beat interval.
         self.beat.maybe_beat(now, len(active), None if aio is None else aio.sample)

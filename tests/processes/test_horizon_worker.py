@@ -25,6 +25,8 @@ def _gauge(port: int, name: str = GAUGE) -> float:
         return -1.0  # not serving yet
 
 
+# On SQLite the heartbeat that sets the gauge waits behind the job's write lock (one writer).
+@pytest.mark.server_db
 def test_a_slow_atomic_job_shows_as_the_longest_open_job_transaction(workers):
     port = free_port()
     proc = workers.start("--queue", "slow", "--concurrency", "1", "--metrics-port", str(port))
