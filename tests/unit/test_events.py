@@ -92,4 +92,6 @@ def test_events_carry_no_payload_fields():
         "limit",  # a declared named limit (JOBGUARD["LIMITS"]), never one of its keys
         "from_state",  # a breaker's: closed, open, half_open
         "to_state",
+        "age_seconds",  # the vacuum horizon's, and the oldest open job transaction's
+        "xid_age",
     }
