@@ -191,9 +191,9 @@ def test_the_page_ranks_names_the_causes_and_links_every_count(viewer):
         assert response.status_code == 200, url
         query = parse_qs(urlsplit(url).query)
         assert "queue_name" in query, url
-        shown = re.search(r'class="paginator">\s*(\d+)', response.content.decode())
+        shown = response.context["cl"].result_count  # the paginator's markup differs by Django version
         if name != "succeeded":  # every succeeded job of the queue, not the last hour's only
-            assert shown and shown.group(1) == n, (name, url, shown and shown.group(1))
+            assert shown == int(n), (name, url, shown)
     # No zero is a link.
     assert not re.search(r'<a href="[^"]+">0</a>', html)
 
