@@ -9,7 +9,6 @@ dialect that serves the ``default`` alias (``store.postgres``, ``store.mysql`` o
 
 import datetime
 import threading
-import time
 
 import pytest
 from django.db import connection, connections, transaction
@@ -20,6 +19,7 @@ from django_jobguard import store
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job
 from django_jobguard.operations import queues as queues_service
 from django_jobguard.store import mysql, postgres, sqlite
+from tests.conftest import wait_for
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -120,7 +120,13 @@ def test_a_refunded_claim_gives_the_job_back_its_last_counted_attempts_start():
         "default", first.id, first.lease_token, delay=0, error="ValueError: boom", attempt_error=failure
     )
     started = Job.objects.get(pk=first.id).started_at
-    time.sleep(0.02)  # not a wait on a process: the next claim's clock must read a later time
+    # The next claim's clock must read a later time than the first claim's.
+    wait_for(
+        lambda: store.database_now("default") > started,
+        timeout=10,
+        interval=0.005,
+        message="the clock to move",
+    )
     (contended,) = claim()
     assert Job.objects.get(pk=first.id).started_at > started
     assert store.requeue(
