@@ -37,7 +37,10 @@ from django.db import connections
 from ..conf import get_settings
 from ..registry import registry
 from . import _flow, mysql, postgres, sqlite
-from ._common import (
+from ._flow import TURN_KEY as FLOW_TURN_KEY
+from ._flow import FlowPlan, RateSpec, Throttle, build_plan
+from ._flow import family as limit_family
+from .common import (
     LEASE_EXPIRED_ERROR,
     NOTIFY_CHANNEL,
     PERCENTILES,
@@ -56,9 +59,6 @@ from ._common import (
     workflow_totals,
     write_checkpoints,
 )
-from ._flow import TURN_KEY as FLOW_TURN_KEY
-from ._flow import FlowPlan, RateSpec, Throttle, build_plan
-from ._flow import family as limit_family
 from .dialect import Dialect, JobStore
 from .listener import Listener
 from .wakeup import announce, wakeup_source

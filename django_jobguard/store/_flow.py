@@ -45,7 +45,7 @@ from django.db import connections, transaction
 
 from .._text import clip
 from ..flow import MAX_STORED_RATE_KEY_LENGTH, stored_flow_keys
-from ._common import ClaimedJob, paused_queue_names, placeholders
+from .common import ClaimedJob, paused_queue_names, placeholders
 
 if TYPE_CHECKING:
     from ..conf import BreakerSpec, RetryBudgetSpec, Settings

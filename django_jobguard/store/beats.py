@@ -35,7 +35,7 @@ def is_stale(last_beat_at: datetime.datetime, now: datetime.datetime | None = No
 
 
 def _tables() -> tuple[str, str]:
-    from ..models import QueueMinute, WorkerBeat  # app registry: see _common
+    from ..models import QueueMinute, WorkerBeat  # app registry: see common
 
     return WorkerBeat._meta.db_table, QueueMinute._meta.db_table
 
@@ -162,7 +162,7 @@ def prune_console_rows(alias: str, older_than: datetime.timedelta | None = None)
     calls it (see :mod:`django_jobguard.monitoring.beats`), and
     :mod:`django_jobguard.maintenance.retention` lists it with the other pruning rules.
     """
-    from ..models import QueueMinute, WorkerBeat  # app registry: see _common
+    from ..models import QueueMinute, WorkerBeat  # app registry: see common
 
     if older_than is None:
         older_than = datetime.timedelta(seconds=CONSOLE_ROWS_KEPT_FOR_SECONDS)

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import connections
 
-from ._common import NOTIFY_CHANNEL
+from .common import NOTIFY_CHANNEL
 from .wakeup import Subscriber
 
 logger = logging.getLogger("django_jobguard.store")

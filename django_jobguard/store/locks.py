@@ -6,10 +6,10 @@ both win and the counter never repeats. A new row's counter starts at the databa
 microseconds (as the Redis back end's does), so a key whose released row was pruned
 (:func:`prune_released`) still gets a token above every one it had before. Release and
 extend match the owner token and an unexpired ``expires_at``. Times are the database
-clock's (the dialect's :class:`~._common.Clock`), never a worker's.
+clock's (the dialect's :class:`~.common.Clock`), never a worker's.
 
 The statements are standard SQL; acquire is each dialect's ``acquire_lock`` (``ON CONFLICT``
-on PostgreSQL and SQLite, ``_common.acquire_lock_on_conflict``; ``ON DUPLICATE KEY UPDATE`` on MariaDB/MySQL).
+on PostgreSQL and SQLite, ``common.acquire_lock_on_conflict``; ``ON DUPLICATE KEY UPDATE`` on MariaDB/MySQL).
 The service around them (which calls may run in a transaction, what an outage raises) is
 :class:`django_jobguard.locks.db.DatabaseLock`.
 """
@@ -21,8 +21,8 @@ from typing import Any
 from django.db import connections
 
 from . import dialect_of
-from ._common import LOCK_TABLE as TABLE
-from ._common import Clock
+from .common import LOCK_TABLE as TABLE
+from .common import Clock
 
 __all__ = ["TABLE", "acquire", "extend", "held", "prune_released", "release"]
 

@@ -6,7 +6,7 @@ routes an alias's ``store.*`` calls here). It keeps the contract's rules: claims
 write to a held job fenced by its lease token; leases timed by one clock (the store's
 ``now``, which a test may move). It is not a database: nothing is durable or shared between
 processes, one lock serialises every call (as SQLite's one writer does), and the database
-lock back end's rows (:mod:`.locks`) and the ORM reads of ``store/_common.py`` (checkpoints,
+lock back end's rows (:mod:`.locks`) and the ORM reads of ``store/common.py`` (checkpoints,
 ``build_job``) are not here. mypy checks it against :class:`~.dialect.JobStore`.
 """
 
@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from ..flow import stored_flow_keys
-from ._common import (
+from ._flow import mark_unreadable
+from .common import (
     INSERT_FIELDS,
     LEASE_EXPIRED_ERROR,
     LEASE_EXPIRED_MESSAGE,
@@ -36,7 +37,6 @@ from ._common import (
     DurationRow,
     Inserted,
 )
-from ._flow import mark_unreadable
 
 if TYPE_CHECKING:
     from ._flow import FlowPlan, Throttle

@@ -36,8 +36,8 @@ from typing import Any, TypeVar
 from django.db import OperationalError, connections, transaction
 
 from .. import events
-from . import _common, _flow
-from ._common import (
+from . import _flow, common
+from .common import (
     COUNTER_TABLE,
     FINISHED,
     INSERT_COLUMNS,
@@ -512,7 +512,7 @@ def requeue(
     return retry_deadlocks(
         alias,
         "requeue",
-        lambda: _common.requeue(
+        lambda: common.requeue(
             CLOCK,
             _HISTORY,
             alias,
@@ -533,7 +533,7 @@ def mark_dead(
     return retry_deadlocks(
         alias,
         "mark_dead",
-        lambda: _common.mark_dead(CLOCK, _HISTORY, alias, job_id, lease_token, error, attempt_error),
+        lambda: common.mark_dead(CLOCK, _HISTORY, alias, job_id, lease_token, error, attempt_error),
     )
 
 

@@ -26,8 +26,8 @@ from django.db import DatabaseError, DataError, InterfaceError, connections, tra
 from .. import events
 from ..conf import get_settings
 from ..flow import MAX_STORED_RATE_KEY_LENGTH
-from . import _common, _flow
-from ._common import (
+from . import _flow, common
+from .common import (
     FINISHED,
     INSERT_COLUMNS,
     INSERT_CONSTANTS,
@@ -48,8 +48,8 @@ from ._common import (
     sqlite_datetime,
     trace_context_json,
 )
-from ._common import insert_key as insert_key
-from ._common import key_owner as key_owner
+from .common import insert_key as insert_key
+from .common import key_owner as key_owner
 
 _SIMPLE_QUERY_CURSORS: tuple[type, ...]
 try:
@@ -1162,11 +1162,11 @@ def discard_queued(alias: str, job_id: int) -> None:
 
 
 def acquire_lock(alias: str, key: str, token: str, ttl: float) -> int | None:
-    return _common.acquire_lock_on_conflict(CLOCK, alias, key, token, ttl)
+    return common.acquire_lock_on_conflict(CLOCK, alias, key, token, ttl)
 
 
 def add_workflow_counts(alias: str, changes: Sequence[CounterChange]) -> list[tuple[int, int]]:
-    return _common.add_workflow_counts_on_conflict(alias, changes)
+    return common.add_workflow_counts_on_conflict(alias, changes)
 
 
 def requeue(
@@ -1180,7 +1180,7 @@ def requeue(
     contention: bool,
     attempt_error: AttemptError | None,
 ) -> bool:
-    return _common.requeue(
+    return common.requeue(
         CLOCK,
         _HISTORY,
         alias,
@@ -1197,7 +1197,7 @@ def requeue(
 def mark_dead(
     alias: str, job_id: int, lease_token: str, error: str, attempt_error: AttemptError | None
 ) -> bool:
-    return _common.mark_dead(CLOCK, _HISTORY, alias, job_id, lease_token, error, attempt_error)
+    return common.mark_dead(CLOCK, _HISTORY, alias, job_id, lease_token, error, attempt_error)
 
 
 _REAP_REQUEUE = (
@@ -1219,7 +1219,7 @@ _REAP_EXHAUSTED = (
 
 def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
     params = [limit, LEASE_EXPIRED_MESSAGE, *LEASE_EXPIRED_ERROR]
-    return _common.reap(alias, _REAP_REQUEUE, params, _REAP_EXHAUSTED, limit)
+    return common.reap(alias, _REAP_REQUEUE, params, _REAP_EXHAUSTED, limit)
 
 
 # -- idempotency keys ----------------------------------------------------------------------

@@ -15,8 +15,8 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.backends.sqlite3.base import SQLiteCursorWrapper
 
-from . import _common, _flow
-from ._common import (
+from . import _flow, common
+from .common import (
     FINISHED,
     INSERT_COLUMNS,
     INSERT_CONSTANTS,
@@ -41,8 +41,8 @@ from ._common import (
     row_values,
     sqlite_datetime,
 )
-from ._common import insert_key as insert_key
-from ._common import key_owner as key_owner
+from .common import insert_key as insert_key
+from .common import key_owner as key_owner
 
 # Written for a cursor with parameters, so the driver turns %% back into %.
 NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
@@ -361,11 +361,11 @@ def discard_queued(alias: str, job_id: int) -> None:
 
 
 def acquire_lock(alias: str, key: str, token: str, ttl: float) -> int | None:
-    return _common.acquire_lock_on_conflict(CLOCK, alias, key, token, ttl)
+    return common.acquire_lock_on_conflict(CLOCK, alias, key, token, ttl)
 
 
 def add_workflow_counts(alias: str, changes: Sequence[CounterChange]) -> list[tuple[int, int]]:
-    return _common.add_workflow_counts_on_conflict(alias, changes)
+    return common.add_workflow_counts_on_conflict(alias, changes)
 
 
 def requeue(
@@ -379,7 +379,7 @@ def requeue(
     contention: bool,
     attempt_error: AttemptError | None,
 ) -> bool:
-    return _common.requeue(
+    return common.requeue(
         CLOCK,
         _HISTORY,
         alias,
@@ -396,7 +396,7 @@ def requeue(
 def mark_dead(
     alias: str, job_id: int, lease_token: str, error: str, attempt_error: AttemptError | None
 ) -> bool:
-    return _common.mark_dead(CLOCK, _HISTORY, alias, job_id, lease_token, error, attempt_error)
+    return common.mark_dead(CLOCK, _HISTORY, alias, job_id, lease_token, error, attempt_error)
 
 
 _REAP_REQUEUE = (
@@ -417,7 +417,7 @@ _REAP_EXHAUSTED = (
 
 def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
     params = [LEASE_EXPIRED_MESSAGE, *LEASE_EXPIRED_ERROR, limit]
-    return _common.reap(alias, _REAP_REQUEUE, params, _REAP_EXHAUSTED, limit)
+    return common.reap(alias, _REAP_REQUEUE, params, _REAP_EXHAUSTED, limit)
 
 
 # -- idempotency keys ----------------------------------------------------------------------
