@@ -11,8 +11,8 @@ from .breakers import BreakerEventAdmin, FlowControlAdmin
 from .dead_letters import DeadLetterAdmin
 from .jobs import IdempotencyKeyAdmin, JobAdmin
 from .locks import LockAdmin, LockReleaseAdmin
-from .queues import QueueEventAdmin, QueueHealthAdmin
-from .schedules import ScheduleAdmin
+from .queue_health import QueueEventAdmin, QueueHealthAdmin
+from .schedule_page import ScheduleAdmin
 from .workers import WorkerAdmin
 from .workflows import WorkflowAdmin
 

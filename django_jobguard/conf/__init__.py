@@ -11,10 +11,10 @@ Values are parsed once and cached; the cache is dropped on ``setting_changed`` s
 
 Where things are: :mod:`.defaults` (every key, its default and its comment), :mod:`.settings`
 (``Settings`` and ``parse()``), and one module per area, each with its dataclasses and their
-checks: :mod:`.queues` (queues and retries), :mod:`.limits` (shared limits, breakers, retry
+checks: :mod:`.queue_settings` (queues and retries), :mod:`.limits` (shared limits, breakers, retry
 budgets), :mod:`.workers` (the worker process, its databases, ``TUNING``), :mod:`.services`
 (``LOCKS``, ``IDEMPOTENCY``, ``REPLAY``, ``CACHE``), :mod:`.horizon` (``HORIZON``, the vacuum
-horizon), :mod:`.api`, :mod:`.payloads` and :mod:`.schedules`. Import every name from
+horizon), :mod:`.api`, :mod:`.payloads` and :mod:`.schedule_settings`. Import every name from
 ``django_jobguard.conf``.
 """
 
@@ -41,8 +41,8 @@ from .limits import (
     RetryBudgetSpec,
 )
 from .payloads import MAX_PAYLOAD_DEPTH_CEILING
-from .queues import QUEUE_ONLY_OPTIONS, QUEUE_OPTIONS, QueueConfig, RetryOverrides, RetryPolicy
-from .schedules import MAX_SCHEDULE_NAME_LENGTH, MISSED_POLICIES, ScheduleConfig, SchedulerSettings
+from .queue_settings import QUEUE_ONLY_OPTIONS, QUEUE_OPTIONS, QueueConfig, RetryOverrides, RetryPolicy
+from .schedule_settings import MAX_SCHEDULE_NAME_LENGTH, MISSED_POLICIES, ScheduleConfig, SchedulerSettings
 from .services import CacheSettings, IdempotencySettings, LockSettings, ReplaySettings
 from .settings import Settings, parse
 from .workers import MAX_ACK_WINDOW_SECONDS, WORKER_ID_MAX_LENGTH, TuningSettings

@@ -22,8 +22,14 @@ from .defaults import DEFAULTS
 from .horizon import HorizonSettings, parse_horizon_settings
 from .limits import NamedLimit, parse_limits
 from .payloads import parse_depth, parse_redact
-from .queues import QueueConfig, RetryPolicy, parse_queues, parse_retry_policies, parse_unclassified_errors
-from .schedules import ScheduleConfig, SchedulerSettings, parse_scheduler_settings, parse_schedules
+from .queue_settings import (
+    QueueConfig,
+    RetryPolicy,
+    parse_queues,
+    parse_retry_policies,
+    parse_unclassified_errors,
+)
+from .schedule_settings import ScheduleConfig, SchedulerSettings, parse_scheduler_settings, parse_schedules
 from .services import (
     CacheSettings,
     IdempotencySettings,

@@ -143,7 +143,7 @@ class QueueOptionsDirective(_GeneratedDirective):
         from django_jobguard import conf
         from django_jobguard.task import Task
 
-        self.depends_on(conf.queues)
+        self.depends_on(conf.queue_settings)
         self.depends_on(conf.defaults)
         options = [f.name for f in dataclasses.fields(conf.QueueConfig) if f.name != "name"]
         if set(options) != set(conf.QUEUE_OPTIONS):

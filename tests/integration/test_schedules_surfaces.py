@@ -167,7 +167,7 @@ def test_checks_report_bad_cron_unknown_task_and_arguments_that_do_not_fit():
         unfit={"task": ADD, "cron": "* * * * *"},
         fine={"task": ADD, "cron": "* * * * *", "args": [1]},
     ):
-        found = ids(checks.schedules.check_schedules())
+        found = ids(checks.declared_schedules.check_schedules())
     assert found == [
         (
             "jobguard.E010",
@@ -197,7 +197,7 @@ def test_checks_warn_when_ticks_come_faster_than_the_task_runs_and_on_double_dec
     # Set the way the expected_duration= option does (frozen dataclass), whether or not it exists.
     object.__setattr__(slow_report, "expected_duration", 900)
     try:
-        found = ids(checks.schedules.check_schedules())
+        found = ids(checks.declared_schedules.check_schedules())
         assert found == [
             (
                 "jobguard.W013",
@@ -207,7 +207,7 @@ def test_checks_warn_when_ticks_come_faster_than_the_task_runs_and_on_double_dec
             )
         ]
         with declaring(**{"tests.integration.slow_report": {"task": ADD, "cron": "0 * * * *", "args": [1]}}):
-            found = ids(checks.schedules.check_schedules())
+            found = ids(checks.declared_schedules.check_schedules())
         assert [check_id for check_id, _ in found] == ["jobguard.W014"]
     finally:
         registry.unregister("tests.integration.slow_report")
