@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
-from tests.support.dlq import make_user
+from tests.support.factories import make_user
 
 BASE = "/jobguard/api/"
 

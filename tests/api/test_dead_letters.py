@@ -11,7 +11,8 @@ from django.test.utils import CaptureQueriesContext
 from django_jobguard import dlq
 from django_jobguard.models import DeadLetter, Job, ReplayEvent
 from tests.api.support import BASE, client_for
-from tests.support.dlq import dead_charge, make_user, replay_jobs, run_burst
+from tests.support.dlq import dead_charge, replay_jobs, run_burst
+from tests.support.factories import make_user
 
 # A worker (threads) makes the dead letters, so the rows must be committed.
 pytestmark = pytest.mark.django_db(transaction=True)

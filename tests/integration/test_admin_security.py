@@ -15,7 +15,8 @@ from django_jobguard.locks import lock
 from django_jobguard.maintenance.retention import JOB_DELETION_RULE, KEY_DELETION_RULE
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job, Lock, ReplayEvent
 from django_jobguard.monitoring.audit import audit
-from tests.support.dlq import dead_charge, make_user
+from tests.support.dlq import dead_charge
+from tests.support.factories import make_user
 from tests.testapp import tasks_dlq
 
 pytestmark = pytest.mark.django_db(transaction=True)

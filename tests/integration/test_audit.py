@@ -13,7 +13,8 @@ from django_jobguard import dlq
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job
 from django_jobguard.monitoring.audit import CHECKS, SAMPLE_SIZE, audit
 from django_jobguard.operations import jobs
-from tests.support.dlq import dead_charge, make_user, run_burst
+from tests.support.dlq import dead_charge, run_burst
+from tests.support.factories import make_user
 from tests.testapp import tasks, tasks_dlq
 
 pytestmark = pytest.mark.django_db(transaction=True)

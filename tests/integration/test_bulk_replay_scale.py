@@ -7,7 +7,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_jobguard.models import DeadLetter
-from tests.support.dlq import make_user
+from tests.support.factories import make_user
 
 pytestmark = pytest.mark.django_db
 

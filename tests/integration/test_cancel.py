@@ -9,7 +9,7 @@ from django.utils import timezone
 from django_jobguard import store
 from django_jobguard.models import IdempotencyKey, Job
 from django_jobguard.operations import jobs
-from tests.support.dlq import make_user
+from tests.support.factories import make_user
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db

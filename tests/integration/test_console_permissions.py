@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from django_jobguard.models import DeadLetter, Job, Lock, QueueState
 from django_jobguard.monitoring import beats
-from tests.support.dlq import make_user
+from tests.support.factories import make_user
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db

@@ -13,7 +13,8 @@ from django_jobguard.exceptions import (
     ReplayPermissionDenied,
 )
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job, ReplayEvent
-from tests.support.dlq import dead_charge, make_user, replay_jobs, run_burst
+from tests.support.dlq import dead_charge, replay_jobs, run_burst
+from tests.support.factories import make_user
 from tests.testapp import tasks, tasks_dlq
 from tests.testapp.models import Execution, LedgerEntry
 

@@ -10,7 +10,8 @@ from django.urls import reverse
 
 from django_jobguard import dlq
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job, ReplayEvent
-from tests.support.dlq import dead_charge, make_user, run_burst
+from tests.support.dlq import dead_charge, run_burst
+from tests.support.factories import make_user
 from tests.testapp import tasks_dlq
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -12,7 +12,7 @@ from django.utils import timezone
 from django_jobguard import dlq, signals
 from django_jobguard.dlq.transitions import RacedError, transition_many
 from django_jobguard.models import DeadLetter, ReplayEvent, ReplayState
-from tests.support.dlq import make_user
+from tests.support.factories import make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

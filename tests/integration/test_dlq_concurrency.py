@@ -9,7 +9,8 @@ from django.db import connections
 from django_jobguard import dlq
 from django_jobguard.exceptions import ReplayError
 from django_jobguard.models import DeadLetter, ReplayEvent
-from tests.support.dlq import dead_charge, make_user, replay_jobs
+from tests.support.dlq import dead_charge, replay_jobs
+from tests.support.factories import make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

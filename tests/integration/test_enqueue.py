@@ -9,7 +9,8 @@ from django.utils import timezone
 from django_jobguard import IdempotencyConflict, InvalidArgumentsError, dlq, lock
 from django_jobguard.exceptions import UnknownQueueError
 from django_jobguard.models import IdempotencyKey, Job, ReplayEvent
-from tests.support.dlq import dead_charge, make_user
+from tests.support.dlq import dead_charge
+from tests.support.factories import make_user
 from tests.testapp import tasks, tasks_dlq
 
 pytestmark = pytest.mark.django_db

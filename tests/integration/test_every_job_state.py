@@ -17,7 +17,7 @@ from django_jobguard import chain
 from django_jobguard.admin import jobs as job_admin
 from django_jobguard.models import IdempotencyStatus, Job, JobStatus
 from django_jobguard.monitoring import audit
-from tests.support.dlq import make_user
+from tests.support.factories import make_user
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db

@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from django_jobguard import dlq
 from django_jobguard.models import DeadLetter, Job
-from tests.support.dlq import make_user, run_burst
+from tests.support.dlq import run_burst
+from tests.support.factories import make_user
 from tests.testapp import tasks, tasks_dlq
 
 # Transactional: the worker that writes the history runs in this process, with its own connections.

@@ -22,7 +22,8 @@ from django_jobguard.dlq import replay
 from django_jobguard.models import DeadLetter, Job, JobStatus
 from django_jobguard.worker.held import LOGGER_NAME
 from tests.conftest import ROOT
-from tests.support.dlq import make_user, run_burst
+from tests.support.dlq import run_burst
+from tests.support.factories import make_user
 from tests.testapp import tasks_otel
 
 pytest.importorskip("opentelemetry.sdk", reason="needs opentelemetry-sdk (the [otel] extra plus the SDK)")

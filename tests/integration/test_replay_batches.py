@@ -12,7 +12,7 @@ from django.utils import timezone
 from django_jobguard import dlq
 from django_jobguard.exceptions import ReplayError, ReplayPermissionDenied
 from django_jobguard.models import DeadLetter, ReplayRateChange
-from tests.support.dlq import make_user
+from tests.support.factories import make_user
 
 pytestmark = pytest.mark.django_db
 

@@ -18,7 +18,7 @@ from django_jobguard.models import (
     ReplayEvent,
     ReplayState,
 )
-from tests.support.dlq import make_user
+from tests.support.factories import make_user
 from tests.testapp import tasks_dlq
 
 pytestmark = pytest.mark.django_db(transaction=True)

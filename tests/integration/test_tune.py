@@ -214,7 +214,7 @@ def test_postgres_uses_the_finished_index_with_a_million_finished_rows():
 def test_the_job_admin_shows_the_run_time_beside_the_expected_duration(client):
     from django.urls import reverse
 
-    from tests.support.dlq import make_user
+    from tests.support.factories import make_user
     from tests.testapp.tasks_checklist import sleep_for  # expected_duration=1
 
     finished(sleep_for.name, "tune", [2.5])

@@ -263,7 +263,7 @@ def test_waiting_is_its_own_status_in_sql():
 def test_replaying_a_dead_step_resumes_the_chain():
     from django_jobguard import dlq
     from django_jobguard.models import DeadLetter
-    from tests.support.dlq import make_user
+    from tests.support.factories import make_user
 
     wf = chain(
         tasks.wf_step.s("one"),
@@ -337,7 +337,7 @@ def test_the_batch_record_outlives_its_callbacks_and_the_pruning_of_its_jobs():
 
 def test_a_member_cancelled_and_retried_then_succeeding_counts_once_as_a_success():
     from django_jobguard.operations import workflows as workflow_ops
-    from tests.support.dlq import make_user
+    from tests.support.factories import make_user
 
     batch = Batch(on_success=tasks.wf_callback.s("ok")).enqueue(
         [tasks.wf_step.s("m1"), tasks.wf_step.s("m2")]
@@ -357,7 +357,7 @@ def test_a_member_cancelled_and_retried_then_succeeding_counts_once_as_a_success
 
 def test_workflow_actions_refuse_bad_input_and_change_nothing():
     from django_jobguard.operations import workflows as workflow_ops
-    from tests.support.dlq import make_user
+    from tests.support.factories import make_user
 
     with pytest.raises(InvalidArgumentsError, match=r"No workflow #987654"):
         workflow_ops.cancel(987654)

@@ -11,7 +11,8 @@ from django_jobguard import dlq
 from django_jobguard.exceptions import IdempotencyConflict, ReplayError
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job, ReplayEvent
 from tests.conftest import wait_for
-from tests.support.dlq import make_user, replay_jobs
+from tests.support.dlq import replay_jobs
+from tests.support.factories import make_user
 from tests.testapp import tasks, tasks_dlq
 from tests.testapp.models import Execution, Interval, LedgerEntry
 

@@ -14,7 +14,7 @@ from django_jobguard import dlq, store
 from django_jobguard.models import DeadLetter, Job
 from django_jobguard.worker import LIVENESS_TOUCH_SECONDS
 from tests.conftest import wait_for
-from tests.support.dlq import make_user
+from tests.support.factories import make_user
 from tests.testapp import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]

@@ -1,21 +1,13 @@
-"""Helpers shared by the dead-letter tests: users with replay permissions, dead letters made by a worker."""
+"""Helpers shared by the dead-letter tests: a worker burst, dead letters made by a worker.
+
+Users with replay permissions come from tests/support/factories.py (``make_user``).
+"""
 
 from __future__ import annotations
-
-from django.contrib.auth.models import Permission, User
 
 from django_jobguard.models import DeadLetter, Job
 from django_jobguard.worker import Worker
 from tests.testapp import tasks_dlq
-
-
-def make_user(name: str, *codenames: str) -> User:
-    """A staff user with these ``jobguard`` permissions (e.g. "approve_replay", "view_deadletter")."""
-    user = User.objects.create_user(name, is_staff=True)  # tests log in with force_login
-    permissions = Permission.objects.filter(content_type__app_label="jobguard", codename__in=codenames)
-    assert permissions.count() == len(codenames), codenames
-    user.user_permissions.add(*permissions)
-    return User.objects.get(pk=user.pk)  # a fresh instance: has_perm caches
 
 
 def run_burst(**options) -> int:
