@@ -2,7 +2,7 @@
 
 A *worker beat* is the upsert of the worker's own row (:class:`~django_jobguard.models.WorkerBeat`:
 alive, where, with how many jobs in hand); it is not the *heartbeat*, which renews the leases
-of the jobs the worker holds (:mod:`django_jobguard.worker.heartbeat`). The heartbeat thread
+of the jobs the worker holds (:mod:`django_jobguard.worker.leases`). The heartbeat thread
 calls :meth:`Beat.maybe_beat` on each of its ticks; once per
 :data:`WORKER_BEAT_INTERVAL_SECONDS` it writes one upsert of its
 :class:`~django_jobguard.models.WorkerBeat` row and one upsert of the outcome counts

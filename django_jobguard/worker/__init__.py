@@ -5,7 +5,9 @@
 - :mod:`.executor` — executor threads, one job at a time;
 - :mod:`.pipeline` — one claimed job as the article's flow, returning an outcome value;
 - :mod:`.completer` — the one writer of outcomes (store write, metric, log line, signal);
-- :mod:`.heartbeat` — lease keeping: leases, locks, the worker's beat row;
+- :mod:`.heartbeat_thread` — the heartbeat thread's tick: lease keeping, the watchdog, the worker's
+  beat row, the liveness file;
+- :mod:`.leases` — lease keeping: the held jobs' leases extended, their locks renewed;
 - :mod:`.watchdog` — the hard-timeout watchdog.
 
 Maintenance passes (reaper, redrive, key pruning, scheduler) are :mod:`django_jobguard.maintenance`.
@@ -15,7 +17,8 @@ Every module logs as ``django_jobguard.worker``.
 from __future__ import annotations
 
 from .executor import CONNECTION_CHECK_AFTER_IDLE_SECONDS
-from .heartbeat import HEARTBEAT_FRACTION, HEARTBEAT_TICK_SECONDS, LIVENESS_TOUCH_SECONDS
+from .heartbeat_thread import HEARTBEAT_TICK_SECONDS, LIVENESS_TOUCH_SECONDS
+from .leases import HEARTBEAT_FRACTION
 from .loop import (
     DB_ERROR_BACKOFF_MAX_SECONDS,
     DB_ERROR_BACKOFF_SECONDS,

@@ -8,7 +8,7 @@ One process runs:
   nothing to do;
 - ``concurrency`` **executor threads** (:mod:`.executor`), each with its own database
   connection, running one job at a time through :mod:`.pipeline`;
-- a **heartbeat thread** (:mod:`.heartbeat`) that extends the leases (and renews the locks)
+- a **heartbeat thread** (:mod:`.heartbeat_thread`) that extends the leases (and renews the locks)
   of held jobs every third of their visibility timeout, and fails jobs past their hard
   ``timeout`` (:mod:`.watchdog`);
 - with ``--async-slots``, an **event loop thread** running the ``async def`` tasks as
@@ -46,8 +46,9 @@ from ..outcome import Tally
 from .aio import BLOCKED_AFTER_SECONDS, AsyncExecutor
 from .completer import Completer
 from .executor import Executor
-from .heartbeat import Heartbeat, LeaseKeeper
+from .heartbeat_thread import Heartbeat
 from .held import LOGGER_NAME, close_connection
+from .leases import LeaseKeeper
 from .outage import DatabaseOutage, backoff_delay
 from .pipeline import Runtime
 from .shutdown import Shutdown

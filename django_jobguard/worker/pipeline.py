@@ -33,8 +33,8 @@ from ..outcome import Dead, Duplicate, HeldState, Outcome, PutBack, PutBackCause
 from ..registry import registry
 from ..task import Task
 from .completer import Completer
-from .heartbeat import renew_lock
 from .held import Held, logger
+from .leases import renew_lock
 
 __all__ = ["HandlerTimedOut", "Runtime", "failure_outcome", "handler_outcome", "prepare", "run"]
 

@@ -19,8 +19,8 @@ from django_jobguard.outcome import Dead, HeldState, Kind, PutBack, PutBackCause
 from django_jobguard.task import task
 from django_jobguard.worker import EXIT_THREAD_DIED, Worker, pipeline
 from django_jobguard.worker.completer import Completer
-from django_jobguard.worker.heartbeat import LeaseKeeper
 from django_jobguard.worker.held import Held
+from django_jobguard.worker.leases import LeaseKeeper
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
