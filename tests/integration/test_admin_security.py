@@ -6,7 +6,6 @@ import datetime
 
 import pytest
 from django.contrib import admin
-from django.contrib.auth.models import User
 from django.db import connection
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
@@ -16,7 +15,7 @@ from django_jobguard.maintenance.retention import JOB_DELETION_RULE, KEY_DELETIO
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job, Lock, ReplayEvent
 from django_jobguard.monitoring.audit import audit
 from tests.support.dlq import dead_charge
-from tests.support.factories import make_user
+from tests.support.factories import make_superuser, make_user
 from tests.testapp import tasks_dlq
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -176,7 +175,7 @@ def test_keys_are_searched_only_for_users_who_may_see_payloads(client, rows, vie
 
 @pytest.fixture
 def superuser(client):
-    client.force_login(User.objects.create_superuser("root"))
+    client.force_login(make_superuser())
     return client
 
 

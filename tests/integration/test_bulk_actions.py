@@ -4,7 +4,6 @@ import datetime
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission, User
 from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
@@ -13,19 +12,12 @@ from django_jobguard import dlq
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job
 from django_jobguard.operations import jobs
 from tests.support.dlq import dead_charge
+from tests.support.factories import force_login
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
 
 JOBS = reverse("admin:jobguard_job_changelist")
-
-
-def staff(client, *perms):
-    person = User.objects.create_user("ops", is_staff=True)
-    for perm in perms:
-        person.user_permissions.add(Permission.objects.get(codename=perm))
-    client.force_login(person)
-    return person
 
 
 def make_running(job):
@@ -56,7 +48,7 @@ def test_request_cancel_flags_running_jobs_only():
 
 
 def test_the_cancel_action_cancels_queued_jobs_and_asks_running_ones(client):
-    staff(client, "view_job", "cancel_job")
+    force_login(client, "ops", "view_job", "cancel_job")
     queued = tasks.add.enqueue(1)
     running = tasks.add.enqueue(2)
     make_running(running)
@@ -77,7 +69,7 @@ def test_the_cancel_action_cancels_queued_jobs_and_asks_running_ones(client):
 
 
 def test_the_retry_action_needs_its_permission(client):
-    staff(client, "view_job")
+    force_login(client, "ops", "view_job")
     waiting = tasks.add.using(run_after=datetime.timedelta(hours=1)).enqueue(1)
     assert "retry_jobs_now" not in client.get(JOBS).content.decode()
     client.post(JOBS, {"action": "retry_jobs_now", "_selected_action": [waiting.pk]})
@@ -85,7 +77,7 @@ def test_the_retry_action_needs_its_permission(client):
 
 
 def test_the_retry_action_makes_the_selection_due(client):
-    staff(client, "view_job", "retry_job")
+    force_login(client, "ops", "view_job", "retry_job")
     waiting = tasks.add.using(run_after=datetime.timedelta(hours=1)).enqueue(1)
     due = tasks.add.enqueue(2)
     response = client.post(
@@ -99,7 +91,7 @@ def test_the_retry_action_makes_the_selection_due(client):
 @pytest.mark.django_db(transaction=True)  # dead_charge runs a worker in this process
 @override_settings(JOBGUARD={"REPLAY": {"RATE_PER_MINUTE": 2}})
 def test_the_bulk_replay_confirmation_says_how_many_and_how_long_the_throttle_takes(client):
-    staff(client, "view_deadletter", "request_replay")
+    force_login(client, "ops", "view_deadletter", "request_replay")
     letters = [dead_charge(order_id=20 + i, amount=0) for i in range(3)]
     ahead = dead_charge(order_id=99, amount=0)
     DeadLetter.objects.filter(pk=ahead.pk).update(replay_state="approved")
@@ -118,7 +110,7 @@ def test_the_bulk_replay_confirmation_says_how_many_and_how_long_the_throttle_ta
 
 
 def test_select_all_cancel_asks_first_with_the_count_and_carries_the_filter(client):
-    staff(client, "view_job", "cancel_job")
+    force_login(client, "ops", "view_job", "cancel_job")
     for n in range(1_100):  # more than a request may carry fields for, one per row
         tasks.add.using(queue_name="bulk-cancel").enqueue(n)
     kept = tasks.add.using(queue_name="elsewhere").enqueue(0)
@@ -140,7 +132,9 @@ def test_select_all_cancel_asks_first_with_the_count_and_carries_the_filter(clie
 
 @pytest.mark.django_db(transaction=True)  # dead_charge runs a worker in this process
 def test_cancels_and_replays_reach_djangos_admin_log(client):
-    person = staff(client, "view_job", "cancel_job", "view_deadletter", "request_replay", "view_payload")
+    person = force_login(
+        client, "ops", "view_job", "cancel_job", "view_deadletter", "request_replay", "view_payload"
+    )
     queued = [tasks.add.enqueue(n) for n in range(3)]
     running = tasks.add.enqueue(9)
     make_running(running)
@@ -177,7 +171,7 @@ def test_cancels_and_replays_reach_djangos_admin_log(client):
 
 
 def test_cancelled_jobs_are_requeued_unless_their_key_moved_on(client):
-    person = staff(client, "view_job", "retry_job")
+    person = force_login(client, "ops", "view_job", "retry_job")
     plain = tasks.add.enqueue(1)
     keyed = tasks.add.using(idempotency_key="sum:requeue").enqueue(2)
     taken = tasks.add.using(idempotency_key="sum:taken").enqueue(3)
@@ -203,7 +197,7 @@ def test_cancelled_jobs_are_requeued_unless_their_key_moved_on(client):
 
 
 def test_select_all_requeue_asks_first_with_the_count_and_carries_the_filter(client):
-    staff(client, "view_job", "retry_job")
+    force_login(client, "ops", "view_job", "retry_job")
     for n in range(1_100):  # more than a request may carry fields for, one per row
         tasks.add.using(queue_name="bulk-requeue").enqueue(n)
     jobs.cancel(list(Job.objects.filter(queue_name="bulk-requeue").values_list("pk", flat=True)[:1_050]))
@@ -231,7 +225,7 @@ def test_select_all_requeue_asks_first_with_the_count_and_carries_the_filter(cli
 
 
 def test_a_requeue_of_nothing_cancelled_cannot_be_confirmed(client):
-    staff(client, "view_job", "retry_job")
+    force_login(client, "ops", "view_job", "retry_job")
     job = tasks.add.enqueue(1)
     html = client.post(
         JOBS, {"action": "requeue_cancelled_jobs", "_selected_action": [job.pk]}
@@ -240,7 +234,7 @@ def test_a_requeue_of_nothing_cancelled_cannot_be_confirmed(client):
 
 
 def test_requeue_needs_the_retry_permission(client):
-    staff(client, "view_job")
+    force_login(client, "ops", "view_job")
     job = tasks.add.enqueue(1)
     jobs.cancel([job.pk])
     assert "requeue_cancelled_jobs" not in client.get(JOBS).content.decode()

@@ -4,7 +4,6 @@ import datetime
 import re
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -14,19 +13,12 @@ from django_jobguard.exceptions import LockReleaseError, LockReleasePermissionDe
 from django_jobguard.locks import holders, lock, release
 from django_jobguard.locks.holders import job_owner
 from django_jobguard.models import Job, Lock, LockRelease, WorkerBeat
+from tests.support.factories import force_login, make_superuser, make_user
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)  # locks commit outside the test's transaction
 
 LIST = reverse("admin:jobguard_lock_changelist")
-
-
-def staff(client, *perms):
-    person = User.objects.create_user("ops", is_staff=True)
-    for perm in ("view_lock", *perms):
-        person.user_permissions.add(Permission.objects.get(codename=perm))
-    client.force_login(person)
-    return User.objects.get(pk=person.pk)
 
 
 def held(name, owner=""):
@@ -66,7 +58,7 @@ def cell(row, field):
 
 
 def test_the_list_shows_holder_age_ttl_fencing_and_flags_a_gone_holder(client):
-    staff(client)
+    force_login(client, "ops", "view_lock")
     job, alive = hold_by_running_job("order:1")
     _, gone = hold_by_running_job("order:2", live=False)  # its lease ran out: the worker is gone
     html = client.get(LIST).content.decode()
@@ -79,7 +71,7 @@ def test_the_list_shows_holder_age_ttl_fencing_and_flags_a_gone_holder(client):
 
 
 def test_the_list_costs_the_same_queries_for_few_or_many_locks(client):
-    staff(client)
+    force_login(client, "ops", "view_lock")
     hold_by_running_job("order:1")
     client.get(LIST)
     with CaptureQueriesContext(connection) as few:
@@ -93,7 +85,7 @@ def test_the_list_costs_the_same_queries_for_few_or_many_locks(client):
 
 
 def test_force_release_needs_the_permission_and_says_so(client):
-    staff(client)
+    force_login(client, "ops", "view_lock")
     handle = held("order:1")
     page = client.get(reverse("admin:jobguard_lock_change", args=[handle.name])).content.decode()
     assert 'id="force-release"' not in page
@@ -105,7 +97,7 @@ def test_force_release_needs_the_permission_and_says_so(client):
 
 
 def test_a_forced_release_needs_a_reason_frees_the_lock_bumps_the_token_and_is_audited(client):
-    person = staff(client, "force_release_lock")
+    person = force_login(client, "ops", "view_lock", "force_release_lock")
     job, handle = hold_by_running_job("order:1", live=False)
     before = Lock.objects.get(key=handle.name).fencing_token
     page = client.get(reverse("admin:jobguard_lock_change", args=[handle.name])).content.decode()
@@ -134,14 +126,14 @@ def test_a_forced_release_needs_a_reason_frees_the_lock_bumps_the_token_and_is_a
 
 
 def test_the_service_refuses_a_free_lock_and_an_empty_reason():
-    person = User.objects.create_superuser("root")
+    person = make_superuser()
     handle = held("order:1")
     handle.release()
     with pytest.raises(LockReleaseError, match="is not held: there is nothing to release"):
         release.force_release(handle.name, user=person, reason="x")
     with pytest.raises(LockReleaseError, match="A reason is required"):
         release.force_release(handle.name, user=person, reason="")
-    nobody = User.objects.create_user("nobody", is_staff=True)
+    nobody = make_user("nobody")
     with pytest.raises(LockReleasePermissionDenied, match="force_release_lock"):
         release.force_release(handle.name, user=nobody, reason="x")
     assert not LockRelease.objects.exists()
@@ -168,7 +160,7 @@ def test_the_holder_is_the_claim_in_the_locks_token_not_a_contender_with_the_sam
     Before, the list named the most recently started running job of the key (the contender,
     whose lease is live) and said the holder was not gone.
     """
-    staff(client)
+    force_login(client, "ops", "view_lock")
     beat("dead-worker", seconds_ago=600)  # missed many beats: SIGKILLed
     beat("live-worker", seconds_ago=1)
     holder, handle = hold_by_running_job("order:1", worker="dead-worker")  # lease still live
@@ -185,7 +177,7 @@ def test_the_holder_is_the_claim_in_the_locks_token_not_a_contender_with_the_sam
 
 
 def test_a_holder_on_a_beating_worker_with_a_live_lease_is_not_gone(client):
-    staff(client)
+    force_login(client, "ops", "view_lock")
     beat("live-worker", seconds_ago=1)
     _, handle = hold_by_running_job("order:1", worker="live-worker")
     row = row_of(client.get(LIST).content.decode(), handle.name)
@@ -193,7 +185,7 @@ def test_a_holder_on_a_beating_worker_with_a_live_lease_is_not_gone(client):
 
 
 def test_a_claim_that_lost_its_job_to_a_new_claim_is_gone(client):
-    staff(client)
+    force_login(client, "ops", "view_lock")
     job, handle = hold_by_running_job("order:1", worker="old-worker")
     # The job's lease ran out and another worker claimed it: a new lease token, the same job.
     Job.objects.filter(pk=job.pk).update(lease_token="n" * 32, worker_id="new-worker")
@@ -207,7 +199,7 @@ def test_a_claim_that_lost_its_job_to_a_new_claim_is_gone(client):
 
 
 def test_a_lock_taken_in_code_names_no_job_and_its_holder_is_unknown(client):
-    staff(client)
+    force_login(client, "ops", "view_lock")
     handle = held("order:1")
     running_job("order:1")  # a running job of the key: not the holder
     row = row_of(client.get(LIST).content.decode(), handle.name)
@@ -216,7 +208,7 @@ def test_a_lock_taken_in_code_names_no_job_and_its_holder_is_unknown(client):
 
 
 def test_a_forced_release_refuses_a_lock_that_changed_hands_since_the_operator_looked():
-    person = User.objects.create_superuser("root")
+    person = make_superuser()
     first = held("order:1")
     seen = first.token
     first.release()

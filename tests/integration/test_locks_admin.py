@@ -3,13 +3,13 @@
 import datetime
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
 
 from django_jobguard.locks import lock
 from django_jobguard.models import Job, Lock
+from tests.support.factories import make_superuser
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -17,8 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def operator(client):
-    user = User.objects.create_superuser("ops")
-    client.force_login(user)
+    client.force_login(make_superuser("ops"))
     return client
 
 

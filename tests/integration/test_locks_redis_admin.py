@@ -8,7 +8,6 @@ import re
 
 import pytest
 from django.contrib.admin.utils import quote
-from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 from django.utils import timezone
 
@@ -17,6 +16,7 @@ from django_jobguard.locks import holders, lock, release
 from django_jobguard.locks.holders import job_owner
 from django_jobguard.models import Job, LockRelease, WorkerBeat
 from tests.support import locking
+from tests.support.factories import force_login, make_superuser
 from tests.testapp import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.redis]
@@ -38,14 +38,6 @@ def redis():
     from django_redis import get_redis_connection
 
     return get_redis_connection("redis")
-
-
-def staff(client, *perms):
-    person = User.objects.create_user("ops", is_staff=True)
-    for perm in ("view_lock", *perms):
-        person.user_permissions.add(Permission.objects.get(codename=perm))
-    client.force_login(person)
-    return User.objects.get(pk=person.pk)
 
 
 def beat(worker, seconds_ago):
@@ -84,7 +76,7 @@ def cell(row, field):
 
 
 def test_the_page_reads_redis_and_names_the_dead_holder_not_the_contender(client):
-    staff(client)
+    force_login(client, "ops", "view_lock")
     beat("dead-worker", seconds_ago=600)
     beat("live-worker", seconds_ago=1)
     holder = running_job("order:1", worker="dead-worker", lease="h" * 32)
@@ -133,7 +125,7 @@ def test_pages_follow_the_scan_cursor_until_every_lock_is_listed():
 
 
 def test_a_page_stops_at_the_scan_cap_and_says_so(client, monkeypatch):
-    staff(client)
+    force_login(client, "ops", "view_lock")
     for n in range(50):
         held(f"order:{n}")
     for n in range(5_000):  # idle fencing counters under the prefix: scanned, never listed
@@ -146,13 +138,13 @@ def test_a_page_stops_at_the_scan_cap_and_says_so(client, monkeypatch):
 
 
 def test_a_bad_cursor_is_a_400_naming_it(client):
-    staff(client)
+    force_login(client, "ops", "view_lock")
     response = client.get(LIST, {"cursor": "-1"})
     assert response.status_code == 400 and "cursor must be a SCAN cursor" in response.content.decode()
 
 
 def test_a_forced_release_deletes_the_lock_bumps_the_fencing_counter_and_is_audited(client):
-    person = staff(client, "force_release_lock")
+    person = force_login(client, "ops", "view_lock", "force_release_lock")
     beat("dead-worker", seconds_ago=600)
     holder = running_job("order:1", worker="dead-worker", lease="h" * 32)
     handle = held("order:1", owner=job_owner(holder.pk, "h" * 32))
@@ -179,7 +171,7 @@ def test_a_forced_release_deletes_the_lock_bumps_the_fencing_counter_and_is_audi
 
 
 def test_a_forced_release_refuses_a_lock_that_changed_hands_or_is_free():
-    person = User.objects.create_superuser("root")
+    person = make_superuser()
     first = held("order:1")
     seen = first.token
     first.release()

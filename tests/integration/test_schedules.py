@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import Permission, User
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.functions import Now
@@ -20,6 +19,7 @@ from prometheus_client import REGISTRY
 from django_jobguard import InvalidArgumentsError, conf, schedules, store, task
 from django_jobguard.models import IdempotencyKey, Job, Schedule
 from django_jobguard.registry import registry
+from tests.support.factories import make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -228,24 +228,16 @@ def test_a_declared_schedule_without_a_row_is_synced_by_the_pass():
 # -- operators -------------------------------------------------------------------------------
 
 
-def user_with(*codenames: str) -> User:
-    user = User.objects.create_user(f"u-{'-'.join(codenames) or 'none'}")
-    user.user_permissions.set(
-        Permission.objects.filter(content_type__app_label="jobguard", codename__in=codenames)
-    )
-    return User.objects.get(pk=user.pk)  # fresh permission cache
-
-
 def test_pause_stops_ticks_and_resume_starts_from_the_next_tick(every_minute, caplog):
     row = Schedule.objects.get(name="report")
     with pytest.raises(
         PermissionDenied, match=r"Only users with the jobguard\.pause_schedule permission can pause"
     ):
-        schedules.pause(row, user=user_with())
-    ops = user_with("pause_schedule")
+        schedules.pause(row, user=make_user("nobody", staff=False))
+    ops = make_user("ops", "pause_schedule", staff=False)
     with caplog.at_level(logging.INFO, logger="django_jobguard"):
         assert schedules.pause(row, user=ops)
-    assert "schedule_paused name=report user='u-pause_schedule'" in caplog.text
+    assert "schedule_paused name=report user='ops'" in caplog.text
     assert not schedules.pause(row, user=ops)  # already paused
     outage("report", 5)
     assert schedules.run_once().enqueued == []
@@ -260,17 +252,18 @@ def test_pause_stops_ticks_and_resume_starts_from_the_next_tick(every_minute, ca
 def test_run_now_enqueues_an_extra_job_with_its_own_key_and_logs_who(every_minute, caplog):
     row = Schedule.objects.get(name="report")
     with pytest.raises(PermissionDenied, match=r"jobguard\.run_schedule permission can run"):
-        schedules.run_now(row, user=user_with("pause_schedule"))
+        schedules.run_now(row, user=make_user("pia", "pause_schedule", staff=False))
+    runner = make_user("rob", "run_schedule", staff=False)
     with caplog.at_level(logging.INFO, logger="django_jobguard"):
-        first = schedules.run_now(row, user=user_with("run_schedule"))
-        second = schedules.run_now(row, user=User.objects.get(username="u-run_schedule"))
+        first = schedules.run_now(row, user=runner)
+        second = schedules.run_now(row, user=runner)
     assert first.pk != second.pk
     assert first.idempotency_key.startswith("schedule:report:manual:")
-    assert f"schedule_run_now name=report user='u-run_schedule' job_id={first.pk}" in caplog.text
+    assert f"schedule_run_now name=report user='rob' job_id={first.pk}" in caplog.text
     assert Schedule.objects.get(name="report").next_tick_at == row.next_tick_at  # ticks untouched
     Schedule.objects.filter(pk=row.pk).update(removed_at=Now())
     with pytest.raises(InvalidArgumentsError, match="'report' is removed"):
-        schedules.run_now(Schedule.objects.get(pk=row.pk), user=User.objects.get(username="u-run_schedule"))
+        schedules.run_now(Schedule.objects.get(pk=row.pk), user=runner)
 
 
 # -- settings ------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.test import override_settings
 from django.urls import reverse
@@ -18,6 +17,7 @@ from django.urls import reverse
 from django_jobguard import checks, schedules, store, task
 from django_jobguard.models import Job, Schedule
 from django_jobguard.registry import registry
+from tests.support.factories import make_superuser, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,15 +41,6 @@ def two_schedules() -> None:
     Schedule.objects.filter(name="nightly").update(next_tick_at=last)
     with declaring(nightly={"task": ADD, "cron": "0 2 * * *", "timezone": "Asia/Jakarta", "args": [1]}):
         schedules.run_once()
-
-
-def staff(*codenames: str) -> User:
-    user = User.objects.create_user(f"staff-{len(codenames)}", is_staff=True)
-    wanted = ["view_schedule", *codenames]
-    user.user_permissions.set(
-        Permission.objects.filter(content_type__app_label="jobguard", codename__in=wanted)
-    )
-    return user
 
 
 # -- jobguard_status -------------------------------------------------------------------------
@@ -99,7 +90,7 @@ def test_status_json_carries_the_schedules(two_schedules):
 
 
 def test_the_list_shows_next_and_last_tick_last_job_and_its_outcome(client, two_schedules):
-    client.force_login(staff())
+    client.force_login(make_user("viewer", "view_schedule"))
     page = client.get(reverse("admin:jobguard_schedule_changelist")).content.decode()
     job = Job.objects.get()
     assert "nightly" in page and "gone" in page and "removed" in page
@@ -110,16 +101,16 @@ def test_the_list_shows_next_and_last_tick_last_job_and_its_outcome(client, two_
 
 
 def test_actions_need_their_permission(client, two_schedules):
-    client.force_login(staff())
+    client.force_login(make_user("viewer", "view_schedule"))
     page = client.get(reverse("admin:jobguard_schedule_changelist")).content.decode()
     assert "pause_schedules" not in page and "run_schedules_now" not in page
-    client.force_login(staff("pause_schedule", "run_schedule"))
+    client.force_login(make_user("operator", "view_schedule", "pause_schedule", "run_schedule"))
     page = client.get(reverse("admin:jobguard_schedule_changelist")).content.decode()
     assert "pause_schedules" in page and "resume_schedules" in page and "run_schedules_now" in page
 
 
 def test_pause_and_run_now_from_the_admin_are_recorded_in_the_history(client, two_schedules):
-    user = staff("pause_schedule", "run_schedule")
+    user = make_user("operator", "view_schedule", "pause_schedule", "run_schedule")
     client.force_login(user)
     nightly = Schedule.objects.get(name="nightly")
     url = reverse("admin:jobguard_schedule_changelist")
@@ -137,14 +128,14 @@ def test_pause_and_run_now_from_the_admin_are_recorded_in_the_history(client, tw
 def test_arguments_show_only_with_the_payload_permission(client, two_schedules):
     nightly = Schedule.objects.get(name="nightly")
     url = reverse("admin:jobguard_schedule_change", args=[nightly.pk])
-    client.force_login(staff())
+    client.force_login(make_user("viewer", "view_schedule"))
     assert "kwargs" not in client.get(url).content.decode()
-    client.force_login(staff("view_payload", "pause_schedule"))
+    client.force_login(make_user("reader", "view_schedule", "view_payload", "pause_schedule"))
     assert "kwargs" in client.get(url).content.decode()
 
 
 def test_only_removed_rows_can_be_deleted(client, two_schedules):
-    user = User.objects.create_superuser("root")
+    user = make_superuser()
     client.force_login(user)
     nightly, gone = Schedule.objects.get(name="nightly"), Schedule.objects.get(name="gone")
     assert client.get(reverse("admin:jobguard_schedule_delete", args=[nightly.pk])).status_code == 403

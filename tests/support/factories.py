@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib.auth.models import Permission, User
+from django.test import Client
 from django.utils import timezone
 
 from django_jobguard.models import DeadLetter, Job
@@ -41,6 +42,13 @@ def make_user(name: str, *codenames: str, staff: bool = True, password: str | No
         assert permissions.count() == len(set(codenames)), codenames
         user.user_permissions.add(*permissions)
     return User.objects.get(pk=user.pk)
+
+
+def force_login(client: Client, name: str, *codenames: str) -> User:
+    """Log a new staff user with these ``jobguard`` permissions in on ``client``; the user."""
+    user = make_user(name, *codenames)
+    client.force_login(user)
+    return user
 
 
 def make_superuser(name: str = "root", *, password: str | None = None) -> User:
