@@ -86,12 +86,12 @@ __all__ = [
     "claim",
     "complete",
     "complete_many",
+    "cursor_lock",
     "database_now",
     "dialect_of",
     "discard_queued",
     "flow_plan",
     "flow_usage",
-    "guard_statements",
     "heartbeat",
     "insert_jobs",
     "insert_key",
@@ -220,14 +220,14 @@ def add_workflow_counts(alias: str, changes: Sequence[CounterChange]) -> list[tu
     return dialect_of(alias).add_workflow_counts(alias, changes)
 
 
-def guard_statements(alias: str) -> threading.RLock | None:
+def cursor_lock(alias: str) -> threading.RLock | None:
     """On SQLite, a lock this thread's connection holds while any cursor of it is open.
 
     Shutdown closes a running job's connection from the worker's main thread (SQLite,
     see ``writes_while_busy``), which is safe only while it holds this lock. None on
     PostgreSQL, where nothing does.
     """
-    return _store(alias).guard_statements(alias)
+    return _store(alias).cursor_lock(alias)
 
 
 def writes_while_busy(alias: str) -> bool:

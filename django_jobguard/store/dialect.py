@@ -48,7 +48,7 @@ class JobStore(Protocol):
         """Whether another connection can write while a job's transaction is open."""
         ...
 
-    def guard_statements(self, alias: str) -> threading.RLock | None:
+    def cursor_lock(self, alias: str) -> threading.RLock | None:
         """A lock this thread's connection holds while a cursor of it is open, or None if not needed."""
         ...
 

@@ -126,7 +126,7 @@ class MemoryStore:
     def writes_while_busy(self, alias: str) -> bool:
         return True
 
-    def guard_statements(self, alias: str) -> threading.RLock | None:
+    def cursor_lock(self, alias: str) -> threading.RLock | None:
         return None
 
     def database_now(self, alias: str) -> datetime.datetime:

@@ -164,7 +164,7 @@ def writes_while_busy(alias: str) -> bool:
     return True  # row locks: an open job transaction blocks only the rows it wrote
 
 
-def guard_statements(alias: str) -> None:
+def cursor_lock(alias: str) -> None:
     return None  # nothing closes a job's connection from another thread here
 
 

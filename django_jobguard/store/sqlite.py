@@ -84,10 +84,10 @@ def writes_while_busy(alias: str) -> bool:
     return False  # an open write transaction holds the whole database
 
 
-class _GuardedCursor(SQLiteCursorWrapper):
-    """Holds its connection's guard (``guard_statements``) from its creation to its close."""
+class _LockingCursor(SQLiteCursorWrapper):
+    """Holds its connection's cursor lock (``cursor_lock``) from its creation to its close."""
 
-    guard: threading.RLock | None = None
+    lock: threading.RLock | None = None
 
     def close(self) -> None:
         try:
@@ -97,43 +97,43 @@ class _GuardedCursor(SQLiteCursorWrapper):
 
     def __del__(self) -> None:
         # Django drops some cursors unclosed (the BEGIN of an atomic block on SQLite); freed
-        # at once by their thread, they let go of the guard here.
+        # at once by their thread, they let go of the lock here.
         try:
             self._let_go()
-        except RuntimeError:  # freed by another thread (a reference cycle): the guard stays held
+        except RuntimeError:  # freed by another thread (a reference cycle): the lock stays held
             pass
 
     def _let_go(self) -> None:
-        guard, self.guard = self.guard, None
-        if guard is not None:
-            guard.release()
+        lock, self.lock = self.lock, None
+        if lock is not None:
+            lock.release()
 
 
-def guard_statements(alias: str) -> threading.RLock:
+def cursor_lock(alias: str) -> threading.RLock:
     """Make this thread's connection hold the returned lock while any cursor of it is open.
 
     Another thread holding the lock may close the connection: nothing of this thread is
     using it then. A connection closed while another thread runs a statement on it crashes
     the process (sqlite3 reads the closed handle as the statement returns), and one closed
     under a cursor with rows left to fetch keeps that statement's lock until the cursor is
-    freed. Every cursor the connection makes from now on is guarded, whatever raw connection
-    it opens; a cursor kept open keeps the lock (a cut then waits, and gives up).
+    freed. Every cursor the connection makes from now on takes the lock, whatever raw
+    connection it opens; a cursor kept open keeps the lock (a cut then waits, and gives up).
     """
     connection = connections[alias]
-    guard = threading.RLock()
+    lock = threading.RLock()
 
     def create_cursor(name: str | None = None) -> Any:
-        guard.acquire()
+        lock.acquire()
         try:
-            cursor = connection.connection.cursor(factory=_GuardedCursor)
+            cursor = connection.connection.cursor(factory=_LockingCursor)
         except BaseException:
-            guard.release()
+            lock.release()
             raise
-        cursor.guard = guard
+        cursor.lock = lock
         return cursor
 
     connection.create_cursor = create_cursor  # type: ignore[method-assign]
-    return guard
+    return lock
 
 
 def database_now(alias: str) -> datetime.datetime:

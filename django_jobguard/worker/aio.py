@@ -168,13 +168,13 @@ class _DBThreads(concurrent.futures.Executor):
             for thread in self._threads:
                 thread.join(max(0.0, deadline - time.monotonic()))
 
-    def guard(self) -> threading.RLock | None:
-        """This DB thread's statement guard (SQLite: shutdown may cut its connection under it)."""
-        guard: threading.RLock | None = getattr(self._local, "guard", None)
-        return guard
+    def cursor_lock(self) -> threading.RLock | None:
+        """This DB thread's cursor lock (SQLite: shutdown may cut its connection under it)."""
+        lock: threading.RLock | None = getattr(self._local, "cursor_lock", None)
+        return lock
 
     def _serve(self) -> None:
-        self._local.guard = store.guard_statements(self.alias)
+        self._local.cursor_lock = store.cursor_lock(self.alias)
         try:
             while (item := self._work.get()) is not None:
                 future, call = item
@@ -465,7 +465,7 @@ class AsyncExecutor:
         """On a DB thread: the handler and its ack in one transaction on this thread's connection."""
         # Shutdown may cut this connection past the grace period (SQLite, see shutdown.py).
         held.connection = connections[self.alias]
-        held.statement_guard = self._db.guard() if self._db is not None else None
+        held.cursor_lock = self._db.cursor_lock() if self._db is not None else None
         return pipeline.run_handler(self._thread_runtime, held, task, scope)
 
     async def _run_handler(self, held: Held, task: Task[Any, Any], scope: str) -> Outcome:

@@ -57,7 +57,7 @@ class Executor:
 
     def run(self) -> None:
         """Run jobs until the slots say to exit or this thread is replaced."""
-        guard = store.guard_statements(self.alias)  # so shutdown can cut its connection (SQLite)
+        cursor_lock = store.cursor_lock(self.alias)  # so shutdown can cut its connection (SQLite)
         try:
             while True:
                 idle_since = time.monotonic()
@@ -66,7 +66,7 @@ class Executor:
                     return
                 if time.monotonic() - idle_since >= CONNECTION_CHECK_AFTER_IDLE_SECONDS:
                     self._drop_unusable_connection()
-                held.statement_guard = guard
+                held.cursor_lock = cursor_lock
                 if self._run_one(held):
                     return
         finally:

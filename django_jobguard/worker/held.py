@@ -42,8 +42,8 @@ class Held:
     signals: RunSignals = dataclasses.field(default_factory=RunSignals)
     #: The executor thread's connection while the job runs, so shutdown can cut it (SQLite).
     connection: Any = None
-    #: Held by that connection while a cursor is open (SQLite; ``store.guard_statements``).
-    statement_guard: threading.RLock | None = None
+    #: Held by that connection while a cursor is open (SQLite; ``store.cursor_lock``).
+    cursor_lock: threading.RLock | None = None
     #: Runs as a coroutine on the worker's event loop (``--async-slots``), not on a thread.
     on_loop: bool = False
     #: When (monotonic) its job transaction opened, while an ``atomic=True`` job's is open; else 0.

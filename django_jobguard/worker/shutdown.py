@@ -111,8 +111,8 @@ def cut_connections(helds: list[Held], worker_id: str) -> None:
     Each open transaction is rolled back and the handler's next query fails. Django lets
     SQLite connections cross threads (``check_same_thread=False``), but sqlite3 crashes the
     process when a connection is closed while another thread runs a statement on it. So a
-    connection is closed only while this thread holds its statement guard, which the
-    executor's connection holds while a cursor is open (``store.guard_statements``); a
+    connection is closed only while this thread holds its cursor lock, which the
+    executor's connection holds while a cursor is open (``store.cursor_lock``); a
     running statement is interrupted first. One waiting for the write lock cannot be
     interrupted, so the jobs are tried in turns: closing the connection that holds the lock
     lets the waiting statement finish.
@@ -135,20 +135,20 @@ def cut_connections(helds: list[Held], worker_id: str) -> None:
 
 def _cut_between_statements(held: Held, worker_id: str) -> bool:
     """Close the job's connection unless a statement is running on it; whether it is done."""
-    raw, guard = held.connection.connection, held.statement_guard
-    if raw is None or guard is None:
-        return True  # closed meanwhile, or never guarded: nothing safe to do
+    raw, lock = held.connection.connection, held.cursor_lock
+    if raw is None or lock is None:
+        return True  # closed meanwhile, or its cursors take no lock: nothing safe to do
     try:
-        if not guard.acquire(blocking=False):
-            # A statement is running: end it, and take the guard as it is let go, before the
+        if not lock.acquire(blocking=False):
+            # A statement is running: end it, and take the lock as it is let go, before the
             # handler's next statement (its failure's retry write would spend an attempt).
             raw.interrupt()
-            if not guard.acquire(timeout=CUT_TURN_SECONDS):
+            if not lock.acquire(timeout=CUT_TURN_SECONDS):
                 return False
         try:
             raw.close()
         finally:
-            guard.release()
+            lock.release()
     except Exception:  # the connection may be closing already: nothing left to cut
         logger.debug("connection_cut_failed job_id=%s", held.job.id, exc_info=True)
         return True

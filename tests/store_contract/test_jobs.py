@@ -581,6 +581,6 @@ def test_observed_durations_reports_each_queue_and_task():
     assert store.observed_durations("default", 3600, queue="other") == []
 
 
-def test_guard_statements_is_a_lock_exactly_where_writes_wait_for_jobs():
-    guard = store.guard_statements("default")
-    assert (guard is None) is store.writes_while_busy("default")
+def test_cursor_lock_is_a_lock_exactly_where_writes_wait_for_jobs():
+    lock = store.cursor_lock("default")
+    assert (lock is None) is store.writes_while_busy("default")
