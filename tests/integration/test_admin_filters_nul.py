@@ -1,8 +1,8 @@
 """A NUL character in any console filter is refused with 400, never a server error."""
 
 import pytest
-from django.contrib.auth.models import User
 
+from tests.support.factories import force_login, make_superuser
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -22,7 +22,7 @@ PAGES = [
 @pytest.mark.parametrize("query", ["queue_name=%00", "q=a%00b", "status=%00", "%00=1"])
 def test_a_nul_in_a_filter_is_a_400(client, page, query):
     tasks.add.enqueue(1)
-    client.force_login(User.objects.create_superuser("root"))
+    client.force_login(make_superuser())
     response = client.get(f"{page}?{query}")
     assert response.status_code == 400, (page, query, response.status_code)
     assert client.get(page).status_code == 200
@@ -32,12 +32,7 @@ def test_a_nul_in_a_filter_is_a_400(client, page, query):
 
 
 def _operator(client):
-    from django.contrib.auth.models import Permission
-
-    person = User.objects.create_user("operator", is_staff=True)
-    for perm in ("view_job", "pause_queue", "operate_breaker"):
-        person.user_permissions.add(Permission.objects.get(codename=perm))
-    client.force_login(person)
+    force_login(client, "operator", "view_job", "pause_queue", "operate_breaker")
     return client
 
 

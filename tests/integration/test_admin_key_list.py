@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from tests.support.factories import make_superuser
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -22,7 +22,7 @@ def queries_for(client) -> int:
 
 
 def test_the_key_list_costs_the_same_queries_for_two_keys_or_twenty(client):
-    client.force_login(User.objects.create_superuser("keys", password="x"))  # noqa: S106
+    client.force_login(make_superuser("keys"))
     for n in range(2):
         tasks.api_charge.enqueue(order_id=n)
     few = queries_for(client)

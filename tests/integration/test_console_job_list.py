@@ -12,6 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django_jobguard.admin.base import format_time
 from django_jobguard.admin.jobs import JobAdmin
 from django_jobguard.models import Job
+from tests.support.factories import force_login
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -21,9 +22,7 @@ URL = "/admin/jobguard/job/"
 
 @pytest.fixture
 def viewer(client):
-    person = User.objects.create_user("viewer", is_staff=True)
-    person.user_permissions.add(Permission.objects.get(codename="view_job"))
-    client.force_login(person)
+    force_login(client, "viewer", "view_job")
     return client
 
 
@@ -251,10 +250,7 @@ def test_the_jobs_page_shows_its_state_once(viewer):
 
 
 def test_an_action_that_changed_nothing_says_so_in_a_warning_not_a_success(client):
-    person = User.objects.create_user("ops", is_staff=True)
-    for perm in ("view_job", "retry_job", "cancel_job"):
-        person.user_permissions.add(Permission.objects.get(codename=perm))
-    client.force_login(person)
+    force_login(client, "ops", "view_job", "retry_job", "cancel_job")
     due = tasks.add.enqueue(1)  # due already: "retry now" has nothing to do
     for action in ("retry_jobs_now", "requeue_cancelled_jobs"):
         response = client.post(

@@ -9,7 +9,6 @@ import datetime
 import re
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
@@ -17,7 +16,7 @@ from django_jobguard import chain
 from django_jobguard.admin import jobs as job_admin
 from django_jobguard.models import IdempotencyStatus, Job, JobStatus
 from django_jobguard.monitoring import audit
-from tests.support.factories import make_user
+from tests.support.factories import JOB_STATES, make_job, make_superuser, make_user
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -51,34 +50,12 @@ def test_every_status_maps_to_a_django_task_result_status():
 @pytest.fixture
 def one_job_in_each_state() -> dict[str, Job]:
     """A job in each state of the admin's filter, and so in each status."""
-    now = timezone.now()
-    hour = datetime.timedelta(hours=1)
-    made: dict[str, Job] = {}
     workflow = chain(tasks.wf_step.s("first"), tasks.wf_step.s("second")).enqueue()
-    made["waiting"] = workflow.jobs[1]
-    made["due"] = tasks.add.enqueue(1, 1)
-    made["scheduled"] = tasks.add.enqueue(2, 2)
-    made["retrying"] = tasks.add.enqueue(3, 3)
-    made[JobStatus.RUNNING] = tasks.add.enqueue(4, 4)
-    made["stuck"] = tasks.add.enqueue(5, 5)
-    made[JobStatus.SUCCEEDED] = tasks.add.enqueue(6, 6)
-    made[JobStatus.DEAD] = tasks.add.enqueue(7, 7)
-    made[JobStatus.CANCELLED] = tasks.add.enqueue(8, 8)
     # The workflow's first step (not one of these) would be due: it has succeeded.
-    Job.objects.filter(pk=workflow.jobs[0].pk).update(status=JobStatus.SUCCEEDED, finished_at=now)
-    Job.objects.filter(pk=made["scheduled"].pk).update(run_after=now + hour)
-    Job.objects.filter(pk=made["retrying"].pk).update(run_after=now + hour, first_failed_at=now, attempts=1)
-    for state, expires in ((JobStatus.RUNNING, now + hour), ("stuck", now - hour)):
-        Job.objects.filter(pk=made[state].pk).update(
-            status=JobStatus.RUNNING,
-            attempts=1,
-            lease_expires_at=expires,
-            lease_token="t",  # noqa: S106
-            worker_id="w",
-        )
-    for state in (JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED):
-        Job.objects.filter(pk=made[state].pk).update(status=state, finished_at=now)
-    fresh = {str(state): Job.objects.get(pk=job.pk) for state, job in made.items()}
+    Job.objects.filter(pk=workflow.jobs[0].pk).update(status=JobStatus.SUCCEEDED, finished_at=timezone.now())
+    fresh = {"waiting": Job.objects.get(pk=workflow.jobs[1].pk)}
+    for n, state in enumerate(JOB_STATES, start=1):
+        fresh[state] = make_job(state, n, n)
     assert {job.status for job in fresh.values()} == set(JobStatus)
     return fresh
 
@@ -91,7 +68,7 @@ def listed_ids(html: str) -> set[int]:
 def test_the_job_list_filters_and_pages_render_a_job_in_each_state(one_job_in_each_state, who):
     client = Client()
     if who == "superuser":
-        client.force_login(User.objects.create_superuser("root"))
+        client.force_login(make_superuser())
     else:
         client.force_login(make_user("viewer", "view_job"))
     listing = client.get(URL)
@@ -116,7 +93,7 @@ def test_the_job_list_filters_and_pages_render_a_job_in_each_state(one_job_in_ea
 
 def test_the_cancel_confirmation_counts_waiting_jobs_with_the_queued(one_job_in_each_state):
     client = Client()
-    client.force_login(User.objects.create_superuser("root"))
+    client.force_login(make_superuser())
     ids = [one_job_in_each_state[state].pk for state in ("waiting", "due", "running")]
     response = client.post(URL, {"action": "cancel_jobs", "_selected_action": ids})
     assert response.status_code == 200

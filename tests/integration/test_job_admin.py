@@ -1,16 +1,15 @@
 """The job list an operator can read: state badges, state filters, short columns, bounded queries."""
 
-import datetime
 import re
 
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
 
 from django_jobguard.admin.jobs import JobAdmin
 from django_jobguard.models import Job
+from tests.support.factories import JOB_STATES, force_login, make_job
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -20,36 +19,14 @@ URL = "/admin/jobguard/job/"
 
 @pytest.fixture
 def viewer(client):
-    person = User.objects.create_user("viewer", is_staff=True)
-    person.user_permissions.add(Permission.objects.get(codename="view_job"))
-    client.force_login(person)
+    force_login(client, "viewer", "view_job")
     return client
 
 
 def one_of_each():
     """A job in each state an operator tells apart; their ids by state."""
-    now = timezone.now()
-    hour = datetime.timedelta(hours=1)
-    made = {}
-    made["due"] = tasks.add.enqueue(1)
-    made["scheduled"] = tasks.add.using(run_after=hour).enqueue(2)
-    made["retrying"] = tasks.add.using(run_after=hour).enqueue(3)
-    Job.objects.filter(pk=made["retrying"].pk).update(
-        first_failed_at=now, attempts=1, last_error="Timeout: slow"
-    )
-    for state, expires in (("running", now + hour), ("stuck", now - hour)):
-        made[state] = tasks.add.enqueue(4)
-        Job.objects.filter(pk=made[state].pk).update(
-            status="running",
-            lease_token="t" * 32,
-            lease_expires_at=expires,
-            started_at=now,
-            worker_id="host-a:4242:abcdef",
-            attempts=1,
-        )
-    for state in ("succeeded", "dead", "cancelled"):
-        made[state] = tasks.add.enqueue(5)
-        Job.objects.filter(pk=made[state].pk).update(status=state, finished_at=now)
+    made = {state: make_job(state) for state in JOB_STATES}
+    Job.objects.filter(pk=made["retrying"].pk).update(last_error="Timeout: slow")
     Job.objects.filter(pk=made["dead"].pk).update(last_error="ValueError: order 7 has no lines\nTraceback...")
     return {state: job.pk for state, job in made.items()}
 

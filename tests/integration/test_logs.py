@@ -17,6 +17,7 @@ from django_jobguard import lock
 from django_jobguard.log import JOB_LOG_FIELDS, OUTCOMES, TextFormatter, escape_controls
 from django_jobguard.models import Job
 from django_jobguard.worker import Worker
+from tests.support.factories import make_superuser
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -203,15 +204,13 @@ def test_the_text_formatter_writes_each_record_on_one_line_whatever_users_put_in
 def test_a_plain_formatter_keeps_each_user_value_inside_its_records_line(caplog):
     """Without TextFormatter, a newline in a key, a reason, a user name or a row's task name
     stays inside the record's line: user-supplied values are logged with %r, escaped."""
-    from django.contrib.auth.models import User
-
     from django_jobguard import breakers
     from django_jobguard.locks import release
     from django_jobguard.operations import jobs as job_ops
     from django_jobguard.operations import queues
 
     caplog.set_level(logging.DEBUG, logger="django_jobguard")
-    person = User.objects.create_superuser(f"root{FORGED}")
+    person = make_superuser(f"root{FORGED}")
     unknown = Job.objects.create(task_name=f"shop.tasks.nope{FORGED}", args=[], kwargs={})
     keyed = tasks.add.using(idempotency_key=f"key{FORGED}").enqueue(1)
     tasks.add.using(idempotency_key=f"key{FORGED}").enqueue(1)  # a duplicate of the waiting job

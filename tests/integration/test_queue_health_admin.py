@@ -5,7 +5,6 @@ import re
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -14,6 +13,7 @@ from django.utils import timezone
 from django_jobguard.models import DeadLetter, Job, QueueEvent, QueueMinute, QueueState
 from django_jobguard.monitoring import beats, health
 from django_jobguard.operations import queues
+from tests.support.factories import force_login
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -21,22 +21,15 @@ pytestmark = pytest.mark.django_db
 URL = "/admin/jobguard/queuestate/"
 
 
-def user(name, *perms):
-    person = User.objects.create_user(name, is_staff=True)
-    for perm in perms:
-        person.user_permissions.add(Permission.objects.get(codename=perm))
-    return person
-
-
 @pytest.fixture
 def viewer(client):
-    client.force_login(user("viewer", "view_job"))
+    force_login(client, "viewer", "view_job")
     return client
 
 
 @pytest.fixture
 def operator(client):
-    client.force_login(user("operator", "view_job", "pause_queue"))
+    force_login(client, "operator", "view_job", "pause_queue")
     return client
 
 
@@ -183,7 +176,7 @@ def test_pausing_without_the_permission_is_refused_server_side(viewer):
 
 
 def test_a_staff_user_without_job_permissions_cannot_see_the_page(client):
-    client.force_login(user("nobody"))
+    force_login(client, "nobody")
     response = client.get(URL)
     assert response.status_code == 403
 

@@ -4,7 +4,6 @@ import io
 
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
@@ -17,6 +16,7 @@ from django_jobguard.management.commands.jobguard_status import render_table
 from django_jobguard.models import Job, QueueEvent, QueueState
 from django_jobguard.monitoring import stats
 from django_jobguard.operations import queues
+from tests.support.factories import make_user
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -30,15 +30,8 @@ def _payments_is_a_queue():
         yield
 
 
-def operator(name="ops", *, may_pause=True):
-    user = User.objects.create_user(name, is_staff=True)
-    if may_pause:
-        user.user_permissions.add(Permission.objects.get(codename="pause_queue"))
-    return User.objects.get(pk=user.pk)  # fresh permission cache
-
-
 def test_pause_records_who_when_why_and_resume_appends_to_the_trail():
-    user = operator()
+    user = make_user("ops", "pause_queue")
     change = queues.pause("payments", user=user, reason="provider degraded")
     assert (change.queue, change.paused, change.changed, change.changed_by) == ("payments", True, True, "ops")
     state = QueueState.objects.get(pk="payments")
@@ -77,7 +70,7 @@ def test_a_pause_needs_a_reason_and_a_valid_name_and_writes_nothing_otherwise():
 
 
 def test_a_user_without_the_permission_may_not_pause_or_resume():
-    user = operator(may_pause=False)
+    user = make_user("ops")
     with pytest.raises(QueuePermissionDenied, match=r"needs the 'jobguard\.pause_queue' permission"):
         queues.pause("payments", user=user, reason="why")
     queues.pause("payments", actor="shell:ops", reason="why")

@@ -9,7 +9,6 @@ import re
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -20,6 +19,7 @@ from django_jobguard.monitoring import health
 from django_jobguard.operations import queues
 from django_jobguard.registry import registry
 from tests.support import triage
+from tests.support.factories import force_login
 from tests.testapp import tasks, tasks_flow
 
 pytestmark = pytest.mark.django_db
@@ -38,10 +38,7 @@ def flow_tasks():
 
 @pytest.fixture
 def viewer(client):
-    person = User.objects.create_user("viewer", is_staff=True)
-    for codename in ("view_job", "view_deadletter", "view_breaker", "view_lock"):
-        person.user_permissions.add(Permission.objects.get(codename=codename))
-    client.force_login(person)
+    force_login(client, "viewer", "view_job", "view_deadletter", "view_breaker", "view_lock")
     return client
 
 

@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from django_jobguard.models import WorkerBeat
 from django_jobguard.store import beats as store_beats
+from tests.support.factories import force_login
 
 pytestmark = pytest.mark.django_db
 
@@ -48,8 +49,6 @@ def test_a_restart_takes_the_row_over_without_a_clash(caplog):
 
 
 def test_two_live_processes_under_one_worker_id_keep_a_row_each_and_warn(caplog, client):
-    from django.contrib.auth.models import Permission, User
-
     first, second = beat(101, "host-a"), beat(101, "host-b")  # same pid, other pods
     first.beat(2)
     second.beat(5)  # takes the row, as a restart would
@@ -64,9 +63,7 @@ def test_two_live_processes_under_one_worker_id_keep_a_row_each_and_warn(caplog,
     rows = dict(WorkerBeat.objects.values_list("worker_id", "host"))
     assert rows == {"pod-1": "host-b", "pod-1 (pid 101 on host-a)": "host-a"}
 
-    person = User.objects.create_user("ops", is_staff=True)
-    person.user_permissions.add(Permission.objects.get(codename="view_workerbeat"))
-    client.force_login(person)
+    force_login(client, "ops", "view_workerbeat")
     html = client.get("/admin/jobguard/workerbeat/").content.decode()
     assert html.count("worker-id-clash") == 2  # both rows are marked
     # The jobs of either process carry the shared id: both rows link to them.
@@ -74,8 +71,6 @@ def test_two_live_processes_under_one_worker_id_keep_a_row_each_and_warn(caplog,
 
 
 def test_a_dead_workers_jobs_in_hand_are_not_shown_as_held(client):
-    from django.contrib.auth.models import Permission, User
-
     long_ago = timezone.now() - datetime.timedelta(minutes=10)
     WorkerBeat.objects.create(
         worker_id="gone",
@@ -87,9 +82,7 @@ def test_a_dead_workers_jobs_in_hand_are_not_shown_as_held(client):
         last_beat_at=long_ago,
         jobs_in_hand=3,
     )
-    person = User.objects.create_user("ops", is_staff=True)
-    person.user_permissions.add(Permission.objects.get(codename="view_workerbeat"))
-    client.force_login(person)
+    force_login(client, "ops", "view_workerbeat")
     html = client.get("/admin/jobguard/workerbeat/").content.decode()
     assert '<td class="field-jobs_in_hand_link">-</td>' in html
     assert "worker_id=gone" not in html

@@ -13,6 +13,7 @@ import pytest
 from django_jobguard.models import DeadLetter, Job
 from tests.conftest import wait_for
 from tests.support import locking
+from tests.support.factories import make_superuser
 from tests.support.redis_server import RedisServer
 from tests.testapp import tasks_locks
 from tests.testapp.models import Execution, FencedCounter, Interval, LedgerEntry
@@ -210,7 +211,6 @@ def test_the_lock_page_names_a_sigkilled_holder_and_marks_it_gone_not_the_conten
     The page used to name the contender (a running job with the same key) as the holder and
     say the holder was not gone.
     """
-    from django.contrib.auth.models import User
     from django.urls import reverse
 
     from django_jobguard.locks import holders
@@ -218,7 +218,7 @@ def test_the_lock_page_names_a_sigkilled_holder_and_marks_it_gone_not_the_conten
     locks = settings.JOBGUARD.get("LOCKS", {})
     alias = {"CACHE_ALIAS": "redis"} if backend == "redis" else {}
     settings.JOBGUARD = {**settings.JOBGUARD, "LOCKS": {**locks, "BACKEND": backend, **alias}}
-    client.force_login(User.objects.create_superuser("ops"))
+    client.force_login(make_superuser("ops"))
     holder_job = tasks_locks.hold_long.enqueue("incident", marker="holder", seconds=600)
     holder = workers.start("--worker-id", "holder-worker", env=lock_env(backend))
     wait_for(

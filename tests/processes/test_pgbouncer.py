@@ -15,12 +15,12 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from django.contrib.auth import get_user_model
 from django.db import connection
 
 from django_jobguard.models import DeadLetter, Job
 from tests.conftest import ROOT, wait_for, worker_env
 from tests.support import pgbouncer as pgbouncer_module
+from tests.support.factories import make_superuser
 from tests.support.locking import assert_runs_never_overlap
 from tests.support.pgbouncer import PgBouncer
 from tests.testapp import tasks, tasks_locks
@@ -228,7 +228,7 @@ def test_without_a_listen_alias_a_pooled_worker_polls_instead_of_listening(bounc
 
 
 def test_enqueue_and_the_admin_work_through_the_pooled_alias(bouncer, workers):
-    get_user_model().objects.create_superuser("admin", "admin@example.com", "pw")
+    make_superuser("admin")
     result = subprocess.run(
         [sys.executable, "-m", "tests.processes.pooled_client", "5"],
         cwd=ROOT,

@@ -4,10 +4,10 @@ import datetime
 import socket
 
 import pytest
-from django.contrib.auth.models import Permission, User
 
 from django_jobguard.models import QueueMinute, WorkerBeat
 from tests.conftest import wait_for
+from tests.support.factories import force_login
 from tests.testapp import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
@@ -43,9 +43,7 @@ def test_a_worker_reports_itself_its_jobs_in_hand_and_its_outcomes(workers, clie
         message="the four successes (three adds, the slow job) counted by a beat",
     )
 
-    person = User.objects.create_user("ops", is_staff=True)
-    person.user_permissions.add(Permission.objects.get(codename="view_workerbeat"))
-    client.force_login(person)
+    force_login(client, "ops", "view_workerbeat")
     html = client.get("/admin/jobguard/workerbeat/").content.decode()
     assert "beating" in html and "state-live" in html and "state-stale" not in html
     assert "worker_id=beating&amp;status__exact=running" in html

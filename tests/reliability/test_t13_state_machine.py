@@ -42,6 +42,7 @@ from django_jobguard.exceptions import JobguardError, LeaseLost
 from django_jobguard.maintenance import retention
 from django_jobguard.models import DeadLetter, DeadLetterReason, IdempotencyKey, Job, ReplayEvent
 from django_jobguard.worker import Worker
+from tests.support.factories import make_superuser
 from tests.testapp import tasks_faults
 
 pytestmark = [pytest.mark.reliability]
@@ -287,11 +288,7 @@ class QueueMachine(RuleBasedStateMachine):
 
 
 def _replay_users():
-    from django.contrib.auth.models import User
-
-    requester = User.objects.create_superuser("sm-requester", password="x")  # noqa: S106 - test user
-    approver = User.objects.create_superuser("sm-approver", password="x")  # noqa: S106 - test user
-    return requester, approver
+    return make_superuser("sm-requester"), make_superuser("sm-approver")
 
 
 @pytest.mark.scenario("T13")

@@ -16,6 +16,7 @@ from django_jobguard.conf import get_settings
 from django_jobguard.exceptions import BreakerError, BreakerPermissionDenied
 from django_jobguard.models import Breaker, BreakerEvent, Job
 from django_jobguard.monitoring.stats import breaker_stats
+from tests.support.factories import make_user
 from tests.testapp import tasks_flow
 
 pytestmark = [
@@ -144,7 +145,7 @@ def test_an_operator_opens_and_closes_it_by_hand_and_each_change_is_in_the_trail
 def test_only_a_declared_breaker_may_be_operated_and_only_with_the_permission(flow_tasks):
     with pytest.raises(BreakerError, match="No breaker is named 'flow-shared'"):
         breakers.open_breaker("flow-shared", actor="ops", reason="x")
-    user = User.objects.create_user("viewer")
+    user = make_user("viewer", staff=False)
     with pytest.raises(BreakerPermissionDenied):
         breakers.open_breaker(DEP, user=user, reason="x")
     user.user_permissions.add(Permission.objects.get(codename="operate_breaker"))
