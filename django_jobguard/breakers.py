@@ -29,7 +29,7 @@ import logging
 import socket
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, transaction
+from django.db import transaction
 from django.db.models.functions import Now
 
 from . import events, retry, store
@@ -176,11 +176,10 @@ def _count(
     with transaction.atomic(using=alias):
         if in_turn:
             store.take_flow_turn(alias)
-        elif connections[alias].vendor == "postgresql":
+        else:
             # A count lost to a crash only delays a trip: this commit need not wait for the
             # disk. A change of state (in the turn) does, for its audit row.
-            with connections[alias].cursor() as cursor:
-                cursor.execute("SET LOCAL synchronous_commit TO OFF")
+            store.asynchronous_commit(alias)
         row, now = _row(alias, name)
         if now - row.window_start >= spec.window:
             row.window_start, row.calls, row.failures = now, 0, 0

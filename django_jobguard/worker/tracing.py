@@ -26,7 +26,6 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from opentelemetry import context as otel_context
@@ -45,6 +44,7 @@ from ..monitoring.tracing import (
     job_attributes,
 )
 from ..outcome import Dead, Duplicate, Outcome, PutBack, Retry, Stale, Succeeded
+from ..store.traces import stored_trace
 
 if TYPE_CHECKING:
     from ..store import ClaimedJob
@@ -61,8 +61,6 @@ logger = logging.getLogger("django_jobguard.tracing")
 MAX_LINKED_ATTEMPTS = 32
 #: Seconds the worker waits for the tracer provider to export what it holds when it exits.
 FLUSH_TIMEOUT_SECONDS = 10.0
-
-_STORED_SQL = "SELECT trace_context, enqueued_at, run_after, started_at FROM jobguard_job WHERE id = %s"
 
 RunPipeline = Callable[["Held", "Runtime"], Outcome]
 
@@ -163,14 +161,8 @@ def _settle_span(held: Held, outcome: Outcome) -> Iterator[Span]:
 
 
 def _stored(alias: str, job_id: int) -> tuple[Any, dict[str, float]]:
-    """The job's stored trace context, and how long it waited (as span attributes).
-
-    Raw SQL by primary key: the ORM's query building cost ten times the query itself here
-    (measured: 1.2 ms against 0.08 ms per job on SQLite), on every attempt.
-    """
-    with connections[alias].cursor() as cursor:
-        cursor.execute(_STORED_SQL, [job_id])
-        row = cursor.fetchone()
+    """The job's stored trace context, and how long it waited (as span attributes)."""
+    row = stored_trace(alias, job_id)
     if row is None:
         return None, {}
     context, enqueued_at, run_after, started_at = row

@@ -1,104 +1,50 @@
-"""Workflows: chains, groups, batches and jobs that wait for other jobs.
+"""Building workflows: chains, groups, batches, and a job enqueued to wait for others (``after=``).
 
-Everything is rows in the job database, written in the caller's transaction: a rolled-back
-transaction leaves nothing of a workflow behind, and no result backend is involved.
-
-- A step that waits is a job in status ``waiting``, with ``waiting_on`` counting its
-  dependencies (:class:`~django_jobguard.models.JobDependency` rows) that have not succeeded.
-  The claim reads queued rows only (its partial indexes hold nothing else), so waiting jobs
-  cost no poll anything.
-- Every member carries its workflow's id, returned by the claim. Whatever settles a member
-  (the ack, the dead letter, a cancel) calls :func:`job_settled` in the same transaction:
-  its dependents are released or cancelled, and one shard of the workflow's counters
-  (:class:`~django_jobguard.models.WorkflowCounter`, picked by the job id) is updated, so
-  concurrent completions rarely meet on one row.
-- The completion that empties a shard locks the workflow row and sums the shards; the one
-  that finds every member settled marks the workflow finished and enqueues its callbacks,
-  each with a unique :class:`~django_jobguard.models.WorkflowCallback` row: exactly once,
-  however the workers crash (a crash rolls the whole settling back with the ack).
+Each verb writes its rows in the caller's transaction: the jobs (the first steps queued,
+the others ``waiting`` with ``waiting_on`` counting their dependencies), the workflow row,
+its members' counters and the dependencies (:mod:`.bookkeeping`). What a member's end does
+is :mod:`.settle`'s; a batch closed once every member settled finishes there at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from django.db import connections, transaction
-from django.db.models import Sum
+from django.db import transaction
 from django.db.models.functions import Now
 
-from . import enqueue, events, idempotency, store
-from .conf import get_settings
-from .exceptions import InvalidArgumentsError
-from .models import (
+from .. import enqueue, events, idempotency
+from ..conf import get_settings
+from ..exceptions import InvalidArgumentsError
+from ..models import (
     WORKFLOW_COUNTER_SHARDS,
     Job,
     JobDependency,
     JobStatus,
     Workflow,
-    WorkflowCallback,
-    WorkflowCounter,
     WorkflowKind,
     WorkflowState,
 )
-from .registry import registry
-from .store import key_rows
-from .task import Signature, Task
+from ..registry import registry
+from ..task import Signature, Task
+from .bookkeeping import Progress, add_to_counters, depend, progress
+from .settle import finish_if_settled
 
-logger = logging.getLogger(__name__)
+# The workflows' logger, shared with settling (see the loggers reference).
+logger = logging.getLogger("django_jobguard.workflows")
 
-__all__ = [
-    "Batch",
-    "Progress",
-    "add_to_counters",
-    "chain",
-    "enqueue_after",
-    "finish_if_settled",
-    "group",
-    "job_settled",
-    "jobs_settled",
-    "replayed",
-]
+__all__ = ["CALLBACK_WHENS", "MAX_WORKFLOW_NAME_LENGTH", "Batch", "chain", "enqueue_after", "group"]
 
 #: When each callback of a finished workflow runs.
 CALLBACK_WHENS = ("success", "complete", "dead")
 
-_JOB = "jobguard_job"
 #: Jobs joined to their workflow per UPDATE statement.
 _JOIN_CHUNK = 5000
-
-
-@dataclasses.dataclass(frozen=True)
-class Progress:
-    """How far a workflow is: members settled as succeeded or failed, and those pending."""
-
-    workflow_id: int
-    state: str
-    total: int
-    succeeded: int
-    failed: int
-    pending: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def progress(workflow_id: int, *, using: str | None = None) -> Progress:
-    """The progress of a workflow, from its counters."""
-    alias = using or get_settings().database_alias
-    state = Workflow.objects.using(alias).values_list("state", flat=True).get(pk=workflow_id)
-    sums = (
-        WorkflowCounter.objects.using(alias)
-        .filter(workflow_id=workflow_id)
-        .aggregate(pending=Sum("pending"), succeeded=Sum("succeeded"), failed=Sum("failed"))
-    )
-    pending, succeeded, failed = (int(sums[name] or 0) for name in ("pending", "succeeded", "failed"))
-    return Progress(workflow_id, state, pending + succeeded + failed, succeeded, failed, pending)
 
 
 # -- building ------------------------------------------------------------------------------
@@ -240,20 +186,6 @@ def _join(
         _note(job_id, waiting[job_id])
 
 
-def add_to_counters(alias: str, workflow_id: int, changes: dict[int, tuple[int, int]]) -> None:
-    """Add ``(pending, failed)`` to each shard's counters of a workflow, creating missing rows.
-
-    One store call, its rows in shard order: two writers lock the rows they share in the
-    same order, so they may wait for each other but never in a circle.
-    """
-    rows = [
-        (workflow_id, shard, pending, 0, failed)
-        for shard, (pending, failed) in sorted(changes.items())
-        if pending or failed
-    ]
-    store.add_workflow_counts(alias, rows)
-
-
 _Verb = TypeVar("_Verb", bound=Callable[..., Any])
 
 
@@ -269,7 +201,7 @@ def _traced(operation: str, kind: str | None = None) -> Callable[[_Verb], _Verb]
         def traced(*args: Any, **kwargs: Any) -> Any:
             if not get_settings().opentelemetry:
                 return verb(*args, **kwargs)
-            from .monitoring import tracing  # an optional extra, imported only with the setting on
+            from ..monitoring import tracing  # an optional extra, imported only with the setting on
 
             with tracing.workflow_span(operation, kind or args[0].kind) as span:
                 result = verb(*args, **kwargs)
@@ -328,7 +260,7 @@ class chain:  # noqa: N801 - named like the other verbs users write (group, task
             jobs = _insert(alias, self.steps, rows)
             ids = [job.pk for job in jobs]
             _join(alias, workflow.pk, ids, dict.fromkeys(ids[1:], 1))
-            _depend(
+            depend(
                 alias,
                 [
                     JobDependency(parent_id=parent, child_id=child, result_as=step.result_as)
@@ -439,7 +371,7 @@ class Batch:
                 .update(state=WorkflowState.CLOSED, closed_at=Now())
             )
             if updated:
-                _maybe_finish(alias, self.id)
+                finish_if_settled(alias, self.id)
 
     @_traced("enqueue")
     def enqueue(self, members: Iterable[Signature]) -> Batch:
@@ -513,7 +445,7 @@ def enqueue_after(task: Task[Any, Any], args: Sequence[Any], kwargs: Any) -> Job
                     "enqueues it)."
                 )
         if "trace_context" in fields:  # tracing on: its run links to its parents' enqueues too
-            from .monitoring import tracing
+            from ..monitoring import tracing
 
             contexts = {pk: context for pk, _, _, context in rows}
             fields["trace_context"] = tracing.with_parents(
@@ -540,24 +472,11 @@ def enqueue_after(task: Task[Any, Any], args: Sequence[Any], kwargs: Any) -> Job
         newcomers = [pk for pk in unsettled if found[pk][1] is None]
         joining = [*newcomers, job.pk]
         _join(alias, workflow_id, joining, {job.pk: len(unsettled)} if unsettled else {}, adopt=joining)
-        _depend(alias, [JobDependency(parent_id=pk, child_id=job.pk) for pk in parents])
+        depend(alias, [JobDependency(parent_id=pk, child_id=job.pk) for pk in parents])
     job.workflow_id = workflow_id
     if unsettled:
         job.status, job.waiting_on = JobStatus.WAITING, len(unsettled)
     return job
-
-
-def _depend(alias: str, links: list[JobDependency]) -> None:
-    """Store dependencies and mark their parents, whose acks then look their dependants up.
-
-    Callers hold the parents' rows (new in this transaction, or locked): a parent's ack,
-    a fenced write of that row, waits for this commit and reads the mark it made.
-    """
-    if not links:
-        return
-    JobDependency.objects.using(alias).bulk_create(links)
-    parents = sorted({link.parent_id for link in links})
-    Job.objects.using(alias).filter(pk__in=parents, has_dependants=False).update(has_dependants=True)
 
 
 def _ancestors(alias: str, parents: list[int]) -> set[int]:
@@ -573,252 +492,3 @@ def _ancestors(alias: str, parents: list[int]) -> set[int]:
         frontier = [pk for pk in above if pk not in seen]
         seen.update(frontier)
     return seen
-
-
-# -- settling ------------------------------------------------------------------------------
-
-
-def job_settled(
-    alias: str, job_id: int, workflow_id: int, status: str, result_json: str | None = None
-) -> None:
-    """Account for a member that reached ``status`` (succeeded, dead or cancelled).
-
-    Call it inside the transaction that wrote that status, so both commit or neither does.
-    Dependents are released (all their dependencies succeeded) or cancelled (one of them
-    failed), and so on down the graph.
-    """
-    jobs_settled(alias, [(job_id, workflow_id, status, result_json)])
-
-
-def jobs_settled(
-    alias: str,
-    settled: Sequence[tuple[int, int, str, str | None]],
-    *,
-    parents: Collection[int] | None = None,
-) -> None:
-    """:func:`job_settled` for several members at once: ``(job_id, workflow_id, status, result_json)``.
-
-    ``parents``: the members that have dependants (``Job.has_dependants`` as the write that
-    settled them read it); the others' dependencies are not looked up. ``None``: look up all.
-
-    A worker's batched ack calls it once. The counters are updated once per shard touched,
-    in one order (workflow, shard) for every transaction: two acks that touch the same shards
-    wait for each other at most, never in a circle (a deadlock costs PostgreSQL a second to
-    detect, and the batch its retry; MariaDB/MySQL detect one at once).
-    """
-    counts: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0])  # -> [succeeded, failed]
-    work = list(settled)
-    lookup = parents
-    while work:
-        for job_id, workflow_id, status, _ in work:
-            counts[(workflow_id, job_id % WORKFLOW_COUNTER_SHARDS)][
-                0 if status == JobStatus.SUCCEEDED else 1
-            ] += 1
-        ids = [job_id for job_id, *_ in work if lookup is None or job_id in lookup]
-        # Members cancelled on the way were not read by a write that settled them: look them all up.
-        lookup = None
-        children: dict[int, list[tuple[int, str]]] = defaultdict(list)
-        for parent, child, name in store.workflow_children(alias, ids) if ids else ():
-            children[parent].append((child, name))
-        found: list[tuple[int, int, str, str | None]] = []
-        for job_id, _, status, result_json in work:
-            if job_id not in children:
-                continue
-            if status == JobStatus.SUCCEEDED:
-                _release(alias, job_id, children[job_id], result_json)
-            else:
-                found.extend(
-                    _cancel_dependents(alias, job_id, status, [child for child, _ in children[job_id]])
-                )
-        work = found
-    # Every row touched in one store call, in (workflow, shard) order: its rows are locked
-    # in that order. Every row exists (its members joined).
-    rows = [
-        (workflow_id, shard, -(ok + failed), ok, failed)
-        for (workflow_id, shard), (ok, failed) in sorted(counts.items())
-    ]
-    emptied = {workflow_id for workflow_id, pending in store.add_workflow_counts(alias, rows) if pending == 0}
-    for workflow_id in sorted(emptied):
-        _maybe_finish(alias, workflow_id)
-
-
-def _release(alias: str, parent_id: int, children: list[tuple[int, str]], result_json: str | None) -> None:
-    receivers = [(child, name) for child, name in children if name]
-    if receivers and result_json is not None:
-        result = json.loads(result_json)
-        for child, name in receivers:
-            kwargs = Job.objects.using(alias).filter(pk=child).values_list("kwargs", flat=True).first()
-            if kwargs is not None:
-                Job.objects.using(alias).filter(pk=child, status=JobStatus.WAITING).update(
-                    kwargs={**kwargs, name: result}
-                )
-    ids = [child for child, _ in children]
-    # One statement per child set: each row's decrement is atomic under its row lock, and the
-    # completion that takes the count to zero is the one that queues the job.
-    with connections[alias].cursor() as cursor:
-        # waiting_on last: MariaDB/MySQL apply assignments left to right, each seeing the
-        # ones before it (PostgreSQL and SQLite read the old row throughout).
-        cursor.execute(
-            f"UPDATE {_JOB} SET status = CASE WHEN waiting_on = 1 THEN 'queued' ELSE status END, "
-            f"run_after = CASE WHEN waiting_on = 1 THEN {_now(alias)} ELSE run_after END, "
-            "waiting_on = waiting_on - 1 "
-            f"WHERE id IN ({', '.join(['%s'] * len(ids))}) AND status = 'waiting'",
-            ids,
-        )
-
-
-def _now(alias: str) -> str:
-    return store.dialect_of(alias).CLOCK.now
-
-
-def _cancel_dependents(
-    alias: str, parent_id: int, status: str, children: list[int]
-) -> list[tuple[int, int, str, str | None]]:
-    """Cancel the waiting dependents of a parent that failed; the members to account for."""
-    verb = "was dead-lettered" if status == JobStatus.DEAD else f"was {status}"
-    reason = f"upstream failed: job #{parent_id} {verb}"
-    rows = list(
-        Job.objects.using(alias)
-        .select_for_update()
-        .filter(pk__in=children, status=JobStatus.WAITING)
-        .values_list("pk", "workflow_id")
-    )
-    if not rows:
-        return []
-    ids = [pk for pk, _ in rows]
-    Job.objects.using(alias).filter(pk__in=ids, status=JobStatus.WAITING).update(
-        status=JobStatus.CANCELLED, finished_at=Now(), last_error=reason
-    )
-    key_rows.release_for_jobs(alias, ids)
-    logger.info("jobs_upstream_failed parent=%s count=%d ids=%s", parent_id, len(ids), ids[:20])
-    return [
-        (pk, workflow_id, JobStatus.CANCELLED, None) for pk, workflow_id in rows if workflow_id is not None
-    ]
-
-
-def finish_if_settled(alias: str, workflow_id: int) -> None:
-    """Finish a closed workflow whose members have all settled (callbacks enqueued once); else nothing."""
-    _maybe_finish(alias, workflow_id)
-
-
-def _maybe_finish(alias: str, workflow_id: int) -> None:
-    """Finish the workflow if it is closed and every member settled; enqueue its callbacks once."""
-    totals = store.workflow_totals(alias, workflow_id)  # locks the workflow's row, then sums
-    if totals is None:
-        return
-    state, pending, succeeded, failed = totals
-    if state != WorkflowState.CLOSED or pending:
-        return
-    workflow = Workflow.objects.using(alias).get(pk=workflow_id)
-    Workflow.objects.using(alias).filter(pk=workflow_id, state=WorkflowState.CLOSED).update(
-        state=WorkflowState.FINISHED, finished_at=Now()
-    )
-    summary = Progress(workflow_id, WorkflowState.FINISHED, succeeded + failed, succeeded, failed, 0)
-    whens = ["complete", "dead" if failed else "success"]
-    # A workflow reopened by a replay finishes again; a callback that ran already stays run.
-    done = set(
-        WorkflowCallback.objects.using(alias).filter(workflow_id=workflow_id).values_list("when", flat=True)
-    )
-    for when in whens:
-        stored = workflow.callbacks.get(when)
-        if stored is None or when in done:
-            continue
-        fields = dict(stored["fields"])
-        if stored.get("result_as"):
-            fields["kwargs"] = {**fields["kwargs"], stored["result_as"]: summary.as_dict()}
-        (inserted,) = store.insert_jobs(alias, [fields])
-        WorkflowCallback.objects.using(alias).create(workflow_id=workflow_id, when=when, job_id=inserted[0])
-        events.emit(events.JobEnqueued(fields["queue_name"], fields["task_name"]))
-        transaction.on_commit(
-            functools.partial(events.emit, events.WorkflowCallbackEnqueued(workflow.kind, when)), using=alias
-        )
-        logger.info("workflow_callback workflow_id=%s when=%s job_id=%s", workflow_id, when, inserted[0])
-    logger.info(
-        "workflow_finished workflow_id=%s kind=%s succeeded=%d failed=%d",
-        workflow_id,
-        workflow.kind,
-        summary.succeeded,
-        failed,
-    )
-
-
-# -- replays -------------------------------------------------------------------------------
-
-
-def replayed(alias: str, dead_job_id: int, replay_job_id: int) -> None:
-    """A dead member was replayed as ``replay_job_id``: it takes the dead job's place.
-
-    Called in the transaction that creates the replay. The replay joins the workflow in the
-    dead job's stead (no longer counted failed, pending again), and the jobs cancelled as
-    "upstream failed" because of it wait again, for the replay: a replayed chain step resumes
-    the chain from there. A job that also waits for another failed job stays cancelled.
-    """
-    workflow_id = (
-        Job.objects.using(alias).filter(pk=dead_job_id).values_list("workflow_id", flat=True).first()
-    )
-    if workflow_id is None:
-        return
-    Job.objects.using(alias).filter(pk=replay_job_id).update(workflow_id=workflow_id)
-    moves: dict[int, list[int]] = defaultdict(lambda: [0, 0])  # shard -> [pending, failed] changes
-    moves[dead_job_id % WORKFLOW_COUNTER_SHARDS][1] -= 1
-    moves[replay_job_id % WORKFLOW_COUNTER_SHARDS][0] += 1
-    links = list(
-        JobDependency.objects.using(alias).filter(parent_id=dead_job_id).values_list("child_id", "result_as")
-    )
-    _depend(alias, [JobDependency(parent_id=replay_job_id, child_id=c, result_as=name) for c, name in links])
-    replaced = {dead_job_id: replay_job_id}
-    restored: set[int] = set()
-    frontier = [(dead_job_id, child) for child, _ in links]
-    while frontier:
-        parent_id, child_id = frontier.pop(0)
-        row = (
-            Job.objects.using(alias)
-            .filter(pk=child_id)
-            .values_list("status", "last_error", "workflow_id")
-            .first()
-        )
-        if row is None or child_id in restored:
-            continue
-        status, last_error, child_workflow = row
-        if status != JobStatus.CANCELLED or not last_error.startswith(f"upstream failed: job #{parent_id} "):
-            continue
-        parents = list(
-            JobDependency.objects.using(alias).filter(child_id=child_id).values_list("parent_id", flat=True)
-        )
-        parents = sorted({replaced.get(pk, pk) for pk in parents})
-        states = dict(Job.objects.using(alias).filter(pk__in=parents).values_list("pk", "status"))
-        if any(
-            states.get(pk) in (JobStatus.DEAD, JobStatus.CANCELLED) and pk not in restored for pk in parents
-        ):
-            continue  # it also waits for a job that failed and was not replayed
-        waiting_on = sum(1 for pk in parents if states.get(pk) != JobStatus.SUCCEEDED or pk in restored)
-        Job.objects.using(alias).filter(pk=child_id, status=JobStatus.CANCELLED).update(
-            status=JobStatus.WAITING,
-            waiting_on=waiting_on,
-            finished_at=None,
-            last_error=f"waiting again: job #{dead_job_id} was replayed as job #{replay_job_id}",
-        )
-        restored.add(child_id)
-        if child_workflow is not None:
-            moves[child_id % WORKFLOW_COUNTER_SHARDS][1] -= 1
-            moves[child_id % WORKFLOW_COUNTER_SHARDS][0] += 1
-        frontier.extend(
-            (child_id, grandchild)
-            for grandchild in JobDependency.objects.using(alias)
-            .filter(parent_id=child_id)
-            .values_list("child_id", flat=True)
-        )
-    # The replay's shard may have no row yet.
-    add_to_counters(
-        alias, workflow_id, {shard: (pending, failed) for shard, (pending, failed) in moves.items()}
-    )
-    Workflow.objects.using(alias).filter(pk=workflow_id, state=WorkflowState.FINISHED).update(
-        state=WorkflowState.CLOSED, finished_at=None
-    )
-    logger.info(
-        "workflow_member_replayed workflow_id=%s dead_job_id=%s job_id=%s waiting_again=%d",
-        workflow_id,
-        dead_job_id,
-        replay_job_id,
-        len(restored),
-    )
