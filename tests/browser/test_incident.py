@@ -13,6 +13,7 @@ from django_jobguard import dlq
 from django_jobguard.models import DeadLetter
 from tests.browser.conftest import CHROMIUM, follow, log_in, person, shot
 from tests.conftest import wait_for
+from tests.support.factories import make_dead_letter, make_dead_letters
 from tests.testapp import tasks, tasks_dlq
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright: pip install --group browser")
@@ -25,25 +26,6 @@ pytestmark = [
 LIST = "/admin/jobguard/deadletter/"
 #: Five times Django's DATA_UPLOAD_MAX_NUMBER_FIELDS: one form field per row could never carry them.
 MANY = 5_000
-
-
-def dead_letters(count, kwargs, task_name="tests.testapp.tasks_dlq.charge", **extra):
-    now = timezone.now()
-    DeadLetter.objects.bulk_create(
-        DeadLetter(
-            task_name=task_name,
-            queue_name="default",
-            kwargs=kwargs(n),
-            attempts=1,
-            max_attempts=1,
-            reason="permanent_error",
-            category="permanent",
-            first_failed_at=now,
-            last_failed_at=now,
-            **extra,
-        )
-        for n in range(count)
-    )
 
 
 #: How long one bulk request may take: thousands of transitions, each in its own transaction.
@@ -69,7 +51,7 @@ def select_all_and_run(page, action, reason):
 
 
 def test_five_thousand_dead_letters_are_requested_and_approved_with_select_all(live_server, browser_page):
-    dead_letters(MANY, lambda n: {"order_id": n, "amount": 0})
+    make_dead_letters(MANY)
     person("rita", "view_deadletter", "request_replay")
     person("alex", "view_deadletter", "approve_replay")
     page = browser_page
@@ -98,7 +80,7 @@ def test_five_thousand_dead_letters_are_requested_and_approved_with_select_all(l
 
 def test_a_nested_correction_shows_only_what_changed(live_server, browser_page):
     order = {"lines": [{"sku": "a", "qty": 1}, {"sku": "b", "qty": 2}], "note": "leave at door"}
-    dead_letters(1, lambda n: {"order_id": 7, "order": order}, task_name=tasks_dlq.fulfil.name)
+    make_dead_letters(1, kwargs=lambda n: {"order_id": 7, "order": order}, task_name=tasks_dlq.fulfil.name)
     letter = DeadLetter.objects.get()
     rita = person("rita", "view_deadletter", "request_replay", "view_payload")
     person("alex", "view_deadletter", "approve_replay", "view_payload")
@@ -190,7 +172,7 @@ def test_a_payload_over_djangos_upload_limit_is_stopped_with_the_reason_and_noth
     live_server, browser_page, settings
 ):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 5_000
-    dead_letters(1, lambda n: {"order_id": 8, "amount": 0})
+    make_dead_letter(kwargs={"order_id": 8, "amount": 0})
     letter = DeadLetter.objects.get()
     person("rita", "view_deadletter", "request_replay", "view_payload")
     page = browser_page

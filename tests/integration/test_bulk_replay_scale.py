@@ -4,35 +4,15 @@ import re
 
 import pytest
 from django.urls import reverse
-from django.utils import timezone
 
 from django_jobguard.models import DeadLetter
-from tests.support.factories import make_user
+from tests.support.factories import make_dead_letters, make_user
 
 pytestmark = pytest.mark.django_db
 
 URL = reverse("admin:jobguard_deadletter_changelist")
 #: More than Django's DATA_UPLOAD_MAX_NUMBER_FIELDS (1,000): one field per row cannot work.
 COUNT = 1_200
-
-
-def dead_letters(count, **extra):
-    now = timezone.now()
-    DeadLetter.objects.bulk_create(
-        DeadLetter(
-            task_name="tests.testapp.tasks_dlq.charge",
-            queue_name="default",
-            kwargs={"order_id": n, "amount": 0},
-            attempts=1,
-            max_attempts=1,
-            reason="permanent_error",
-            category="permanent",
-            first_failed_at=now,
-            last_failed_at=now,
-            **extra,
-        )
-        for n in range(count)
-    )
 
 
 def post_back(client, page):
@@ -48,7 +28,7 @@ def post_back(client, page):
 
 
 def test_select_all_of_1200_dead_letters_requests_every_replay(client):
-    dead_letters(COUNT)
+    make_dead_letters(COUNT)
     client.force_login(make_user("requester", "view_deadletter", "request_replay"))
     first = DeadLetter.objects.order_by("id").first()
     page = client.post(
@@ -64,7 +44,7 @@ def test_select_all_of_1200_dead_letters_requests_every_replay(client):
 
 
 def test_bulk_approval_flags_corrected_payloads_and_refuses_them_to_those_who_cannot_see_them(client):
-    dead_letters(3, replay_state="requested")
+    make_dead_letters(3, replay_state="requested")
     corrected = DeadLetter.objects.order_by("id").first()
     DeadLetter.objects.filter(pk=corrected.pk).update(replay_kwargs={"order_id": 0, "amount": 5})
     ids = list(DeadLetter.objects.values_list("pk", flat=True))

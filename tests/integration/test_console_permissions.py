@@ -5,13 +5,12 @@ import datetime
 
 import pytest
 from django.contrib import admin
-from django.contrib.auth.models import User
 from django.urls import reverse
 from django.utils import timezone
 
 from django_jobguard.models import DeadLetter, Job, Lock, QueueState
 from django_jobguard.monitoring import beats
-from tests.support.factories import make_user
+from tests.support.factories import make_dead_letter, make_user
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -25,17 +24,7 @@ def rows():
     now = timezone.now()
     job = tasks.add.enqueue(1)
     Job.objects.filter(pk=job.pk).update(status="dead", finished_at=now, attempts=1)
-    letter = DeadLetter.objects.create(
-        job=job,
-        task_name=job.task_name,
-        queue_name="default",
-        attempts=1,
-        max_attempts=1,
-        reason="permanent_error",
-        category="permanent",
-        first_failed_at=now,
-        last_failed_at=now,
-    )
+    letter = make_dead_letter(job)
     lock = Lock.objects.create(
         key="order:1", token=HOLDER, expires_at=now + datetime.timedelta(minutes=5), fencing_token=3
     )
@@ -48,7 +37,7 @@ def jobguard_admins():
 
 
 def test_a_staff_user_without_permissions_reaches_no_list_or_detail_page(client, rows):
-    client.force_login(User.objects.create_user("nobody", is_staff=True))
+    client.force_login(make_user("nobody"))
     models = jobguard_admins()
     assert {"job", "deadletter", "lock", "queuestate", "workerbeat"} <= {m._meta.model_name for m in models}
     for model in models:

@@ -7,12 +7,11 @@ from types import SimpleNamespace
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
 
 from django_jobguard import dlq, signals
 from django_jobguard.dlq.transitions import RacedError, transition_many
 from django_jobguard.models import DeadLetter, ReplayEvent, ReplayState
-from tests.support.factories import make_user
+from tests.support.factories import make_dead_letters, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -27,24 +26,8 @@ def people():
 
 
 def letters(count: int, **extra) -> list[int]:
-    now = timezone.now()
-    made = DeadLetter.objects.bulk_create(
-        DeadLetter(
-            task_name="tests.testapp.tasks_dlq.charge",
-            queue_name="default",
-            kwargs={"order_id": n, "amount": 100},
-            attempts=1,
-            max_attempts=1,
-            reason="permanent_error",
-            category="permanent",
-            first_failed_at=now,
-            last_failed_at=now,
-            **extra,
-        )
-        for n in range(count)
-    )
-    if made and made[0].pk is None:  # databases that do not return ids from a bulk insert
-        return list(DeadLetter.objects.order_by("-id").values_list("pk", flat=True)[:count])[::-1]
+    """Ids of ``count`` dead charges whose replay would succeed (an amount of 100)."""
+    made = make_dead_letters(count, kwargs=lambda n: {"order_id": n, "amount": 100}, **extra)
     return [letter.pk for letter in made]
 
 

@@ -18,6 +18,7 @@ from django_jobguard.exceptions import IdempotencyScheduleConflict
 from django_jobguard.idempotency import fingerprint
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job
 from django_jobguard.worker import Worker
+from tests.support.factories import make_dead_letter
 from tests.testapp import tasks, tasks_idem
 from tests.testapp.models import Execution, LedgerEntry
 
@@ -253,17 +254,8 @@ def test_a_replay_with_a_corrected_payload_under_a_succeeded_key_is_acked_as_a_d
     first = tasks_idem.keyed_record.using(idempotency_key="rec:7").enqueue("rec-7", amount=5)
     run_burst()
     replay = resend(tasks_idem.keyed_record, "rec:7", "rec-7", amount=6)
-    DeadLetter.objects.create(
-        replay_job=replay,
-        task_name=replay.task_name,
-        queue_name=replay.queue_name,
-        kwargs={"amount": 6},
-        attempts=1,
-        max_attempts=1,
-        reason="permanent_error",
-        category="permanent",
-        first_failed_at=timezone.now(),
-        last_failed_at=timezone.now(),
+    make_dead_letter(
+        replay_job=replay, task_name=replay.task_name, queue_name=replay.queue_name, kwargs={"amount": 6}
     )
     run_burst()
     assert (refreshed(replay).status, replay.result) == ("succeeded", refreshed(first).result)

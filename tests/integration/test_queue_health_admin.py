@@ -10,10 +10,10 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from django_jobguard.models import DeadLetter, Job, QueueEvent, QueueMinute, QueueState
+from django_jobguard.models import Job, QueueEvent, QueueMinute, QueueState
 from django_jobguard.monitoring import beats, health
 from django_jobguard.operations import queues
-from tests.support.factories import force_login
+from tests.support.factories import force_login, make_dead_letter
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -48,17 +48,7 @@ def scenario():
         retried=2,
         oldest_age_seconds=42,
     )
-    DeadLetter.objects.create(
-        task_name="t",
-        queue_name="emails",
-        attempts=1,
-        max_attempts=1,
-        reason="permanent_error",
-        category="permanent",
-        first_failed_at=now,
-        last_failed_at=now,
-        replay_state="requested",
-    )
+    make_dead_letter(queue_name="emails", replay_state="requested")
 
 
 def row_of(html, queue):

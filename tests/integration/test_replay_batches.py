@@ -12,7 +12,7 @@ from django.utils import timezone
 from django_jobguard import dlq
 from django_jobguard.exceptions import ReplayError, ReplayPermissionDenied
 from django_jobguard.models import DeadLetter, ReplayRateChange
-from tests.support.factories import make_user
+from tests.support.factories import make_dead_letters, make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -21,24 +21,9 @@ RATE = reverse("admin:jobguard_deadletter_redrive_rate")
 CHARGE = "tests.testapp.tasks_dlq.charge"
 
 
-def dead_letters(count, *, start=0, failed_at=None, **extra):
-    failed_at = failed_at or timezone.now()
-    DeadLetter.objects.bulk_create(
-        DeadLetter(
-            task_name=CHARGE,
-            queue_name="default",
-            kwargs={"order_id": start + n, "amount": 0},
-            attempts=1,
-            max_attempts=1,
-            reason="permanent_error",
-            category="permanent",
-            first_failed_at=failed_at,
-            last_failed_at=failed_at + datetime.timedelta(seconds=n),
-            **extra,
-        )
-        for n in range(count)
-    )
-    return list(DeadLetter.objects.filter(kwargs__order_id__gte=start).order_by("id")[:count])
+def dead_letters(count, **fields):
+    """Dead charges, each failed last a second after the one before: the list's order is theirs."""
+    return make_dead_letters(count, spread_seconds=1, **fields)
 
 
 def form_fields(page):

@@ -11,14 +11,12 @@ from django_jobguard import dlq
 from django_jobguard.exceptions import ReplayError
 from django_jobguard.models import (
     DeadLetter,
-    DeadLetterReason,
-    ErrorCategory,
     Job,
     Lock,
     ReplayEvent,
     ReplayState,
 )
-from tests.support.factories import make_user
+from tests.support.factories import make_dead_letter, make_user
 from tests.testapp import tasks_dlq
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -51,17 +49,9 @@ def letter_in(state, requester=None, *, key=None, decided_at=None, order_id=1):
     """A dead letter of a charge, put straight into ``state`` (a replayed one with its job)."""
     now = timezone.now()
     replay_job = tasks_dlq.charge.enqueue(order_id=order_id, amount=5) if state == "replayed" else None
-    return DeadLetter.objects.create(
-        task_name=tasks_dlq.charge.name,
-        queue_name="default",
-        args=[],
+    return make_dead_letter(
         kwargs={"order_id": order_id, "amount": 0},
-        attempts=1,
         max_attempts=3,
-        reason=DeadLetterReason.PERMANENT_ERROR,
-        category=ErrorCategory.PERMANENT,
-        first_failed_at=now,
-        last_failed_at=now,
         idempotency_key=key,
         replay_state=state,
         replay_requested_by=requester if state != "none" else None,

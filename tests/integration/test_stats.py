@@ -14,8 +14,9 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_jobguard.management.commands.jobguard_status import format_age
-from django_jobguard.models import DeadLetter, Job
+from django_jobguard.models import Job
 from django_jobguard.monitoring import metrics, stats
+from tests.support.factories import make_dead_letter
 
 pytestmark = pytest.mark.django_db
 
@@ -40,21 +41,6 @@ def job(
     return Job.objects.create(**fields)
 
 
-def letter(queue: str, replay_state: str = "none") -> DeadLetter:
-    now = timezone.now()
-    return DeadLetter.objects.create(
-        task_name=TASK,
-        queue_name=queue,
-        attempts=1,
-        max_attempts=1,
-        reason="permanent_error",
-        category="permanent",
-        first_failed_at=now,
-        last_failed_at=now,
-        replay_state=replay_state,
-    )
-
-
 def scenario() -> None:
     """Three due jobs in "default" (oldest 300 s), two scheduled, one running, dead letters..."""
     job("default", seconds=-300)
@@ -70,12 +56,13 @@ def scenario() -> None:
     job("default", "succeeded", finished_ago=7200)  # outside the hour
     job("emails", "dead", finished_ago=30)
     job("default", "cancelled", finished_ago=30)  # neither a success nor a failure
-    letter("default")
-    letter("default", "requested")
-    letter("default", "approved")
-    letter("default", "rejected")  # resolved: not counted
-    letter("default", "replayed")  # resolved: not counted
-    letter("reports", "requested")  # a queue known only from its dead letters
+    make_dead_letter(queue_name="default")
+    make_dead_letter(queue_name="default", replay_state="requested")
+    make_dead_letter(queue_name="default", replay_state="approved")
+    make_dead_letter(queue_name="default", replay_state="rejected")  # resolved: not counted
+    make_dead_letter(queue_name="default", replay_state="replayed")  # resolved: not counted
+    # A queue known only from its dead letters.
+    make_dead_letter(queue_name="reports", replay_state="requested")
 
 
 def by_queue(rows: list[stats.QueueStats]) -> dict[str, stats.QueueStats]:
@@ -135,7 +122,7 @@ def test_query_count_is_fixed_whatever_the_number_of_queues():
     for index in range(6):
         job(f"q{index}")
         job(f"q{index}", "running")
-        letter(f"q{index}")
+        make_dead_letter(queue_name=f"q{index}")
     with CaptureQueriesContext(connection) as busy:
         rows = stats.queue_stats(recent=True)
     assert len(rows) == 8

@@ -15,7 +15,8 @@ from django.utils import timezone
 from django_jobguard import store
 from django_jobguard.conf import get_settings
 from django_jobguard.locks import holders
-from django_jobguard.models import Breaker, DeadLetter, Job, Lock, WorkerBeat
+from django_jobguard.models import Breaker, Job, Lock, WorkerBeat
+from tests.support.factories import make_dead_letter
 from tests.testapp import tasks, tasks_flow
 
 #: The breaker of tests/settings.py's ``flow-dep`` limit, and its queue.
@@ -100,17 +101,7 @@ def dead_letters(queue: str = "emails", count: int = 3) -> None:
     for n in range(count):
         job = tasks.add.using(queue_name=queue).enqueue(n)
         Job.objects.filter(pk=job.pk).update(status="dead", finished_at=now, attempts=5, last_error="boom")
-        DeadLetter.objects.create(
-            job_id=job.pk,
-            task_name=tasks.add.name,
-            queue_name=queue,
-            attempts=5,
-            max_attempts=5,
-            reason="retries_exhausted",
-            category="transient",
-            first_failed_at=now,
-            last_failed_at=now,
-        )
+        make_dead_letter(job, attempts=5, max_attempts=5, reason="retries_exhausted", category="transient")
 
 
 def healthy(queues: tuple[str, ...] = HEALTHY) -> None:
