@@ -10,6 +10,8 @@ import pytest
 from django.db import connections
 
 CHROMIUM = Path("/usr/bin/chromium")
+#: The password of every person(): they log in through the login form.
+PASSWORD = "console-test"  # noqa: S105 - a test user's
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts" / "browser"
 DOC_IMAGES = ROOT / "docs" / "images"
@@ -59,13 +61,10 @@ def browser_page(monkeypatch):
 
 
 def person(name, *codenames):
-    """A staff user with the jobguard permissions named by ``codenames`` (password ``console-test``)."""
-    from django.contrib.auth.models import Permission, User
+    """A staff user with the jobguard permissions named by ``codenames``, who logs in with the form."""
+    from tests.support.factories import make_user  # models: imported once Django is set up
 
-    user = User.objects.create_user(name, password="console-test", is_staff=True)  # noqa: S106
-    for codename in codenames:
-        user.user_permissions.add(Permission.objects.get(codename=codename))
-    return user
+    return make_user(name, *codenames, password=PASSWORD)
 
 
 def log_in(page, url, name, then="/admin/jobguard/deadletter/"):
@@ -73,7 +72,7 @@ def log_in(page, url, name, then="/admin/jobguard/deadletter/"):
     page.context.clear_cookies()
     page.goto(f"{url}/admin/login/?next={then}")
     page.fill("#id_username", name)
-    page.fill("#id_password", "console-test")
+    page.fill("#id_password", PASSWORD)
     follow(page, "input[type=submit]")
 
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 import datetime
 
 import pytest
-from django.contrib.auth.models import Permission, User
 
 from django_jobguard.models import Job
-from tests.browser.conftest import CHROMIUM, follow, shot
+from tests.browser.conftest import CHROMIUM, follow, log_in, person, shot
 from tests.conftest import wait_for
 from tests.testapp import tasks
 
@@ -35,20 +34,15 @@ def row_text(page, queue):
 def test_an_operator_pauses_a_queue_sees_it_fill_without_claims_and_resumes_it(
     live_server, workers, browser_page
 ):
-    operator = User.objects.create_user("operator", password="console-test", is_staff=True)  # noqa: S106
     # view_payload: the job list below shows its widest column, the last error, only with it.
-    for codename in ("view_job", "pause_queue", "view_workerbeat", "view_payload"):
-        operator.user_permissions.add(Permission.objects.get(codename=codename))
+    person("operator", "view_job", "pause_queue", "view_workerbeat", "view_payload")
     worker = workers.start(
         "--worker-id", "w-browser", "--poll-interval", "0.2", "--queue", "held", "--queue", "free"
     )
     workers.wait_started(worker)
     page = browser_page
 
-    page.goto(f"{live_server.url}/admin/login/?next=/admin/")
-    page.fill("#id_username", "operator")
-    page.fill("#id_password", "console-test")
-    follow(page, "input[type=submit]")
+    log_in(page, live_server.url, "operator", then="/admin/")
     follow(page, "text=Queues")  # linked from the admin index
     assert page.url.endswith("/admin/jobguard/queuestate/")
 
@@ -103,15 +97,10 @@ def test_an_operator_pauses_a_queue_sees_it_fill_without_claims_and_resumes_it(
 
 
 def test_the_health_page_does_not_reload_over_a_half_typed_reason(live_server, browser_page):
-    operator = User.objects.create_user("typist", password="console-test", is_staff=True)  # noqa: S106
-    for codename in ("view_job", "pause_queue"):
-        operator.user_permissions.add(Permission.objects.get(codename=codename))
+    person("typist", "view_job", "pause_queue")
     tasks.add.using(queue_name="typed", run_after=datetime.timedelta(hours=1)).enqueue(0)
     page = browser_page
-    page.goto(f"{live_server.url}/admin/login/?next=/admin/")
-    page.fill("#id_username", "typist")
-    page.fill("#id_password", "console-test")
-    follow(page, "input[type=submit]")
+    log_in(page, live_server.url, "typist", then="/admin/")
     page.goto(f"{live_server.url}/admin/jobguard/queuestate/?refresh=2")
     stamp = page.inner_text("#as-of")
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from django.contrib.auth.models import Permission, User
 
 from django_jobguard.models import Job
-from tests.browser.conftest import CHROMIUM, follow, shot
+from tests.browser.conftest import CHROMIUM, follow, log_in, person, shot
 from tests.conftest import wait_for
 from tests.testapp import tasks_locks
 from tests.testapp.models import Execution
@@ -26,9 +25,7 @@ LOCKS = "/admin/jobguard/lock/"
 
 
 def test_the_lock_page_names_the_sigkilled_holder_and_says_it_is_gone(live_server, workers, browser_page):
-    user = User.objects.create_user("lena", password="console-test", is_staff=True)  # noqa: S106
-    for codename in ("view_lock", "view_job", "force_release_lock"):
-        user.user_permissions.add(Permission.objects.get(codename=codename))
+    person("lena", "view_lock", "view_job", "force_release_lock")
     holder_job = tasks_locks.hold_long.enqueue("incident", marker="holder", seconds=600)
     holder = workers.start("--worker-id", "holder-worker")
     wait_for(
@@ -45,10 +42,7 @@ def test_the_lock_page_names_the_sigkilled_holder_and_says_it_is_gone(live_serve
     )
 
     page = browser_page
-    page.goto(f"{live_server.url}/admin/login/?next={LOCKS}")
-    page.fill("#id_username", "lena")
-    page.fill("#id_password", "console-test")
-    follow(page, "input[type=submit]")
+    log_in(page, live_server.url, "lena", then=LOCKS)
     row = page.locator("#result_list tbody tr", has_text="res:incident")
 
     def named_and_gone() -> bool:

@@ -12,6 +12,7 @@ from django.utils import timezone
 from django_jobguard.models import DeadLetter, ReplayRateChange
 from tests.browser.conftest import CHROMIUM, follow, log_in, person, shot
 from tests.conftest import wait_for
+from tests.support.factories import make_dead_letters
 from tests.testapp.models import LedgerEntry
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright: pip install --group browser")
@@ -46,20 +47,12 @@ def test_a_corrected_batch_is_requested_and_approved_and_the_drain_follows_the_c
     live_server, workers, browser_page
 ):
     failed = timezone.now() - datetime.timedelta(hours=1)
-    DeadLetter.objects.bulk_create(
-        DeadLetter(
-            task_name="tests.testapp.tasks_dlq.charge",
-            queue_name="default",
-            kwargs={"order_id": 50_000 + n, "amount": 0},
-            attempts=1,
-            max_attempts=1,
-            reason="permanent_error",
-            category="permanent",
-            error_class="PermanentError",
-            first_failed_at=failed,
-            last_failed_at=failed + datetime.timedelta(seconds=n),
-        )
-        for n in range(BATCH + 5)
+    make_dead_letters(
+        BATCH + 5,
+        kwargs=lambda n: {"order_id": 50_000 + n, "amount": 0},
+        failed_at=failed,
+        spread_seconds=1,
+        error_class="PermanentError",
     )
     oldest = set(DeadLetter.objects.order_by("last_failed_at", "id").values_list("pk", flat=True)[:BATCH])
     person("rita", "view_deadletter", "request_replay", "view_payload")

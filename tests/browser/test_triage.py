@@ -9,10 +9,9 @@ causes, due now) must still be in view. The rows are real (tests/support/triage.
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import Permission, User
 
 from django_jobguard.registry import registry
-from tests.browser.conftest import CHROMIUM, follow, shot
+from tests.browser.conftest import CHROMIUM, follow, log_in, person, shot
 from tests.support import triage
 from tests.testapp import tasks_flow
 
@@ -50,15 +49,10 @@ def in_viewport(page, selector):
 
 def test_the_triage_page_names_all_three_causes_on_one_screen(live_server, browser_page, flow_tasks):
     triage.incident()
-    person = User.objects.create_user("olga", password="console-test", is_staff=True)  # noqa: S106
-    for codename in ("view_job", "view_deadletter", "view_breaker", "view_lock", "pause_queue"):
-        person.user_permissions.add(Permission.objects.get(codename=codename))
+    person("olga", "view_job", "view_deadletter", "view_breaker", "view_lock", "pause_queue")
     page = browser_page
     page.set_viewport_size({"width": 1280, "height": 800})
-    page.goto(f"{live_server.url}/admin/login/?next={URL}")
-    page.fill("#id_username", "olga")
-    page.fill("#id_password", "console-test")
-    follow(page, "input[type=submit]")
+    log_in(page, live_server.url, "olga", then=URL)
     assert page.evaluate("window.scrollY") == 0
 
     causes = {

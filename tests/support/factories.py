@@ -18,8 +18,6 @@ from django.utils import timezone
 from django_jobguard.models import DeadLetter, Job
 from tests.testapp import tasks
 
-#: The password of users that log in through the login form (the browser tests).
-PASSWORD = "console-test"  # noqa: S105 - a test user's
 #: The task of the factories' dead letters: a charge, as in tests/testapp/tasks_dlq.py.
 CHARGE = "tests.testapp.tasks_dlq.charge"
 #: The worker id a running job made here carries (host:pid:suffix, as a worker's own).
