@@ -14,7 +14,7 @@ from .locks import LockAdmin, LockReleaseAdmin
 from .queue_health import QueueEventAdmin, QueueHealthAdmin
 from .schedule_page import ScheduleAdmin
 from .workers import WorkerAdmin
-from .workflows import WorkflowAdmin
+from .workflow_pages import WorkflowAdmin
 
 __all__ = [
     "BreakerEventAdmin",

@@ -24,7 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.throttling import BaseThrottle, ScopedRateThrottle
 
-from .. import breakers, dlq, workflows
+from .. import breakers, dlq
 from ..conf import get_settings
 from ..enqueue import enqueue_exposed
 from ..exceptions import (
@@ -37,8 +37,8 @@ from ..exceptions import (
 )
 from ..models import DeadLetter, DeadLetterReason, Job, JobStatus, ReplayState, Workflow, WorkflowCallback
 from ..monitoring import stats
-from ..operations import jobs
-from ..operations import workflows as workflow_ops
+from ..operations import jobs, workflows
+from ..workflows import progress
 from . import serializers as s
 from .permissions import JobguardPermission, can_view_payload
 from .problems import PROBLEM_CONTENT_TYPE, Conflict, SafeJSONParser, exception_handler
@@ -684,7 +684,7 @@ class WorkflowDetailView(JobguardView):
         """One workflow: state, progress (total, succeeded, failed, pending), callbacks, first members."""
         alias = get_settings().database_alias
         row = get_object_or_404(Workflow.objects.using(alias), pk=workflow_id)
-        progress = workflows.progress(row.pk, using=alias)
+        counts = progress(row.pk, using=alias)
         members = Job.objects.using(alias).filter(workflow_id=row.pk).order_by("pk")
         data = {
             "id": row.pk,
@@ -694,10 +694,10 @@ class WorkflowDetailView(JobguardView):
             "created_at": row.created_at,
             "closed_at": row.closed_at,
             "finished_at": row.finished_at,
-            "total": progress.total,
-            "succeeded": progress.succeeded,
-            "failed": progress.failed,
-            "pending": progress.pending,
+            "total": counts.total,
+            "succeeded": counts.succeeded,
+            "failed": counts.failed,
+            "pending": counts.pending,
             "callbacks": list(
                 WorkflowCallback.objects.using(alias)
                 .filter(workflow_id=row.pk)
@@ -718,7 +718,7 @@ class WorkflowCancelView(_WorkflowObjectView):
     """``POST workflows/{id}/cancel/``: cancel a workflow's queued and waiting members."""
 
     required_permissions: ClassVar[dict[str, tuple[str, ...]]] = {
-        "POST": ("jobguard.view_job", workflow_ops.CANCEL_PERMISSION)
+        "POST": ("jobguard.view_job", workflows.CANCEL_PERMISSION)
     }
     serializer_class = s.WorkflowCancelResultSerializer
 
@@ -738,7 +738,7 @@ class WorkflowCancelView(_WorkflowObjectView):
         row = self.workflow(workflow_id)
         who = request.user.get_username()
         reason = f"by {who} over the API" + (f": {data['reason']}" if data["reason"] else "")
-        result = workflow_ops.cancel(row.pk, reason=reason)
+        result = workflows.cancel(row.pk, reason=reason)
         return Response(self.get_serializer(result.as_dict()).data)
 
 
@@ -767,15 +767,13 @@ class WorkflowRetryView(_WorkflowObjectView):
         data = self.validated(s.WorkflowRetrySerializer, request.data)
         row = self.workflow(workflow_id)
         user = request.user
-        if not (
-            user.has_perm(workflow_ops.RETRY_PERMISSION) or user.has_perm(workflow_ops.REPLAY_PERMISSION)
-        ):
+        if not (user.has_perm(workflows.RETRY_PERMISSION) or user.has_perm(workflows.REPLAY_PERMISSION)):
             raise exceptions.PermissionDenied(
-                f"Retrying failed members needs {workflow_ops.RETRY_PERMISSION} (cancelled members) "
-                f"or {workflow_ops.REPLAY_PERMISSION} (dead members)."
+                f"Retrying failed members needs {workflows.RETRY_PERMISSION} (cancelled members) "
+                f"or {workflows.REPLAY_PERMISSION} (dead members)."
             )
         try:
-            result = workflow_ops.retry_failed(row.pk, user, data["reason"])
+            result = workflows.retry_failed(row.pk, user, data["reason"])
         except InvalidArgumentsError as exc:
             raise exceptions.ValidationError({"reason": [str(exc)]}, code="invalid") from None
         return Response(self.get_serializer(result.as_dict()).data)

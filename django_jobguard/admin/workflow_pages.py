@@ -20,10 +20,10 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from .. import workflows
 from ..conf import get_settings
 from ..models import DeadLetter, Job, JobStatus, Workflow, WorkflowCallback, WorkflowCounter, WorkflowState
-from ..operations import workflows as workflow_ops
+from ..operations import workflows
+from ..workflows import progress
 from .base import ReadOnlyAdmin, done_level, log_to_history, refusal
 
 #: Members listed on a workflow's page; the job list (linked) has them all.
@@ -51,12 +51,12 @@ def _job_ref(job_id: int | None) -> dict[str, Any] | None:
 
 
 def can_cancel(request: HttpRequest) -> bool:
-    return bool(request.user.has_perm(workflow_ops.CANCEL_PERMISSION))
+    return bool(request.user.has_perm(workflows.CANCEL_PERMISSION))
 
 
 def can_retry(request: HttpRequest) -> bool:
     user = request.user
-    return bool(user.has_perm(workflow_ops.RETRY_PERMISSION) or user.has_perm(workflow_ops.REPLAY_PERMISSION))
+    return bool(user.has_perm(workflows.RETRY_PERMISSION) or user.has_perm(workflows.REPLAY_PERMISSION))
 
 
 @admin.register(Workflow)
@@ -118,7 +118,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
 
     def _page(self, request: HttpRequest, obj: Workflow) -> dict[str, Any]:
         alias = get_settings().database_alias
-        p = workflows.progress(obj.pk, using=alias)
+        p = progress(obj.pk, using=alias)
         members = list(
             Job.objects.using(alias)
             .filter(workflow_id=obj.pk)
@@ -189,7 +189,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
             "opts": self.opts,
             "title": title,
             "original": obj,
-            "progress": workflows.progress(obj.pk, using=get_settings().database_alias),
+            "progress": progress(obj.pk, using=get_settings().database_alias),
             "form": form,
             **extra,
         }
@@ -204,7 +204,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
         form = ReasonForm(request.POST if request.method == "POST" else None)
         if form.is_valid():
             reason = f"by {request.user.get_username()} in the admin: {form.cleaned_data['reason']}"
-            result = workflow_ops.cancel(obj.pk, reason=reason)
+            result = workflows.cancel(obj.pk, reason=reason)
             alias = get_settings().database_alias
             log_to_history(
                 request,
@@ -239,14 +239,14 @@ class WorkflowAdmin(ReadOnlyAdmin):
                 self,
                 "Retry a workflow's failed members",
                 f"{request.user.get_username()} may not retry failed members: that needs the "
-                f"{workflow_ops.RETRY_PERMISSION} permission (cancelled members) or the "
-                f"{workflow_ops.REPLAY_PERMISSION} permission (dead members, replayed once another user "
+                f"{workflows.RETRY_PERMISSION} permission (cancelled members) or the "
+                f"{workflows.REPLAY_PERMISSION} permission (dead members, replayed once another user "
                 "approves).",
             )
         obj = self._object(request, object_id)
         form = ReasonForm(request.POST if request.method == "POST" else None)
         if form.is_valid():
-            result = workflow_ops.retry_failed(obj.pk, request.user, form.cleaned_data["reason"])
+            result = workflows.retry_failed(obj.pk, request.user, form.cleaned_data["reason"])
             alias = get_settings().database_alias
             log_to_history(
                 request,
@@ -290,13 +290,13 @@ class WorkflowAdmin(ReadOnlyAdmin):
             f"Retry the failed members of {obj}",
             form,
             action="retry",
-            may_requeue=request.user.has_perm(workflow_ops.RETRY_PERMISSION),
-            may_request=request.user.has_perm(workflow_ops.REPLAY_PERMISSION),
+            may_requeue=request.user.has_perm(workflows.RETRY_PERMISSION),
+            may_request=request.user.has_perm(workflows.REPLAY_PERMISSION),
         )
 
     def _needs_perm(self, request: HttpRequest, what: str) -> str:
         who = request.user.get_username()
-        return f"{who} may not {what}: that needs the {workflow_ops.CANCEL_PERMISSION} permission."
+        return f"{who} may not {what}: that needs the {workflows.CANCEL_PERMISSION} permission."
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Workflow]:
         queryset: QuerySet[Workflow] = super().get_queryset(request)
