@@ -12,17 +12,7 @@ from django.utils import timezone
 
 from django_jobguard import store
 from django_jobguard.store.memory import MemoryStore
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.value = timezone.now()
-
-    def __call__(self) -> datetime.datetime:
-        return self.value
-
-    def advance(self, seconds: float) -> None:
-        self.value += datetime.timedelta(seconds=seconds)
+from tests.support.factories import Clock
 
 
 @pytest.fixture

@@ -8,11 +8,9 @@ the same paths on real databases: tests/integration/test_worker_pipeline.py.
 
 from __future__ import annotations
 
-import datetime
 import time
 
 import pytest
-from django.utils import timezone
 
 from django_jobguard import TransientError, store
 from django_jobguard.outcome import HeldState, Retry, Stale, Succeeded
@@ -21,6 +19,7 @@ from django_jobguard.task import task
 from django_jobguard.worker import pipeline
 from django_jobguard.worker.completer import Completer
 from django_jobguard.worker.held import Held
+from tests.support.factories import Clock
 from tests.testapp import tasks
 
 ALIAS = "default"
@@ -33,17 +32,6 @@ def fails_once(context) -> int:
     if context.attempt == 1:
         raise TransientError("provider timeout")
     return context.attempt
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.value = timezone.now()
-
-    def __call__(self) -> datetime.datetime:
-        return self.value
-
-    def advance(self, seconds: float) -> None:
-        self.value += datetime.timedelta(seconds=seconds)
 
 
 @pytest.fixture
