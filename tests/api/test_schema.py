@@ -17,6 +17,7 @@ from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import ignored_auth, negative_data_rejection, positive_data_acceptance
 
 from django_jobguard.api.schema import build_schema
+from tests.support.factories import make_superuser
 
 ROOT = Path(__file__).resolve().parents[2]
 MOUNT = "/jobguard/api"
@@ -86,9 +87,9 @@ def test_the_reference_page_is_generated_from_the_schema():
 
 
 @pytest.fixture
-def admin_auth(django_user_model, settings):
+def admin_auth(settings):
     settings.ALLOWED_HOSTS = ["localhost"]  # schemathesis's WSGI transport sends Host: localhost
-    django_user_model.objects.create_superuser("fuzz", password="fuzz-password")  # noqa: S106
+    make_superuser("fuzz", password="fuzz-password")  # noqa: S106
     # As Django's test client does: the WSGI handler must not close the test's connection
     # (and its transaction) at the end of each request.
     signals.request_started.disconnect(close_old_connections)

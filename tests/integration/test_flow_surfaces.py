@@ -5,7 +5,6 @@ import json
 
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 from django.urls import reverse
@@ -16,6 +15,7 @@ from django_jobguard.models import Breaker, BreakerEvent
 from django_jobguard.monitoring import metrics
 from django_jobguard.monitoring.stats import limit_stats
 from django_jobguard.registry import registry
+from tests.support.factories import force_login, make_superuser
 from tests.testapp import tasks_flow
 
 pytestmark = [
@@ -136,13 +136,6 @@ def tripped():
         registry.unregister(task.name)
 
 
-def staff(name, *perms):
-    person = User.objects.create_user(name, is_staff=True)
-    for perm in perms:
-        person.user_permissions.add(Permission.objects.get(codename=perm))
-    return person
-
-
 def test_jobguard_status_lists_the_breakers(tripped):
     out = io.StringIO()
     call_command("jobguard_status", stdout=out)
@@ -245,14 +238,14 @@ def test_the_api_lists_breakers_and_operators_open_and_close_them(tripped):
 
 def test_the_console_shows_limits_waiting_keys_and_breakers_and_operates_them(client, busy_limits, tripped):
     url = "/admin/jobguard/breaker/"
-    client.force_login(staff("viewer", "view_job"))
+    force_login(client, "viewer", "view_job")
     html = client.get(url).content.decode()
     assert f'id="breaker-{DEP}" data-limit="{DEP}" data-state="open"' in html
     assert "concurrency: a key (hidden" in html and f'data-limit="{THREE}"' in html
     assert 'name="close"' not in html  # no form without the permission
     refused = client.post(reverse("admin:jobguard_breaker_close"), {"limit": DEP})
     assert refused.status_code == 403
-    client.force_login(staff("operator", "view_job", "operate_breaker"))
+    force_login(client, "operator", "view_job", "operate_breaker")
     assert 'name="close"' in client.get(url).content.decode()
     response = client.post(
         reverse("admin:jobguard_breaker_close"), {"limit": DEP, "reason": "fixed"}, follow=True
@@ -261,7 +254,7 @@ def test_the_console_shows_limits_waiting_keys_and_breakers_and_operates_them(cl
     assert Breaker.objects.get(name=DEP).state == "closed"
     event = BreakerEvent.objects.latest("id")
     assert (event.to_state, event.actor_name, event.reason) == ("closed", "operator", "fixed")
-    client.force_login(User.objects.create_superuser("admin"))
+    client.force_login(make_superuser("admin"))
     trail = client.get("/admin/jobguard/breakerevent/").content.decode()
     assert "fixed" in trail and "6 of 6 calls failed" in trail
 
@@ -270,11 +263,11 @@ def test_the_console_hides_limit_key_values_from_users_without_view_payload(clie
     # A keyed limit's key is made of the job's arguments (account:1): payload, as on the job pages.
     url = "/admin/jobguard/breaker/"
     template = f"{tasks_flow.per_account.name}[account:{{account_id}}]"
-    client.force_login(staff("viewer", "view_job"))
+    force_login(client, "viewer", "view_job")
     html = client.get(url).content.decode()
     assert "account:1" not in html and "account:2" not in html
     assert f"{template} concurrency: a key (hidden: needs the view payload permission)" in html
     assert f'data-key="{THREE}"' in html  # an unkeyed limit is a name, not arguments
-    client.force_login(staff("reader", "view_job", "view_payload"))
+    force_login(client, "reader", "view_job", "view_payload")
     html = client.get(url).content.decode()
     assert f'data-key="c:{tasks_flow.per_account.name}|account:1"' in html

@@ -15,6 +15,7 @@ from django_jobguard.maintenance import retention
 from django_jobguard.maintenance.retention import WORKER_PRUNE_INTERVAL_SECONDS
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job
 from django_jobguard.worker import Worker
+from tests.support.factories import make_dead_letter
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -78,17 +79,8 @@ def test_old_finished_jobs_are_pruned_except_those_live_keys_and_dead_letters_re
     dead = keyed("dead", job_status="dead", finished_ago=old, expires_in=datetime.timedelta(days=-5))
     replayed = tasks.add.enqueue(3)
     Job.objects.filter(pk=replayed.pk).update(status="succeeded", finished_at=timezone.now() - old)
-    DeadLetter.objects.create(
-        job=dead,
-        replay_job=replayed,
-        task_name=dead.task_name,
-        queue_name=dead.queue_name,
-        attempts=1,
-        max_attempts=1,
-        reason="permanent_error",
-        category="permanent",
-        first_failed_at=timezone.now() - old,
-        last_failed_at=timezone.now() - old,
+    make_dead_letter(
+        dead, replay_job=replayed, first_failed_at=timezone.now() - old, last_failed_at=timezone.now() - old
     )
 
     report = retention.prune(jobs_older_than=datetime.timedelta(days=30), dry_run=True)
