@@ -15,7 +15,7 @@ from django_jobguard.maintenance.retention import JOB_DELETION_RULE, KEY_DELETIO
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job, Lock, ReplayEvent
 from django_jobguard.monitoring.audit import audit
 from tests.support.dlq import dead_charge
-from tests.support.factories import make_superuser, make_user
+from tests.support.factories import make_job, make_superuser, make_user
 from tests.testapp import tasks_dlq
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -211,23 +211,9 @@ def test_replay_events_have_no_admin_pages():
         reverse("admin:jobguard_replayevent_changelist")
 
 
-def running(job: Job) -> Job:
-    Job.objects.filter(pk=job.pk).update(
-        status="running", lease_token="t" * 32, lease_expires_at=timezone.now(), attempts=1
-    )
-    job.refresh_from_db()
-    return job
-
-
-def finished(job: Job) -> Job:
-    Job.objects.filter(pk=job.pk).update(status="succeeded", finished_at=timezone.now())
-    job.refresh_from_db()
-    return job
-
-
 def test_a_running_job_and_a_dead_job_with_its_dead_letter_are_not_deletable(superuser, rows):
     dead = rows.job
-    active = running(tasks_dlq.charge.enqueue(order_id=1, amount=5))
+    active = make_job("running", task=tasks_dlq.charge, kwargs={"order_id": 1, "amount": 5})
     for job in (dead, active):
         assert delete_url(job) not in change_page(superuser, job)
         response = superuser.post(delete_url(job), {"post": "yes"})
@@ -239,7 +225,7 @@ def test_a_running_job_and_a_dead_job_with_its_dead_letter_are_not_deletable(sup
 
 
 def test_a_finished_job_nothing_refers_to_can_be_deleted_and_the_audit_stays_clean(superuser, rows):
-    done = finished(tasks_dlq.charge.enqueue(order_id=2, amount=5))
+    done = make_job("succeeded", task=tasks_dlq.charge, kwargs={"order_id": 2, "amount": 5})
     assert delete_url(done) in change_page(superuser, done)
     response = superuser.post(delete_url(done), {"post": "yes"})
     assert response.status_code == 302
@@ -248,8 +234,8 @@ def test_a_finished_job_nothing_refers_to_can_be_deleted_and_the_audit_stays_cle
 
 
 def test_bulk_deletion_of_jobs_refuses_a_selection_with_a_job_that_must_stay(superuser, rows):
-    done = finished(tasks_dlq.charge.enqueue(order_id=3, amount=5))
-    active = running(tasks_dlq.charge.enqueue(order_id=4, amount=5))
+    done = make_job("succeeded", task=tasks_dlq.charge, kwargs={"order_id": 3, "amount": 5})
+    active = make_job("running", task=tasks_dlq.charge, kwargs={"order_id": 4, "amount": 5})
     url = changelist("job")
     assert 'value="delete_selected"' in superuser.get(url).content.decode()
     for step in ({}, {"post": "yes"}):  # the confirmation page, and its confirmation

@@ -12,7 +12,7 @@ from django_jobguard import dlq
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job
 from django_jobguard.operations import jobs
 from tests.support.dlq import dead_charge
-from tests.support.factories import force_login
+from tests.support.factories import force_login, make_job
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -20,19 +20,10 @@ pytestmark = pytest.mark.django_db
 JOBS = reverse("admin:jobguard_job_changelist")
 
 
-def make_running(job):
-    Job.objects.filter(pk=job.pk).update(
-        status="running",
-        lease_token="t" * 32,
-        lease_expires_at=timezone.now() + datetime.timedelta(minutes=1),
-    )
-
-
 def test_retry_now_makes_only_waiting_jobs_due():
     waiting = tasks.add.using(run_after=datetime.timedelta(hours=1)).enqueue(1)
     due = tasks.add.enqueue(2)
-    running = tasks.add.using(run_after=datetime.timedelta(hours=1)).enqueue(3)
-    make_running(running)
+    running = make_job("running", 3, run_after=timezone.now() + datetime.timedelta(hours=1))
     assert jobs.retry_now([waiting.pk, due.pk, running.pk]) == [waiting.pk]
     assert set(Job.objects.due().values_list("pk", flat=True)) == {waiting.pk, due.pk}
     waiting.refresh_from_db()
@@ -41,8 +32,7 @@ def test_retry_now_makes_only_waiting_jobs_due():
 
 def test_request_cancel_flags_running_jobs_only():
     queued = tasks.add.enqueue(1)
-    running = tasks.add.enqueue(2)
-    make_running(running)
+    running = make_job("running", 2)
     assert jobs.request_cancel([queued.pk, running.pk]) == [running.pk]
     assert list(Job.objects.filter(cancel_requested=True).values_list("pk", flat=True)) == [running.pk]
 
@@ -50,8 +40,7 @@ def test_request_cancel_flags_running_jobs_only():
 def test_the_cancel_action_cancels_queued_jobs_and_asks_running_ones(client):
     force_login(client, "ops", "view_job", "cancel_job")
     queued = tasks.add.enqueue(1)
-    running = tasks.add.enqueue(2)
-    make_running(running)
+    running = make_job("running", 2)
     response = client.post(
         JOBS,
         {"action": "cancel_jobs", "_selected_action": [queued.pk, running.pk], "confirm": "yes"},
@@ -136,8 +125,7 @@ def test_cancels_and_replays_reach_djangos_admin_log(client):
         client, "ops", "view_job", "cancel_job", "view_deadletter", "request_replay", "view_payload"
     )
     queued = [tasks.add.enqueue(n) for n in range(3)]
-    running = tasks.add.enqueue(9)
-    make_running(running)
+    running = make_job("running", 9)
     ids = [job.pk for job in [*queued, running]]
     client.post(JOBS, {"action": "cancel_jobs", "_selected_action": ids, "confirm": "yes"})
     # One entry for the three cancelled (with the count), one on the job asked to stop (its History).

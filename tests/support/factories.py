@@ -122,17 +122,24 @@ JOB_STATES = ("due", "scheduled", "retrying", "running", "stuck", "succeeded", "
 
 
 def make_job(
-    state: str = "due", *args: Any, task: Any = None, queue_name: str | None = None, **fields: Any
+    state: str = "due",
+    *args: Any,
+    task: Any = None,
+    kwargs: dict[str, Any] | None = None,
+    queue_name: str | None = None,
+    **fields: Any,
 ) -> Job:
     """A job enqueued through ``task`` (default ``tests.testapp.tasks.add``), then put in ``state``.
 
-    ``args`` are the task's; ``fields`` override the row's columns last (e.g. ``last_error``).
+    ``args`` and ``kwargs`` are the task's (default: ``add(1)``); ``fields`` override the row's
+    columns last (e.g. ``last_error``).
     Running jobs hold a lease for an hour; stuck ones hold one that expired an hour ago.
     """
     task = task or tasks.add
+    kwargs = kwargs or {}
     if queue_name is not None:
         task = task.using(queue_name=queue_name)
-    job = task.enqueue(*(args or (1,)))
+    job = task.enqueue(*args, **kwargs) if args or kwargs else task.enqueue(1)
     now = timezone.now()
     hour = datetime.timedelta(hours=1)
     running = {
