@@ -1,10 +1,24 @@
-"""Exceptions users raise from handlers and catch around enqueue and locks."""
+"""Exceptions users raise from handlers and catch around enqueue and locks, and the error categories."""
 
 from __future__ import annotations
 
 import math
 
 from django.core.exceptions import PermissionDenied
+from django.db.models import TextChoices
+from django.utils.translation import gettext_lazy as _
+
+
+class ErrorCategory(TextChoices):
+    """What a failed attempt's error is, so what comes next: a retry, a longer one, a dead letter.
+
+    Defined here, once: the errors below declare theirs, :func:`django_jobguard.retry.classify`
+    returns one, and the attempt history and dead letters store it (``DeadLetter.category``).
+    """
+
+    TRANSIENT = "transient", _("transient")
+    RECOVERABLE = "recoverable", _("recoverable")
+    PERMANENT = "permanent", _("permanent")
 
 
 class JobguardError(Exception):
@@ -16,10 +30,11 @@ class TaskError(JobguardError):
 
     ``retry_after`` (seconds) asks for a specific delay before the next attempt,
     for example the value of a rate limit's ``Retry-After`` header. A subclass may set
-    ``category`` to ``"transient"``, ``"recoverable"`` or ``"permanent"``.
+    ``category`` to ``"transient"``, ``"recoverable"`` or ``"permanent"`` (an :class:`ErrorCategory`).
     """
 
-    category = "transient"
+    # Plain strings (an ErrorCategory's value), as they are stored, logged and compared.
+    category: str = ErrorCategory.TRANSIENT.value
 
     def __init__(self, message: str = "", *, retry_after: float | None = None) -> None:
         super().__init__(message)
@@ -33,19 +48,19 @@ class TaskError(JobguardError):
 class TransientError(TaskError):
     """A passing failure (timeout, dropped connection): retry with backoff and jitter."""
 
-    category = "transient"
+    category = ErrorCategory.TRANSIENT.value
 
 
 class RecoverableError(TaskError):
     """A dependency is degraded: retry on the longer recoverable schedule."""
 
-    category = "recoverable"
+    category = ErrorCategory.RECOVERABLE.value
 
 
 class PermanentError(TaskError):
     """Retrying cannot help (invalid payload, broken invariant): dead-letter at once."""
 
-    category = "permanent"
+    category = ErrorCategory.PERMANENT.value
 
 
 class InvalidTaskError(JobguardError):

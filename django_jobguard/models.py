@@ -10,7 +10,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from . import retry
+from .exceptions import ErrorCategory
 
 
 class JobStatus(models.TextChoices):
@@ -289,13 +289,6 @@ class IdempotencyKey(models.Model):
     def __str__(self) -> str:
         # Not the key: it is made of the call's arguments, and titles and the admin log show this.
         return f"{self.scope} key #{self.pk} ({self.status})"
-
-
-class ErrorCategory(models.TextChoices):
-    # The names retry classifies errors with: defined once, there.
-    TRANSIENT = retry.TRANSIENT, _("transient")
-    RECOVERABLE = retry.RECOVERABLE, _("recoverable")
-    PERMANENT = retry.PERMANENT, _("permanent")
 
 
 class DeadLetterReason(models.TextChoices):

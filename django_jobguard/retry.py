@@ -13,13 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from .conf import RetryOverrides, RetryPolicy, get_settings
 from .exceptions import (
+    ErrorCategory,
     InvalidArgumentsError,
     LockNotAcquired,
     LockUnavailable,
-    PermanentError,
-    RecoverableError,
     TaskError,
-    TransientError,
     UnknownTaskError,
 )
 
@@ -38,11 +36,11 @@ __all__ = [
     "requested_delay",
 ]
 
-# The error categories, spelled once: by the errors a handler raises to choose one. The
-# ErrorCategory choices of the attempt history (models.py) take their values from these.
-TRANSIENT = TransientError.category
-RECOVERABLE = RecoverableError.category
-PERMANENT = PermanentError.category
+# The error categories, defined once as exceptions.ErrorCategory; here as the plain strings
+# the classification returns, the outcomes carry and the store writes.
+TRANSIENT = ErrorCategory.TRANSIENT.value
+RECOVERABLE = ErrorCategory.RECOVERABLE.value
+PERMANENT = ErrorCategory.PERMANENT.value
 
 #: Classes outside the TaskError family we classify, checked after the task's mappings.
 _BUILT_IN: tuple[tuple[type[BaseException], str], ...] = (
