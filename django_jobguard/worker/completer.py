@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from django.db import DatabaseError, InterfaceError, transaction
 
@@ -57,6 +57,8 @@ _STALE_ACK = Stale("ack")
 BREAKER_SUCCESSES_HELD = 1.0
 #: Outcomes that spend an attempt: dropped for a job shutdown has taken over (see settle).
 _FAILURES = frozenset({Retry, Dead})
+#: Put on the ack queue by :meth:`Completer.flush`: write the batch gathered so far now.
+FLUSH = object()
 
 
 class Completer:
@@ -78,7 +80,9 @@ class Completer:
         #: Seconds an ack waits for others to be written with; 0: each is written on its own.
         self.ack_window = ack_window
         self.ack_batch_size = max(1, ack_batch_size)
-        self._pending: queue.SimpleQueue[tuple[Held, Succeeded] | None] = queue.SimpleQueue()
+        self._pending: queue.SimpleQueue[tuple[Held, Succeeded] | object | None] = queue.SimpleQueue()
+        #: Whether a FLUSH is on its way to the ack thread (one at a time is enough).
+        self._flush_asked = False
         #: Jobs whose handler succeeded and whose ack is not written yet: still ``running`` in
         #: the database, so they count against the worker's prefetch cap (see Worker._loop).
         self.awaiting_acks = 0
@@ -169,6 +173,16 @@ class Completer:
                     ",".join(str(held.job.id) for held, _ in batch),
                 )
 
+    def flush(self) -> None:
+        """Ask the ack thread to write what it holds now, without waiting out the window.
+
+        The window lets acks gather while the executors keep running jobs; once the acks
+        awaited are what keeps the claimer from claiming, waiting longer only idles them.
+        """
+        if not self._flush_asked:
+            self._flush_asked = True
+            self._pending.put(FLUSH)
+
     def close_acks(self, thread: threading.Thread | None, timeout: float) -> None:
         """Write every ack still waiting, before the worker exits.
 
@@ -187,7 +201,7 @@ class Completer:
                 item = self._pending.get_nowait()
             except queue.Empty:
                 break
-            if item is not None:
+            if isinstance(item, tuple):
                 batch.append(item)
         if batch:
             self.settle_many(batch)
@@ -197,7 +211,10 @@ class Completer:
         first = self._pending.get()
         if first is None:
             return [], True
-        batch = [first]
+        if first is FLUSH:
+            self._flush_asked = False
+            return [], False
+        batch = [cast("tuple[Held, Succeeded]", first)]
         deadline = time.monotonic() + self.ack_window
         while len(batch) < self.ack_batch_size:
             left = deadline - time.monotonic()
@@ -207,7 +224,10 @@ class Completer:
                 break
             if item is None:
                 return batch, True
-            batch.append(item)
+            if item is FLUSH:
+                self._flush_asked = False
+                break
+            batch.append(cast("tuple[Held, Succeeded]", item))
         return batch, False
 
     def _write_acks(self, acks: list[tuple[Held, Succeeded]]) -> None:

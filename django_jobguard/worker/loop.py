@@ -382,6 +382,15 @@ class Worker:
         free = self.async_slots - self.slots.on_loop - self.completer.awaiting_acks
         return min(self.async_slots, 2 * refill), free
 
+    def _acks_hold_room(self, capacity: int, free: int) -> bool:
+        """Whether the jobs awaiting their batched ack are all that keeps a claim from going out.
+
+        Short jobs finish within the ack window: the executors sit idle until it closes, and
+        then the claimer takes a sliver. Asking the ack thread to write at once keeps them fed.
+        """
+        awaiting = self.completer.awaiting_acks
+        return awaiting > 0 and claim_size(capacity, free + awaiting, holding=bool(self.slots)) > 0
+
     def note_run_time(self, seconds: float) -> None:
         """Fold one handler run time into the mean that decides how much to prefetch."""
         # Plain numbers updated by several threads: a lost update only nudges an estimate.
@@ -465,6 +474,8 @@ class Worker:
                     if free <= 0 and not self.slots:
                         return
                 asked = claim_size(capacity, free, holding=bool(self.slots))
+                if not asked and self._acks_hold_room(capacity, free):
+                    self.completer.flush()  # its write frees the slots; wait_freed wakes on it
                 claimed = self._claim(asked) if asked else 0
                 failures = 0
                 self.outage.recovered()

@@ -6,6 +6,7 @@ tests/processes/test_batched_acks.py.
 """
 
 import logging
+import threading
 import time
 
 import pytest
@@ -157,6 +158,29 @@ def test_acks_handed_over_are_written_when_the_worker_closes_them():
     assert statuses(jobs) == ["running"] * 4
     rt.completer.close_acks(None, timeout=5)
     assert statuses(jobs) == ["succeeded"] * 4
+
+
+def test_a_flush_writes_the_gathered_acks_without_waiting_out_the_window():
+    jobs = [tasks.add.enqueue(n) for n in range(3)]
+    # A window far longer than the deadline below: only the flush can write these in time.
+    completer = Completer(ALIAS, WORKER_ID, ack_window=600.0, ack_batch_size=100)
+    rt = pipeline.Runtime(ALIAS, WORKER_ID, completer)
+    thread = threading.Thread(target=completer.run_acks, daemon=True)
+    thread.start()
+    try:
+        for held in claim(3):
+            completer.settle(held, pipeline.run(held, rt))
+        assert completer.awaiting_acks == 3
+        completer.flush()
+        completer.flush()  # asked twice before the thread saw it: one flush is queued
+        deadline = time.monotonic() + 30
+        while statuses(jobs) != ["succeeded"] * 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert statuses(jobs) == ["succeeded"] * 3
+        assert completer.awaiting_acks == 0
+    finally:
+        completer.close_acks(thread, timeout=30)
+    assert not thread.is_alive()
 
 
 def test_an_ack_of_members_nobody_waits_for_looks_up_no_dependants():
