@@ -1,7 +1,7 @@
 """Flow control: the specs a task or the settings declare (:class:`Limit`, :class:`Rate`).
 
 Today it holds the specs (:mod:`.specs`); the plan of the declared limits and admission,
-still in ``store/_flow.py``, are to move here. Every public name imports from ``django_jobguard.flow``.
+still in ``store/flow_sql.py``, are to move here. Every public name imports from ``django_jobguard.flow``.
 """
 
 from __future__ import annotations

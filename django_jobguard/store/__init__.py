@@ -36,10 +36,7 @@ from django.db import connections
 
 from ..conf import get_settings
 from ..registry import registry
-from . import _flow, mysql, postgres, sqlite
-from ._flow import TURN_KEY as FLOW_TURN_KEY
-from ._flow import FlowPlan, RateSpec, Throttle, build_plan
-from ._flow import family as limit_family
+from . import flow_sql, mysql, postgres, sqlite
 from .common import (
     LEASE_EXPIRED_ERROR,
     NOTIFY_CHANNEL,
@@ -60,6 +57,9 @@ from .common import (
     write_checkpoints,
 )
 from .dialect import Dialect, JobStore
+from .flow_sql import TURN_KEY as FLOW_TURN_KEY
+from .flow_sql import FlowPlan, RateSpec, Throttle, build_plan
+from .flow_sql import family as limit_family
 from .listener import Listener
 from .wakeup import announce, wakeup_source
 
@@ -341,14 +341,14 @@ def take_flow_turn(alias: str) -> None:
     A breaker that opens by an outcome or by hand takes the turn first, so no claim that read
     it closed can commit a lease after it opened.
     """
-    turns: dict[str, _flow.FlowSQL] = {
+    turns: dict[str, flow_sql.FlowSQL] = {
         "mysql": mysql.FLOW_SQL,
         "postgresql": postgres.FLOW_SQL,
         "sqlite": sqlite.FLOW_SQL,
     }
-    flow_sql = turns[connections[alias].vendor]
+    turn = turns[connections[alias].vendor]
     with connections[alias].cursor() as cursor:
-        flow_sql.take_turn(alias, cursor)
+        turn.take_turn(alias, cursor)
 
 
 def flow_usage(alias: str, plan: FlowPlan) -> tuple[dict[str, int], dict[str, int]]:
@@ -357,7 +357,7 @@ def flow_usage(alias: str, plan: FlowPlan) -> tuple[dict[str, int], dict[str, in
     For reports (``jobguard_status``, the metrics); read from the job rows of the limited
     queues, not routed to a substitute store.
     """
-    running, waiting = _flow.usage(alias, dialect_of(alias).CLOCK.now, plan)
+    running, waiting = flow_sql.usage(alias, dialect_of(alias).CLOCK.now, plan)
     return dict(running), dict(waiting)
 
 

@@ -30,8 +30,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ._flow import FlowPlan, Throttle
 from .common import REAP_BATCH, AttemptError, ClaimedJob, Clock, CounterChange, DurationRow, Inserted
+from .flow_sql import FlowPlan, Throttle
 
 __all__ = ["Dialect", "JobStore"]
 

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from ..flow import stored_flow_keys
-from ._flow import mark_unreadable
 from .common import (
     INSERT_FIELDS,
     LEASE_EXPIRED_ERROR,
@@ -37,10 +36,11 @@ from .common import (
     DurationRow,
     Inserted,
 )
+from .flow_sql import mark_unreadable
 
 if TYPE_CHECKING:
-    from ._flow import FlowPlan, Throttle
     from .dialect import JobStore
+    from .flow_sql import FlowPlan, Throttle
 
 __all__ = ["MemoryStore", "StoredJob", "StoredKey"]
 
@@ -234,7 +234,7 @@ class MemoryStore:
         throttle: Throttle | None = None,
     ) -> list[ClaimedJob]:
         # One lock serialises every call, so the counting and the leasing are one step, as
-        # the databases' limited claims are one turn (see store/_flow.py).
+        # the databases' limited claims are one turn (see store/flow_sql.py).
         with self._lock:
             now = self.now().timestamp()
             running: Counter[str] = Counter()

@@ -15,8 +15,8 @@ outside a caller's transaction is retried here a few times (:data:`DEADLOCK_RETR
 reported as a :class:`~django_jobguard.events.StatementRetried` event; inside a caller's
 transaction the whole transaction is what must be retried, so the error goes to the caller.
 
-The flow-control limited claim (``store/_flow.py``) is written here in MariaDB's SQL: the
-fleet's limited claims take turns on a row lock (the rate table's :data:`~._flow.TURN_KEY`
+The flow-control limited claim (``store/flow_sql.py``) is written here in MariaDB's SQL: the
+fleet's limited claims take turns on a row lock (the rate table's :data:`~.flow_sql.TURN_KEY`
 row) instead of PostgreSQL's advisory lock, full keys are left out with ``JSON_TABLE``, and
 rate and breaker rows are written with ``ON DUPLICATE KEY UPDATE``; a deadlock runs the
 whole claim again.
@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 from django.db import OperationalError, connections, transaction
 
 from .. import events
-from . import _flow, common
+from . import common, flow_sql
 from .common import (
     COUNTER_TABLE,
     FINISHED,
@@ -288,11 +288,11 @@ _CLAIM_UPDATE = (
 #: MariaDB and MySQL alike, and is only compared here, never returned. 4000 bytes hold the
 #: 1000 characters the column had.
 _FLOW_KEYS = f"JSON_TABLE({TABLE}.flow_keys, '$[*]' COLUMNS (flow_key VARBINARY(4000) PATH '$')) AS held_keys"
-_RATE_TABLE, _BREAKER_TABLE = _flow.RATE_TABLE, _flow.BREAKER_TABLE
+_RATE_TABLE, _BREAKER_TABLE = flow_sql.RATE_TABLE, flow_sql.BREAKER_TABLE
 
 
-class _FlowSQL(_flow.SequentialTurn):
-    """The limited claim's statements on MariaDB/MySQL (see ``store/_flow.py``).
+class _FlowSQL(flow_sql.SequentialTurn):
+    """The limited claim's statements on MariaDB/MySQL (see ``store/flow_sql.py``).
 
     No transaction-scoped advisory lock here (``GET_LOCK`` belongs to the session and
     outlives a rollback), so the turn is a row lock: one row of the rate table, locked by an
@@ -304,7 +304,7 @@ class _FlowSQL(_flow.SequentialTurn):
         # An existing primary key: an exclusive lock on that one record, no gap.
         cursor.execute(
             f"INSERT INTO {_RATE_TABLE} (`key`, tat) VALUES (%s, 0) ON DUPLICATE KEY UPDATE tat = tat",
-            [_flow.TURN_KEY],
+            [flow_sql.TURN_KEY],
         )
 
     def now_seconds(self, alias: str, cursor: Any) -> float:
@@ -326,7 +326,7 @@ class _FlowSQL(_flow.SequentialTurn):
     ) -> list[tuple[int, str, str, Any, int]]:
         # The plain claim's walk of the status-first due index, in claim order; the rows of
         # full keys are passed over on the walk (and, at READ COMMITTED, left unlocked).
-        where, params = _flow.candidate_filters(
+        where, params = flow_sql.candidate_filters(
             _DUE,
             f"SELECT 1 FROM {_FLOW_KEYS} WHERE held_keys.flow_key IN ({{keys}})",
             queues,
@@ -360,8 +360,8 @@ class _FlowSQL(_flow.SequentialTurn):
     def ensure_breakers(self, alias: str, cursor: Any, names: Sequence[str]) -> None:
         # A no-op update, not INSERT IGNORE, which would also hide a value too long for its column.
         cursor.execute(
-            f"INSERT INTO {_BREAKER_TABLE} ({_flow.BREAKER_INSERT_COLUMNS}) VALUES "
-            + ", ".join([_flow.BREAKER_INSERT_ROW] * len(names))
+            f"INSERT INTO {_BREAKER_TABLE} ({flow_sql.BREAKER_INSERT_COLUMNS}) VALUES "
+            + ", ".join([flow_sql.BREAKER_INSERT_ROW] * len(names))
             + " ON DUPLICATE KEY UPDATE name = name",
             [value for name in names for value in (name, False)],
         )
@@ -376,8 +376,8 @@ def claim_limited(
     limit: int,
     worker_id: str,
     exclude: Sequence[str],
-    plan: _flow.FlowPlan,
-    throttle: _flow.Throttle | None = None,
+    plan: flow_sql.FlowPlan,
+    throttle: flow_sql.Throttle | None = None,
 ) -> list[ClaimedJob]:
     # The limited claim is one transaction of several statements: a deadlock rolls all of it
     # back (its rate and breaker writes too), so it runs again from the start, its report
@@ -388,7 +388,7 @@ def claim_limited(
             throttle.held_back.clear()
             throttle.breaker_changes = []
             throttle.breaker_states = {}
-        return _flow.claim_limited(FLOW_SQL, alias, queues, limit, worker_id, exclude, plan, throttle)
+        return flow_sql.claim_limited(FLOW_SQL, alias, queues, limit, worker_id, exclude, plan, throttle)
 
     return retry_deadlocks(alias, "claim_limited", run)
 

@@ -26,7 +26,7 @@ from django.db import DatabaseError, DataError, InterfaceError, connections, tra
 from .. import events
 from ..conf import get_settings
 from ..flow import MAX_STORED_RATE_KEY_LENGTH
-from . import _flow, common
+from . import common, flow_sql
 from .common import (
     FINISHED,
     INSERT_COLUMNS,
@@ -501,7 +501,7 @@ FLOW_LOCK_ID = 0x6A67666C
 _LEASE = f"WITH picked AS (SELECT unnest(%s::bigint[]) AS id) {_CLAIM_UPDATE}"
 
 
-def _turn_in_sql(connection: Any, plan: _flow.FlowPlan) -> bool:
+def _turn_in_sql(connection: Any, plan: flow_sql.FlowPlan) -> bool:
     """Whether a limited claim's turn may begin and end in the SQL strings it sends, rather
     than in a Django atomic block (``connection`` is Django's, connected).
 
@@ -519,24 +519,24 @@ def _turn_in_sql(connection: Any, plan: _flow.FlowPlan) -> bool:
     )
 
 
-class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
-    """The limited claim's statements on PostgreSQL (see ``store/_flow.py``)."""
+class _FlowSQL(flow_sql.ConflictUpserts, flow_sql.SequentialTurn):
+    """The limited claim's statements on PostgreSQL (see ``store/flow_sql.py``)."""
 
     def take_turn(self, alias: str, cursor: Any) -> None:
         # Held to the transaction's end: the next limited claim counts this one's leases.
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [FLOW_LOCK_ID])
 
     @contextlib.contextmanager
-    def turn(self, alias: str, plan: _flow.FlowPlan) -> Iterator[_flow.TurnScope]:
+    def turn(self, alias: str, plan: flow_sql.FlowPlan) -> Iterator[flow_sql.TurnScope]:
         connection = connections[alias]
         connection.ensure_connection()
         if not _turn_in_sql(connection, plan):
             with transaction.atomic(using=alias):
-                yield _flow.TurnScope()
+                yield flow_sql.TurnScope()
             return
         # The BEGIN travels with the turn's first string and the COMMIT with its last: a
         # round trip less each, where Django's atomic block would send them on their own.
-        scope = _flow.TurnScope(in_sql=True)
+        scope = flow_sql.TurnScope(in_sql=True)
         try:
             yield scope
         except BaseException:
@@ -549,8 +549,8 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
                 cursor.execute("COMMIT")
 
     def open_turn(
-        self, alias: str, cursor: Any, plan: _flow.FlowPlan, scope: _flow.TurnScope
-    ) -> _flow.Opening:
+        self, alias: str, cursor: Any, plan: flow_sql.FlowPlan, scope: flow_sql.TurnScope
+    ) -> flow_sql.Opening:
         if not _simple_query(cursor):
             return super().open_turn(alias, cursor, plan, scope)
         # One round trip for the turn and its reads: the fleet's limited claims wait for this turn,
@@ -559,16 +559,16 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
         begin = ""
         if scope.in_sql:
             begin, scope.begun = "BEGIN; ", True
-        running_sql, params = _flow.running_statement(plan)
+        running_sql, params = flow_sql.running_statement(plan)
         gates_sql = ""
         if plan.guards:
-            gates_sql, gates_params = _flow.gates_statement(plan)
+            gates_sql, gates_params = flow_sql.gates_statement(plan)
             gates_sql, params = f"; {gates_sql}", [*params, *gates_params]
         cursor.execute(
             f"{begin}SELECT pg_advisory_xact_lock({FLOW_LOCK_ID}); {_PAUSED}; {running_sql}; "
             "WITH clock AS (SELECT extract(epoch from clock_timestamp())::float8 AS now) "
             f"SELECT clock.now, r.key, r.tat FROM clock "
-            f"LEFT JOIN {_flow.RATE_TABLE} AS r ON r.tat > clock.now{gates_sql}",
+            f"LEFT JOIN {flow_sql.RATE_TABLE} AS r ON r.tat > clock.now{gates_sql}",
             params,
         )
         if begin:
@@ -584,7 +584,7 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
         if gates_sql:
             cursor.nextset()
             breakers = list(cursor.fetchall())
-        return _flow.Opening(paused, running, float(rows[0][0]), arrivals, breakers)
+        return flow_sql.Opening(paused, running, float(rows[0][0]), arrivals, breakers)
 
     def now_seconds(self, alias: str, cursor: Any) -> float:
         cursor.execute(f"SELECT extract(epoch from {NOW})::float8", [])
@@ -660,7 +660,7 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
         ids: Sequence[int],
         worker_id: str,
         arrivals: Mapping[str, float],
-        scope: _flow.TurnScope,
+        scope: flow_sql.TurnScope,
     ) -> list[ClaimedJob]:
         connection = connections[alias]
         if not _simple_query(cursor):
@@ -670,7 +670,7 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
         # commit on leaving the block then finds no transaction open and sends nothing.
         statements, params = [_LEASE], [list(ids), worker_id, worker_id]
         if arrivals:
-            upsert, upsert_params = _flow.upsert_rates_statement(arrivals)
+            upsert, upsert_params = flow_sql.upsert_rates_statement(arrivals)
             statements.append(upsert)
             params += upsert_params
         commit = scope.begun or _commits_here(connection, cursor)
@@ -770,7 +770,7 @@ def _skipping_statement(
 # -- the limited claim in one string -------------------------------------------------------
 
 _CANDIDATE_COLUMNS = (*_WALKED, "priority", "run_after")
-#: Due jobs a one-string claim reads per job it may take (``_flow.CANDIDATES_PER_JOB`` for the
+#: Due jobs a one-string claim reads per job it may take (``flow_sql.CANDIDATES_PER_JOB`` for the
 #: claim over three round trips): reading and admitting them is most of the turn's time, and
 #: a key that fills up and hides the rest is read around by the next turn (the refill, then
 #: the watched keys). With four per job the keyed benchmark kept 76 % of the unlimited rate,
@@ -793,7 +793,7 @@ _LEASE_IF_QUEUED = _CLAIM_UPDATE.replace(
 _SUMMARY = ("now", "held", "filled", "times", "candidates", "unreadable")
 #: The leased jobs whose stored flow keys are not a JSON array of strings, as ``{id: flow_keys}``
 #: (NULL when none): counted under none of them (see :func:`_keys_of`), and marked for the
-#: worker, which dead-letters them (``_flow.stored_flow_keys``).
+#: worker, which dead-letters them (``flow_sql.stored_flow_keys``).
 _UNREADABLE = (
     "(SELECT jsonb_object_agg(c.id::text, c.flow_keys) FROM candidates AS c "
     "WHERE c.id IN (SELECT id FROM leased) AND CASE WHEN jsonb_typeof(c.flow_keys) = 'array' "
@@ -804,7 +804,7 @@ _UNREADABLE = (
 
 
 def _family(key: str) -> str:
-    """SQL for the limit a key belongs to (see :func:`_flow.family`)."""
+    """SQL for the limit a key belongs to (see :func:`flow_sql.family`)."""
     return f"(CASE WHEN left({key}, 2) IN ('c:', 'r:') THEN split_part({key}, '|', 1) ELSE {key} END)"
 
 
@@ -839,7 +839,7 @@ def _one_string_sql(shape: str, count: int, per_key: int) -> str:
     tolerance]`` per limit), the watched keys, how many jobs to take, the queue parameter
     (once for the look ahead, once for the pairs, once for the walk), and the worker id twice.
 
-    What ``_flow.claim_limited`` does, in its order: the clock after the lock, the paused
+    What ``flow_sql.claim_limited`` does, in its order: the clock after the lock, the paused
     queues, the running jobs per concurrency key and the rate keys ahead of the clock, so
     the keys already full; the candidates in claim order (key by key beside full or watched
     keys, as ``_skipping_statement`` reads them) without the full keys' jobs; which of them
@@ -865,7 +865,7 @@ def _one_string_sql(shape: str, count: int, per_key: int) -> str:
         "(SELECT fits FROM fits) AND p.k <> ALL((SELECT keys FROM blocked)::text[]) "
         f"AND p.q {_IN_QUEUES[shape]}",
     )
-    epsilon = repr(_flow.EPSILON)
+    epsilon = repr(flow_sql.EPSILON)
     leased_columns = ", ".join(f"l.{column}" for column in RETURNING.split(", "))
     summary = ", ".join(f"CASE WHEN coalesce(l.n = 1, true) THEN s.{column} END" for column in _SUMMARY)
     return (
@@ -884,7 +884,7 @@ def _one_string_sql(shape: str, count: int, per_key: int) -> str:
         "OR queue_name = ANY((SELECT queues FROM plan)::text[]))), "
         f"running AS MATERIALIZED (SELECT k.key, k.cap, count(*)::int AS n FROM ({_keys_of('running_rows')}) "
         "AS k WHERE k.cap IS NOT NULL GROUP BY k.key, k.cap), "
-        f"arrivals AS MATERIALIZED (SELECT r.key, r.tat, l.tolerance FROM {_flow.RATE_TABLE} AS r "
+        f"arrivals AS MATERIALIZED (SELECT r.key, r.tat, l.tolerance FROM {flow_sql.RATE_TABLE} AS r "
         f"JOIN limits AS l ON l.family = {_family('r.key')} "
         "WHERE r.tat > (SELECT now FROM plan) AND l.step IS NOT NULL), "
         "blocked AS MATERIALIZED (SELECT coalesce(array_agg(key), '{}') AS keys FROM ("
@@ -923,7 +923,7 @@ def _one_string_sql(shape: str, count: int, per_key: int) -> str:
         # A job is admitted when, for each of its keys, the jobs ahead of it in claim order
         # under that key leave room. Counting every job ahead, admitted or not, never admits
         # too many; for jobs under one key each it is exactly the one-by-one walk of
-        # _flow.claim_limited. Where jobs share a second limit, a job held back by its own key
+        # flow_sql.claim_limited. Where jobs share a second limit, a job held back by its own key
         # still counts against the shared one, so the claim may take fewer than it could:
         # the key that filled up is then full from the start of the next turn.
         "admission AS MATERIALIZED (SELECT ord, bool_and(rank <= room) AS admitted FROM ("
@@ -936,8 +936,8 @@ def _one_string_sql(shape: str, count: int, per_key: int) -> str:
         "taken AS MATERIALIZED (SELECT k.key, count(*) AS n, min(k.at) AS at, min(k.step) AS step, "
         "bool_and(k.cap IS NULL) AS rate FROM keyed AS k JOIN picked AS p ON p.ord = k.ord "
         "WHERE p.id IN (SELECT id FROM leased) GROUP BY k.key), "
-        f"advanced AS (INSERT INTO {_flow.RATE_TABLE} (key, tat) SELECT key, at + n * step FROM taken "
-        # A key the column cannot hold keeps no rate state (see _flow.claim_limited).
+        f"advanced AS (INSERT INTO {flow_sql.RATE_TABLE} (key, tat) SELECT key, at + n * step FROM taken "
+        # A key the column cannot hold keeps no rate state (see flow_sql.claim_limited).
         f"WHERE rate AND length(key) <= {MAX_STORED_RATE_KEY_LENGTH:d} "
         "ON CONFLICT (key) DO UPDATE SET tat = excluded.tat RETURNING key, tat) "
         # What held jobs back: the keys full from the start; the keys this claim filled while
@@ -962,7 +962,7 @@ def _one_string_statement(shape: str, count: int, per_key: int) -> Statement:
     return Statement(_one_string_sql(shape, count, per_key))
 
 
-def _plan_parameters(plan: _flow.FlowPlan) -> list[Any]:
+def _plan_parameters(plan: flow_sql.FlowPlan) -> list[Any]:
     """The plan as :func:`_one_string_sql` reads it: the unkeyed keys per task, the limited
     queues and tasks, and each limit as ``[concurrency, interval, tolerance]``."""
     limits: dict[str, list[float | None]] = {
@@ -979,7 +979,7 @@ def _plan_parameters(plan: _flow.FlowPlan) -> list[Any]:
     ]
 
 
-def _claims_in_one_string(alias: str, plan: _flow.FlowPlan) -> bool:
+def _claims_in_one_string(alias: str, plan: flow_sql.FlowPlan) -> bool:
     """Whether a limited claim (not behind a pooler: see :func:`claim_limited`) may be one
     string, the turn's lock and then one statement: when its turn may be carried in SQL
     (:func:`_turn_in_sql`), since the string's implicit transaction is what ends the turn."""
@@ -992,10 +992,10 @@ def _claim_in_one_string(
     limit: int,
     worker_id: str,
     exclude: Sequence[str],
-    plan: _flow.FlowPlan,
-    throttle: _flow.Throttle | None,
+    plan: flow_sql.FlowPlan,
+    throttle: flow_sql.Throttle | None,
 ) -> list[ClaimedJob]:
-    """The limited claim as one round trip: what ``_flow.claim_limited`` does, in SQL.
+    """The limited claim as one round trip: what ``flow_sql.claim_limited`` does, in SQL.
 
     The lock and the statement share one string, so they share its implicit transaction:
     the turn is held until the leases and rate keys it wrote are committed, and the
@@ -1014,14 +1014,14 @@ def _claim_in_one_string(
     jobs: list[ClaimedJob] = []
     held: set[str] = set()
     now, arrivals = 0.0, {}
-    for _ in range(1 + _flow.REFILL_PASSES):
+    for _ in range(1 + flow_sql.REFILL_PASSES):
         wanted = limit - len(jobs)
         # The candidates' count is a literal of the prepared statement (see
         # _skipping_statement), so it comes in steps of eight jobs: each size is planned once
         # per connection.
-        count = -(-wanted // 8) * 8 * ONE_STRING_CANDIDATES_PER_JOB + _flow.CANDIDATES_EXTRA
+        count = -(-wanted // 8) * 8 * ONE_STRING_CANDIDATES_PER_JOB + flow_sql.CANDIDATES_EXTRA
         statement = _one_string_statement(shape, count, min(plan.most_per_key or count, count))
-        watched = _flow.hot_keys.recent(time.monotonic())
+        watched = flow_sql.hot_keys.recent(time.monotonic())
         with connections[alias].cursor() as cursor:
             statement.execute(
                 alias,
@@ -1039,10 +1039,12 @@ def _claim_in_one_string(
         )
         if unreadable is not None:
             found = json.loads(unreadable) if isinstance(unreadable, str | bytes) else unreadable
-            _flow.mark_unreadable(jobs, {int(job_id): json.dumps(value) for job_id, value in found.items()})
+            flow_sql.mark_unreadable(
+                jobs, {int(job_id): json.dumps(value) for job_id, value in found.items()}
+            )
         filled = set(refused or ()) - set(blocked or ())
         if filled:
-            _flow.hot_keys.note(filled, time.monotonic())
+            flow_sql.hot_keys.note(filled, time.monotonic())
         held.update(blocked or (), refused or ())
         times = json.loads(times) if isinstance(times, str | bytes) else times or {}
         arrivals = {key: float(value) for key, value in times.items() if plan.rate(key) is not None}
@@ -1050,7 +1052,7 @@ def _claim_in_one_string(
             break
     if throttle is not None:
         throttle.breaker_changes = []
-    _flow.note_throttle(throttle, plan, held, {}, float(now), arrivals)
+    flow_sql.note_throttle(throttle, plan, held, {}, float(now), arrivals)
     return jobs
 
 
@@ -1060,8 +1062,8 @@ def claim_limited(
     limit: int,
     worker_id: str,
     exclude: Sequence[str],
-    plan: _flow.FlowPlan,
-    throttle: _flow.Throttle | None = None,
+    plan: flow_sql.FlowPlan,
+    throttle: flow_sql.Throttle | None = None,
 ) -> list[ClaimedJob]:
     # Behind a transaction-mode pooler the one string's prepared statement would be sent as
     # text and planned on every claim: there the claim takes its three round trips.
@@ -1069,7 +1071,7 @@ def claim_limited(
         _tune_for_claims(alias)
         if _claims_in_one_string(alias, plan):
             return _claim_in_one_string(alias, queues, limit, worker_id, exclude, plan, throttle)
-    return _flow.claim_limited(FLOW_SQL, alias, queues, limit, worker_id, exclude, plan, throttle)
+    return flow_sql.claim_limited(FLOW_SQL, alias, queues, limit, worker_id, exclude, plan, throttle)
 
 
 # -- leases --------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.backends.sqlite3.base import SQLiteCursorWrapper
 
-from . import _flow, common
+from . import common, flow_sql
 from .common import (
     FINISHED,
     INSERT_COLUMNS,
@@ -248,8 +248,8 @@ _CLAIM_SET = (
 # -- flow control ----------------------------------------------------------------------------
 
 
-class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
-    """The limited claim's statements on SQLite (see ``store/_flow.py``)."""
+class _FlowSQL(flow_sql.ConflictUpserts, flow_sql.SequentialTurn):
+    """The limited claim's statements on SQLite (see ``store/flow_sql.py``)."""
 
     def take_turn(self, alias: str, cursor: Any) -> None:
         # A write first, so the transaction holds SQLite's one write lock from here to its
@@ -273,7 +273,7 @@ class _FlowSQL(_flow.ConflictUpserts, _flow.SequentialTurn):
         per_key: int | None = None,
         watched: Sequence[str] = (),
     ) -> list[tuple[int, str, str, Any, int]]:
-        where, params = _flow.candidate_filters(
+        where, params = flow_sql.candidate_filters(
             f"status = 'queued' AND run_after <= {NOW} AND attempts < max_attempts",
             f"SELECT 1 FROM json_each({TABLE}.flow_keys) WHERE value IN ({{keys}})",
             queues,
@@ -306,10 +306,10 @@ def claim_limited(
     limit: int,
     worker_id: str,
     exclude: Sequence[str],
-    plan: _flow.FlowPlan,
-    throttle: _flow.Throttle | None = None,
+    plan: flow_sql.FlowPlan,
+    throttle: flow_sql.Throttle | None = None,
 ) -> list[ClaimedJob]:
-    return _flow.claim_limited(FLOW_SQL, alias, queues, limit, worker_id, exclude, plan, throttle)
+    return flow_sql.claim_limited(FLOW_SQL, alias, queues, limit, worker_id, exclude, plan, throttle)
 
 
 # -- leases --------------------------------------------------------------------------------

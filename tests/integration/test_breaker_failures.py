@@ -14,7 +14,7 @@ from django_jobguard.conf import get_settings
 from django_jobguard.exceptions import PermanentError, TransientError
 from django_jobguard.models import Breaker, DeadLetter, Job
 from django_jobguard.registry import registry
-from django_jobguard.store._flow import hot_keys
+from django_jobguard.store.flow_sql import hot_keys
 from django_jobguard.worker import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)

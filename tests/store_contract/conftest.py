@@ -3,7 +3,7 @@
 import pytest
 
 from django_jobguard.registry import registry
-from django_jobguard.store._flow import hot_keys
+from django_jobguard.store.flow_sql import hot_keys
 from tests.testapp import tasks_flow
 
 

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from django_jobguard import store
 from django_jobguard.models import FlowRate, Job
-from django_jobguard.store._flow import hot_keys
+from django_jobguard.store.flow_sql import hot_keys
 from django_jobguard.store.memory import MemoryStore
 from tests.conftest import wait_for
 from tests.testapp import tasks_flow

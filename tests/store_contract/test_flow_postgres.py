@@ -19,7 +19,7 @@ from django.test.utils import CaptureQueriesContext
 from django_jobguard import store
 from django_jobguard.models import FlowRate, Job
 from django_jobguard.store import postgres
-from django_jobguard.store._flow import Throttle
+from django_jobguard.store.flow_sql import Throttle
 from tests.conftest import wait_for
 from tests.testapp import tasks_flow
 

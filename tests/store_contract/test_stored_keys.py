@@ -17,7 +17,7 @@ from django_jobguard import InvalidArgumentsError, Limit, Rate, store, task
 from django_jobguard.exceptions import InvalidTaskError
 from django_jobguard.models import DeadLetter, FlowRate, Job
 from django_jobguard.registry import registry
-from django_jobguard.store._flow import hot_keys
+from django_jobguard.store.flow_sql import hot_keys
 from tests.support.dlq import run_burst
 
 pytestmark = [pytest.mark.django_db(transaction=True)]

@@ -26,7 +26,7 @@ from django_jobguard.conf import WORKER_ID_MAX_LENGTH
 from django_jobguard.exceptions import InvalidTaskError
 from django_jobguard.models import Breaker, FlowRate, IdempotencyKey, Job, Schedule, Workflow
 from django_jobguard.registry import registry
-from django_jobguard.store._flow import hot_keys
+from django_jobguard.store.flow_sql import hot_keys
 from django_jobguard.worker import Worker
 
 pytestmark = [pytest.mark.django_db(transaction=True)]

@@ -1,6 +1,6 @@
 """The keys a worker process remembers as hot between its limited claims."""
 
-from django_jobguard.store._flow import HOT_KEY_MEMORY_SECONDS, HOT_KEYS_REMEMBERED, _HotKeys
+from django_jobguard.store.flow_sql import HOT_KEY_MEMORY_SECONDS, HOT_KEYS_REMEMBERED, _HotKeys
 
 
 def test_a_key_is_remembered_for_a_while_from_its_last_sighting():
