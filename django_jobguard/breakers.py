@@ -19,7 +19,8 @@ An operator may open a breaker by hand (it stays open until closed by hand) or c
 each change, by the fleet or by an operator, appends a
 :class:`~django_jobguard.models.BreakerEvent` (who, when, why), is logged on the
 ``django_jobguard.breakers`` logger and counted in ``jobguard_breaker_transitions_total``.
-The claim side (admission, probes, the retry budget) is in ``store/flow_sql.py``.
+The claim side (admission, probes, the retry budget) is in ``flow/admission.py``, its SQL in
+``store/flow_sql.py``.
 """
 
 from __future__ import annotations

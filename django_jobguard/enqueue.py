@@ -95,7 +95,7 @@ def _check_limited_routing(task: Task[Any, Any], queue_name: str, default_queue:
     declared = registry.find(task.name)
     if declared is not None and queue_name == (declared.queue_name or default_queue):
         return  # the task's own queue: the common case, decided without building the plan
-    plan = store.flow_plan()
+    plan = registry.flow_plan()
     if plan is not None and queue_name in plan.queues:
         return
     raise InvalidArgumentsError(

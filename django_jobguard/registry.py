@@ -1,4 +1,5 @@
-"""Task name → Task, and discovery of the ``tasks.py`` modules of installed apps."""
+"""Task name → Task, the flow-control plan the registered tasks declare, and discovery of the
+``tasks.py`` modules of installed apps."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .conf import get_settings
 from .exceptions import InvalidTaskError, UnknownTaskError
+from .flow import FlowPlan, TaskLimits, build_plan
 
 if TYPE_CHECKING:
     from .task import Task
@@ -79,6 +82,22 @@ class TaskRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._tasks)
+
+    def flow_plan(self) -> FlowPlan | None:
+        """The flow-control limits the registered tasks and the settings declare; None if none are.
+
+        A worker builds it once at its start and hands it to every claim (``store.claim(flow=...)``):
+        the store knows no task.
+        """
+        conf = get_settings()
+        tasks = []
+        for name in self.names():
+            task = self.find(name)
+            if task is not None and getattr(task, "limited", False):
+                queue = task.queue_name or conf.default_queue
+                tasks.append(TaskLimits(task.name, queue, task.concurrency, task.rate, task.limit))
+        queues = {name: q.concurrency for name, q in conf.queues.items() if q.concurrency is not None}
+        return build_plan(queues, conf.limits, tasks)
 
     def __contains__(self, name: object) -> bool:
         return name in self._tasks

@@ -17,11 +17,13 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext_lazy as _
 
-from .. import breakers, store
+from .. import breakers
 from ..conf import get_settings
 from ..exceptions import BreakerError, BreakerPermissionDenied
+from ..flow import family as limit_family
 from ..models import Breaker, BreakerEvent
 from ..monitoring import stats
+from ..registry import registry
 from .base import OperatorPageAdmin, ReadOnlyAdmin, can_view_payload, format_time, refusal, refuse_nul
 
 #: Limit keys listed by the jobs waiting on them, most first.
@@ -36,11 +38,11 @@ def shown_waiting_keys(request: HttpRequest, keys: list[tuple[str, int]]) -> lis
     limit and template, as the job pages hide the arguments. Unkeyed limits are names."""
     if can_view_payload(request):
         return keys
-    plan = store.flow_plan()
+    plan = registry.flow_plan()
     templates = plan.templates if plan is not None else {}
     shown = []
     for key, count in keys:
-        family = store.limit_family(key)
+        family = limit_family(key)
         if family != key:
             kind = _("concurrency") if family.startswith("c:") else _("rate")
             key = str(

@@ -1,14 +1,17 @@
-"""Flow control: the shared limits of ``JOBGUARD["LIMITS"]``, their breakers and retry budgets."""
+"""Flow control: the shared limits of ``JOBGUARD["LIMITS"]``, their breakers and retry budgets.
+
+Parsed into the specs of :mod:`django_jobguard.flow` (:class:`NamedLimit`, :class:`BreakerSpec`,
+:class:`RetryBudgetSpec`); :mod:`django_jobguard.conf` gives their names too.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from django.utils.module_loading import import_string
 
-from ..flow import MAX_STORED_RATE_KEY_LENGTH, Rate, parse_rate
+from ..flow import MAX_STORED_RATE_KEY_LENGTH, BreakerSpec, NamedLimit, Rate, RetryBudgetSpec, parse_rate
 from ._values import fail, integer, mapping, number, optional_integer, reject_unknown, stored_text, string
 
 #: The width of the breaker tables' name columns (``Breaker.name``, ``BreakerEvent.name``),
@@ -30,54 +33,6 @@ BREAKER_DEFAULTS: dict[str, object] = {
 
 #: A retry budget's options and their defaults (``JOBGUARD["LIMITS"][name]["retry_budget"]``).
 RETRY_BUDGET_DEFAULTS: dict[str, float] = {"ratio": 0.2, "min_retries": 10, "window": 60.0}
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class NamedLimit:
-    """An entry of ``JOBGUARD["LIMITS"]``: a limit several tasks share with ``@task(limit=name)``."""
-
-    name: str
-    concurrency: int | None
-    rate: Rate | None
-    breaker: BreakerSpec | None = None
-    retry_budget: RetryBudgetSpec | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BreakerSpec:
-    """``JOBGUARD["LIMITS"][name]["breaker"]``: when the dependency's breaker opens, and for how long.
-
-    It opens when, among the calls (attempts that ended) of a window, at least ``min_calls``
-    were made and at least ``failure_rate`` of them failed transiently; it stays open
-    ``open_for`` seconds, then lets ``probes`` attempts through (half-open): one success
-    closes it, one transient failure opens it again.
-    """
-
-    failure_rate: float = 0.5
-    min_calls: int = 20
-    window: float = 60.0
-    open_for: float = 30.0
-    probes: int = 5
-    #: Exception classes that count as a failed call besides those that always do (timeouts,
-    #: connection errors, the task's declared transient and recoverable errors).
-    failures: tuple[type[BaseException], ...] = ()
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RetryBudgetSpec:
-    """``JOBGUARD["LIMITS"][name]["retry_budget"]``: retries per window, as a share of first attempts.
-
-    Within each window of ``window`` seconds the claim starts at most
-    ``max(min_retries, ratio * first attempts started)`` retries of the dependency's jobs.
-    """
-
-    ratio: float = 0.2
-    min_retries: int = 10
-    window: float = 60.0
-
-    def allowed(self, first_attempts: int) -> int:
-        """Retries the window allows after ``first_attempts`` first attempts."""
-        return max(self.min_retries, int(self.ratio * first_attempts))
 
 
 def parse_limits(value: Any) -> dict[str, NamedLimit]:

@@ -1,14 +1,17 @@
-"""Flow-control specs: :class:`Limit`, :class:`Rate` and the rate strings they parse.
+"""Flow-control specs: :class:`Limit`, :class:`Rate`, the rate strings they parse, and the
+shared limits of the settings with their breakers and retry budgets.
 
 What ``@task(concurrency=..., rate=..., limit=...)``, ``JOBGUARD["QUEUES"][name]["concurrency"]``
 and ``JOBGUARD["LIMITS"]`` declare. Every spec is checked when it is built (at import of the
-tasks module, or when the settings are read), so a bad one never reaches a worker. The
-limits themselves are enforced by the claim (:mod:`django_jobguard.store`).
+tasks module, or when the settings are read: :mod:`django_jobguard.conf` parses
+``JOBGUARD["LIMITS"]`` into :class:`NamedLimit`), so a bad one never reaches a worker. The
+limits themselves are enforced by the claim (:mod:`.admission`, in the store's SQL).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import string
@@ -18,11 +21,15 @@ from ..exceptions import InvalidTaskError
 
 __all__ = [
     "MAX_STORED_RATE_KEY_LENGTH",
+    "BreakerSpec",
     "Limit",
+    "NamedLimit",
     "Rate",
+    "RetryBudgetSpec",
     "keyed_rate_room",
     "over_long_rate_keys",
     "parse_rate",
+    "read_flow_keys",
     "stored_flow_keys",
     "template_fields",
 ]
@@ -69,6 +76,17 @@ def stored_flow_keys(value: Any) -> list[str] | None:
     if isinstance(value, list) and all(isinstance(key, str) for key in value):
         return value
     return None
+
+
+def read_flow_keys(value: Any) -> list[str] | None:
+    """A row's ``flow_keys`` as the database returns them (JSON text, or decoded) as its keys;
+    None when they are not a JSON array of strings (see :func:`stored_flow_keys`)."""
+    if isinstance(value, str | bytes):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    return stored_flow_keys(value)
 
 
 def parse_rate(value: Any) -> tuple[int, float]:
@@ -192,3 +210,51 @@ def rate_spec(value: Any) -> Rate | None:
     if not isinstance(value, str):
         raise InvalidTaskError(f"rate must be a string such as '100/m' or a Rate(...), not {value!r}.")
     return Rate(value)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NamedLimit:
+    """An entry of ``JOBGUARD["LIMITS"]``: a limit several tasks share with ``@task(limit=name)``."""
+
+    name: str
+    concurrency: int | None
+    rate: Rate | None
+    breaker: BreakerSpec | None = None
+    retry_budget: RetryBudgetSpec | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BreakerSpec:
+    """``JOBGUARD["LIMITS"][name]["breaker"]``: when the dependency's breaker opens, and for how long.
+
+    It opens when, among the calls (attempts that ended) of a window, at least ``min_calls``
+    were made and at least ``failure_rate`` of them failed transiently; it stays open
+    ``open_for`` seconds, then lets ``probes`` attempts through (half-open): one success
+    closes it, one transient failure opens it again.
+    """
+
+    failure_rate: float = 0.5
+    min_calls: int = 20
+    window: float = 60.0
+    open_for: float = 30.0
+    probes: int = 5
+    #: Exception classes that count as a failed call besides those that always do (timeouts,
+    #: connection errors, the task's declared transient and recoverable errors).
+    failures: tuple[type[BaseException], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetryBudgetSpec:
+    """``JOBGUARD["LIMITS"][name]["retry_budget"]``: retries per window, as a share of first attempts.
+
+    Within each window of ``window`` seconds the claim starts at most
+    ``max(min_retries, ratio * first attempts started)`` retries of the dependency's jobs.
+    """
+
+    ratio: float = 0.2
+    min_retries: int = 10
+    window: float = 60.0
+
+    def allowed(self, first_attempts: int) -> int:
+        """Retries the window allows after ``first_attempts`` first attempts."""
+        return max(self.min_retries, int(self.ratio * first_attempts))

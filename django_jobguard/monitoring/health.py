@@ -28,8 +28,10 @@ from django.utils import timezone
 from .. import store
 from ..conf import get_settings
 from ..exceptions import LockUnavailable
+from ..flow import family
 from ..locks.holders import held_locks
 from ..models import Breaker, BreakerState, Job, JobStatus, QueueMinute, QueueState, WorkerBeat
+from ..registry import registry
 from ..store.horizon import Holder, holders
 from . import beats
 from .stats import QUERIES_WITH_RECENT as STATS_QUERIES
@@ -376,7 +378,7 @@ def _flow_causes(alias: str) -> list[tuple[str, Cause]]:
     One grouped read of the limited queues' running and due jobs (what the claim counts), and,
     when a limit has a breaker, the breaker rows and the database clock.
     """
-    plan = store.flow_plan()
+    plan = registry.flow_plan()
     if plan is None:
         return []
     running: Counter[str] = Counter()
@@ -445,7 +447,7 @@ def _flow_causes(alias: str) -> list[tuple[str, Cause]]:
         bound = plan.capacity(key)
         if bound is None or running[key] < bound:
             continue
-        fam = store.limit_family(key)
+        fam = family(key)
         keyed = fam != key
         entry = full.setdefault((queue_name, fam), [])
         if keyed and key not in entry:

@@ -31,6 +31,7 @@ from django.db.models.functions import Now
 
 from .. import store
 from ..conf import get_settings
+from ..flow import family as limit_family
 from ..models import (
     Breaker,
     BreakerState,
@@ -44,6 +45,7 @@ from ..models import (
     Workflow,
     WorkflowState,
 )
+from ..registry import registry
 
 __all__ = [
     "QUERIES",
@@ -358,7 +360,7 @@ def limit_stats(alias: str | None = None) -> list[LimitStats]:
 
     Empty, with no query, when nothing is limited.
     """
-    plan = store.flow_plan()
+    plan = registry.flow_plan()
     if plan is None:
         return []
     alias = alias or get_settings().database_alias
@@ -381,7 +383,7 @@ def limit_stats(alias: str | None = None) -> list[LimitStats]:
             f"{_rate_text(rate.interval, rate.burst)} per key",
         )
     for key, count in running.items():
-        row = rows.get(store.limit_family(key))
+        row = rows.get(limit_family(key))
         if row is None:
             continue
         row.running += count
@@ -389,7 +391,7 @@ def limit_stats(alias: str | None = None) -> list[LimitStats]:
         if bound is not None and count >= bound:
             row.full_keys += 1
     for key, count in waiting.items():
-        row = rows.get(store.limit_family(key))
+        row = rows.get(limit_family(key))
         if row is not None:
             row.waiting += count
     return sorted(rows.values(), key=lambda row: (row.kind, row.limit))
@@ -435,7 +437,7 @@ def workflow_stats(alias: str | None = None) -> list[WorkflowStats]:
 
 def waiting_keys(alias: str | None = None, top: int = 20) -> list[tuple[str, int]]:
     """The limit keys with the most due jobs waiting, most first: where a backlog sits."""
-    plan = store.flow_plan()
+    plan = registry.flow_plan()
     if plan is None:
         return []
     _, waiting = store.flow_usage(alias or get_settings().database_alias, plan)
@@ -490,7 +492,7 @@ def breaker_stats(alias: str | None = None) -> list[BreakerStats]:
 
     Empty, with no query, when none is declared.
     """
-    plan = store.flow_plan()
+    plan = registry.flow_plan()
     if plan is None or not plan.guards:
         return []
     alias = alias or get_settings().database_alias

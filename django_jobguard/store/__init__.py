@@ -34,8 +34,7 @@ from typing import Any, TypeVar
 from django.core.signals import setting_changed
 from django.db import connections
 
-from ..conf import get_settings
-from ..registry import registry
+from ..flow import FlowPlan, Throttle
 from . import flow_sql, mysql, postgres, sqlite
 from .common import (
     LEASE_EXPIRED_ERROR,
@@ -58,8 +57,6 @@ from .common import (
 )
 from .dialect import Dialect, JobStore
 from .flow_sql import TURN_KEY as FLOW_TURN_KEY
-from .flow_sql import FlowPlan, RateSpec, Throttle, build_plan
-from .flow_sql import family as limit_family
 from .listener import Listener
 from .wakeup import announce, wakeup_source
 
@@ -75,11 +72,8 @@ __all__ = [
     "CounterChange",
     "Dialect",
     "DurationRow",
-    "FlowPlan",
     "JobStore",
     "Listener",
-    "RateSpec",
-    "Throttle",
     "add_workflow_counts",
     "announce",
     "asynchronous_commit",
@@ -91,7 +85,6 @@ __all__ = [
     "database_now",
     "dialect_of",
     "discard_queued",
-    "flow_plan",
     "flow_usage",
     "heartbeat",
     "insert_jobs",
@@ -99,7 +92,6 @@ __all__ = [
     "insert_keyed_job",
     "is_unique_violation",
     "key_owner",
-    "limit_family",
     "mark_dead",
     "observed_durations",
     "oldest_due_ages",
@@ -326,15 +318,6 @@ def record_key_success(alias: str, scope: str, key: str, job_id: int, result: An
 # -- leases --------------------------------------------------------------------------------
 
 
-def flow_plan() -> FlowPlan | None:
-    """The flow-control limits declared by the registered tasks and the settings; None if none are.
-
-    A worker builds it once at its start and hands it to every :func:`claim`.
-    """
-    tasks = [task for name in registry.names() if (task := registry.find(name)) is not None]
-    return build_plan(get_settings(), tasks)
-
-
 def take_flow_turn(alias: str) -> None:
     """Inside a transaction: wait for its turn among the fleet's limited claims, held to its end.
 
@@ -377,9 +360,10 @@ def claim(
     instead. Paused queues are never claimed from: on PostgreSQL the claim statement reads
     them itself, elsewhere they are read just before it.
 
-    ``flow``: the declared limits (:func:`flow_plan`). A claim that may meet a limited job
-    admits only the jobs every limit has room for, in one transaction that the fleet's
-    limited claims take turns on; a claim of queues without limits is the one statement.
+    ``flow``: the declared limits (:class:`~django_jobguard.flow.FlowPlan`: the caller builds
+    it from its tasks, the store knows none). A claim that may meet a limited job admits only
+    the jobs every limit has room for, in one transaction that the fleet's limited claims take
+    turns on; a claim of queues without limits is the one statement.
     ``throttle`` receives when a rate that held jobs back next admits a start.
     """
     if throttle is not None:

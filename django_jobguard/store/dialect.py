@@ -19,6 +19,8 @@ What each function must do, on every store:
   job away from its worker (requeue, mark-dead, the reaper) clears it.
 - Claims take due, queued jobs with attempts left, highest ``priority`` first, then
   earliest ``run_after``, then lowest id; two concurrent claims never take the same job.
+  (On PostgreSQL a worker's claim may start where its last one stopped: a job that became
+  claimable behind that point waits for the worker's next full claim, see ``postgres``.)
 - A limited claim (flow control) admits a job only if every limit it counts under has
   room, counted across every process; a job it leaves is not touched (no attempt).
 """
@@ -30,8 +32,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from ..flow import FlowPlan, Throttle
 from .common import REAP_BATCH, AttemptError, ClaimedJob, Clock, CounterChange, DurationRow, Inserted
-from .flow_sql import FlowPlan, Throttle
 
 __all__ = ["Dialect", "JobStore"]
 

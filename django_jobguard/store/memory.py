@@ -39,8 +39,8 @@ from .common import (
 from .flow_sql import mark_unreadable
 
 if TYPE_CHECKING:
+    from ..flow import FlowPlan, Throttle
     from .dialect import JobStore
-    from .flow_sql import FlowPlan, Throttle
 
 __all__ = ["MemoryStore", "StoredJob", "StoredKey"]
 

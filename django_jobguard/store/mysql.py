@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 from django.db import OperationalError, connections, transaction
 
 from .. import events
+from ..flow import FlowPlan, Throttle
 from . import common, flow_sql
 from .common import (
     COUNTER_TABLE,
@@ -376,8 +377,8 @@ def claim_limited(
     limit: int,
     worker_id: str,
     exclude: Sequence[str],
-    plan: flow_sql.FlowPlan,
-    throttle: flow_sql.Throttle | None = None,
+    plan: FlowPlan,
+    throttle: Throttle | None = None,
 ) -> list[ClaimedJob]:
     # The limited claim is one transaction of several statements: a deadlock rolls all of it
     # back (its rate and breaker writes too), so it runs again from the start, its report

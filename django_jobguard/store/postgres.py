@@ -25,7 +25,7 @@ from django.db import DatabaseError, DataError, InterfaceError, connections, tra
 
 from .. import events
 from ..conf import get_settings
-from ..flow import MAX_STORED_RATE_KEY_LENGTH
+from ..flow import MAX_STORED_RATE_KEY_LENGTH, FlowPlan, Throttle, admission
 from . import common, flow_sql
 from .common import (
     FINISHED,
@@ -501,7 +501,7 @@ FLOW_LOCK_ID = 0x6A67666C
 _LEASE = f"WITH picked AS (SELECT unnest(%s::bigint[]) AS id) {_CLAIM_UPDATE}"
 
 
-def _turn_in_sql(connection: Any, plan: flow_sql.FlowPlan) -> bool:
+def _turn_in_sql(connection: Any, plan: FlowPlan) -> bool:
     """Whether a limited claim's turn may begin and end in the SQL strings it sends, rather
     than in a Django atomic block (``connection`` is Django's, connected).
 
@@ -527,7 +527,7 @@ class _FlowSQL(flow_sql.ConflictUpserts, flow_sql.SequentialTurn):
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [FLOW_LOCK_ID])
 
     @contextlib.contextmanager
-    def turn(self, alias: str, plan: flow_sql.FlowPlan) -> Iterator[flow_sql.TurnScope]:
+    def turn(self, alias: str, plan: FlowPlan) -> Iterator[flow_sql.TurnScope]:
         connection = connections[alias]
         connection.ensure_connection()
         if not _turn_in_sql(connection, plan):
@@ -549,7 +549,7 @@ class _FlowSQL(flow_sql.ConflictUpserts, flow_sql.SequentialTurn):
                 cursor.execute("COMMIT")
 
     def open_turn(
-        self, alias: str, cursor: Any, plan: flow_sql.FlowPlan, scope: flow_sql.TurnScope
+        self, alias: str, cursor: Any, plan: FlowPlan, scope: flow_sql.TurnScope
     ) -> flow_sql.Opening:
         if not _simple_query(cursor):
             return super().open_turn(alias, cursor, plan, scope)
@@ -770,7 +770,7 @@ def _skipping_statement(
 # -- the limited claim in one string -------------------------------------------------------
 
 _CANDIDATE_COLUMNS = (*_WALKED, "priority", "run_after")
-#: Due jobs a one-string claim reads per job it may take (``flow_sql.CANDIDATES_PER_JOB`` for the
+#: Due jobs a one-string claim reads per job it may take (``admission.CANDIDATES_PER_JOB`` for the
 #: claim over three round trips): reading and admitting them is most of the turn's time, and
 #: a key that fills up and hides the rest is read around by the next turn (the refill, then
 #: the watched keys). With four per job the keyed benchmark kept 76 % of the unlimited rate,
@@ -793,7 +793,7 @@ _LEASE_IF_QUEUED = _CLAIM_UPDATE.replace(
 _SUMMARY = ("now", "held", "filled", "times", "candidates", "unreadable")
 #: The leased jobs whose stored flow keys are not a JSON array of strings, as ``{id: flow_keys}``
 #: (NULL when none): counted under none of them (see :func:`_keys_of`), and marked for the
-#: worker, which dead-letters them (``flow_sql.stored_flow_keys``).
+#: worker, which dead-letters them (``flow.stored_flow_keys``).
 _UNREADABLE = (
     "(SELECT jsonb_object_agg(c.id::text, c.flow_keys) FROM candidates AS c "
     "WHERE c.id IN (SELECT id FROM leased) AND CASE WHEN jsonb_typeof(c.flow_keys) = 'array' "
@@ -804,7 +804,7 @@ _UNREADABLE = (
 
 
 def _family(key: str) -> str:
-    """SQL for the limit a key belongs to (see :func:`flow_sql.family`)."""
+    """SQL for the limit a key belongs to (see :func:`~django_jobguard.flow.family`)."""
     return f"(CASE WHEN left({key}, 2) IN ('c:', 'r:') THEN split_part({key}, '|', 1) ELSE {key} END)"
 
 
@@ -865,7 +865,7 @@ def _one_string_sql(shape: str, count: int, per_key: int) -> str:
         "(SELECT fits FROM fits) AND p.k <> ALL((SELECT keys FROM blocked)::text[]) "
         f"AND p.q {_IN_QUEUES[shape]}",
     )
-    epsilon = repr(flow_sql.EPSILON)
+    epsilon = repr(admission.EPSILON)
     leased_columns = ", ".join(f"l.{column}" for column in RETURNING.split(", "))
     summary = ", ".join(f"CASE WHEN coalesce(l.n = 1, true) THEN s.{column} END" for column in _SUMMARY)
     return (
@@ -962,7 +962,7 @@ def _one_string_statement(shape: str, count: int, per_key: int) -> Statement:
     return Statement(_one_string_sql(shape, count, per_key))
 
 
-def _plan_parameters(plan: flow_sql.FlowPlan) -> list[Any]:
+def _plan_parameters(plan: FlowPlan) -> list[Any]:
     """The plan as :func:`_one_string_sql` reads it: the unkeyed keys per task, the limited
     queues and tasks, and each limit as ``[concurrency, interval, tolerance]``."""
     limits: dict[str, list[float | None]] = {
@@ -979,7 +979,7 @@ def _plan_parameters(plan: flow_sql.FlowPlan) -> list[Any]:
     ]
 
 
-def _claims_in_one_string(alias: str, plan: flow_sql.FlowPlan) -> bool:
+def _claims_in_one_string(alias: str, plan: FlowPlan) -> bool:
     """Whether a limited claim (not behind a pooler: see :func:`claim_limited`) may be one
     string, the turn's lock and then one statement: when its turn may be carried in SQL
     (:func:`_turn_in_sql`), since the string's implicit transaction is what ends the turn."""
@@ -992,8 +992,8 @@ def _claim_in_one_string(
     limit: int,
     worker_id: str,
     exclude: Sequence[str],
-    plan: flow_sql.FlowPlan,
-    throttle: flow_sql.Throttle | None,
+    plan: FlowPlan,
+    throttle: Throttle | None,
 ) -> list[ClaimedJob]:
     """The limited claim as one round trip: what ``flow_sql.claim_limited`` does, in SQL.
 
@@ -1014,14 +1014,14 @@ def _claim_in_one_string(
     jobs: list[ClaimedJob] = []
     held: set[str] = set()
     now, arrivals = 0.0, {}
-    for _ in range(1 + flow_sql.REFILL_PASSES):
+    for _ in range(1 + admission.REFILL_PASSES):
         wanted = limit - len(jobs)
         # The candidates' count is a literal of the prepared statement (see
         # _skipping_statement), so it comes in steps of eight jobs: each size is planned once
         # per connection.
-        count = -(-wanted // 8) * 8 * ONE_STRING_CANDIDATES_PER_JOB + flow_sql.CANDIDATES_EXTRA
+        count = -(-wanted // 8) * 8 * ONE_STRING_CANDIDATES_PER_JOB + admission.CANDIDATES_EXTRA
         statement = _one_string_statement(shape, count, min(plan.most_per_key or count, count))
-        watched = flow_sql.hot_keys.recent(time.monotonic())
+        watched = admission.hot_keys.recent(time.monotonic())
         with connections[alias].cursor() as cursor:
             statement.execute(
                 alias,
@@ -1044,7 +1044,7 @@ def _claim_in_one_string(
             )
         filled = set(refused or ()) - set(blocked or ())
         if filled:
-            flow_sql.hot_keys.note(filled, time.monotonic())
+            admission.hot_keys.note(filled, time.monotonic())
         held.update(blocked or (), refused or ())
         times = json.loads(times) if isinstance(times, str | bytes) else times or {}
         arrivals = {key: float(value) for key, value in times.items() if plan.rate(key) is not None}
@@ -1052,7 +1052,7 @@ def _claim_in_one_string(
             break
     if throttle is not None:
         throttle.breaker_changes = []
-    flow_sql.note_throttle(throttle, plan, held, {}, float(now), arrivals)
+    admission.note_throttle(throttle, plan, held, {}, float(now), arrivals)
     return jobs
 
 
@@ -1062,8 +1062,8 @@ def claim_limited(
     limit: int,
     worker_id: str,
     exclude: Sequence[str],
-    plan: flow_sql.FlowPlan,
-    throttle: flow_sql.Throttle | None = None,
+    plan: FlowPlan,
+    throttle: Throttle | None = None,
 ) -> list[ClaimedJob]:
     # Behind a transaction-mode pooler the one string's prepared statement would be sent as
     # text and planned on every claim: there the claim takes its three round trips.

@@ -15,6 +15,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.backends.sqlite3.base import SQLiteCursorWrapper
 
+from ..flow import FlowPlan, Throttle
 from . import common, flow_sql
 from .common import (
     FINISHED,
@@ -306,8 +307,8 @@ def claim_limited(
     limit: int,
     worker_id: str,
     exclude: Sequence[str],
-    plan: flow_sql.FlowPlan,
-    throttle: flow_sql.Throttle | None = None,
+    plan: FlowPlan,
+    throttle: Throttle | None = None,
 ) -> list[ClaimedJob]:
     return flow_sql.claim_limited(FLOW_SQL, alias, queues, limit, worker_id, exclude, plan, throttle)
 

@@ -40,9 +40,11 @@ from django.db import DatabaseError, InterfaceError, connections
 
 from .. import _faults, breakers, events, store
 from ..conf import WORKER_ID_MAX_LENGTH, get_settings
+from ..flow import Throttle
 from ..maintenance import Maintenance
 from ..monitoring import beats
 from ..outcome import Tally
+from ..registry import registry
 from .aio import BLOCKED_AFTER_SECONDS, AsyncExecutor
 from .completer import Completer
 from .executor import Executor
@@ -166,9 +168,9 @@ class Worker:
             )
         self.alias = database_alias or conf.database_alias
         #: The flow-control limits the claims enforce (None: none declared, the plain claim).
-        self.flow = store.flow_plan()
+        self.flow = registry.flow_plan()
         #: When a rate that held jobs back next admits a start (written by each limited claim).
-        self._throttle = store.Throttle()
+        self._throttle = Throttle()
         self.poll_interval = poll_interval if poll_interval is not None else conf.poll_interval
         self.reaper_interval = reaper_interval if reaper_interval is not None else conf.reaper_interval
         self.shutdown_grace = shutdown_grace if shutdown_grace is not None else conf.shutdown_grace

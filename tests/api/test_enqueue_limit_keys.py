@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from django_jobguard import Limit, Rate, task
+from django_jobguard.flow import hot_keys
 from django_jobguard.models import Job
 from django_jobguard.registry import registry
-from django_jobguard.store.flow_sql import hot_keys
 from tests.api.support import BASE, as_user
 
 pytestmark = pytest.mark.django_db

@@ -12,9 +12,9 @@ from django.test import override_settings
 from django_jobguard import breakers, task
 from django_jobguard.conf import get_settings
 from django_jobguard.exceptions import PermanentError, TransientError
+from django_jobguard.flow import hot_keys
 from django_jobguard.models import Breaker, DeadLetter, Job
 from django_jobguard.registry import registry
-from django_jobguard.store.flow_sql import hot_keys
 from django_jobguard.worker import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -226,7 +226,7 @@ def test_limited_claims_beside_enqueues_acks_and_rate_pruning_meet_no_deadlock_a
 
     for task in tasks_flow.ALL:
         registry.register(task)
-    plan = store.flow_plan()
+    plan = registry.flow_plan()
     assert plan is not None
     accounts, per_producer, producers = 3, 60, 3
     total = per_producer * producers

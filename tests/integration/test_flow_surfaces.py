@@ -35,7 +35,7 @@ def busy_limits():
     tasks_flow.per_account.enqueue(2, 0)
     for _ in range(5):
         tasks_flow.three_at_once.enqueue(0)
-    claimed = store.claim("default", None, 20, "w", flow=store.flow_plan())
+    claimed = store.claim("default", None, 20, "w", flow=registry.flow_plan())
     assert len(claimed) == 2 + 1 + 3
     yield
     for task in tasks_flow.ALL:

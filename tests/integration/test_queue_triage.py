@@ -104,7 +104,7 @@ def test_a_lock_whose_holder_runs_is_no_emergency_and_a_free_lock_is_no_cause():
 def test_a_full_limit_a_pause_no_worker_stuck_jobs_and_a_backlog_are_named():
     for _ in range(4):
         tasks_flow.shared_a.enqueue(0)
-    claimed = store.claim("default", ["flow-shared"], 10, "w", flow=store.flow_plan())
+    claimed = store.claim("default", ["flow-shared"], 10, "w", flow=registry.flow_plan())
     assert len(claimed) == 2  # flow-shared allows 2 at once: 2 running, 2 waiting
     tasks.add.using(queue_name="paused-q").enqueue(1)
     queues.pause("paused-q", actor="olga", reason="provider maintenance")

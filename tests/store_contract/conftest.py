@@ -2,8 +2,8 @@
 
 import pytest
 
+from django_jobguard.flow import hot_keys
 from django_jobguard.registry import registry
-from django_jobguard.store.flow_sql import hot_keys
 from tests.testapp import tasks_flow
 
 

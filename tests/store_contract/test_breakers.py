@@ -14,8 +14,10 @@ from django.contrib.auth.models import Permission, User
 from django_jobguard import breakers, events, store
 from django_jobguard.conf import get_settings
 from django_jobguard.exceptions import BreakerError, BreakerPermissionDenied
+from django_jobguard.flow import Throttle
 from django_jobguard.models import Breaker, BreakerEvent, Job
 from django_jobguard.monitoring.stats import breaker_stats
+from django_jobguard.registry import registry
 from tests.support.factories import make_user
 from tests.testapp import tasks_flow
 
@@ -34,7 +36,7 @@ def spec():
 
 def claim(limit=10, throttle=None):
     return store.claim(
-        "default", ["flow-dep"], limit, "test-worker", flow=store.flow_plan(), throttle=throttle
+        "default", ["flow-dep"], limit, "test-worker", flow=registry.flow_plan(), throttle=throttle
     )
 
 
@@ -67,7 +69,7 @@ def test_failures_past_the_threshold_open_the_breaker_and_its_jobs_wait_without_
     assert state() == "open"
     assert transitions() == [("closed", "open", "system")]
     assert "6 of 6 calls failed" in Breaker.objects.get(name=DEP).reason
-    throttle = store.Throttle()
+    throttle = Throttle()
     assert claim(throttle=throttle) == []
     assert throttle.held_back == {"breaker"}
     assert throttle.retry_after is not None and 0 < throttle.retry_after <= spec().open_for
@@ -89,7 +91,7 @@ def test_after_its_open_time_the_claim_admits_the_probes_only_and_a_success_clos
     jobs = [tasks_flow.call_dependency.enqueue(n) for n in range(6)]
     calls(6, failed=True)
     time_up()
-    throttle = store.Throttle()
+    throttle = Throttle()
     probes = claim(throttle=throttle)
     assert [job.id for job in probes] == [job.id for job in jobs[:2]]  # probes = 2
     assert throttle.breaker_changes == [(DEP, "open", "half_open")]
@@ -121,7 +123,7 @@ def test_other_limited_tasks_are_claimed_while_a_breaker_is_open(flow_tasks):
     tasks_flow.call_dependency.enqueue(1)
     other = tasks_flow.shared_a.enqueue(1)
     calls(6, failed=True)
-    claimed = store.claim("default", None, 10, "w", flow=store.flow_plan())
+    claimed = store.claim("default", None, 10, "w", flow=registry.flow_plan())
     assert [job.id for job in claimed] == [other.id]
 
 
@@ -157,7 +159,7 @@ def test_the_retry_budget_holds_retries_back_but_never_first_attempts(flow_tasks
     retries = [tasks_flow.call_dependency.enqueue(n) for n in range(10)]
     Job.objects.filter(pk__in=[j.id for j in retries]).update(attempts=1)  # each failed once before
     firsts = [tasks_flow.call_dependency.enqueue(n) for n in range(10, 12)]
-    throttle = store.Throttle()
+    throttle = Throttle()
     claimed = {job.id for job in claim(limit=50, throttle=throttle)}
     # 2 first attempts; retries allowed: max(min_retries 4, 50% of 2) = 4.
     assert {j.id for j in firsts} <= claimed
@@ -196,7 +198,7 @@ def test_each_change_is_an_event_a_log_line_and_a_counted_transition(flow_tasks,
     try:
         calls(6, failed=True)
         time_up()
-        throttle = store.Throttle()
+        throttle = Throttle()
         tasks_flow.call_dependency.enqueue(1)
         claim(throttle=throttle)  # half-opens: the worker reports it (Worker._report_throttle)
         calls(1, failed=False)
@@ -212,7 +214,7 @@ def test_each_change_is_an_event_a_log_line_and_a_counted_transition(flow_tasks,
 def test_a_breaker_no_task_names_leaves_every_claim_the_plain_claim():
     # tests/settings.py declares flow-dep's breaker; with its task unregistered nothing is limited.
     assert get_settings().limits[DEP].breaker is not None
-    assert store.flow_plan() is None
+    assert registry.flow_plan() is None
 
 
 def test_a_worker_gathers_the_successes_of_a_closed_breaker_and_counts_each_failure_at_once():

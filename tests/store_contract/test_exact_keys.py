@@ -15,6 +15,7 @@ from django.utils import timezone
 from django_jobguard import store
 from django_jobguard.models import FlowRate, IdempotencyKey, Job
 from django_jobguard.operations import queues as queues_service
+from django_jobguard.registry import registry
 from django_jobguard.store import locks
 from tests.testapp import tasks, tasks_flow
 
@@ -25,7 +26,7 @@ variant = pytest.mark.parametrize("other", list(VARIANTS.values()), ids=list(VAR
 
 
 def _claim(limit: int = 30) -> list[store.ClaimedJob]:
-    return store.claim("default", None, limit, "test-worker", flow=store.flow_plan())
+    return store.claim("default", None, limit, "test-worker", flow=registry.flow_plan())
 
 
 @variant

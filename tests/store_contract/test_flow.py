@@ -15,8 +15,9 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_jobguard import store
+from django_jobguard.flow import Throttle, hot_keys
 from django_jobguard.models import FlowRate, Job
-from django_jobguard.store.flow_sql import hot_keys
+from django_jobguard.registry import registry
 from django_jobguard.store.memory import MemoryStore
 from tests.conftest import wait_for
 from tests.testapp import tasks_flow
@@ -29,7 +30,7 @@ pytestmark = [
 
 
 def claim(limit=10, queues=None):
-    return store.claim("default", queues, limit, "test-worker", flow=store.flow_plan())
+    return store.claim("default", queues, limit, "test-worker", flow=registry.flow_plan())
 
 
 def finish(job_id):
@@ -37,7 +38,7 @@ def finish(job_id):
 
 
 def test_no_plan_when_nothing_is_limited():
-    assert store.flow_plan() is None
+    assert registry.flow_plan() is None
 
 
 def test_a_task_concurrency_admits_n_and_leaves_the_rest_queued_without_an_attempt(flow_tasks):
@@ -109,7 +110,7 @@ def test_a_queue_concurrency_limits_every_task_of_the_queue():
 
         jobs = [tasks.add.using(queue_name="capped").enqueue(n) for n in range(4)]
         other = tasks.add.using(queue_name="free").enqueue(9)
-        plan = store.flow_plan()
+        plan = registry.flow_plan()
         assert plan is not None and plan.covers(["capped"], []) and not plan.covers(["free"], [])
         claimed = store.claim("default", None, 10, "w", flow=plan)
         assert sorted(job.id for job in claimed) == sorted([jobs[0].id, jobs[1].id, other.id])
@@ -148,8 +149,8 @@ def test_unlimited_jobs_of_a_limited_queue_are_claimed_as_usual(flow_tasks):
 
 def test_a_rate_admits_its_burst_then_one_start_per_interval(flow_tasks):
     jobs = [tasks_flow.rated.enqueue(n) for n in range(12)]
-    throttle = store.Throttle()
-    first = store.claim("default", None, 20, "w", flow=store.flow_plan(), throttle=throttle)
+    throttle = Throttle()
+    first = store.claim("default", None, 20, "w", flow=registry.flow_plan(), throttle=throttle)
     assert [job.id for job in first] == [job.id for job in jobs[:5]]  # the burst
     # The worker may claim again when the next start is due: one interval (50 ms) from now.
     assert throttle.retry_after is not None and 0 < throttle.retry_after <= 0.05 + 1e-3
@@ -162,8 +163,8 @@ def test_a_rate_admits_its_burst_then_one_start_per_interval(flow_tasks):
 def test_a_claim_held_back_by_concurrency_only_gives_no_rate_hint(flow_tasks):
     for _ in range(4):
         tasks_flow.three_at_once.enqueue(0)
-    throttle = store.Throttle(retry_after=1.0)
-    assert len(store.claim("default", None, 10, "w", flow=store.flow_plan(), throttle=throttle)) == 3
+    throttle = Throttle(retry_after=1.0)
+    assert len(store.claim("default", None, 10, "w", flow=registry.flow_plan(), throttle=throttle)) == 3
     assert throttle.retry_after is None  # a slot frees when a job ends, not at a time
 
 

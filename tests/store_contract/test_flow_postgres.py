@@ -17,9 +17,10 @@ from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
 from django_jobguard import store
+from django_jobguard.flow import Throttle
 from django_jobguard.models import FlowRate, Job
+from django_jobguard.registry import registry
 from django_jobguard.store import postgres
-from django_jobguard.store.flow_sql import Throttle
 from tests.conftest import wait_for
 from tests.testapp import tasks_flow
 
@@ -30,7 +31,7 @@ pytestmark = [
 
 
 def claim(limit=10, queues=None):
-    return store.claim("default", queues, limit, "test-worker", flow=store.flow_plan())
+    return store.claim("default", queues, limit, "test-worker", flow=registry.flow_plan())
 
 
 @pytest.fixture(params=["one string", "three round trips"])
@@ -163,8 +164,8 @@ def test_outside_a_transaction_a_claim_is_one_string_its_lock_and_one_statement(
 def test_a_one_string_claim_writes_its_rate_keys_with_its_leases(unguarded_tasks):
     jobs = [tasks_flow.rated.enqueue(i) for i in range(8)]
     throttle = Throttle()
-    claimed = store.claim("default", None, 10, "test-worker", flow=store.flow_plan(), throttle=throttle)
-    rate = store.flow_plan().rates[f"rate:task:{tasks_flow.rated.name}"]
+    claimed = store.claim("default", None, 10, "test-worker", flow=registry.flow_plan(), throttle=throttle)
+    rate = registry.flow_plan().rates[f"rate:task:{tasks_flow.rated.name}"]
     assert [job.id for job in claimed] == [job.id for job in jobs[: rate.burst]]
     assert throttle.held_back == {"rate"}
     assert 0 < throttle.retry_after <= rate.interval

@@ -15,9 +15,9 @@ from django.db.models import JSONField, Value
 
 from django_jobguard import InvalidArgumentsError, Limit, Rate, store, task
 from django_jobguard.exceptions import InvalidTaskError
+from django_jobguard.flow import hot_keys
 from django_jobguard.models import DeadLetter, FlowRate, Job
 from django_jobguard.registry import registry
-from django_jobguard.store.flow_sql import hot_keys
 from tests.support.dlq import run_burst
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -43,7 +43,7 @@ def long_task():
 
 
 def claim(limit=10):
-    return store.claim("default", [QUEUE], limit, "test-worker", flow=store.flow_plan())
+    return store.claim("default", [QUEUE], limit, "test-worker", flow=registry.flow_plan())
 
 
 def test_enqueue_refuses_a_rate_key_whose_stored_form_would_not_fit(long_task):
@@ -139,17 +139,17 @@ def test_a_row_whose_flow_keys_are_not_a_list_of_strings_is_dead_lettered_and_th
     Job.objects.filter(pk=bad.pk).update(flow_keys=Value(stored, output_field=JSONField()))
     # Before, PostgreSQL's one-string claim failed on it (jsonb_array_elements_text of a
     # non-array), and the claim in Python on every database: no job of the queue was claimed.
-    claimed = store.claim("default", [KEYED_QUEUE], 10, "test-worker", flow=store.flow_plan())
+    claimed = store.claim("default", [KEYED_QUEUE], 10, "test-worker", flow=registry.flow_plan())
     assert sorted(job.id for job in claimed) == [before.id, bad.id, after.id]
     marked = {job.id: job.unreadable_flow_keys for job in claimed}
     assert marked[before.id] is None and marked[after.id] is None
     assert json.loads(marked[bad.id]) == stored
     # Running, it still counts under none of its keys and breaks no claim.
     later = keyed_task.enqueue("d")
-    again = store.claim("default", [KEYED_QUEUE], 10, "test-worker", flow=store.flow_plan())
+    again = store.claim("default", [KEYED_QUEUE], 10, "test-worker", flow=registry.flow_plan())
     assert [job.id for job in again] == [later.id]
     # What the console reports of the limits reads it too: counted under its task's keys only.
-    running, _ = store.flow_usage("default", store.flow_plan())
+    running, _ = store.flow_usage("default", registry.flow_plan())
     assert running[f"c:{KEYED}|p:a"] == 1 and f"c:{KEYED}|p:b" not in running
 
     Job.objects.filter(pk__in=[before.pk, bad.pk, after.pk, later.pk]).update(

@@ -24,9 +24,9 @@ from django.test import override_settings
 from django_jobguard import InvalidArgumentsError, Rate, chain, conf, store, task
 from django_jobguard.conf import WORKER_ID_MAX_LENGTH
 from django_jobguard.exceptions import InvalidTaskError
+from django_jobguard.flow import hot_keys
 from django_jobguard.models import Breaker, FlowRate, IdempotencyKey, Job, Schedule, Workflow
 from django_jobguard.registry import registry
-from django_jobguard.store.flow_sql import hot_keys
 from django_jobguard.worker import Worker
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -222,7 +222,7 @@ def test_rate_key_stored_by_the_claim(declare):
     made = declare(name, queue_name="text-probe-rate", rate=Rate("100/s", key="{key}", burst=100))
     room = width("FlowRate.key") - len(f"r:{name}|")
     job = made.enqueue("r" * room)
-    claimed = store.claim("default", ["text-probe-rate"], 5, "probe-worker", flow=store.flow_plan())
+    claimed = store.claim("default", ["text-probe-rate"], 5, "probe-worker", flow=registry.flow_plan())
     assert [each.id for each in claimed] == [job.id]
     assert FlowRate.objects.filter(key=f"r:{name}|{'r' * room}").exists()
     refused(lambda: made.enqueue("r" * (room + 1)), InvalidArgumentsError, "rate key", "255")
@@ -296,7 +296,7 @@ def test_shared_limit_names_stored_by_the_claim(declare):
             declare(f"probe.limit.{n}", queue_name="text-probe-limit", limit=name).enqueue()
             for n, name in enumerate(limits)
         ]
-        claimed = store.claim("default", ["text-probe-limit"], 5, "probe-worker", flow=store.flow_plan())
+        claimed = store.claim("default", ["text-probe-limit"], 5, "probe-worker", flow=registry.flow_plan())
         assert sorted(each.id for each in claimed) == sorted(job.id for job in jobs)
         assert FlowRate.objects.filter(key=f"rate:limit:{rated}").exists()
         assert Breaker.objects.filter(name=guarded).exists()

@@ -146,7 +146,7 @@ def test_reporting_reads_ages_and_durations(memory, clock):
 
 @pytest.mark.parametrize("stored", [{"c": "k"}, "c:t|k", 7, None, ["c:t|k", 7]])
 def test_a_limited_claim_leases_and_marks_a_job_whose_flow_keys_are_not_a_list_of_strings(memory, stored):
-    from django_jobguard.store.flow_sql import FlowPlan
+    from django_jobguard.flow import FlowPlan
 
     plan = FlowPlan({}, {}, {"t": ()}, {"t": 1}, {}, frozenset({"default"}))
     ids = [
