@@ -14,8 +14,8 @@ Where things are: :mod:`.defaults` (every key, its default and its comment), :mo
 checks: :mod:`.queue_settings` (queues and retries), :mod:`.limits` (shared limits, breakers, retry
 budgets), :mod:`.workers` (the worker process, its databases, ``TUNING``), :mod:`.services`
 (``LOCKS``, ``IDEMPOTENCY``, ``REPLAY``, ``CACHE``), :mod:`.horizon` (``HORIZON``, the vacuum
-horizon), :mod:`.api`, :mod:`.payloads` and :mod:`.schedule_settings`. Import every name from
-``django_jobguard.conf``.
+horizon), :mod:`.retention` (``RETENTION``, how long finished jobs are kept), :mod:`.api`,
+:mod:`.payloads` and :mod:`.schedule_settings`. Import every name from ``django_jobguard.conf``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,15 @@ from .limits import (
     RetryBudgetSpec,
 )
 from .payloads import MAX_PAYLOAD_DEPTH_CEILING
-from .queue_settings import QUEUE_ONLY_OPTIONS, QUEUE_OPTIONS, QueueConfig, RetryOverrides, RetryPolicy
+from .queue_settings import (
+    QUEUE_ONLY_OPTIONS,
+    QUEUE_OPTION_KEYS,
+    QUEUE_OPTIONS,
+    QueueConfig,
+    RetryOverrides,
+    RetryPolicy,
+)
+from .retention import RETENTION_STATUSES, RetentionPolicy, RetentionSettings
 from .schedule_settings import MAX_SCHEDULE_NAME_LENGTH, MISSED_POLICIES, ScheduleConfig, SchedulerSettings
 from .services import CacheSettings, IdempotencySettings, LockSettings, ReplaySettings
 from .settings import Settings, parse
@@ -61,6 +69,8 @@ __all__ = [
     "MISSED_POLICIES",
     "QUEUE_ONLY_OPTIONS",
     "QUEUE_OPTIONS",
+    "QUEUE_OPTION_KEYS",
+    "RETENTION_STATUSES",
     "RETRY_BUDGET_DEFAULTS",
     "WORKER_ID_MAX_LENGTH",
     "ApiSettings",
@@ -72,6 +82,8 @@ __all__ = [
     "NamedLimit",
     "QueueConfig",
     "ReplaySettings",
+    "RetentionPolicy",
+    "RetentionSettings",
     "RetryBudgetSpec",
     "RetryOverrides",
     "RetryPolicy",

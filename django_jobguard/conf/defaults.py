@@ -221,6 +221,25 @@ DEFAULTS: dict[str, Any] = {
         # check jobguard.W064 warns: its transaction holds the horizon for the whole run.
         "ATOMIC_TIMEOUT": 60.0,
     },
+    "RETENTION": {
+        # Seconds a succeeded job is kept after it finished; then the worker that prunes deletes
+        # it (a job a live idempotency key answers with, or a member of a workflow not finished,
+        # stays until neither holds). None keeps succeeded jobs. A queue may set its own:
+        # QUEUES[name]["retention"] = {"succeeded": ..., "cancelled": ..., "dead": ...}.
+        "SUCCEEDED": 24 * 3600.0,
+        # Seconds a cancelled job is kept after it finished (the same exceptions); None keeps them.
+        "CANCELLED": 7 * 24 * 3600.0,
+        # Seconds a dead job is kept after it finished, once its dead letter is replayed (or
+        # gone): a job whose dead letter waits for a decision stays however old. None keeps them.
+        "DEAD": 7 * 24 * 3600.0,
+        # Seconds between two pruning passes, run by one elected worker (the maintenance leader
+        # with MAINTENANCE_LEADER, else the holder of the lease row jobguard:leader:retention) on
+        # a thread of its own, in batches. 0 turns pruning in workers off: jobguard_prune still
+        # applies these rules when run by hand or from cron.
+        "INTERVAL": 60.0,
+        # Jobs deleted per transaction by a pruning pass (and by jobguard_prune).
+        "BATCH_SIZE": 500,
+    },
     # Recurring jobs declared in settings: {"name": {"task": "app.tasks.f", "cron": "0 2 * * *",
     # "timezone": "UTC", "args": [], "kwargs": {}, "queue_name": None, "missed": "run_once"}}.
     # Tasks can declare their own with @task(schedule="*/5 * * * *").

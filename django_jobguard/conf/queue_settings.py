@@ -22,12 +22,27 @@ from ._values import (
     stored_text,
 )
 from .defaults import DEFAULTS
+from .retention import RETENTION_STATUSES, RetentionPolicy, parse_queue_retention
 
 #: The width of the handler version columns (``Job.handler_version``, ``DeadLetter.handler_version``).
 MAX_HANDLER_VERSION_LENGTH = 64
 
 #: The options a queue in JOBGUARD["QUEUES"] may set (QueueConfig's fields but its name).
-QUEUE_OPTIONS = {"visibility_timeout", "max_attempts", "retry", "recoverable_retry", "concurrency"}
+QUEUE_OPTIONS = {
+    "visibility_timeout",
+    "max_attempts",
+    "retry",
+    "recoverable_retry",
+    "concurrency",
+    "retention",
+}
+
+#: The keys of the queue options that are dicts; a key left out comes from the global setting.
+QUEUE_OPTION_KEYS = {
+    "retry": ("base", "max", "jitter"),
+    "recoverable_retry": ("base", "max", "jitter"),
+    "retention": RETENTION_STATUSES,
+}
 
 #: Queue options with no global setting behind them: what each does, for the settings reference.
 QUEUE_ONLY_OPTIONS = {
@@ -114,6 +129,8 @@ class QueueConfig:
     recoverable_retry: RetryPolicy
     #: Jobs of the queue running at once across every worker; None: no limit.
     concurrency: int | None = None
+    #: How long the queue's finished jobs are kept, merged over ``RETENTION``; None: as ``RETENTION``.
+    retention: RetentionPolicy | None = None
 
 
 def parse_retry_policies(merged: Mapping[str, Any]) -> tuple[RetryPolicy, RetryPolicy]:
@@ -128,7 +145,12 @@ def parse_retry_policies(merged: Mapping[str, Any]) -> tuple[RetryPolicy, RetryP
 
 
 def parse_queues(
-    value: Any, visibility: float, attempts: int, retry: RetryPolicy, recoverable: RetryPolicy
+    value: Any,
+    visibility: float,
+    attempts: int,
+    retry: RetryPolicy,
+    recoverable: RetryPolicy,
+    retention: RetentionPolicy | None = None,
 ) -> dict[str, QueueConfig]:
     """``JOBGUARD["QUEUES"]``: each queue's options over the global ones."""
     queues: dict[str, QueueConfig] = {}
@@ -148,6 +170,13 @@ def parse_queues(
                 options.get("recoverable_retry", {}), (*path, "recoverable_retry"), recoverable
             ),
             concurrency=optional_integer(options.get("concurrency"), (*path, "concurrency")),
+            retention=(
+                parse_queue_retention(
+                    options["retention"], (*path, "retention"), retention or RetentionPolicy()
+                )
+                if "retention" in options
+                else None
+            ),
         )
     return queues
 

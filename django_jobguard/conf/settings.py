@@ -29,6 +29,7 @@ from .queue_settings import (
     parse_retry_policies,
     parse_unclassified_errors,
 )
+from .retention import RetentionPolicy, RetentionSettings, parse_retention_settings
 from .schedule_settings import ScheduleConfig, SchedulerSettings, parse_scheduler_settings, parse_schedules
 from .services import (
     CacheSettings,
@@ -126,6 +127,8 @@ class Settings:
     opentelemetry_baggage: frozenset[str] = frozenset()
     #: ``HORIZON``: when a held vacuum horizon is named; how long an atomic task may run.
     horizon: HorizonSettings = HorizonSettings()  # noqa: RUF009 (frozen)
+    #: ``RETENTION``: how long finished jobs are kept, and the workers' pruning pass.
+    retention: RetentionSettings = RetentionSettings()  # noqa: RUF009 (frozen)
 
     def queue(self, name: str) -> QueueConfig:
         """The configuration of queue ``name`` (global defaults for queues not listed)."""
@@ -139,6 +142,13 @@ class Settings:
                 recoverable_retry=self.recoverable_retry,
             )
         return config
+
+    def retention_for(self, queue: str) -> RetentionPolicy:
+        """How long queue ``queue``'s finished jobs are kept: its own ``retention``, else ``RETENTION``."""
+        config = self.queues.get(queue)
+        if config is not None and config.retention is not None:
+            return config.retention
+        return self.retention.policy
 
     def listen_alias(self, alias: str) -> str | None:
         """The alias to LISTEN on for workers of ``alias``; None when only polling is safe.
@@ -161,7 +171,8 @@ def parse(raw: Any) -> Settings:
     retry, recoverable = parse_retry_policies(merged)
     visibility = number(merged["VISIBILITY_TIMEOUT"], ("VISIBILITY_TIMEOUT",), minimum=1)
     attempts = integer(merged["MAX_ATTEMPTS"], ("MAX_ATTEMPTS",), minimum=1)
-    queues = parse_queues(merged["QUEUES"], visibility, attempts, retry, recoverable)
+    retention = parse_retention_settings(merged_group(raw, "RETENTION"))
+    queues = parse_queues(merged["QUEUES"], visibility, attempts, retry, recoverable, retention.policy)
     unclassified = parse_unclassified_errors(merged)
     locks = parse_locks_group(raw)
     worker_id = parse_worker_id(merged["WORKER_ID"])
@@ -221,6 +232,7 @@ def parse(raw: Any) -> Settings:
         opentelemetry_parent=boolean(merged["OPENTELEMETRY_PARENT"], ("OPENTELEMETRY_PARENT",)),
         opentelemetry_baggage=_baggage_names(merged["OPENTELEMETRY_BAGGAGE"]),
         horizon=parse_horizon_settings(horizon),
+        retention=retention,
     )
 
 

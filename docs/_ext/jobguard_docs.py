@@ -175,7 +175,8 @@ class QueueOptionsDirective(_GeneratedDirective):
             )
             extra = ""
             if isinstance(conf.DEFAULTS[fallback], dict):
-                extra = f" Keys you leave out (`base`, `max`, `jitter`) come from {{confval}}`{fallback}`."
+                keys = ", ".join(f"`{key}`" for key in conf.QUEUE_OPTION_KEYS[option])
+                extra = f" Keys you leave out ({keys}) come from {{confval}}`{fallback}`."
             out += [
                 f"```{{confval}} QUEUES.<queue>.{option}",
                 f":default: the global `{fallback}`",
