@@ -31,6 +31,7 @@ __all__ = [
     "JobFailed",
     "JobSucceeded",
     "JobTransactionSampled",
+    "JobsPruned",
     "KeyConflict",
     "LeaseLost",
     "LeaseReappeared",
@@ -113,6 +114,14 @@ class JobDeadLettered:
     queue: str
     task: str
     reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobsPruned:
+    """Finished jobs past their retention deleted by a pruning pass: ``count`` that ended as ``status``."""
+
+    status: str
+    count: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

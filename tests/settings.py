@@ -257,6 +257,11 @@ if os.environ.get("JOBGUARD_TEST_HORIZON"):
     import json as _json
 
     JOBGUARD["HORIZON"] = _json.loads(os.environ["JOBGUARD_TEST_HORIZON"])
+if os.environ.get("JOBGUARD_TEST_RETENTION"):
+    # Process tests of the workers' pruning: a JSON object of JOBGUARD["RETENTION"] keys.
+    import json as _json
+
+    JOBGUARD["RETENTION"] = _json.loads(os.environ["JOBGUARD_TEST_RETENTION"])
 if os.environ.get("JOBGUARD_TEST_LIVENESS_FILE"):
     JOBGUARD["LIVENESS_FILE"] = os.environ["JOBGUARD_TEST_LIVENESS_FILE"]
 if os.environ.get("JOBGUARD_TEST_WAKEUP_CACHE"):

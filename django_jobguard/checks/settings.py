@@ -68,3 +68,33 @@ def check_replay_approval(app_configs: Any = None, **kwargs: Any) -> list[checks
             )
         ]
     return []
+
+
+@checks.register()
+def check_retention(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.W065: succeeded jobs are pruned sooner than ``TUNING["WINDOW"]`` (globally or in a queue).
+
+    ``check --database`` and ``jobguard_tune`` judge each task's timeouts by the durations of its
+    succeeded jobs of that window: with a shorter retention they see only the jobs still kept.
+    """
+    try:
+        conf = get_settings()
+    except ImproperlyConfigured:
+        return []  # jobguard.E001 reports it
+    window = conf.tuning.window
+    kept = {"JOBGUARD['RETENTION']['SUCCEEDED']": conf.retention.policy.succeeded}
+    for name, queue in sorted(conf.queues.items()):
+        if queue.retention is not None:
+            kept[f"JOBGUARD['QUEUES'][{name!r}]['retention']['succeeded']"] = queue.retention.succeeded
+    return [
+        checks.Warning(
+            f"{setting} keeps succeeded jobs {seconds:g}s, less than JOBGUARD['TUNING']['WINDOW'] "
+            f"({window:g}s): check --database and jobguard_tune read the durations of the succeeded "
+            "jobs of that window, and see only those still kept.",
+            hint="Keep succeeded jobs at least TUNING['WINDOW'] seconds, or shorten TUNING['WINDOW'] "
+            "to the retention. See docs/how-to/keep-the-queue-fast.md.",
+            id="jobguard.W065",
+        )
+        for setting, seconds in kept.items()
+        if seconds is not None and seconds < window
+    ]

@@ -8,6 +8,9 @@ mode. The leader renews it on every pass; if the leader dies, the row expires af
 ``LEADER_TTL_PASSES`` reaper intervals and the next worker to try takes over, so expired
 leases may wait that much longer to be returned. Maintenance is safe with many workers
 doing it at once; leadership only saves their queries, hence off by default.
+
+Job pruning (:mod:`.job_pruner`) elects one worker whatever that setting: with it off, through
+a row of its own, ``jobguard:leader:retention`` (the ``key`` and ``ttl`` arguments).
 """
 
 from __future__ import annotations
@@ -33,10 +36,20 @@ MIN_LEADER_TTL_SECONDS = 2.0
 class MaintenanceLeadership:
     """Holds, renews and gives up one worker's claim on maintenance leadership."""
 
-    def __init__(self, alias: str, worker_id: str, reaper_interval: float) -> None:
+    def __init__(
+        self,
+        alias: str,
+        worker_id: str,
+        reaper_interval: float = 0.0,
+        *,
+        ttl: float | None = None,
+        key: str = LEADER_KEY,
+    ) -> None:
         self.alias = alias
         self.worker_id = worker_id
-        self.ttl = max(MIN_LEADER_TTL_SECONDS, LEADER_TTL_PASSES * reaper_interval)
+        self.ttl = max(MIN_LEADER_TTL_SECONDS, LEADER_TTL_PASSES * reaper_interval if ttl is None else ttl)
+        #: What is led: the row is ``jobguard:leader:<key>``, the log lines ``<key>_leader_elected``...
+        self.key = key
         self._lock: DatabaseLock | None = None
 
     def hold(self) -> bool:
@@ -45,18 +58,19 @@ class MaintenanceLeadership:
             if self._lock is not None and self._lock.held:
                 if self._lock.extend():
                     return True
-                logger.warning("maintenance_leader_lost worker_id=%s", self.worker_id)
+                logger.warning("%s_leader_lost worker_id=%s", self.key, self.worker_id)
             lock = DatabaseLock(
-                LEADER_KEY, ttl=self.ttl, prefix=LEADER_PREFIX, blocking=False, using=self.alias
+                self.key, ttl=self.ttl, prefix=LEADER_PREFIX, blocking=False, using=self.alias
             )
             if not lock.acquire(blocking=False):
                 return False
             self._lock = lock
         except LockUnavailable:
-            logger.warning("maintenance_leader_unavailable worker_id=%s", self.worker_id, exc_info=True)
+            logger.warning("%s_leader_unavailable worker_id=%s", self.key, self.worker_id, exc_info=True)
             return False
         logger.info(
-            "maintenance_leader_elected worker_id=%s ttl=%.1f",
+            "%s_leader_elected worker_id=%s ttl=%.1f",
+            self.key,
             self.worker_id,
             self.ttl,
             extra={"worker_id": self.worker_id},
@@ -71,4 +85,4 @@ class MaintenanceLeadership:
             self._lock.release()
         except (LockNotAcquired, LockUnavailable):
             pass  # expired or unreachable: the TTL frees it
-        logger.info("maintenance_leader_resigned worker_id=%s", self.worker_id)
+        logger.info("%s_leader_resigned worker_id=%s", self.key, self.worker_id)

@@ -1,22 +1,28 @@
 """Retention: what may be deleted, and when. Every pruning rule of the app lives here.
 
-Expired idempotency keys, old finished jobs, idle lock rows (their SQL in
+Old finished jobs (per final status and queue: ``JOBGUARD["RETENTION"]`` and each queue's
+``retention``), expired idempotency keys, idle lock rows (their SQL in
 :mod:`django_jobguard.store.locks`), old attempt history, and the console's per-minute and
 worker rows (:func:`prune_console_rows`, from :mod:`django_jobguard.store.beats`: the
 worker's beat prunes them, and monitoring sits below maintenance, so their rule lives in the
 store both import).
 
-``manage.py jobguard_prune`` calls :func:`prune`; the worker prunes keys on its own when
-``JOBGUARD["IDEMPOTENCY"]["PRUNE_IN_WORKER"]`` is on. Nothing that a queued or running job
-needs goes: a key stays while a job that owns or carries it is queued or running, and a
-job stays while a live key or a dead letter refers to it. The same rules, without the age,
-say what the admin may delete by hand (:func:`deletable_jobs`, :func:`deletable_keys`).
+The elected worker deletes old finished jobs in batches (:func:`prune_retained_jobs`, from
+:mod:`.job_pruner`); ``manage.py jobguard_prune`` calls :func:`prune`, with the same rules;
+the worker prunes keys on its own when ``JOBGUARD["IDEMPOTENCY"]["PRUNE_IN_WORKER"]`` is on.
+Nothing that a queued or running job needs goes: a key stays while a job that owns or carries
+it is queued or running, and a finished job stays while a live key answers with it, while its
+dead letter is not replayed yet, while it is a dead letter's replay, or while it belongs to a
+workflow that has not finished. What the admin may delete by hand is stricter
+(:func:`deletable_jobs`, :func:`deletable_keys`): no job any dead letter names.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.db import transaction
@@ -24,7 +30,7 @@ from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from ..conf import get_settings
+from ..conf import RETENTION_STATUSES, Settings, get_settings
 from ..models import (
     TERMINAL_STATUSES,
     DeadLetter,
@@ -33,7 +39,10 @@ from ..models import (
     IdempotencyStatus,
     Job,
     JobStatus,
+    ReplayState,
     Schedule,
+    Workflow,
+    WorkflowState,
 )
 from ..store import FLOW_TURN_KEY
 from ..store import locks as lock_rows
@@ -45,6 +54,8 @@ __all__ = [
     "KEY_DELETION_RULE",
     "LOCK_ROWS_KEPT_FOR",
     "PruneReport",
+    "RetainedPrune",
+    "RetentionScope",
     "deletable_jobs",
     "deletable_keys",
     "delete_jobs",
@@ -56,6 +67,8 @@ __all__ = [
     "prune_console_rows",
     "prune_expired_keys",
     "prune_finished_jobs",
+    "prune_retained_jobs",
+    "retention_scopes",
 ]
 
 #: Keys deleted per statement when pruning, so no statement holds many row locks.
@@ -80,6 +93,7 @@ class PruneReport:
     """What :func:`prune` deleted (or, in a dry run, would delete)."""
 
     keys: int
+    #: Finished jobs deleted (None: not asked for).
     jobs: int | None
     dry_run: bool
     #: Rows of database locks released or expired more than :data:`LOCK_ROWS_KEPT_FOR` ago.
@@ -88,6 +102,8 @@ class PruneReport:
     histories: int | None = None
     #: Flow-control rate keys idle for more than :data:`FLOW_RATE_ROWS_KEPT_FOR`.
     flow_rates: int = 0
+    #: The finished jobs deleted, per final status (empty: not asked for).
+    jobs_by_status: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 #: The rule of :func:`deletable_jobs`, for the surfaces that refuse a deletion.
@@ -158,9 +174,217 @@ def delete_keys(ids: Any, alias: str | None = None) -> int:
     return int(per_model.get(IdempotencyKey._meta.label, 0))
 
 
+def retained(jobs: Any) -> Any:
+    """``jobs`` without those that stay whatever their age (the rule of :data:`RETENTION_RULE`).
+
+    A live idempotency key answers resends with its job; a dead letter not replayed yet needs
+    its job to be replayed (the replay takes its workflow place and its key); a replay is the
+    record of what its dead letter became; a workflow that has not finished may retry its
+    cancelled members and reads its members' states. The foreign keys into the jobs table from
+    an expired key, a replayed dead letter and a schedule's last job are set to NULL by the
+    delete, in its transaction.
+    """
+    unfinished_workflow = Workflow.objects.filter(pk=OuterRef("workflow_id")).exclude(
+        state=WorkflowState.FINISHED
+    )
+    return (
+        jobs.exclude(Exists(IdempotencyKey.objects.filter(job_id=OuterRef("pk"), expires_at__gt=Now())))
+        .exclude(
+            Exists(
+                DeadLetter.objects.filter(job_id=OuterRef("pk")).exclude(replay_state=ReplayState.REPLAYED)
+            )
+        )
+        .exclude(Exists(DeadLetter.objects.filter(replay_job_id=OuterRef("pk"))))
+        .exclude(Exists(unfinished_workflow))
+    )
+
+
+#: What retention keeps whatever its age, for the docs and the command's help.
+RETENTION_RULE = (
+    "A finished job is kept, whatever its age, while a live idempotency key answers with it, "
+    "while its dead letter is not replayed, while it is a dead letter's replay, and while its "
+    "workflow has not finished."
+)
+
+
 def prunable_jobs(alias: str, finished_before: datetime.datetime) -> Any:
-    """Finished jobs older than ``finished_before`` that no live key or dead letter refers to."""
-    return deletable_jobs(alias).filter(finished_at__lt=finished_before)
+    """Finished jobs older than ``finished_before`` that retention does not keep (:func:`retained`)."""
+    return retained(
+        Job.objects.using(alias).filter(status__in=TERMINAL_STATUSES, finished_at__lt=finished_before)
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetentionScope:
+    """Finished jobs of one status, in some queues, kept ``seconds`` after they finished."""
+
+    status: str
+    seconds: float
+    #: The queues whose retention this is; with ``others``, every queue but these.
+    queues: tuple[str, ...] = ()
+    others: bool = True
+
+    def jobs(self, alias: str, now: datetime.datetime) -> Any:
+        """The scope's jobs old enough to go, before :func:`retained` keeps some."""
+        jobs = Job.objects.using(alias).filter(
+            status=self.status, finished_at__lt=now - datetime.timedelta(seconds=self.seconds)
+        )
+        if not self.others:
+            return jobs.filter(queue_name__in=self.queues)
+        return jobs.exclude(queue_name__in=self.queues) if self.queues else jobs
+
+
+def retention_scopes(
+    settings: Settings, older_than: datetime.timedelta | None = None
+) -> list[RetentionScope]:
+    """The scopes of a pass: one per status and retention (``RETENTION``, then each queue's own).
+
+    ``older_than`` replaces every status's and queue's retention (``jobguard_prune
+    --jobs-older-than``); a status kept for ever (None) is not pruned.
+    """
+    if older_than is not None:
+        return [RetentionScope(status, older_than.total_seconds()) for status in RETENTION_STATUSES]
+    own = {name: config.retention for name, config in settings.queues.items() if config.retention is not None}
+    scopes = []
+    for status in RETENTION_STATUSES:
+        default = settings.retention.policy.for_status(status)
+        differ = {
+            name: policy.for_status(status)
+            for name, policy in own.items()
+            if policy.for_status(status) != default
+        }
+        if default is not None:
+            scopes.append(RetentionScope(status, default, tuple(sorted(differ))))
+        by_seconds: dict[float, list[str]] = {}
+        for name, seconds in differ.items():
+            if seconds is not None:
+                by_seconds.setdefault(seconds, []).append(name)
+        scopes += [
+            RetentionScope(status, seconds, tuple(sorted(names)), others=False)
+            for seconds, names in sorted(by_seconds.items())
+        ]
+    return scopes
+
+
+#: Where a scope's sweep stands: the (finished_at, id) of the last job it looked at.
+Cursor = tuple[datetime.datetime, int]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetainedPrune:
+    """What a pruning pass deleted (or, in a dry run, would delete) per status, and how long it took."""
+
+    deleted: dict[str, int]
+    seconds: float = 0.0
+    #: Transactions that deleted (each at most a batch of jobs).
+    batches: int = 0
+    #: The pass stopped at its deadline: old jobs may be left for the next one.
+    more: bool = False
+
+    @property
+    def total(self) -> int:
+        return sum(self.deleted.values())
+
+
+def _window(
+    alias: str, scope: RetentionScope, now: datetime.datetime, after: Cursor | None, size: int
+) -> list[Cursor]:
+    """The next ``size`` jobs of ``scope`` in (finished_at, id) order, after ``after``.
+
+    A range of the (status, finished_at) index from where the sweep stands: the rows a pass
+    deleted, dead until vacuumed, are not walked again, nor those it had to keep.
+    """
+    jobs = scope.jobs(alias, now)
+    if after is not None:
+        jobs = jobs.filter(finished_at__gte=after[0]).exclude(finished_at=after[0], pk__lte=after[1])
+    return [
+        (finished_at, pk)
+        for finished_at, pk in jobs.order_by("finished_at", "pk").values_list("finished_at", "pk")[:size]
+    ]
+
+
+def _delete(alias: str, scope: RetentionScope, now: datetime.datetime, ids: list[int]) -> int:
+    """Delete those of ``ids`` that ``scope`` and :func:`retained` still let go, in one transaction."""
+    with transaction.atomic(using=alias):
+        # Locked with their conditions read again: a job re-queued, replayed or given a live
+        # key since the window was read stays, and one an operator holds is left for later.
+        locked = list(
+            retained(scope.jobs(alias, now).filter(pk__in=ids))
+            .select_for_update(skip_locked=True)
+            .values_list("pk", flat=True)
+        )
+        if not locked:
+            return 0
+        # The ORM sets the foreign keys of expired keys, replayed dead letters and schedules to NULL.
+        _, per_model = Job.objects.using(alias).filter(pk__in=locked).only("pk").delete()
+    return int(per_model.get(Job._meta.label, 0))
+
+
+def prune_retained_jobs(
+    alias: str | None = None,
+    scopes: list[RetentionScope] | None = None,
+    *,
+    batch_size: int | None = None,
+    deadline: float | None = None,
+    cursors: dict[RetentionScope, Cursor] | None = None,
+    stop: Callable[[], bool] | None = None,
+    dry_run: bool = False,
+) -> RetainedPrune:
+    """Delete the finished jobs past their retention, a batch per transaction; what went per status.
+
+    ``scopes`` defaults to the settings' (:func:`retention_scopes`). The scopes take turns, a
+    batch each, so a status that is always behind does not starve the others. ``deadline``
+    (``time.monotonic()``) ends the pass early, with ``more`` set; ``cursors`` (kept by the
+    caller across passes) make the next pass go on where this one stopped. A scope whose sweep
+    reached its end starts again from its oldest job at the next pass, so a job kept until now
+    (its dead letter replayed since, its workflow finished) goes then.
+    """
+    conf = get_settings()
+    alias = alias or conf.database_alias
+    scopes = retention_scopes(conf) if scopes is None else scopes
+    size = batch_size or conf.retention.batch_size
+    started = time.monotonic()
+    now = timezone.now()
+    deleted = dict.fromkeys(RETENTION_STATUSES, 0)
+    if dry_run:
+        for scope in scopes:
+            deleted[scope.status] += int(retained(scope.jobs(alias, now)).count())
+        return RetainedPrune(deleted, time.monotonic() - started)
+    cursors = {} if cursors is None else cursors
+    batches = 0
+    for scope, ids in _turns(alias, scopes, now, cursors, size, deadline, stop):
+        if ids is None:
+            return RetainedPrune(deleted, time.monotonic() - started, batches, more=True)
+        count = _delete(alias, scope, now, ids)
+        deleted[scope.status] += count
+        batches += 1 if count else 0
+    return RetainedPrune(deleted, time.monotonic() - started, batches)
+
+
+def _turns(
+    alias: str,
+    scopes: list[RetentionScope],
+    now: datetime.datetime,
+    cursors: dict[RetentionScope, Cursor],
+    size: int,
+    deadline: float | None,
+    stop: Callable[[], bool] | None,
+) -> Iterator[tuple[RetentionScope, list[int] | None]]:
+    """Each scope's next window of ids in turn, until every sweep reached its end; None: stop now."""
+    active = list(scopes)
+    while active:
+        for scope in list(active):
+            if (deadline is not None and time.monotonic() >= deadline) or (stop is not None and stop()):
+                yield scope, None
+                return
+            window = _window(alias, scope, now, cursors.get(scope), size)
+            if len(window) < size:
+                cursors.pop(scope, None)  # the end: the next pass starts from the oldest again
+                active.remove(scope)
+            else:
+                cursors[scope] = window[-1]
+            if window:
+                yield scope, [pk for _, pk in window]
 
 
 def prune_finished_jobs(
@@ -172,22 +396,8 @@ def prune_finished_jobs(
 ) -> int:
     """Delete finished jobs older than ``older_than`` (see :func:`prunable_jobs`); the number deleted."""
 
-    alias = alias or get_settings().database_alias
-    finished_before = timezone.now() - older_than
-    if dry_run:
-        return int(prunable_jobs(alias, finished_before).count())
-    deleted = 0
-    while True:
-        ids = list(
-            prunable_jobs(alias, finished_before).order_by("pk").values_list("pk", flat=True)[:batch_size]
-        )
-        if not ids:
-            return deleted
-        # Re-checked by the delete; the ORM sets expired keys' job to NULL in the same transaction.
-        _, per_model = prunable_jobs(alias, finished_before).filter(pk__in=ids).only("pk").delete()
-        deleted += int(per_model.get(Job._meta.label, 0))
-        if len(ids) < batch_size:
-            return deleted
+    scopes = retention_scopes(get_settings(), older_than)
+    return prune_retained_jobs(alias, scopes, batch_size=batch_size, dry_run=dry_run).total
 
 
 def _long_histories(alias: str, finished_before: datetime.datetime) -> Any:
@@ -286,28 +496,40 @@ def prune_expired_keys(
 def prune(
     alias: str | None = None,
     *,
+    jobs: bool = True,
     jobs_older_than: datetime.timedelta | None = None,
     history_older_than: datetime.timedelta | None = None,
     batch_size: int | None = None,
     dry_run: bool = False,
 ) -> PruneReport:
-    """Delete expired keys, idle lock and rate rows, then old finished jobs and attempt history if asked."""
+    """Delete expired keys, idle lock and rate rows, finished jobs past their retention, and
+    attempt history if asked.
+
+    Jobs go by ``JOBGUARD["RETENTION"]`` and each queue's ``retention``, as in the workers, or,
+    with ``jobs_older_than``, once finished that long ago whatever their status and queue;
+    :func:`retained` keeps the same jobs either way. ``jobs=False`` deletes no job.
+    """
     alias = alias or get_settings().database_alias
     keys = prune_expired_keys(alias, batch_size=batch_size or KEY_BATCH_SIZE, dry_run=dry_run)
     locks = lock_rows.prune_released(alias, LOCK_ROWS_KEPT_FOR.total_seconds(), dry_run=dry_run)
     flow_rates = prune_idle_flow_rates(alias, dry_run=dry_run)
-    jobs = None
-    if jobs_older_than is not None:
-        jobs = prune_finished_jobs(
-            alias, older_than=jobs_older_than, batch_size=batch_size or JOB_BATCH_SIZE, dry_run=dry_run
-        )
+    pruned = None
+    if jobs:
+        scopes = retention_scopes(get_settings(), jobs_older_than)
+        pruned = prune_retained_jobs(alias, scopes, batch_size=batch_size, dry_run=dry_run)
     histories = None
     if history_older_than is not None:
         histories = prune_attempt_history(
             alias, older_than=history_older_than, batch_size=batch_size or JOB_BATCH_SIZE, dry_run=dry_run
         )
     return PruneReport(
-        keys=keys, jobs=jobs, dry_run=dry_run, locks=locks, histories=histories, flow_rates=flow_rates
+        keys=keys,
+        jobs=None if pruned is None else pruned.total,
+        dry_run=dry_run,
+        locks=locks,
+        histories=histories,
+        flow_rates=flow_rates,
+        jobs_by_status={} if pruned is None else pruned.deleted,
     )
 
 

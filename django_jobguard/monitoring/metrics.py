@@ -206,6 +206,12 @@ REAPPEARANCES = _counter(
     "Jobs whose lease expired and that became visible again.",
     ("queue",),
 )
+JOBS_PRUNED = _counter(
+    "jobguard_jobs_pruned_total",
+    "Finished jobs deleted by the workers' pruning passes past their retention (JOBGUARD['RETENTION'] "
+    "and each queue's retention), by the status they finished in: succeeded, cancelled or dead.",
+    ("status",),
+)
 LEASE_LOST = _counter(
     "jobguard_lease_lost_total",
     "Acks, retries or heartbeats refused because the worker's lease had moved on.",
@@ -936,6 +942,7 @@ _REPORTS: dict[type, Callable[[Any], None]] = {
     events.EventLoopSampled: lambda e: event_loop_sampled(e.in_use, e.slots, e.lag),
     events.HorizonSampled: lambda e: horizon_sampled(e.age_seconds, e.xid_age),
     events.JobTransactionSampled: lambda e: JOB_TRANSACTION_AGE.set(e.age_seconds),
+    events.JobsPruned: lambda e: JOBS_PRUNED.labels(e.status).inc(e.count),
     events.StaleWriteRejected: lambda e: stale_write_rejected(e.cache),
     events.DurableInvalidation: lambda e: durable_invalidation(e.cache, e.status),
     events.RefillLeaseTaken: lambda e: refill_lease_taken(e.cache),

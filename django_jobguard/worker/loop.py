@@ -13,6 +13,9 @@ One process runs:
   ``timeout`` (:mod:`.watchdog`);
 - with ``--async-slots``, an **event loop thread** running the ``async def`` tasks as
   coroutines, its few DB threads and a watch thread (:mod:`.aio`);
+- unless ``--burst`` (or with ``RETENTION["INTERVAL"]`` 0), a **retention thread**
+  (:mod:`django_jobguard.maintenance.job_pruner`) that deletes finished jobs past their
+  retention while this worker is the one elected to;
 - with ``ACK_WINDOW`` above 0, an **ack thread** that writes the acks of non-atomic tasks
   in batches (:meth:`.completer.Completer.run_acks`), and writes what is left before the exit.
 
@@ -282,6 +285,8 @@ class Worker:
         for index in range(self.concurrency):
             self._start_executor(index)
         heartbeat = self._spawn(self.heartbeat.run, "jobguard-heartbeat")
+        if not self.burst:
+            self.maintenance.start_pruning(self._spawn)  # finished jobs past their retention
         try:
             self._loop(listener)
         finally:

@@ -112,7 +112,7 @@ def test_jobguard_prune_reports_what_it_deletes_and_a_dry_run_deletes_nothing():
     assert out.getvalue().splitlines() == [
         "Would delete 1 expired idempotency key(s).",
         "Would delete 0 idle database lock row(s).",
-        "Would delete 2 finished job(s) older than 2:00:00.",
+        "Would delete 2 finished job(s) finished more than 2:00:00 ago (2 succeeded, 0 cancelled, 0 dead).",
     ]
     assert (IdempotencyKey.objects.count(), Job.objects.count()) == (2, 3)
 
@@ -121,14 +121,23 @@ def test_jobguard_prune_reports_what_it_deletes_and_a_dry_run_deletes_nothing():
     assert out.getvalue().splitlines() == [
         "Deleted 1 expired idempotency key(s).",
         "Deleted 0 idle database lock row(s).",
-        "Deleted 2 finished job(s) older than 2:00:00.",
+        "Deleted 2 finished job(s) finished more than 2:00:00 ago (2 succeeded, 0 cancelled, 0 dead).",
     ]
     assert remaining_keys() == {"b"}
     assert Job.objects.count() == 1
 
+    # Without an age: the retention's (a day for succeeded jobs), as the workers prune.
     out = io.StringIO()
     call_command("jobguard_prune", stdout=out)
+    assert out.getvalue().splitlines() == [
+        "Deleted 0 expired idempotency key(s).",
+        "Deleted 0 idle database lock row(s).",
+        "Deleted 0 finished job(s) past their retention (0 succeeded, 0 cancelled, 0 dead).",
+    ]
+    out = io.StringIO()
+    call_command("jobguard_prune", "--no-jobs", stdout=out)
     assert out.getvalue() == "Deleted 0 expired idempotency key(s).\nDeleted 0 idle database lock row(s).\n"
+    assert Job.objects.count() == 1
 
 
 def test_jobguard_prune_refuses_an_age_it_cannot_read():
@@ -136,6 +145,8 @@ def test_jobguard_prune_refuses_an_age_it_cannot_read():
         CommandError, match="argument --jobs-older-than: 'soon' is not a duration: give a number of seconds"
     ):
         call_command("jobguard_prune", "--jobs-older-than", "soon")
+    with pytest.raises(CommandError, match="--no-jobs and --jobs-older-than contradict each other"):
+        call_command("jobguard_prune", "--no-jobs", "--jobs-older-than", "1d")
 
 
 def prune_in_worker(enabled):
@@ -216,7 +227,8 @@ def test_old_attempt_history_is_trimmed_to_its_last_attempt_without_traceback():
 def test_jobguard_prune_trims_history_when_asked():
     finished_with_history(3)
     out = io.StringIO()
-    call_command("jobguard_prune", "--history-older-than", "30d", stdout=out)
+    # --no-jobs: dead 40 days ago with no dead letter, the job is past its retention.
+    call_command("jobguard_prune", "--no-jobs", "--history-older-than", "30d", stdout=out)
     assert out.getvalue().splitlines() == [
         "Deleted 0 expired idempotency key(s).",
         "Deleted 0 idle database lock row(s).",

@@ -7,18 +7,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from ...conf import RETENTION_STATUSES
 from ...maintenance.retention import prune
 from ._options import add_database_argument, database_alias, duration, positive_int
 
 
 class Command(BaseCommand):
     help = (
-        "Delete expired idempotency keys (never one whose job is queued or running), rows of database "
-        "locks released or expired more than a day ago, flow-control rate keys idle for an hour and, "
-        "with --jobs-older-than, finished jobs that "
-        "no live key or dead letter refers to. Deletes in batches."
+        "Delete finished jobs past their retention (JOBGUARD['RETENTION'] and each queue's "
+        "retention, the rules the workers prune by), expired idempotency keys (never one whose job "
+        "is queued or running), rows of database locks released or expired more than a day ago and "
+        "flow-control rate keys idle for an hour. A finished job stays, whatever its age, while a "
+        "live key answers with it, while its dead letter is not replayed, while it is a replay, and "
+        "while its workflow has not finished. Deletes in batches, a transaction each."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -28,9 +31,15 @@ class Command(BaseCommand):
             default=None,
             metavar="AGE",
             help=(
-                "Also delete jobs that finished more than AGE ago: a number of seconds, or with a unit "
-                "s, m, h, d or w (30d). Default: keep every job."
+                "Delete the jobs that finished more than AGE ago, whatever their status and queue, "
+                "instead of by their retention: a number of seconds, or with a unit s, m, h, d or w "
+                "(30d). The jobs retention keeps whatever their age stay."
             ),
+        )
+        parser.add_argument(
+            "--no-jobs",
+            action="store_true",
+            help="Delete no job: only keys, lock rows and rate keys (and history, if asked).",
         )
         parser.add_argument(
             "--history-older-than",
@@ -46,7 +55,7 @@ class Command(BaseCommand):
             "--batch-size",
             type=positive_int,
             default=None,
-            help="Rows deleted per statement (default 1000 keys, 500 jobs).",
+            help="Rows deleted per transaction (default: 1000 keys, RETENTION['BATCH_SIZE'] jobs).",
         )
         parser.add_argument(
             "--dry-run", action="store_true", help="Count what would be deleted; delete nothing."
@@ -54,8 +63,11 @@ class Command(BaseCommand):
         add_database_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["no_jobs"] and options["jobs_older_than"] is not None:
+            raise CommandError("--no-jobs and --jobs-older-than contradict each other: give one.")
         report = prune(
             database_alias(options),
+            jobs=not options["no_jobs"],
             jobs_older_than=options["jobs_older_than"],
             history_older_than=options["history_older_than"],
             batch_size=options["batch_size"],
@@ -67,9 +79,13 @@ class Command(BaseCommand):
         if report.flow_rates:  # only projects with rate limits have such rows
             self.stdout.write(f"{verb} {report.flow_rates} idle flow-control rate row(s).")
         if report.jobs is not None:
-            self.stdout.write(
-                f"{verb} {report.jobs} finished job(s) older than {options['jobs_older_than']}."
+            counts = ", ".join(f"{report.jobs_by_status.get(s, 0)} {s}" for s in RETENTION_STATUSES)
+            rule = (
+                f"finished more than {options['jobs_older_than']} ago"
+                if options["jobs_older_than"] is not None
+                else "past their retention"
             )
+            self.stdout.write(f"{verb} {report.jobs} finished job(s) {rule} ({counts}).")
         if report.histories is not None:
             trim = "Would trim" if report.dry_run else "Trimmed"
             self.stdout.write(
