@@ -10,12 +10,19 @@ Clients are told the proxy speaks no TLS, so everything it forwards can be read.
 from __future__ import annotations
 
 import asyncio
+import collections
 import re
 import struct
 import threading
 
 _QUOTED = re.compile(r"'(?:[^']|'')*'")
 _NEGOTIATIONS = {80877103, 80877104}  # SSLRequest, GSSENCRequest
+
+
+def kind_of(sql: str) -> str:
+    """A statement's kind for the breakdown: its first words, values and names left out."""
+    words = re.sub(r"\s+", " ", _QUOTED.sub("''", sql)).strip().split(" ")
+    return " ".join(words[:6])[:60]
 
 
 def statements_in(sql: str) -> int:
@@ -32,6 +39,8 @@ class WireCounter:
         self.port = 0
         self.round_trips = 0
         self.statements = 0
+        #: Statements per kind (:func:`kind_of`), for a breakdown of what a job costs.
+        self.kinds: collections.Counter[str] = collections.Counter()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="wire-counter", daemon=True)
@@ -45,6 +54,7 @@ class WireCounter:
 
     def reset(self) -> None:
         self.round_trips = self.statements = 0
+        self.kinds.clear()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -71,6 +81,8 @@ class WireCounter:
             client_out.close()
 
     async def _to_server(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        prepared: dict[bytes, str] = {}  # this connection's statement names -> their kind
+        bound = ""
         try:
             while True:
                 head = await source.readexactly(5)
@@ -78,9 +90,20 @@ class WireCounter:
                 kind = head[:1]
                 if kind == b"Q":
                     self.round_trips += 1
-                    self.statements += statements_in(body[:-1].decode("utf-8", "replace"))
+                    sql = body[:-1].decode("utf-8", "replace")
+                    self.statements += statements_in(sql)
+                    for part in _QUOTED.sub("''", sql).split(";"):
+                        if part.strip():
+                            self.kinds[kind_of(part)] += 1
+                elif kind == b"P":
+                    name, _, rest = body.partition(b"\0")
+                    prepared[name] = bound = kind_of(rest.partition(b"\0")[0].decode("utf-8", "replace"))
+                elif kind == b"B":
+                    statement = body.partition(b"\0")[2].partition(b"\0")[0]
+                    bound = prepared.get(statement, "(unknown prepared statement)")
                 elif kind == b"E":
                     self.statements += 1
+                    self.kinds[bound] += 1
                 elif kind == b"S":
                     self.round_trips += 1
                 sink.write(head + body)

@@ -418,6 +418,11 @@ def complete(alias: str, job_id: int, lease_token: str, result_json: str, *, com
     return _store(alias).complete(alias, job_id, lease_token, result_json, commit=commit)
 
 
+def acks_commit_alone(alias: str) -> bool:
+    """Whether :func:`complete_many` outside a transaction still commits its batch as one."""
+    return _store(alias).ACKS_COMMIT_ALONE
+
+
 def complete_many(alias: str, acks: Sequence[tuple[int, str, str]]) -> dict[int, bool]:
     """Mark several jobs succeeded at once: ``(id, lease token, JSON result)`` each.
 
@@ -425,7 +430,7 @@ def complete_many(alias: str, acks: Sequence[tuple[int, str, str]]) -> dict[int,
     the ids whose lease was still ours, each mapped to whether another job waits for it
     (read under the write's row lock, so a dependant added while the job ran counts). A job
     missing from it lost its lease, and is left as it is. One statement on PostgreSQL; call
-    inside a transaction so the batch commits once.
+    inside a transaction so the batch commits once, unless :func:`acks_commit_alone`.
     """
     if not acks:
         return {}

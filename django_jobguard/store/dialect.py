@@ -43,6 +43,9 @@ class JobStore(Protocol):
 
     #: Whether :meth:`claim` leaves paused queues alone by itself (else the caller reads them first).
     CLAIM_READS_PAUSES: bool
+    #: Whether :meth:`complete_many` commits a batch as one unit by itself (one statement, or
+    #: a transaction of its own), so acks with no key and no workflow need no transaction around.
+    ACKS_COMMIT_ALONE: bool
 
     # -- the connection ----------------------------------------------------------------------
 

@@ -107,6 +107,7 @@ class MemoryStore:
     """The store contract in memory: one instance is one database."""
 
     CLAIM_READS_PAUSES = True  # it reads :attr:`paused` itself
+    ACKS_COMMIT_ALONE = True  # under its lock
 
     def __init__(self, now: Callable[[], datetime.datetime] = timezone.now) -> None:
         #: The store's clock: what leases and due times are measured by.

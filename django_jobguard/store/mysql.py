@@ -117,6 +117,7 @@ CLOCK = Clock(
 
 #: The paused queues are read before each claim (store.claim), not by the claim statement.
 CLAIM_READS_PAUSES = False
+ACKS_COMMIT_ALONE = True  # complete_many opens its own transaction
 
 _T = TypeVar("_T")
 

@@ -258,6 +258,7 @@ class Statement:
 
 #: The claim statement leaves paused queues alone by itself (see _picked).
 CLAIM_READS_PAUSES = True
+ACKS_COMMIT_ALONE = True  # complete_many is one UPDATE
 
 
 def writes_while_busy(alias: str) -> bool:

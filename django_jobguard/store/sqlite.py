@@ -79,6 +79,7 @@ CLOCK = Clock(
 
 #: The paused queues are read before each claim (store.claim), not by the claim statement.
 CLAIM_READS_PAUSES = False
+ACKS_COMMIT_ALONE = False  # one UPDATE per row: alone, each would commit (and sync)
 
 
 def writes_while_busy(alias: str) -> bool:

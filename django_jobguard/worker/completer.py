@@ -15,14 +15,13 @@ until their leases expire, and they run again: at-least-once, as for any crash b
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, cast
+from typing import Any
 
 from django.db import DatabaseError, InterfaceError, transaction
 
@@ -80,7 +79,10 @@ class Completer:
         #: Seconds an ack waits for others to be written with; 0: each is written on its own.
         self.ack_window = ack_window
         self.ack_batch_size = max(1, ack_batch_size)
-        self._pending: queue.SimpleQueue[tuple[Held, Succeeded] | object | None] = queue.SimpleQueue()
+        #: Whether a batch of plain acks may be written without a transaction around it.
+        self._acks_alone = store.acks_commit_alone(alias)
+        #: (held, outcome) acks, FLUSH, or None to stop (typed Any: FLUSH is a plain object).
+        self._pending: queue.SimpleQueue[Any] = queue.SimpleQueue()
         #: Whether a FLUSH is on its way to the ack thread (one at a time is enough).
         self._flush_asked = False
         #: Jobs whose handler succeeded and whose ack is not written yet: still ``running`` in
@@ -214,7 +216,7 @@ class Completer:
         if first is FLUSH:
             self._flush_asked = False
             return [], False
-        batch = [cast("tuple[Held, Succeeded]", first)]
+        batch = [first]
         deadline = time.monotonic() + self.ack_window
         while len(batch) < self.ack_batch_size:
             left = deadline - time.monotonic()
@@ -227,7 +229,7 @@ class Completer:
             if item is FLUSH:
                 self._flush_asked = False
                 break
-            batch.append(cast("tuple[Held, Succeeded]", item))
+            batch.append(item)
         return batch, False
 
     def _write_acks(self, acks: list[tuple[Held, Succeeded]]) -> None:
@@ -255,8 +257,11 @@ class Completer:
         for held, outcome in acks:
             job_id = held.job.id
             if job_id in done:
-                with held.trace_scope() if held.trace_scope is not None else contextlib.nullcontext():
+                if held.trace_scope is None:  # untraced: no context manager per job
                     self._report_succeeded(held, outcome)
+                else:
+                    with held.trace_scope():
+                        self._report_succeeded(held, outcome)
             elif job_id not in failed:
                 self._stale(held, _STALE_ACK)
 
@@ -270,6 +275,13 @@ class Completer:
         return store.retrying(self.alias, "ack_batch", lambda: self._ack_transaction(acks))
 
     def _ack_transaction(self, acks: list[tuple[Held, Succeeded]]) -> set[int]:
+        if self._acks_alone and not any(
+            held.job.workflow_id is not None or (outcome.scope and held.job.idempotency_key)
+            for held, outcome in acks
+        ):
+            # Nothing else to commit with them: no BEGIN and COMMIT of their own (two round trips).
+            rows = [(held.job.id, held.job.lease_token, outcome.ack_json or "null") for held, outcome in acks]
+            return set(store.complete_many(self.alias, rows))
         with transaction.atomic(using=self.alias):
             rows = [(held.job.id, held.job.lease_token, outcome.ack_json or "null") for held, outcome in acks]
             acked = store.complete_many(self.alias, rows)

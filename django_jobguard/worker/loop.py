@@ -77,7 +77,7 @@ PREFETCH_MAX_RUN_SECONDS = 1.0
 #: the longest a held job waits for its thread, and what decides how rarely it claims.
 PREFETCH_TARGET_SECONDS = 0.02
 #: The most jobs that adaptive prefetch holds (unless twice the concurrency is more).
-PREFETCH_MAX_JOBS = 64
+PREFETCH_MAX_JOBS = 128
 #: Weight of the newest run in the mean handler time.
 RUN_TIME_SMOOTHING = 0.1
 #: With async slots, the claimer refills once this many slots are free, or a tenth of them if
