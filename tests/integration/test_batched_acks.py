@@ -125,6 +125,32 @@ def test_a_keyed_job_in_a_batch_marks_its_key_only_when_its_ack_is_written():
     assert IdempotencyKey.objects.get(key="batch:lost").status == "in_progress"
 
 
+@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
+def test_a_batch_opens_a_transaction_only_for_what_must_commit_with_its_acks(keyed):
+    for n in range(3):
+        task = tasks.add.using(idempotency_key=f"alone:{n}") if keyed else tasks.add
+        task.enqueue(n, b=1)
+    rt = batching_runtime()
+    settled = [(held, pipeline.run(held, rt)) for held in claim(3)]
+    connection = connections[ALIAS]
+    in_transaction: list[bool] = []
+
+    def note(execute, sql, params, many, context):
+        if "jobguard_job" in sql and "succeeded" in sql:
+            in_transaction.append(connection.in_atomic_block)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(note):
+        rt.completer.settle_many(settled)
+
+    assert Job.objects.filter(status="succeeded").count() == 3
+    assert in_transaction, "the ack statements were not seen"
+    # Plain acks on PostgreSQL are one statement with nothing to commit beside it. MariaDB's
+    # batch opens a transaction of its own; SQLite's writes a row per statement, made one sync.
+    alone = not keyed and connection.vendor == "postgresql"
+    assert set(in_transaction) == {not alone}
+
+
 def test_atomic_tasks_are_never_batched():
     job = tasks.record.enqueue("atomic-batch")
     rt = batching_runtime()
