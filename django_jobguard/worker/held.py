@@ -24,7 +24,7 @@ LOGGER_NAME = "django_jobguard.worker"
 logger = logging.getLogger(LOGGER_NAME)
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class Held:
     """A job this worker holds a lease on, from claim to ack or hand-back."""
 
