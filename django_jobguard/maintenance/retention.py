@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from django.db import transaction
+from django.db import models, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -53,6 +53,7 @@ __all__ = [
     "JOB_DELETION_RULE",
     "KEY_DELETION_RULE",
     "LOCK_ROWS_KEPT_FOR",
+    "RETENTION_RULE",
     "PruneReport",
     "RetainedPrune",
     "RetentionScope",
@@ -68,6 +69,7 @@ __all__ = [
     "prune_expired_keys",
     "prune_finished_jobs",
     "prune_retained_jobs",
+    "retained",
     "retention_scopes",
 ]
 
@@ -315,9 +317,31 @@ def _delete(alias: str, scope: RetentionScope, now: datetime.datetime, ids: list
         )
         if not locked:
             return 0
-        # The ORM sets the foreign keys of expired keys, replayed dead letters and schedules to NULL.
-        _, per_model = Job.objects.using(alias).filter(pk__in=locked).only("pk").delete()
-    return int(per_model.get(Job._meta.label, 0))
+        references = _references()
+        if references is None:  # a foreign key that is not SET_NULL: the ORM's collector decides
+            _, per_model = Job.objects.using(alias).filter(pk__in=locked).only("pk").delete()
+            return int(per_model.get(Job._meta.label, 0))
+        # What on_delete=SET_NULL does, one UPDATE per foreign key (an expired key's job, a
+        # replayed dead letter's, a schedule's last job), then one DELETE: the collector would
+        # load the jobs as objects and delete them 100 at a time, three times the statements.
+        for model, field in references:
+            models.QuerySet(model, using=alias).filter(**{f"{field}__in": locked}).update(**{field: None})
+        # The collector's own statement for a delete nothing else depends on (none does now).
+        return int(Job.objects.using(alias).filter(pk__in=locked)._raw_delete(alias))  # noqa: SLF001
+
+
+def _references() -> list[tuple[Any, str]] | None:
+    """The foreign keys into the jobs table as (model, field name), all SET_NULL; None if any is not."""
+    references = []
+    for relation in Job._meta.get_fields(include_hidden=True):
+        if not (
+            relation.auto_created and not relation.concrete and (relation.one_to_many or relation.one_to_one)
+        ):
+            continue
+        if relation.on_delete is not models.SET_NULL:  # type: ignore[union-attr]
+            return None
+        references.append((relation.related_model, relation.field.name))  # type: ignore[union-attr]
+    return references
 
 
 def prune_retained_jobs(

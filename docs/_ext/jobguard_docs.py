@@ -174,14 +174,19 @@ class QueueOptionsDirective(_GeneratedDirective):
                 else " No task option overrides it."
             )
             extra = ""
+            target = f"{{confval}}`{fallback}`"
             if isinstance(conf.DEFAULTS[fallback], dict):
                 keys = ", ".join(f"`{key}`" for key in conf.QUEUE_OPTION_KEYS[option])
-                extra = f" Keys you leave out ({keys}) come from {{confval}}`{fallback}`."
+                if all(key.isupper() for key in conf.DEFAULTS[fallback]):  # a group: one entry per key
+                    target = ", ".join(
+                        f"{{confval}}`{fallback}.{key.upper()}`" for key in conf.QUEUE_OPTION_KEYS[option]
+                    )
+                extra = f" Keys you leave out ({keys}) come from {target}."
             out += [
                 f"```{{confval}} QUEUES.<queue>.{option}",
                 f":default: the global `{fallback}`",
                 "",
-                f"Overrides {{confval}}`{fallback}` for jobs of this queue.{wins}{extra}",
+                f"Overrides {target} for jobs of this queue.{wins}{extra}",
                 "```",
                 "",
             ]

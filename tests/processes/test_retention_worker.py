@@ -10,7 +10,6 @@ import json
 import pytest
 from django.utils import timezone
 
-from django_jobguard import store
 from django_jobguard.models import Job, Lock
 from tests.conftest import wait_for
 from tests.testapp import tasks
@@ -22,12 +21,12 @@ SHORT = {"SUCCEEDED": 3600, "INTERVAL": 0.5, "BATCH_SIZE": 50}
 
 
 def old_succeeded(count: int, queue: str) -> list[int]:
-    """``count`` jobs of ``queue`` that succeeded two hours ago, inserted in one statement."""
-    rows = [{"task_name": tasks.add.name, "queue_name": queue, "args": [n]} for n in range(count)]
-    (ids,) = store.insert_jobs("default", rows)
+    """``count`` jobs of ``queue`` that succeeded two hours ago, enqueued in one call."""
+    tasks.add.using(queue_name=queue).bulk_enqueue(((n,), {}) for n in range(count))
+    ids = list(Job.objects.filter(queue_name=queue).values_list("pk", flat=True))
     two_hours_ago = timezone.now() - datetime.timedelta(hours=2)
     Job.objects.filter(pk__in=ids).update(status="succeeded", finished_at=two_hours_ago)
-    return list(ids)
+    return ids
 
 
 @pytest.mark.postgres

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...conf import RETENTION_STATUSES
-from ...maintenance.retention import prune
+from ...maintenance.retention import RETENTION_RULE, prune
 from ._options import add_database_argument, database_alias, duration, positive_int
 
 
@@ -19,9 +19,8 @@ class Command(BaseCommand):
         "Delete finished jobs past their retention (JOBGUARD['RETENTION'] and each queue's "
         "retention, the rules the workers prune by), expired idempotency keys (never one whose job "
         "is queued or running), rows of database locks released or expired more than a day ago and "
-        "flow-control rate keys idle for an hour. A finished job stays, whatever its age, while a "
-        "live key answers with it, while its dead letter is not replayed, while it is a replay, and "
-        "while its workflow has not finished. Deletes in batches, a transaction each."
+        f"flow-control rate keys idle for an hour. {RETENTION_RULE} Deletes in batches, a "
+        "transaction each."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
