@@ -9,6 +9,7 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
+from django.db.models.signals import post_migrate
 from django.utils.translation import gettext_lazy as _
 
 if TYPE_CHECKING:
@@ -28,8 +29,11 @@ class JobguardConfig(AppConfig):
         # loads here, before the first request.
         from . import cache, checks, conf, enqueue, events, registry  # noqa: F401
         from .monitoring import beats, metrics
+        from .store import wakeup
 
         setting_changed.connect(conf.reload, dispatch_uid="jobguard_settings_reload")
+        # migrate installs JOBGUARD["NOTIFY"] in the database, where the jobs' triggers read it.
+        post_migrate.connect(wakeup.install_after_migrate, sender=self, dispatch_uid="jobguard_notify_mode")
         registry.autodiscover()
         registry.registry.add_resolver(resolve_django_task)
         # What happens is emitted once (events.emit); these report it.

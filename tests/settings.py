@@ -267,6 +267,11 @@ if os.environ.get("JOBGUARD_TEST_LIVENESS_FILE"):
 if os.environ.get("JOBGUARD_TEST_WAKEUP_CACHE"):
     # Process tests of Redis wake-ups: the cache alias enqueues publish through.
     JOBGUARD["WAKEUP_CACHE"] = os.environ["JOBGUARD_TEST_WAKEUP_CACHE"]
+if os.environ.get("JOBGUARD_TEST_NOTIFY"):
+    # Process tests of the NOTIFY modes: "row", "coalesced" or "none".
+    JOBGUARD["NOTIFY"] = os.environ["JOBGUARD_TEST_NOTIFY"]
+if os.environ.get("JOBGUARD_TEST_NOTIFY_INTERVAL"):
+    JOBGUARD["NOTIFY_INTERVAL"] = float(os.environ["JOBGUARD_TEST_NOTIFY_INTERVAL"])
 if os.environ.get("JOBGUARD_TEST_LOCK_BACKEND") == "redis":
     JOBGUARD["LOCKS"] = {**JOBGUARD["LOCKS"], "BACKEND": "redis", "CACHE_ALIAS": "redis"}
 

@@ -109,12 +109,18 @@ PGBOUNCER_DEFAULT_PORT = "6432"
 @checks.register()
 def check_pooled_databases(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """jobguard.W060: a pooled alias with settings that break in transaction mode;
-    W061: an alias on PgBouncer's port not declared pooled; W062: workers will poll, not LISTEN."""
+    W061: an alias on PgBouncer's port not declared pooled; W062: workers will poll, not LISTEN;
+    W066: with NOTIFY "none" and no WAKEUP_CACHE, workers poll too rarely."""
     try:
         conf = get_settings()
     except ImproperlyConfigured:
         return []
-    return [*_pooled_settings_warnings(conf), *_pgbouncer_port_warnings(conf), *_listen_warnings(conf)]
+    return [
+        *_pooled_settings_warnings(conf),
+        *_pgbouncer_port_warnings(conf),
+        *_listen_warnings(conf),
+        *_notify_none_warnings(conf),
+    ]
 
 
 def _pooled_settings_warnings(conf: Settings) -> list[checks.CheckMessage]:
@@ -172,6 +178,8 @@ def _listen_warnings(conf: Settings) -> list[checks.CheckMessage]:
     alias = conf.database_alias
     if alias not in conf.pooled_databases or alias not in connections.settings or conf.wakeup_cache:
         return []  # (with WAKEUP_CACHE, Redis wakes the workers instead)
+    if conf.notify == "none":
+        return []  # nothing to LISTEN for: W066 judges the polling
     listen = conf.listen_database
     reason = ""
     if not listen:
@@ -188,6 +196,71 @@ def _listen_warnings(conf: Settings) -> list[checks.CheckMessage]:
             "name it in JOBGUARD['LISTEN_DATABASE'], or wake them through Redis with "
             "JOBGUARD['WAKEUP_CACHE'].",
             id="jobguard.W062",
+        )
+    ]
+
+
+#: Seconds of POLL_INTERVAL past which, with NOTIFY "none" and no WAKEUP_CACHE, a new job waits
+#: too long for an idle worker (jobguard.W066): the package's default poll is 1 s.
+NOTIFY_NONE_MAX_POLL_SECONDS = 1.0
+
+
+def _notify_none_warnings(conf: Settings) -> list[checks.CheckMessage]:
+    """jobguard.W066: no NOTIFY, no Redis, and a poll interval that leaves new jobs waiting."""
+    alias = conf.database_alias
+    if conf.notify != "none" or conf.wakeup_cache or alias not in connections.settings:
+        return []
+    if connections[alias].vendor != "postgresql" or conf.poll_interval <= NOTIFY_NONE_MAX_POLL_SECONDS:
+        return []
+    return [
+        checks.Warning(
+            f"An idle worker finds a new job up to {conf.poll_interval:g} s after its enqueue: "
+            "JOBGUARD['NOTIFY'] is 'none', JOBGUARD['WAKEUP_CACHE'] is not set, and workers poll "
+            f"every POLL_INTERVAL ({conf.poll_interval:g} s).",
+            hint="Set JOBGUARD['NOTIFY'] to 'coalesced' (at most one NOTIFY per queue per process "
+            "every NOTIFY_INTERVAL, outside the application's commits), wake the workers through Redis "
+            f"with JOBGUARD['WAKEUP_CACHE'], or set POLL_INTERVAL to {NOTIFY_NONE_MAX_POLL_SECONDS:g} s "
+            "or less (each idle worker claims once per interval).",
+            id="jobguard.W066",
+        )
+    ]
+
+
+@checks.register(checks.Tags.database)
+def check_notify_mode(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """jobguard.W067: the jobs' PostgreSQL database runs another NOTIFY mode than JOBGUARD["NOTIFY"].
+
+    Tagged ``database``: Django runs it for ``check --database ALIAS`` and ``migrate`` (which
+    then installs the setting).
+    """
+    try:
+        conf = get_settings()
+    except ImproperlyConfigured:
+        return []
+    alias = conf.database_alias
+    if not databases or alias not in databases or connections[alias].vendor != "postgresql":
+        return []
+    try:
+        installed = store.installed_notify_mode(alias)
+    except DatabaseError:
+        return []  # the other database checks report a server that does not answer
+    if installed is None or installed == conf.notify:
+        return []
+    if installed == "row":
+        meanwhile = "every enqueuing commit still notifies, and waits its turn on PostgreSQL's notify lock."
+    elif conf.notify == "row":
+        meanwhile = "no one notifies a new job: idle workers find it at their next poll."
+    else:
+        meanwhile = "a job put back in the queue is notified as the database's mode says."
+    return [
+        checks.Warning(
+            f"The database of {alias!r} runs the NOTIFY mode {installed!r}, but JOBGUARD['NOTIFY'] "
+            f"is {conf.notify!r}: {meanwhile}",
+            hint="Run manage.py migrate: it installs the setting in the database (it replaces the "
+            "function jobguard_notify_mode(), which takes no lock on the jobs table).",
+            id="jobguard.W067",
         )
     ]
 

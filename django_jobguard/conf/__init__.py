@@ -53,7 +53,7 @@ from .retention import RETENTION_STATUSES, RetentionPolicy, RetentionSettings
 from .schedule_settings import MAX_SCHEDULE_NAME_LENGTH, MISSED_POLICIES, ScheduleConfig, SchedulerSettings
 from .services import CacheSettings, IdempotencySettings, LockSettings, ReplaySettings
 from .settings import Settings, parse
-from .workers import MAX_ACK_WINDOW_SECONDS, WORKER_ID_MAX_LENGTH, TuningSettings
+from .workers import MAX_ACK_WINDOW_SECONDS, NOTIFY_MODES, WORKER_ID_MAX_LENGTH, TuningSettings
 
 __all__ = [
     "BREAKER_DEFAULTS",
@@ -67,6 +67,7 @@ __all__ = [
     "MAX_PAYLOAD_DEPTH_CEILING",
     "MAX_SCHEDULE_NAME_LENGTH",
     "MISSED_POLICIES",
+    "NOTIFY_MODES",
     "QUEUE_ONLY_OPTIONS",
     "QUEUE_OPTIONS",
     "QUEUE_OPTION_KEYS",

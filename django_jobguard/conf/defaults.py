@@ -109,6 +109,20 @@ DEFAULTS: dict[str, Any] = {
     # for a database without LISTEN/NOTIFY (SQLite, MariaDB/MySQL) or a pooled PostgreSQL.
     # "" (the default): workers find new jobs at their next poll there.
     "WAKEUP_CACHE": "",
+    # How an enqueue on PostgreSQL wakes idle workers through NOTIFY. A transaction that
+    # notifies takes one lock of the whole PostgreSQL server while it commits, so such commits
+    # run one at a time. "coalesced": after the enqueue's commit, a thread of the enqueuing
+    # process (with a connection of its own) sends the NOTIFY, at most one per queue every
+    # NOTIFY_INTERVAL seconds, so the application's commits never take that lock and never wait
+    # for it. "row": a trigger notifies inside each enqueuing transaction (every such commit
+    # waits its turn). "none": no NOTIFY; workers poll every POLL_INTERVAL, or wake through
+    # WAKEUP_CACHE. migrate installs the choice in the database (the jobs' triggers read it);
+    # run it after changing this.
+    "NOTIFY": "coalesced",
+    # With NOTIFY "coalesced": seconds a process waits after a NOTIFY before it sends the next
+    # (naming the queues enqueued meanwhile). An idle worker starts a new job at most about
+    # this long after its commit.
+    "NOTIFY_INTERVAL": 0.05,
     # Carry the OpenTelemetry trace context from the code that enqueues to the worker that
     # runs, with spans from the tracer provider the project configured (extra: [otel]).
     "OPENTELEMETRY": False,

@@ -47,6 +47,8 @@ from .workers import (
     parse_ack_window,
     parse_listen_database,
     parse_liveness_file,
+    parse_notify,
+    parse_notify_interval,
     parse_pooled_databases,
     parse_tuning_settings,
     parse_wakeup_cache,
@@ -79,6 +81,10 @@ class Settings:
     listen_database: str
     #: ``WAKEUP_CACHE``: the django-redis cache alias enqueues publish wake-ups through, or "".
     wakeup_cache: str
+    #: ``NOTIFY``: "coalesced", "row" or "none" (how an enqueue on PostgreSQL wakes idle workers).
+    notify: str
+    #: ``NOTIFY_INTERVAL``: seconds between two coalesced NOTIFYs of one queue from one process.
+    notify_interval: float
     locks: LockSettings
     idempotency: IdempotencySettings
     replay: ReplaySettings
@@ -151,11 +157,14 @@ class Settings:
         return self.retention.policy
 
     def listen_alias(self, alias: str) -> str | None:
-        """The alias to LISTEN on for workers of ``alias``; None when only polling is safe.
+        """The alias to LISTEN on for workers of ``alias``; None when only polling is safe or
+        ``NOTIFY`` is "none" (nothing would arrive: no connection is held for it).
 
         ``LISTEN`` needs a session of its own, which a transaction-mode pooler does not
         give: notifications would reach whichever client next borrows that server connection.
         """
+        if self.notify == "none":
+            return None
         if self.listen_database:
             return self.listen_database
         return None if alias in self.pooled_databases else alias
@@ -209,6 +218,8 @@ def parse(raw: Any) -> Settings:
         pooled_databases=pooled,
         listen_database=listen,
         wakeup_cache=parse_wakeup_cache(merged["WAKEUP_CACHE"]),
+        notify=parse_notify(merged["NOTIFY"]),
+        notify_interval=parse_notify_interval(merged["NOTIFY_INTERVAL"]),
         locks=parse_lock_settings(locks),
         idempotency=parse_idempotency_settings(idem),
         replay=parse_replay_settings(replay),

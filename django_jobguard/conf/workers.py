@@ -1,6 +1,6 @@
 """The worker process: its id, liveness file and acks; the databases it claims from and LISTENs
-on (``POOLED_DATABASES``, ``LISTEN_DATABASE``, ``WAKEUP_CACHE``); and ``TUNING``, the figures
-timeouts are judged by."""
+on (``POOLED_DATABASES``, ``LISTEN_DATABASE``), how enqueues wake it (``WAKEUP_CACHE``,
+``NOTIFY``); and ``TUNING``, the figures timeouts are judged by."""
 
 from __future__ import annotations
 
@@ -91,6 +91,30 @@ def parse_wakeup_cache(value: Any) -> str:
     if not isinstance(value, str):
         raise fail(("WAKEUP_CACHE",), f"must be a cache alias (a string), or '' for none, not {value!r}.")
     return value
+
+
+#: ``NOTIFY``'s choices: how an enqueue on PostgreSQL wakes idle workers.
+NOTIFY_MODES = ("coalesced", "row", "none")
+#: The longest NOTIFY_INTERVAL: an idle worker may wait this long for a job a NOTIFY left unsaid.
+MAX_NOTIFY_INTERVAL_SECONDS = 10.0
+
+
+def parse_notify(value: Any) -> str:
+    """``NOTIFY``: one of :data:`NOTIFY_MODES`."""
+    if value not in NOTIFY_MODES:
+        choices = ", ".join(repr(mode) for mode in NOTIFY_MODES)
+        raise fail(("NOTIFY",), f"must be one of {choices}, not {value!r}.")
+    return str(value)
+
+
+def parse_notify_interval(value: Any) -> float:
+    """``NOTIFY_INTERVAL``: seconds, above 0 and at most :data:`MAX_NOTIFY_INTERVAL_SECONDS`."""
+    interval = number(value, ("NOTIFY_INTERVAL",), allow_zero=False)
+    if interval > MAX_NOTIFY_INTERVAL_SECONDS:
+        raise fail(
+            ("NOTIFY_INTERVAL",), f"must be at most {MAX_NOTIFY_INTERVAL_SECONDS:g} seconds, not {value!r}."
+        )
+    return interval
 
 
 def parse_tuning_settings(tuning: Mapping[str, Any]) -> TuningSettings:

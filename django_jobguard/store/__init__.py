@@ -58,7 +58,7 @@ from .common import (
 from .dialect import Dialect, JobStore
 from .flow_sql import TURN_KEY as FLOW_TURN_KEY
 from .listener import Listener
-from .wakeup import announce, wakeup_source
+from .wakeup import announce, install_notify_mode, installed_notify_mode, wakeup_source
 
 __all__ = [
     "FLOW_TURN_KEY",
@@ -90,6 +90,8 @@ __all__ = [
     "insert_jobs",
     "insert_key",
     "insert_keyed_job",
+    "install_notify_mode",
+    "installed_notify_mode",
     "is_unique_violation",
     "key_owner",
     "mark_dead",
@@ -270,7 +272,8 @@ def insert_jobs(
     results = _store(alias).insert_jobs(alias, rows, run_after)
     if len(results) != len(rows):  # pragma: no cover - the database returned a row per insert
         raise RuntimeError(f"inserted {len(rows)} jobs but got {len(results)} rows back")
-    announce(alias, {row["queue_name"] for row in rows})
+    # Due now only: a delayed job would wake every idle worker for a claim that finds nothing.
+    announce(alias, {row["queue_name"] for row, (_, due, at) in zip(rows, results, strict=True) if due <= at})
     return results
 
 
@@ -291,7 +294,7 @@ def insert_keyed_job(
     inserted = _store(alias).insert_keyed_job(
         alias, row, run_after, scope=scope, fingerprint=fingerprint, expires_at=expires_at
     )
-    if inserted is not None:
+    if inserted is not None and inserted[1] <= inserted[2]:  # due now (see insert_jobs)
         announce(alias, (row["queue_name"],))
     return inserted
 

@@ -1,4 +1,5 @@
-"""The wake-up of an idle worker when jobs are enqueued: LISTEN/NOTIFY, or Redis pub/sub."""
+"""The wake-up of an idle worker when jobs are enqueued: LISTEN/NOTIFY, or Redis pub/sub
+(what sends them, and ``JOBGUARD["NOTIFY"]``'s modes: :mod:`.wakeup`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from django.db import connections
 
+from ..conf import get_settings
 from .common import NOTIFY_CHANNEL
 from .wakeup import Subscriber
 
@@ -81,10 +83,13 @@ class Listener:
         """LISTEN now (instead of at the first wait); True if notifications will arrive."""
         listening = self._connect() is not None
         if self.alias is None and self._subscriber is None:
-            logger.info(
-                "listen_disabled reason=pooled_database; polling (set JOBGUARD['LISTEN_DATABASE'] "
-                "or JOBGUARD['WAKEUP_CACHE'])"
-            )
+            if get_settings().notify == "none":
+                logger.info("listen_disabled reason=notify_none; polling (or set JOBGUARD['WAKEUP_CACHE'])")
+            else:
+                logger.info(
+                    "listen_disabled reason=pooled_database; polling (set JOBGUARD['LISTEN_DATABASE'] "
+                    "or JOBGUARD['WAKEUP_CACHE'])"
+                )
         elif listening:
             logger.info("listening alias=%s channel=%s", self.alias, NOTIFY_CHANNEL)
         if self._subscriber is not None:
