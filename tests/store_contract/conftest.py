@@ -1,10 +1,143 @@
-"""Fixtures the store contract's flow-control tests share."""
+"""Fixtures of the store contract: the two stores every shared test runs against, and flow tasks.
+
+A test that asks for ``rows`` runs twice in the same run: ``[database]`` against the dialect
+that serves the ``default`` alias (SQLite, PostgreSQL or MariaDB, whichever the run is
+configured for), ``[memory]`` with a :class:`~django_jobguard.store.memory.MemoryStore`
+substituted for that alias. It drives ``store.*`` either way and reads and writes the job
+and key rows through ``rows``, never through the ORM. A test the memory store cannot serve
+(the lock rows, the ORM reads of ``store/common.py``, flow-control and breaker rows, SQL
+text encodings, one database's own behaviour) is marked ``database_only("why")`` instead:
+every test here is one or the other (checked at collection).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from django_jobguard import store
 from django_jobguard.flow import hot_keys
+from django_jobguard.models import IdempotencyKey, Job
+from django_jobguard.operations import queues as queues_service
 from django_jobguard.registry import registry
+from django_jobguard.store.memory import MemoryStore, StoredJob
 from tests.testapp import tasks_flow
+
+HERE = Path(__file__).parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "database_only(reason): a store-contract test the in-memory store cannot serve"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE not in item.path.parents:
+            continue
+        both = "rows" in getattr(item, "fixturenames", ())
+        only = item.get_closest_marker("database_only")
+        if both == (only is not None) or (only is not None and not only.args):
+            raise pytest.UsageError(
+                f"{item.nodeid}: a store-contract test either takes `rows` (runs on both stores) "
+                "or is marked database_only('why')"
+            )
+
+
+class DatabaseRows:
+    """The job and key rows of the database under test, through the ORM."""
+
+    name = "database"
+
+    def job(self, job_id: int) -> Job:
+        return Job.objects.get(pk=job_id)
+
+    def jobs(self) -> list[Job]:
+        return list(Job.objects.order_by("pk"))
+
+    def statuses(self) -> dict[int, str]:
+        return dict(Job.objects.values_list("pk", "status"))
+
+    def update(self, job_id: int | None = None, **values: Any) -> None:
+        """Set columns of one job (every job if ``job_id`` is None), as an operator's write would."""
+        jobs = Job.objects.all() if job_id is None else Job.objects.filter(pk=job_id)
+        jobs.update(**values)
+
+    def keys(self) -> list[IdempotencyKey]:
+        return list(IdempotencyKey.objects.order_by("pk"))
+
+    def pause(self, queue: str) -> None:
+        queues_service.pause(queue, actor="test", reason="contract")
+
+    def resume(self, queue: str) -> None:
+        queues_service.resume(queue, actor="test")
+
+
+#: Columns a MemoryStore keeps in a job's ``fields`` (those the enqueue inserts).
+_FIELD_COLUMNS = {"priority", "max_attempts", "visibility_timeout", "queue_name", "task_name"}
+
+
+class MemoryRows:
+    """The same rows, read from a :class:`MemoryStore`'s records (shaped like the models)."""
+
+    name = "memory"
+
+    def __init__(self, memory: MemoryStore) -> None:
+        self.memory = memory
+
+    @staticmethod
+    def _view(job: StoredJob) -> SimpleNamespace:
+        columns = {f.name: getattr(job, f.name) for f in dataclasses.fields(job) if f.name != "fields"}
+        return SimpleNamespace(**job.fields, **columns, pk=job.id)
+
+    def job(self, job_id: int) -> SimpleNamespace:
+        return self._view(self.memory.jobs[job_id])
+
+    def jobs(self) -> list[SimpleNamespace]:
+        return [self._view(job) for _, job in sorted(self.memory.jobs.items())]
+
+    def statuses(self) -> dict[int, str]:
+        return {job_id: job.status for job_id, job in self.memory.jobs.items()}
+
+    def update(self, job_id: int | None = None, **values: Any) -> None:
+        jobs = self.memory.jobs.values() if job_id is None else [self.memory.jobs[job_id]]
+        for job in jobs:
+            for name, value in values.items():
+                if name in _FIELD_COLUMNS:
+                    job.fields[name] = value
+                else:
+                    getattr(job, name)  # no such column: fail as the ORM would
+                    setattr(job, name, value)
+
+    def keys(self) -> list[SimpleNamespace]:
+        return [
+            SimpleNamespace(**dataclasses.asdict(row), scope=scope, key=key, pk=row.id)
+            for (scope, key), row in sorted(self.memory.keys.items(), key=lambda item: item[1].id)
+        ]
+
+    def pause(self, queue: str) -> None:
+        self.memory.paused.add(queue)
+
+    def resume(self, queue: str) -> None:
+        self.memory.paused.discard(queue)
+
+
+@pytest.fixture(params=["database", "memory"])
+def rows(request: pytest.FixtureRequest):
+    """The store under test and a view of its rows: the configured database's, or a MemoryStore."""
+    if request.param == "database":
+        yield DatabaseRows()
+        return
+    with store.substitute("default", MemoryStore()) as memory:
+        assert isinstance(memory, MemoryStore)
+        yield MemoryRows(memory)
+    # The memory store served the whole test: nothing of it reached the database.
+    assert not Job.objects.exists() and not IdempotencyKey.objects.exists()
 
 
 def _registered(tasks):

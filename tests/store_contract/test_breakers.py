@@ -23,6 +23,7 @@ from tests.testapp import tasks_flow
 
 pytestmark = [
     pytest.mark.django_db,
+    pytest.mark.database_only("breakers and budgets are rows the limited claim reads; memory has none"),
 ]
 
 DEP = "flow-dep"

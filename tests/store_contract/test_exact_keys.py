@@ -14,7 +14,6 @@ from django.utils import timezone
 
 from django_jobguard import store
 from django_jobguard.models import FlowRate, IdempotencyKey, Job
-from django_jobguard.operations import queues as queues_service
 from django_jobguard.registry import registry
 from django_jobguard.store import locks
 from tests.testapp import tasks, tasks_flow
@@ -31,6 +30,7 @@ def _claim(limit: int = 30) -> list[store.ClaimedJob]:
 
 @variant
 @pytest.mark.django_db
+@pytest.mark.database_only("a repeated key's enqueue reads the key row and its job through the ORM")
 def test_idempotency_keys_that_differ_only_so_are_different_keys(other):
     first = tasks.add.using(idempotency_key=f"welcome:{BASE}").enqueue(1)
     second = tasks.add.using(idempotency_key=f"welcome:{other}").enqueue(1)
@@ -45,7 +45,7 @@ def test_idempotency_keys_that_differ_only_so_are_different_keys(other):
 
 @variant
 @pytest.mark.django_db
-def test_idempotency_scopes_that_differ_only_so_are_different_scopes(other):
+def test_idempotency_scopes_that_differ_only_so_are_different_scopes(rows, other):
     expires = timezone.now() + datetime.timedelta(hours=1)
     assert store.insert_key("default", BASE, "k", "a" * 64, expires_at=expires) is not None
     assert store.key_owner("default", other, "k") is None
@@ -55,6 +55,7 @@ def test_idempotency_scopes_that_differ_only_so_are_different_scopes(other):
 
 @variant
 @pytest.mark.django_db
+@pytest.mark.database_only("the lock back end's rows (store.locks): no in-memory store keeps them")
 def test_lock_keys_that_differ_only_so_are_different_locks(other):
     assert locks.acquire("default", f"tenant:{BASE}", "a" * 32, 30) is not None
     assert not locks.held("default", f"tenant:{other}")
@@ -66,31 +67,32 @@ def test_lock_keys_that_differ_only_so_are_different_locks(other):
 
 @variant
 @pytest.mark.django_db
-def test_queue_names_that_differ_only_so_are_different_queues(other):
+def test_queue_names_that_differ_only_so_are_different_queues(rows, other):
     held = tasks.add.using(queue_name=f"mail-{BASE}").enqueue(1)
     free = tasks.add.using(queue_name=f"mail-{other}").enqueue(2)
-    queues_service.pause(f"mail-{BASE}", actor="test", reason="contract")
+    rows.pause(f"mail-{BASE}")
     assert [job.id for job in store.claim("default", None, 5, "w")] == [free.pk]
     assert store.claim("default", [f"mail-{other}"], 5, "w") == []
-    queues_service.resume(f"mail-{BASE}", actor="test")
+    rows.resume(f"mail-{BASE}")
     assert [job.id for job in store.claim("default", [f"mail-{BASE}"], 5, "w")] == [held.pk]
 
 
 # Outside a test's transaction, as a worker claims (see test_flow.py).
 @variant
 @pytest.mark.django_db(transaction=True)
-def test_concurrency_keys_that_differ_only_so_have_their_own_slots(flow_tasks, other):
+def test_concurrency_keys_that_differ_only_so_have_their_own_slots(rows, flow_tasks, other):
     full = [tasks_flow.per_account.enqueue(BASE, 0) for _ in range(3)]
     assert [job.id for job in _claim()] == [full[0].id, full[1].id]  # BASE's two slots
     # BASE is full now: its jobs wait, and the other key's two slots are free.
     others = [tasks_flow.per_account.enqueue(other, 0) for _ in range(3)]
     assert [job.id for job in _claim()] == [others[0].id, others[1].id]
     assert _claim() == []
-    assert Job.objects.get(pk=full[2].id).status == "queued"
+    assert rows.job(full[2].id).status == "queued"
 
 
 @variant
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.database_only("reads the rate rows (FlowRate) the limited claim writes")
 def test_rate_keys_that_differ_only_so_have_their_own_budgets(flow_tasks, other):
     spent = [tasks_flow.per_partner.enqueue(BASE) for _ in range(2)]
     assert [job.id for job in _claim()] == [job.id for job in spent]  # BASE's burst of 2

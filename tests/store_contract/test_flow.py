@@ -26,6 +26,7 @@ pytestmark = [
     # Outside a test's transaction, as a worker claims: on PostgreSQL that is the claim in
     # one string (inside a transaction it takes its turn over three round trips).
     pytest.mark.django_db(transaction=True),
+    pytest.mark.database_only("the limited claim's rate rows and hints"),
 ]
 
 

@@ -15,7 +15,10 @@ from django_jobguard.models import Lock
 from django_jobguard.store import locks
 from tests.conftest import wait_for
 
-pytestmark = pytest.mark.django_db
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.database_only("the lock back end's rows (store.locks): no in-memory store keeps them"),
+]
 
 A, B = "a" * 32, "b" * 32
 

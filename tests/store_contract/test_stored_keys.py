@@ -20,7 +20,10 @@ from django_jobguard.models import DeadLetter, FlowRate, Job
 from django_jobguard.registry import registry
 from tests.support.dlq import run_burst
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.database_only("what the database's key columns can hold; the memory store has no columns"),
+]
 
 #: 60 characters: with ``r:`` and ``|`` a 200-character key (the per-key limit) is 263 stored.
 LONG_NAME = "tests.store_contract.test_stored_keys." + "x" * 22

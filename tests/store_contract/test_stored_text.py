@@ -29,7 +29,10 @@ from django_jobguard.models import Breaker, FlowRate, IdempotencyKey, Job, Sched
 from django_jobguard.registry import registry
 from django_jobguard.worker import Worker
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.database_only("the database's column widths and text encodings; the memory store has none"),
+]
 
 #: How each text column is filled. "probed": by callers, operators or task authors, through an
 #: entry point probed below. "choices": one of its TextChoices. "system": by jobguard from its
