@@ -391,6 +391,8 @@ class Jobguard(System):
         self.variant, self.metrics, self.lock_backend = HEADLINE
         #: Extra JOBGUARD settings (JSON) and worker flags of this system's runs.
         self.extra_settings = ""
+        #: Extra environment of its processes (``BENCH_KEYED=1`` imports the limited task).
+        self.extra_env: dict[str, str] = {}
         self.concurrency: int | None = CONCURRENCY
         self.queues = ""
         self.max_jobs = 0  # per worker process
@@ -419,6 +421,7 @@ class Jobguard(System):
             "BENCH_METRICS": "1" if self.metrics else "0",
             "BENCH_JOBGUARD": _merged_json(os.environ.get("BENCH_JOBGUARD", ""), self.extra_settings),
             "BENCH_DB_OPTIONS": os.environ.get("BENCH_DB_OPTIONS", ""),
+            **self.extra_env,
         }
 
     def setup(self) -> None:

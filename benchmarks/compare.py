@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Two commits of django-jobguard in one invocation, interleaved: is the new one as fast?
 
-    benchmarks/compare.py OLD NEW [--runs 3] [--jobs 5000]
+    benchmarks/compare.py OLD NEW [--runs 3] [--jobs 5000] [--configs plain,atomic | all]
+    benchmarks/compare.py v0.1.0 HEAD --configs all      # any change on the claim, ack or enqueue path
     benchmarks/compare.py 047ab6a worker --runs 3 --jobs 1000 --db-prefix jg_perf --redis-dbs 8,9,10
     benchmarks/compare.py 42b071a main --count-sql --runs 1
 
@@ -11,9 +12,12 @@ the workers run with a directory holding only that commit's ``django_jobguard`` 
 ``sys.path``, through ``manage.py jobguard_worker`` (the commits may lay out their modules
 differently), each commit against a database of its own, migrated by its own migrations.
 
-The throughput workload (no-op jobs, non-atomic and ``atomic=True``, 2 worker processes x
-2 threads, metrics on, fencing on) runs old, new, old, new, ... round by round, after one
-unmeasured warm-up run each. The table gives the processing rate and the worker CPU per job
+The throughput workload (no-op jobs, 2 worker processes x 2 threads, metrics on, fencing on)
+runs in each configuration of ``--configs`` (``CONFIGS``: plain, atomic, idempotency, keyed,
+workflow, traced; ``all`` for every one; plain and atomic by default), old, new, old, new, ...
+round by round, after one unmeasured warm-up run each. A configuration a commit cannot run
+(it predates ``Limit``, workflows or tracing: a probe imports them from its code) is shown as
+"-" for that commit, with a note. The table gives the processing rate and the worker CPU per job
 as median [min-max] of the runs, and new/old: the ratio of the medians and the median of
 each round's own ratio (old and new measured back to back). With ``--count-sql`` the workers
 connect through a counting proxy, and the table adds their round trips and statements per job
@@ -24,6 +28,7 @@ failed its checks (a job lost or run twice).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -49,8 +54,86 @@ from benchmarks._systems import (  # noqa: E402
 )
 from benchmarks._workloads import throughput_run  # noqa: E402
 
-#: (label, task variant, metrics on, lock back end) of the compared configurations.
-CONFIGS = [("non-atomic", "plain", True, "database"), ("atomic", "atomic", True, "database")]
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One compared configuration: the driver's task variant and what its processes are given."""
+
+    name: str
+    variant: str  # benchmarks/drivers/jobguard.py's VARIANTS
+    description: str
+    needs: str = ""  # the capability (PROBE) a commit must have to run it
+    env: tuple[tuple[str, str], ...] = ()  # extra environment of the enqueuer and the workers
+    settings: str = ""  # JSON merged into JOBGUARD
+    metrics: bool = True
+    lock_backend: str = "database"
+
+
+CONFIGS = {
+    config.name: config
+    for config in (
+        Config("plain", "plain", "`@task()`, non-atomic (its ack batched with others)"),
+        Config("atomic", "atomic", "`@task(atomic=True)` (the handler and its ack in one transaction)"),
+        Config("idempotency", "idempotency", "`@task()` enqueued with an idempotency key of its own per job"),
+        Config(
+            "keyed",
+            "keyed",
+            '`@task(concurrency=Limit(1, key="bench:{i}"))`: a key per job, so the limit never binds '
+            "and the figure is the limited claim's cost",
+            needs="keyed",
+            env=(("BENCH_KEYED", "1"),),
+        ),
+        Config(
+            "workflow",
+            "workflow",
+            "`@task()` jobs enqueued as `chain(noop.s(i), noop.s(i + 1))`: each first step's ack "
+            "releases the second, each second step's finishes its chain",
+            needs="workflow",
+        ),
+        Config(
+            "traced",
+            "plain",
+            '`@task()` with `JOBGUARD["OPENTELEMETRY"]` on (an SDK tracer provider, if installed, '
+            "whose exporter drops every span)",
+            needs="traced",
+            settings='{"OPENTELEMETRY": true}',
+        ),
+    )
+}
+
+#: What ``--configs`` selects when not given: the usage and cost of the two original rows.
+DEFAULT_CONFIGS = "plain,atomic"
+
+#: The warm-up's configuration (every commit can run it).
+WARMUP_CONFIG = "atomic"
+
+#: Run in each commit's code: which configurations it can run (JSON: capability -> missing
+#: piece, "" when present), and whether the OpenTelemetry SDK is there for the traced one.
+PROBE = """
+import importlib.util, json, django
+django.setup()
+import django_jobguard
+from django_jobguard.conf import get_settings
+found = {}
+try:
+    from django_jobguard import Limit  # noqa: F401
+    found["keyed"] = ""
+except ImportError:
+    found["keyed"] = "no `Limit` in its django_jobguard"
+try:
+    from django_jobguard import chain  # noqa: F401
+    found["workflow"] = "" if hasattr(django_jobguard.Task, "s") else "no `Task.s()` to build a chain"
+except (ImportError, AttributeError):
+    found["workflow"] = "no `chain` in its django_jobguard"
+if not hasattr(get_settings(), "opentelemetry"):
+    found["traced"] = 'no `JOBGUARD["OPENTELEMETRY"]` setting'
+elif importlib.util.find_spec("opentelemetry") is None:
+    found["traced"] = "opentelemetry-api is not installed"
+else:
+    found["traced"] = ""
+found["sdk"] = importlib.util.find_spec("opentelemetry.sdk") is not None
+print(json.dumps(found))
+"""
 
 METRICS = [
     ("processing_rate", "processing jobs/s", 0),
@@ -106,6 +189,29 @@ def check_code(system: Jobguard, checkout: Checkout) -> None:
         raise BenchError(f"{checkout.label}: django_jobguard comes from {out}, not from {checkout.worktree}")
 
 
+def probe(system: Jobguard, checkout: Checkout) -> dict[str, Any]:
+    """What the commit's code can run (PROBE's answer), from a process of its own."""
+    out = run_checked([system.python, "-c", PROBE], system.env(), cwd=system.cwd)
+    found: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    log(f"{checkout.label} can run: {', '.join(k for k, v in found.items() if v == '') or 'the basics'}")
+    return found
+
+
+def select(text: str) -> list[Config]:
+    """The configurations ``--configs`` names (comma-separated, or ``all``), in CONFIGS order."""
+    names = list(CONFIGS) if text.strip() == "all" else [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown or not names:
+        raise ValueError(f"unknown configuration(s) {', '.join(unknown) or '(none given)'}")
+    return [config for name, config in CONFIGS.items() if name in names]
+
+
+def configure(system: Jobguard, config: Config) -> None:
+    system.configure(config.variant, config.metrics, config.lock_backend)
+    system.extra_env = dict(config.env)
+    system.extra_settings = config.settings
+
+
 def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -118,23 +224,27 @@ def cell(values: list[float], digits: int) -> str:
 
 
 def report(
-    checkouts: list[Checkout], runs: dict[tuple[str, str], list[dict[str, float]]], jobs: int
+    checkouts: list[Checkout],
+    configs: list[Config],
+    runs: dict[tuple[str, str], list[dict[str, float]]],
+    jobs: int,
+    notes: list[str],
 ) -> tuple[str, list[dict[str, Any]]]:
     old, new = checkouts
     rows, data = [], []
-    for label, *_ in CONFIGS:
-        a, b = runs[(label, old.name)], runs[(label, new.name)]
+    for config in configs:
+        a, b = runs[(config.name, old.name)], runs[(config.name, new.name)]
         for metric, heading, digits in METRICS:
             va = [r[metric] for r in a if metric in r]
             vb = [r[metric] for r in b if metric in r]
-            if not va and not vb:
+            if not va and not vb and metric != "processing_rate":
                 continue  # not measured in this invocation (the counts need --count-sql)
             ratio = statistics.median(vb) / statistics.median(va) if va and vb else None
             # Round k's old and new ran back to back: their ratio leaves out drift between rounds.
             paired = [y / x for x, y in zip(va, vb, strict=False) if x]
             rows.append(
                 [
-                    label,
+                    config.name,
                     heading,
                     cell(va, digits),
                     cell(vb, digits),
@@ -144,7 +254,7 @@ def report(
             )
             data.append(
                 {
-                    "config": label,
+                    "config": config.name,
                     "metric": metric,
                     "old": va,
                     "new": vb,
@@ -160,11 +270,14 @@ def report(
         "new/old (medians)",
         "new/old per round",
     ]
+    counts = [len(v) for v in runs.values() if v]
     text = (
         f"### {old.ref} vs {new.ref}: {jobs:,} no-op jobs, {WORKER_PROCESSES} worker processes x "
-        f"{CONCURRENCY}, median [min-max] of {min(len(v) for v in runs.values())} interleaved runs\n\n"
+        f"{CONCURRENCY}, median [min-max] of {min(counts, default=0)} interleaved runs\n\n"
         + table(headers, rows)
     )
+    if notes:
+        text += "\n\n" + "\n".join(f"- {note}" for note in notes)
     return text, data
 
 
@@ -174,6 +287,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("old", help="the old commit (any git revision)")
     parser.add_argument("new", help="the new commit")
+    parser.add_argument(
+        "--configs",
+        default=DEFAULT_CONFIGS,
+        help=f"comma-separated configurations ({', '.join(CONFIGS)}) or all (default {DEFAULT_CONFIGS})",
+    )
     parser.add_argument("--runs", type=int, default=3, help="measured runs per commit and configuration")
     parser.add_argument("--jobs", type=int, default=5000, help="no-op jobs per run (default 5000)")
     parser.add_argument("--warmup", type=int, default=1000, help="jobs of each commit's unmeasured warm-up")
@@ -191,6 +309,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.runs < 1 or args.jobs < 1:
         parser.error("--runs and --jobs must be positive")
+    try:
+        args.configs = ",".join(config.name for config in select(args.configs))
+    except ValueError as exc:
+        parser.error(f"--configs: {exc}; known: {', '.join(CONFIGS)}, or all")
     return args
 
 
@@ -202,8 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     servers = Servers(args.pg_url, args.redis_url, args.db_prefix, dbs)  # type: ignore[arg-type]
     started = time.monotonic()
     load = os.getloadavg()
+    configs = select(args.configs)
     runs: dict[tuple[str, str], list[dict[str, float]]] = {}
     errors: list[str] = []
+    notes: list[str] = []
     counter = None
     if args.count_sql:
         from urllib.parse import urlsplit
@@ -218,46 +342,65 @@ def main(argv: list[str] | None = None) -> int:
         new = Checkout(args.new, workdir, "new")
         with old, new:
             systems = []
+            capable: dict[str, dict[str, Any]] = {}
             for checkout in (old, new):
                 system = Jobguard(servers, sys.executable, suffix=f"_cmp_{checkout.name}", code=checkout.code)
                 check_code(system, checkout)
+                capable[checkout.name] = probe(system, checkout)
                 log(f"setting up {checkout.label} in database {system.dbname}")
                 system.setup()
                 systems.append((checkout, system))
+            for config in configs:
+                for checkout in (old, new):
+                    missing = capable[checkout.name].get(config.needs, "") if config.needs else ""
+                    if missing:
+                        notes.append(f"{config.name}: {checkout.label} cannot run it ({missing}): shown as -")
             for checkout, system in systems:
                 if args.warmup:
                     log(f"warm-up: {checkout.label}, {args.warmup} jobs (not measured)")
-                    system.configure(*CONFIGS[1][1:])  # type: ignore[arg-type]
+                    configure(system, CONFIGS[WARMUP_CONFIG])
                     throughput_run(system, workdir, args.warmup)
             for r in range(args.runs):
                 log(f"round {r + 1}/{args.runs}")
-                for label, variant, metrics, lock_backend in CONFIGS:
+                for config in configs:
                     for checkout, system in systems:
-                        system.configure(variant, metrics, lock_backend)
+                        if config.needs and capable[checkout.name].get(config.needs, ""):
+                            continue
+                        configure(system, config)
                         try:
                             values = throughput_run(system, workdir, args.jobs, counter=counter)
                         except BenchError as exc:
-                            errors.append(f"{label} {checkout.label}: {exc}")
-                            log(f"  FAILED {label} {checkout.label}: {str(exc)[:2000]}")
+                            errors.append(f"{config.name} {checkout.label}: {exc}")
+                            log(f"  FAILED {config.name} {checkout.label}: {str(exc)[:2000]}")
                             continue
-                        runs.setdefault((label, checkout.name), []).append(values)
+                        runs.setdefault((config.name, checkout.name), []).append(values)
                         log(
-                            f"  {label} {checkout.label}: {values['processing_rate']:,.0f} jobs/s, "
+                            f"  {config.name} {checkout.label}: {values['processing_rate']:,.0f} jobs/s, "
                             f"worker CPU {values['worker_cpu_ms_per_job']:.3f} ms/job"
                         )
-        for config in CONFIGS:
+        for config in configs:
             for checkout in (old, new):
-                runs.setdefault((config[0], checkout.name), [])
-        text, data = report([old, new], runs, args.jobs)
+                runs.setdefault((config.name, checkout.name), [])
+        text, data = report([old, new], configs, runs, args.jobs, notes)
     servers.close()
     stamp = datetime.datetime.now(datetime.UTC)
+    sdk = all(found.get("sdk") for found in capable.values())
+    described = "; ".join(
+        f"**{config.name}**: {config.description}"
+        + (
+            " (no opentelemetry-sdk installed: the API's no-op tracer)"
+            if config.name == "traced" and not sdk
+            else ""
+        )
+        for config in configs
+    )
     header = (
         f"## django-jobguard, commit against commit, {stamp:%Y-%m-%d %H:%M} UTC\n\n"
         f"Command: `benchmarks/compare.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
         f"{os.cpu_count()} cores, load average at start {', '.join(f'{x:.2f}' for x in load)}; "
-        f"took {(time.monotonic() - started) / 60:.1f} min. Configurations: `@task()` (non-atomic) "
-        "and `@task(atomic=True)`, metrics on, database locks (unused), fencing on; "
-        f"each commit migrated into its own database (`{args.db_prefix}_cmp_old`, `_cmp_new`)."
+        f"took {(time.monotonic() - started) / 60:.1f} min. Configurations, each with metrics on, "
+        f"database locks (unused) and fencing on: {described}. "
+        f"Each commit is migrated into its own database (`{args.db_prefix}_cmp_old`, `_cmp_new`)."
     )
     document = header + "\n\n" + text
     if errors:
@@ -274,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
                 "args": vars(args),
                 "load_average_at_start": load,
                 "figures": data,
+                "configs": [dataclasses.asdict(config) for config in configs],
+                "capabilities": capable,
+                "notes": notes,
                 "errors": errors,
                 "table": document,
             },

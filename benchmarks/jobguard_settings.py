@@ -48,16 +48,22 @@ JOBGUARD = {
     **json.loads(os.environ.get("BENCH_JOBGUARD") or "{}"),
 }
 if JOBGUARD.get("OPENTELEMETRY"):
-    # run.py --jobguard '{"OPENTELEMETRY": true}': the SDK records every span and batches it
-    # to an exporter that drops it, so the figure is jobguard's and the SDK's cost, no network.
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    # run.py --jobguard '{"OPENTELEMETRY": true}', compare.py's traced configuration: the SDK
+    # records every span and batches it to an exporter that drops it, so the figure is
+    # jobguard's and the SDK's cost, no network. Without opentelemetry-sdk, the API's no-op
+    # tracer (what a project gets that turns tracing on and installs no SDK).
+    try:
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    except ImportError:
+        pass
+    else:
 
-    class _Dropped(SpanExporter):
-        def export(self, spans):  # type: ignore[no-untyped-def]
-            return SpanExportResult.SUCCESS
+        class _Dropped(SpanExporter):
+            def export(self, spans):  # type: ignore[no-untyped-def]
+                return SpanExportResult.SUCCESS
 
-    _provider = TracerProvider()
-    _provider.add_span_processor(BatchSpanProcessor(_Dropped()))
-    trace.set_tracer_provider(_provider)
+        _provider = TracerProvider()
+        _provider.add_span_processor(BatchSpanProcessor(_Dropped()))
+        trace.set_tracer_provider(_provider)

@@ -12,13 +12,17 @@ from typing import Any
 
 from benchmarks._common import CpuMeter, ThreadProfiler, driver_parser, paced, timed_enqueue, wait_for_go
 
-#: variant -> (task attribute in benchmarks.jobguard_app.tasks, enqueue with an idempotency key)
-VARIANTS: dict[str, tuple[str, bool]] = {
-    "plain": ("noop", False),
-    "atomic": ("noop_atomic", False),
-    "idempotency": ("noop", True),
-    "lock": ("noop_locked", False),
-    "all": ("noop_all", True),
+#: variant -> (task attribute in benchmarks.jobguard_app.tasks, how each job is enqueued:
+#: ``single``, with an ``idempotency key`` of its own, or as a step of a ``chain`` of two).
+#: ``keyed`` needs ``BENCH_KEYED=1`` (its task is imported only then).
+VARIANTS: dict[str, tuple[str, str]] = {
+    "plain": ("noop", "single"),
+    "atomic": ("noop_atomic", "single"),
+    "idempotency": ("noop", "idempotency key"),
+    "lock": ("noop_locked", "single"),
+    "all": ("noop_all", "idempotency key"),
+    "keyed": ("noop_keyed", "single"),
+    "workflow": ("noop", "chain"),
 }
 
 
@@ -31,27 +35,48 @@ def _setup() -> None:
     django.setup()
 
 
-def _task(variant: str) -> tuple[Any, bool]:
+def _task(variant: str) -> tuple[Any, str]:
     from benchmarks.jobguard_app import tasks
 
-    name, keyed = VARIANTS[variant]
-    return getattr(tasks, name), keyed
+    name, how = VARIANTS[variant]
+    return getattr(tasks, name), how
+
+
+def _enqueue(task: Any, how: str, first: int, stop: int) -> int:
+    """Enqueue job ``first`` (a chain: ``first`` and ``first + 1``, below ``stop``); the next index."""
+    if how == "chain":
+        # Each first step's ack releases the second; each second step's finishes its workflow.
+        from django_jobguard import chain
+
+        last = min(first + 2, stop)
+        chain(*(task.s(i) for i in range(first, last))).enqueue()
+        return last
+    if how == "idempotency key":
+        task.using(idempotency_key=f"bench:{first}").enqueue(first)
+    else:
+        task.enqueue(first)
+    return first + 1
 
 
 def enqueue(args: Any) -> None:
-    task, keyed = _task(args.variant)
+    task, how = _task(args.variant)
     indexes = range(args.start, args.start + args.n)
+    if how == "chain":
+        # Paced per chain: a chain of two is one enqueue of two jobs.
+        indexes = range(args.start, args.start + args.n, 2)
+        rate = args.rate / 2
+    else:
+        rate = args.rate
 
     def single() -> None:
-        for i in paced(indexes, args.rate):
-            if keyed:
-                task.using(idempotency_key=f"bench:{i}").enqueue(i)
-            else:
-                task.enqueue(i)
+        for i in paced(indexes, rate):
+            _enqueue(task, how, i, args.start + args.n)
 
     def bulk() -> None:
-        for first in range(indexes.start, indexes.stop, args.chunk):
-            last = min(first + args.chunk, indexes.stop)
+        if how == "chain":
+            raise SystemExit(f"variant {args.variant!r} has no bulk enqueue")
+        for first in range(args.start, args.start + args.n, args.chunk):
+            last = min(first + args.chunk, args.start + args.n)
             task.bulk_enqueue(((i,), {}) for i in range(first, last))
 
     timed_enqueue(args.n, args.out, bulk if args.mode == "bulk" else single, args.profile)
@@ -64,13 +89,10 @@ def capture(args: Any) -> None:
 
     from benchmarks._common import write_json
 
-    task, keyed = _task(args.variant)
-    task.enqueue(-1)  # connect and warm caches first: the capture is of the steady state
+    task, how = _task(args.variant)
+    _enqueue(task, how, -4, -3)  # connect and warm caches first: the capture is of the steady state
     with CaptureQueriesContext(connection) as queries:
-        if keyed:
-            task.using(idempotency_key="bench:capture").enqueue(-2)
-        else:
-            task.enqueue(-2)
+        _enqueue(task, how, -2, -1)
     write_json(args.out, {"statements": [q["sql"] for q in queries.captured_queries]})
 
 

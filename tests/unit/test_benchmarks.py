@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from benchmarks._report import Report, Results
@@ -139,22 +141,29 @@ def test_backlog_target_falls_back_to_the_ratio_of_medians_without_pairs() -> No
     assert "- FAIL: backlog processing rate within 10% of the empty table: 0.85x (target >= 0.9x)" in text
 
 
-def test_compare_reports_medians_and_each_rounds_own_ratio(tmp_path) -> None:
+def _checkouts() -> list[Any]:
     from benchmarks import compare
 
     old, new = compare.Checkout.__new__(compare.Checkout), compare.Checkout.__new__(compare.Checkout)
     for checkout, name in ((old, "old"), (new, "new")):
         checkout.ref, checkout.sha, checkout.name = name, "0123456789abcdef", name
+    return [old, new]
+
+
+def test_compare_reports_medians_and_each_rounds_own_ratio(tmp_path) -> None:
+    from benchmarks import compare
+
+    configs = compare.select(compare.DEFAULT_CONFIGS)
     rates = {"old": [1000.0, 500.0, 1000.0], "new": [1100.0, 550.0, 900.0]}
     runs = {
-        (label, name): [
+        (config.name, name): [
             {"processing_rate": rate, "worker_cpu_ms_per_job": 0.5, "total_cpu_ms_per_job": 1.0}
             for rate in rates[name]
         ]
-        for label, *_ in compare.CONFIGS
+        for config in configs
         for name in ("old", "new")
     }
-    text, data = compare.report([old, new], runs, 1000)
+    text, data = compare.report(_checkouts(), configs, runs, 1000, [])
     row = next(line for line in text.splitlines() if line.startswith("| atomic") and "processing" in line)
     assert "1,000 [500-1,000]" in row
     assert "900 [550-1,100]" in row
@@ -163,7 +172,33 @@ def test_compare_reports_medians_and_each_rounds_own_ratio(tmp_path) -> None:
     assert "| 0.900 " in row
     assert "1.100 [0.900-1.100]" in row
     figures = {(d["config"], d["metric"]): d for d in data}
-    assert figures[("non-atomic", "worker_cpu_ms_per_job")]["ratio_of_medians"] == 1.0
+    assert figures[("plain", "worker_cpu_ms_per_job")]["ratio_of_medians"] == 1.0
+
+
+def test_compare_selects_plain_and_atomic_by_default_and_every_configuration_with_all() -> None:
+    from benchmarks import compare
+
+    assert [c.name for c in compare.select(compare.DEFAULT_CONFIGS)] == ["plain", "atomic"]
+    assert [c.name for c in compare.select("all")] == list(compare.CONFIGS)
+    assert [c.name for c in compare.select("traced, keyed")] == ["keyed", "traced"]
+    with pytest.raises(ValueError, match="unknown configuration"):
+        compare.select("plain,fast")
+
+
+def test_compare_shows_a_configuration_the_old_commit_cannot_run_as_a_dash_with_its_note() -> None:
+    from benchmarks import compare
+
+    configs = compare.select("plain,keyed")
+    one = {"processing_rate": 1000.0, "worker_cpu_ms_per_job": 0.5, "total_cpu_ms_per_job": 1.0}
+    runs = {("plain", "old"): [one], ("plain", "new"): [one], ("keyed", "old"): [], ("keyed", "new"): [one]}
+    note = "keyed: old cannot run it (no `Limit` in its django_jobguard): shown as -"
+    text, _ = compare.report(_checkouts(), configs, runs, 1000, [note])
+    row = next(line for line in text.splitlines() if line.startswith("| keyed") and "processing" in line)
+    assert row.split("|")[3].strip() == "-"
+    assert row.split("|")[4].strip() == "1,000 [1,000-1,000]"
+    assert row.split("|")[5].strip() == "-"  # no ratio without the old figure
+    assert f"- {note}" in text
+    assert "median [min-max] of 1 interleaved runs" in text
 
 
 def test_deep_jobs_drains_more_per_run_and_the_shallow_set_is_that_deep() -> None:
