@@ -193,7 +193,8 @@ def probe(system: Jobguard, checkout: Checkout) -> dict[str, Any]:
     """What the commit's code can run (PROBE's answer), from a process of its own."""
     out = run_checked([system.python, "-c", PROBE], system.env(), cwd=system.cwd)
     found: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    log(f"{checkout.label} can run: {', '.join(k for k, v in found.items() if v == '') or 'the basics'}")
+    missing = [k for k, v in found.items() if k != "sdk" and v]
+    log(f"{checkout.label}: {'cannot run ' + ', '.join(missing) if missing else 'runs every configuration'}")
     return found
 
 
