@@ -21,7 +21,7 @@ import pytest
 
 from django_jobguard import store
 from django_jobguard.flow import hot_keys
-from django_jobguard.models import IdempotencyKey, Job
+from django_jobguard.models import FlowRate, IdempotencyKey, Job
 from django_jobguard.operations import queues as queues_service
 from django_jobguard.registry import registry
 from django_jobguard.store.memory import MemoryStore, StoredJob
@@ -70,6 +70,10 @@ class DatabaseRows:
 
     def keys(self) -> list[IdempotencyKey]:
         return list(IdempotencyKey.objects.order_by("pk"))
+
+    def rate_keys(self) -> list[str]:
+        """The flow-control rate keys the limited claims have spent from."""
+        return list(FlowRate.objects.values_list("key", flat=True))
 
     def pause(self, queue: str) -> None:
         queues_service.pause(queue, actor="test", reason="contract")
@@ -120,6 +124,9 @@ class MemoryRows:
             for (scope, key), row in sorted(self.memory.keys.items(), key=lambda item: item[1].id)
         ]
 
+    def rate_keys(self) -> list[str]:
+        return list(self.memory.arrivals)
+
     def pause(self, queue: str) -> None:
         self.memory.paused.add(queue)
 
@@ -137,7 +144,7 @@ def rows(request: pytest.FixtureRequest):
         assert isinstance(memory, MemoryStore)
         yield MemoryRows(memory)
     # The memory store served the whole test: nothing of it reached the database.
-    assert not Job.objects.exists() and not IdempotencyKey.objects.exists()
+    assert not (Job.objects.exists() or IdempotencyKey.objects.exists() or FlowRate.objects.exists())
 
 
 def _registered(tasks):

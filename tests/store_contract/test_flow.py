@@ -1,7 +1,8 @@
 """The store contract, for flow control: the limited claim on the database under test.
 
 Runs on SQLite by default and on PostgreSQL or MariaDB with ``JOBGUARD_TEST_DATABASE_URL``, against
-the dialect that serves the ``default`` alias. The fleet-wide proof (worker processes
+the dialect that serves the ``default`` alias, and in the same run against the in-memory store
+(the ``rows`` fixture, see conftest.py). The fleet-wide proof (worker processes
 killed while a sampler watches the running rows) is tests/processes/test_flow_processes.py.
 """
 
@@ -10,7 +11,6 @@ import time
 
 import pytest
 from django.core.management import call_command
-from django.db.models import F
 from django.test import override_settings
 from django.utils import timezone
 
@@ -18,7 +18,6 @@ from django_jobguard import store
 from django_jobguard.flow import Throttle, hot_keys
 from django_jobguard.models import FlowRate, Job
 from django_jobguard.registry import registry
-from django_jobguard.store.memory import MemoryStore
 from tests.conftest import wait_for
 from tests.testapp import tasks_flow
 
@@ -26,7 +25,6 @@ pytestmark = [
     # Outside a test's transaction, as a worker claims: on PostgreSQL that is the claim in
     # one string (inside a transaction it takes its turn over three round trips).
     pytest.mark.django_db(transaction=True),
-    pytest.mark.database_only("the limited claim's rate rows and hints"),
 ]
 
 
@@ -34,26 +32,27 @@ def claim(limit=10, queues=None):
     return store.claim("default", queues, limit, "test-worker", flow=registry.flow_plan())
 
 
-def finish(job_id):
-    Job.objects.filter(pk=job_id).update(status="succeeded", lease_token=None, lease_expires_at=None)
+def finish(rows, job_id):
+    rows.update(job_id, status="succeeded", lease_token=None, lease_expires_at=None)
 
 
+@pytest.mark.database_only("the registry's plan alone: no store call to vary")
 def test_no_plan_when_nothing_is_limited():
     assert registry.flow_plan() is None
 
 
-def test_a_task_concurrency_admits_n_and_leaves_the_rest_queued_without_an_attempt(flow_tasks):
+def test_a_task_concurrency_admits_n_and_leaves_the_rest_queued_without_an_attempt(rows, flow_tasks):
     jobs = [tasks_flow.three_at_once.enqueue(0) for _ in range(5)]
     claimed = claim()
     assert [job.id for job in claimed] == [job.id for job in jobs[:3]]
     assert claim() == []
-    left = Job.objects.filter(pk__in=[job.id for job in jobs[3:]])
+    left = [rows.job(job.id) for job in jobs[3:]]
     assert [(job.status, job.attempts) for job in left] == [("queued", 0), ("queued", 0)]
-    finish(claimed[0].id)
+    finish(rows, claimed[0].id)
     assert [job.id for job in claim()] == [jobs[3].id]
 
 
-def test_keyed_limits_count_each_key_apart(flow_tasks):
+def test_keyed_limits_count_each_key_apart(rows, flow_tasks):
     for account in (1, 2):
         for _ in range(3):
             tasks_flow.per_account.enqueue(account, 0)
@@ -62,7 +61,7 @@ def test_keyed_limits_count_each_key_apart(flow_tasks):
     assert claim() == []
 
 
-def test_a_saturated_key_does_not_hold_back_the_others(flow_tasks):
+def test_a_saturated_key_does_not_hold_back_the_others(rows, flow_tasks):
     hot = [tasks_flow.per_account.enqueue(1, 0) for _ in range(60)]
     cold = tasks_flow.per_account.enqueue(2, 0)
     first = claim(limit=2)
@@ -71,7 +70,7 @@ def test_a_saturated_key_does_not_hold_back_the_others(flow_tasks):
     assert [job.id for job in claim(limit=1)] == [cold.id]
 
 
-def test_a_key_that_fills_up_within_a_claim_does_not_hide_the_keys_behind_it(flow_tasks):
+def test_a_key_that_fills_up_within_a_claim_does_not_hide_the_keys_behind_it(rows, flow_tasks):
     # The hot key has free slots, so the claim's first read is all its jobs; once they fill the
     # slots, the cold keys' jobs behind them are taken in the same claim, not the next one.
     hot = [tasks_flow.per_account.enqueue(1, 0) for _ in range(60)]
@@ -81,7 +80,7 @@ def test_a_key_that_fills_up_within_a_claim_does_not_hide_the_keys_behind_it(flo
     assert claim() == []  # every key is full now, the hot one included
 
 
-def test_a_claim_of_several_limited_queues_keeps_each_limit_and_the_priority_order(flow_tasks):
+def test_a_claim_of_several_limited_queues_keeps_each_limit_and_the_priority_order(rows, flow_tasks):
     urgent = tasks_flow.per_account.using(priority=10).enqueue(1, 0)
     unkeyed = [tasks_flow.three_at_once.enqueue(0) for _ in range(4)]
     keyed = [tasks_flow.per_account.enqueue(1, 0) for _ in range(3)]
@@ -90,20 +89,20 @@ def test_a_claim_of_several_limited_queues_keeps_each_limit_and_the_priority_ord
     assert sorted(job.id for job in claimed[1:]) == sorted([*(j.id for j in unkeyed[:3]), keyed[0].id])
 
 
-def test_a_job_under_several_limits_counts_under_each(flow_tasks):
+def test_a_job_under_several_limits_counts_under_each(rows, flow_tasks):
     # flow-shared allows 2 at once over three tasks; shared_keyed also allows 1 per account.
     a = tasks_flow.shared_keyed.enqueue(7)
     b = tasks_flow.shared_keyed.enqueue(7)
     c = tasks_flow.shared_a.enqueue(1)
     d = tasks_flow.shared_b.enqueue(2)
     assert [job.id for job in claim()] == [a.id, c.id]  # b waits for account 7, d for the shared limit
-    finish(a.id)
+    finish(rows, a.id)
     assert [job.id for job in claim()] == [b.id]
-    finish(c.id)
+    finish(rows, c.id)
     assert [job.id for job in claim()] == [d.id]
 
 
-def test_a_queue_concurrency_limits_every_task_of_the_queue():
+def test_a_queue_concurrency_limits_every_task_of_the_queue(rows):
     with override_settings(
         JOBGUARD={"QUEUES": {"capped": {"concurrency": 2}}, "ALLOW_UNDECLARED_QUEUES": True}
     ):
@@ -117,12 +116,12 @@ def test_a_queue_concurrency_limits_every_task_of_the_queue():
         assert sorted(job.id for job in claimed) == sorted([jobs[0].id, jobs[1].id, other.id])
 
 
-def test_a_slot_frees_when_its_lease_is_reaped(flow_tasks):
+def test_a_slot_frees_when_its_lease_is_reaped(rows, flow_tasks):
     jobs = [tasks_flow.three_at_once.enqueue(0) for _ in range(4)]
     held = claim()
     assert len(held) == 3
     # The worker holding the first job died: its lease runs out and the reaper takes it back.
-    Job.objects.filter(pk=held[0].id).update(lease_expires_at=timezone.now() - timezone.timedelta(seconds=5))
+    rows.update(held[0].id, lease_expires_at=timezone.now() - timezone.timedelta(seconds=5))
     assert claim() == []
     requeued, _ = store.reap("default")
     assert [job_id for job_id, _ in requeued] == [held[0].id]
@@ -131,37 +130,35 @@ def test_a_slot_frees_when_its_lease_is_reaped(flow_tasks):
     assert claim() == []
 
 
-def test_paused_queues_stay_paused_under_the_limited_claim(flow_tasks):
-    from django_jobguard.operations import queues
-
+def test_paused_queues_stay_paused_under_the_limited_claim(rows, flow_tasks):
     tasks_flow.three_at_once.enqueue(0)
-    queues.pause("flow-global", actor="test", reason="test")
+    rows.pause("flow-global")
     assert claim() == []
-    queues.resume("flow-global", actor="test", reason="test")
+    rows.resume("flow-global")
     assert len(claim()) == 1
 
 
-def test_unlimited_jobs_of_a_limited_queue_are_claimed_as_usual(flow_tasks):
+def test_unlimited_jobs_of_a_limited_queue_are_claimed_as_usual(rows, flow_tasks):
     from tests.testapp import tasks
 
     jobs = [tasks.add.using(queue_name="flow-global").enqueue(n) for n in range(5)]
     assert sorted(job.id for job in claim()) == sorted(job.id for job in jobs)
 
 
-def test_a_rate_admits_its_burst_then_one_start_per_interval(flow_tasks):
+def test_a_rate_admits_its_burst_then_one_start_per_interval(rows, flow_tasks):
     jobs = [tasks_flow.rated.enqueue(n) for n in range(12)]
     throttle = Throttle()
     first = store.claim("default", None, 20, "w", flow=registry.flow_plan(), throttle=throttle)
     assert [job.id for job in first] == [job.id for job in jobs[:5]]  # the burst
     # The worker may claim again when the next start is due: one interval (50 ms) from now.
     assert throttle.retry_after is not None and 0 < throttle.retry_after <= 0.05 + 1e-3
-    assert FlowRate.objects.filter(key="rate:task:tests.testapp.tasks_flow.rated").exists()
+    assert "rate:task:tests.testapp.tasks_flow.rated" in rows.rate_keys()
     # 20/s: the next start is due 50 ms later, never a burst again while the key is busy.
     wait_for(lambda: len(claim(limit=20)) >= 1, timeout=30, interval=0.02, message="the next start")
-    assert Job.objects.filter(status="queued", attempts=0).count() >= 5
+    assert len([job for job in rows.jobs() if (job.status, job.attempts) == ("queued", 0)]) >= 5
 
 
-def test_a_claim_held_back_by_concurrency_only_gives_no_rate_hint(flow_tasks):
+def test_a_claim_held_back_by_concurrency_only_gives_no_rate_hint(rows, flow_tasks):
     for _ in range(4):
         tasks_flow.three_at_once.enqueue(0)
     throttle = Throttle(retry_after=1.0)
@@ -169,7 +166,7 @@ def test_a_claim_held_back_by_concurrency_only_gives_no_rate_hint(flow_tasks):
     assert throttle.retry_after is None  # a slot frees when a job ends, not at a time
 
 
-def test_keyed_rates_throttle_each_key_apart(flow_tasks):
+def test_keyed_rates_throttle_each_key_apart(rows, flow_tasks):
     for partner in (1, 2):
         for _ in range(4):
             tasks_flow.per_partner.enqueue(partner)
@@ -178,7 +175,7 @@ def test_keyed_rates_throttle_each_key_apart(flow_tasks):
     assert claim() == []
 
 
-def test_keys_that_differ_only_in_case_or_accents_are_different_keys(flow_tasks):
+def test_keys_that_differ_only_in_case_or_accents_are_different_keys(rows, flow_tasks):
     # As on PostgreSQL: a database whose default collation ignores case and accents (MariaDB's
     # and MySQL's do) must still keep "acme", "ACME" and "acmé" apart, for rates and slots alike.
     partners = ("acme", "ACME", "acmé")
@@ -191,44 +188,32 @@ def test_keys_that_differ_only_in_case_or_accents_are_different_keys(flow_tasks)
     keyed = sorted(job.args[0] for job in claimed if job.task_name == tasks_flow.per_account.name)
     assert rated == sorted(partners * 2)  # each key's own burst of 2
     assert keyed == sorted(partners * 2)  # each key's own 2 slots
-    assert FlowRate.objects.filter(key__startswith="r:").count() == 3
+    assert len([key for key in rows.rate_keys() if key.startswith("r:")]) == 3
 
 
-def test_enqueue_stores_the_keyed_limits_with_the_job(flow_tasks):
+def test_enqueue_stores_the_keyed_limits_with_the_job(rows, flow_tasks):
     job = tasks_flow.shared_keyed.enqueue(account_id=42)
-    assert Job.objects.get(pk=job.pk).flow_keys == ["c:tests.testapp.tasks_flow.shared_keyed|account:42"]
-    assert Job.objects.get(pk=tasks_flow.three_at_once.enqueue(0).pk).flow_keys == []
+    assert rows.job(job.pk).flow_keys == ["c:tests.testapp.tasks_flow.shared_keyed|account:42"]
+    assert rows.job(tasks_flow.three_at_once.enqueue(0).pk).flow_keys == []
 
 
-def test_a_limited_job_sent_to_a_queue_without_limits_is_refused(flow_tasks):
+def test_a_limited_job_sent_to_a_queue_without_limits_is_refused(rows, flow_tasks):
     from django_jobguard.exceptions import InvalidArgumentsError
 
     with pytest.raises(InvalidArgumentsError, match="'elsewhere' is neither, so its job would run unlimited"):
         tasks_flow.three_at_once.using(queue_name="elsewhere").enqueue(0)
-    assert not Job.objects.exists()
+    assert rows.jobs() == []
 
 
-def test_the_memory_store_keeps_the_same_limits(flow_tasks):
-    memory = MemoryStore()
-    with store.substitute("default", memory):
-        jobs = [tasks_flow.per_account.enqueue(account, 0) for account in (1, 1, 1, 2)]
-        claimed = claim()
-        assert sorted(job.id for job in claimed) == [jobs[0].id, jobs[1].id, jobs[3].id]
-        assert claim() == []
-    assert Job.objects.count() == 0  # nothing reached the database
-
-
-def test_a_claim_attempt_count_is_unchanged_for_waiting_jobs(flow_tasks):
+def test_a_claim_attempt_count_is_unchanged_for_waiting_jobs(rows, flow_tasks):
     jobs = [tasks_flow.per_account.enqueue(5, 0) for _ in range(4)]
     for _ in range(3):
         claim()
-    assert list(Job.objects.filter(pk__in=[j.id for j in jobs[2:]]).values_list("attempts", flat=True)) == [
-        0,
-        0,
-    ]
-    assert Job.objects.filter(attempts__gt=F("max_attempts")).count() == 0
+    assert [rows.job(job.id).attempts for job in jobs[2:]] == [0, 0]
+    assert [job.pk for job in rows.jobs() if job.attempts > job.max_attempts] == []
 
 
+@pytest.mark.database_only("the retention pass deletes rate rows through the ORM")
 def test_prune_deletes_only_rate_keys_idle_for_an_hour():
     from django_jobguard.maintenance import retention
 
@@ -245,13 +230,15 @@ def test_prune_deletes_only_rate_keys_idle_for_an_hour():
     assert "Deleted 1 idle flow-control rate row(s)." in out.getvalue().splitlines()
 
 
-def ordered(jobs):
+def ordered(rows, jobs):
     """Jobs in claim order: priority first, then the time they became due, then id."""
-    rows = Job.objects.filter(pk__in=[job.id for job in jobs]).order_by("-priority", "run_after", "id")
-    return list(rows.values_list("id", flat=True))
+    stored = sorted(
+        (rows.job(job.id) for job in jobs), key=lambda job: (-job.priority, job.run_after, job.pk)
+    )
+    return [job.pk for job in stored]
 
 
-def test_a_full_key_with_hundreds_queued_leaves_the_others_in_claim_order(flow_tasks):
+def test_a_full_key_with_hundreds_queued_leaves_the_others_in_claim_order(rows, flow_tasks):
     # On PostgreSQL the claim looks for the other keys key by key here (a full key with this many
     # queued); every database must give the same jobs in the same order.
     tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(200))
@@ -261,11 +248,11 @@ def test_a_full_key_with_hundreds_queued_leaves_the_others_in_claim_order(flow_t
     third = [tasks_flow.per_account.enqueue(4, 0) for _ in range(3)]
     claimed = claim(limit=10)
     # Account 4 has two slots, so its third job waits; the rest come in claim order.
-    assert [job.id for job in claimed] == ordered([high, low, *third[:2]])
+    assert [job.id for job in claimed] == ordered(rows, [high, low, *third[:2]])
     assert claim() == []
 
 
-def test_beside_a_hot_key_many_other_keys_are_all_reached(flow_tasks):
+def test_beside_a_hot_key_many_other_keys_are_all_reached(rows, flow_tasks):
     # More keys with queued jobs than the claim walks key by key: it reads in claim order.
     tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(100))
     assert len(claim(limit=2)) == 2
@@ -273,10 +260,11 @@ def test_beside_a_hot_key_many_other_keys_are_all_reached(flow_tasks):
     taken = []
     for _ in range(10):
         taken += [job.id for job in claim(limit=10)]
-    assert taken == ordered(cold)
+    assert taken == ordered(rows, cold)
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.database_only("what a closed connection leaves committed")
 def test_a_limited_claim_outside_a_transaction_commits_its_leases_and_rates(flow_tasks):
     from django.db import connection
 
@@ -291,12 +279,14 @@ def test_a_limited_claim_outside_a_transaction_commits_its_leases_and_rates(flow
     assert claim() == []  # the connection serves the next claim as usual
 
 
+@pytest.mark.database_only("the SQL claims' hot-key read hint (flow_sql, postgres)")
 def test_a_key_with_room_again_after_filling_up_is_served_beside_the_others(flow_tasks):
     hot = tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(200))
     first = claim(limit=3)  # two slots: the third job read finds the key full
     assert [job.id for job in first] == [job.id for job in hot[:2]]
     assert hot_keys.recent(time.monotonic()) == ["c:tests.testapp.tasks_flow.per_account|account:1"]
-    finish(first[0].id)  # one slot of the hot key is free again
+    # One slot of the hot key is free again.
+    Job.objects.filter(pk=first[0].id).update(status="succeeded", lease_token=None, lease_expires_at=None)
     cold = [tasks_flow.per_account.enqueue(account, 0) for account in (2, 3)]
     claimed = claim(limit=5)
     assert [job.id for job in claimed] == [hot[2].id, *(job.id for job in cold)]
