@@ -116,8 +116,8 @@ def make_dead_letters(
 
 # -- jobs --------------------------------------------------------------------------------------
 
-#: The states an operator tells apart (the job list's filter), each as the changes to a due job.
-#: "waiting" is missing: only a workflow makes one (its step waits on another).
+#: The states an operator tells apart (the job list's filter) that make_job() puts a job in;
+#: not "waiting": only a workflow makes one (a step waiting on another).
 JOB_STATES = ("due", "scheduled", "retrying", "running", "stuck", "succeeded", "dead", "cancelled")
 
 
@@ -132,8 +132,8 @@ def make_job(
     """A job enqueued through ``task`` (default ``tests.testapp.tasks.add``), then put in ``state``.
 
     ``args`` and ``kwargs`` are the task's (default: ``add(1)``); ``fields`` override the row's
-    columns last (e.g. ``last_error``).
-    Running jobs hold a lease for an hour; stuck ones hold one that expired an hour ago.
+    columns last (e.g. ``last_error``). A running job holds a lease for another hour, a stuck
+    one a lease that expired an hour ago; a scheduled or retrying one is due in an hour.
     """
     task = task or tasks.add
     kwargs = kwargs or {}
