@@ -24,6 +24,7 @@ from django_jobguard.flow import hot_keys
 from django_jobguard.models import FlowRate, IdempotencyKey, Job
 from django_jobguard.operations import queues as queues_service
 from django_jobguard.registry import registry
+from django_jobguard.store import postgres
 from django_jobguard.store.memory import MemoryStore, StoredJob
 from tests.testapp import tasks_flow
 
@@ -47,6 +48,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 f"{item.nodeid}: a store-contract test either takes `rows` (runs on both stores) "
                 "or is marked database_only('why')"
             )
+
+
+@pytest.fixture(autouse=True)
+def _claims_start_from_the_head() -> None:
+    """Each test's first claim per worker id is a full one on PostgreSQL, as a new worker's is:
+    the tests reuse worker ids, which no worker process does (see ``store.postgres``)."""
+    from django_jobguard.store import postgres
+
+    postgres.forget_claim_bounds()
 
 
 class DatabaseRows:
@@ -138,6 +148,9 @@ class MemoryRows:
 def rows(request: pytest.FixtureRequest):
     """The store under test and a view of its rows: the configured database's, or a MemoryStore."""
     if request.param == "database":
+        # Each test claims as a new worker process would: with no claim positions remembered
+        # from an earlier test's rows (PostgreSQL's bounded claim, store/postgres.py).
+        postgres.forget_claim_bounds()
         yield DatabaseRows()
         return
     with store.substitute("default", MemoryStore()) as memory:
