@@ -120,6 +120,9 @@ _DIALECTS: dict[str, Dialect] = {"mysql": mysql, "postgresql": postgres, "sqlite
 #: alias -> what serves its jobs and keys: its database's dialect, filled on first use of
 #: each alias (an alias does not change vendor), or a test's substitute.
 _by_alias: dict[str, JobStore] = {}
+#: Aliases a test's substitute serves: their inserts wake no worker (none claims from a
+#: substitute), so they touch no database connection either.
+_substituted: set[str] = set()
 
 
 def supported_vendors() -> frozenset[str]:
@@ -155,10 +158,14 @@ def substitute(alias: str, job_store: JobStore) -> Iterator[JobStore]:
     The database lock rows (:mod:`.locks`) and the ORM reads (checkpoints) are not routed.
     """
     previous = _by_alias.get(alias)
+    was_substituted = alias in _substituted
     _by_alias[alias] = job_store
+    _substituted.add(alias)
     try:
         yield job_store
     finally:
+        if not was_substituted:
+            _substituted.discard(alias)
         if previous is None:
             _by_alias.pop(alias, None)
         else:
@@ -272,8 +279,10 @@ def insert_jobs(
     results = _store(alias).insert_jobs(alias, rows, run_after)
     if len(results) != len(rows):  # pragma: no cover - the database returned a row per insert
         raise RuntimeError(f"inserted {len(rows)} jobs but got {len(results)} rows back")
-    # Due now only: a delayed job would wake every idle worker for a claim that finds nothing.
-    announce(alias, {row["queue_name"] for row, (_, due, at) in zip(rows, results, strict=True) if due <= at})
+    if alias not in _substituted:
+        # Due now only: a delayed job would wake every idle worker for a claim that finds nothing.
+        due_now = {row["queue_name"] for row, (_, due, at) in zip(rows, results, strict=True) if due <= at}
+        announce(alias, due_now)
     return results
 
 
@@ -294,7 +303,7 @@ def insert_keyed_job(
     inserted = _store(alias).insert_keyed_job(
         alias, row, run_after, scope=scope, fingerprint=fingerprint, expires_at=expires_at
     )
-    if inserted is not None and inserted[1] <= inserted[2]:  # due now (see insert_jobs)
+    if inserted is not None and inserted[1] <= inserted[2] and alias not in _substituted:  # due now
         announce(alias, (row["queue_name"],))
     return inserted
 
