@@ -54,8 +54,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _claims_start_from_the_head() -> None:
     """Each test's first claim per worker id is a full one on PostgreSQL, as a new worker's is:
     the tests reuse worker ids, which no worker process does (see ``store.postgres``)."""
-    from django_jobguard.store import postgres
-
     postgres.forget_claim_bounds()
 
 
@@ -148,9 +146,6 @@ class MemoryRows:
 def rows(request: pytest.FixtureRequest):
     """The store under test and a view of its rows: the configured database's, or a MemoryStore."""
     if request.param == "database":
-        # Each test claims as a new worker process would: with no claim positions remembered
-        # from an earlier test's rows (PostgreSQL's bounded claim, store/postgres.py).
-        postgres.forget_claim_bounds()
         yield DatabaseRows()
         return
     with store.substitute("default", MemoryStore()) as memory:
