@@ -31,12 +31,6 @@ from tests.testapp import tasks_flow
 HERE = Path(__file__).parent
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "database_only(reason): a store-contract test the in-memory store cannot serve"
-    )
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if HERE not in item.path.parents:
