@@ -6,8 +6,10 @@ routes an alias's ``store.*`` calls here). It keeps the contract's rules: claims
 write to a held job fenced by its lease token; leases timed by one clock (the store's
 ``now``, which a test may move). It is not a database: nothing is durable or shared between
 processes, one lock serialises every call (as SQLite's one writer does), and the database
-lock back end's rows (:mod:`.locks`) and the ORM reads of ``store/common.py`` (checkpoints,
-``build_job``) are not here. mypy checks it against :class:`~.dialect.JobStore`.
+lock back end's rows (:mod:`.locks`), breakers and the ORM reads of ``store/common.py``
+(checkpoints, ``build_job``) are not here. mypy checks it against :class:`~.dialect.JobStore`,
+and ``tests/store_contract/`` runs each contract test it can serve on it beside the database:
+where the two disagree, this module is wrong.
 """
 
 from __future__ import annotations
