@@ -15,8 +15,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 def test_acks_waiting_in_the_window_are_written_before_the_worker_exits(workers):
     jobs = [tasks.short_lease_plain.enqueue(f"window-{n}") for n in range(5)]
     # A 1 s window: the handlers return at once, and their acks wait in it. Jobs awaiting
-    # their ack count against the prefetch cap, so the cap must hold all five.
-    proc = workers.start("--concurrency", "2", "--batch-size", "5", env={"JOBGUARD_TEST_ACK_WINDOW": "1.0"})
+    # their ack count against the prefetch cap, so the cap must hold all five, with room to
+    # spare: a claimer kept back by the acks alone would ask for them to be written at once.
+    proc = workers.start("--concurrency", "2", "--batch-size", "10", env={"JOBGUARD_TEST_ACK_WINDOW": "1.0"})
     wait_for(
         lambda: (
             Execution.objects.filter(marker__startswith="window-").count() == 5
