@@ -211,3 +211,17 @@ def test_migrate_installs_the_setting(notify_mode):
     with override_settings(JOBGUARD={**settings.JOBGUARD, "NOTIFY": "none"}):
         call_command("migrate", "jobguard", verbosity=0)
         assert store.installed_notify_mode(connection.alias) == "none"
+
+
+def test_a_database_running_another_mode_than_the_setting_warns(notify_mode):
+    from django_jobguard import checks
+
+    notify_mode("row")
+    assert checks.database.check_notify_mode(databases=[connection.alias]) == [], "the same mode"
+    with override_settings(JOBGUARD={**settings.JOBGUARD, "NOTIFY": "coalesced"}):
+        (warning,) = checks.database.check_notify_mode(databases=[connection.alias])
+    assert warning.id == "jobguard.W067"
+    assert warning.msg == (
+        f"The database of {connection.alias!r} runs the NOTIFY mode 'row', but JOBGUARD['NOTIFY'] is "
+        "'coalesced': every enqueuing commit still notifies, and waits its turn on PostgreSQL's notify lock."
+    )
