@@ -8,7 +8,7 @@ twice over: with ``dlq.decide_many`` (what the admin's bulk actions call: a few 
 per chunk of 500) and letter by letter with ``request_replay`` / ``approve_replay`` (what
 they did before: a transaction of several statements per letter). It prints the median
 seconds of each over the runs, and the ratio (the statements per chunk are pinned by
-``tests/integration/test_dlq_bulk.py``).
+``tests/integration/dlq/test_dlq_bulk.py``).
 """
 
 from __future__ import annotations

@@ -223,7 +223,7 @@ JOBGUARD: dict[str, Any] = {
 }
 # The suite's purpose-built tasks exercise one behaviour each and are not classified, and
 # some lock with a deliberately short TTL; the checks that say so are tested in
-# tests/integration/test_checks.py, which calls them directly (silencing does not apply there).
+# tests/integration/checks/test_checks.py, which calls them directly (silencing does not apply there).
 SILENCED_SYSTEM_CHECKS = ["jobguard.W002", "jobguard.W003", "jobguard.W007", "jobguard.W033"]
 if os.environ.get("JOBGUARD_TEST_STRICT_QUEUES"):
     # Worker processes of the queue-refusal tests: undeclared queues refused, as in a project.

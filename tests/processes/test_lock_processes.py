@@ -60,7 +60,7 @@ def test_six_workers_never_run_two_jobs_of_one_resource_at_once(backend, workers
 
 
 # slow, so the Django 6.x runs skip it: a SIGKILLed holder and its lock's TTL are the lock
-# back end's and the worker's heartbeat's doing, not Django's; tests/integration/test_locks.py
+# back end's and the worker's heartbeat's doing, not Django's; tests/integration/locks/test_locks.py
 # proves expiry and takeover on every Django.
 @pytest.mark.slow
 def test_a_killed_holders_lock_is_free_after_its_ttl_and_work_continues(backend, workers):

@@ -19,7 +19,7 @@ from django.test import override_settings
 
 from django_jobguard import store
 from tests.conftest import wait_for
-from tests.integration.test_enqueue_notify import _listener, _received
+from tests.integration.enqueue.test_enqueue_notify import _listener, _received
 from tests.testapp import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes, pytest.mark.postgres]

@@ -1,6 +1,6 @@
 """Real workers prune finished jobs past their retention by default: one of them, elected, while
 they claim and run jobs. (A worker with RETENTION["INTERVAL"] 0 or --burst starts no pruning
-thread: tests/integration/test_job_retention.py.)"""
+thread: tests/integration/maintenance/test_job_retention.py.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Without LISTEN/NOTIFY, a real idle worker wakes through Redis pub/sub: it picks each new job
 up long before its next poll (SQLite and MariaDB/MySQL; PostgreSQL wakes on NOTIFY, which
-tests/integration/test_enqueue_notify.py covers)."""
+tests/integration/enqueue/test_enqueue_notify.py covers)."""
 
 from __future__ import annotations
 

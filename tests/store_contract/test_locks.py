@@ -1,7 +1,7 @@
 """The store contract, for the database lock back end's rows (``store.locks``), on the database under test.
 
 The service around these statements (transactions, outages, blocking) is tested in
-``tests/integration/test_locks.py``; here only what every dialect's statements must do.
+``tests/integration/locks/test_locks.py``; here only what every dialect's statements must do.
 """
 
 import datetime

@@ -37,7 +37,7 @@ pytestmark = [
 #: How each text column is filled. "probed": by callers, operators or task authors, through an
 #: entry point probed below. "choices": one of its TextChoices. "system": by jobguard from its
 #: own values (tokens, digests, clocks). "clipped": free text cut to JOBGUARD["MAX_ERROR_CHARS"]
-#: or to its width where it is written (tests/integration/test_worker.py). "text": a TextField,
+#: or to its width where it is written (tests/integration/worker/test_worker.py). "text": a TextField,
 #: without a width on any database. "settings": from JOBGUARD settings, checked when they are read
 #: (probed below: the longest that fits is stored intact, one more is refused by the parser).
 #: "user": an operator's user name (Django's 150 characters). A "probed" column that settings

@@ -1,4 +1,4 @@
-"""Tasks for the tracing tests (tests/integration/test_otel_*.py, tests/processes/test_otel_*.py)."""
+"""Tasks for the tracing tests (tests/integration/monitoring/ and tests/processes/, test_otel_*.py)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Each remembered (queue, priority) is read from the last row claimed there; every other
 priority, above, between and below, is read from its start (the SQL is in
-tests/integration/test_claim_bound.py).
+tests/integration/store/test_claim_bound.py).
 """
 
 import datetime

@@ -3,7 +3,7 @@
 No ``django_db`` mark: a query would fail the test, so each one proves that the path it runs
 (claim, handler, ack, retry after its delay, an ack fenced off by a newer lease) needs nothing
 but the store contract. A dead letter is a model row, so that path is tested on databases only;
-the same paths on real databases: tests/integration/test_worker_pipeline.py.
+the same paths on real databases: tests/integration/worker/test_worker_pipeline.py.
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ def test_every_job_record_carries_every_structured_field(caplog):
 
 def example_json_formatter() -> logging.Formatter:
     """The JSON formatter exactly as the example project's LOGGING setting configures it."""
-    path = Path(__file__).resolve().parents[2] / "example_project" / "example" / "settings.py"
+    path = Path(__file__).resolve().parents[3] / "example_project" / "example" / "settings.py"
     spec = importlib.util.spec_from_file_location("example_settings", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

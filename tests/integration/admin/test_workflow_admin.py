@@ -10,7 +10,7 @@ from django_jobguard import Batch, chain, dlq
 from django_jobguard.exceptions import ReplayPermissionDenied
 from django_jobguard.models import DeadLetter, Job, ReplayState
 from django_jobguard.workflows import progress
-from tests.integration.test_workflows import drain, ran, status
+from tests.integration.workflows.test_workflows import drain, ran, status
 from tests.support.factories import make_user
 from tests.testapp import tasks
 from tests.testapp.models import LedgerEntry
