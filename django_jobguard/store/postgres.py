@@ -479,20 +479,25 @@ CLAIM_BOUND_WORKERS = 64
 _LOWEST_PRIORITY, _HIGHEST_PRIORITY = -32768, 32767
 #: The start of a range read from its beginning: no run_after (-infinity) and the lowest id.
 _EARLIEST: tuple[None, int] = (None, -(2**63))
+#: A claimed row's run_after as the claim returns it for its position: fixed-width UTC text,
+#: which sorts as the time does and goes back as a parameter exactly; a datetime would cost a
+#: parse per claimed job.
+_POSITION_SQL = """to_char(j.run_after AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
 
 
 @dataclass
 class _ClaimBound:
     """Where a worker's plain claims of one set of queues stopped, and when its next full claim is due."""
 
-    #: (queue, or "" for all queues, priority) -> (run_after, id) of the last row claimed there.
-    positions: dict[tuple[str, int], tuple[datetime.datetime, int]] = field(default_factory=dict)
+    #: (queue, or "" for all queues, priority) -> (run_after, id) of the last row claimed there,
+    #: run_after as :data:`_POSITION_SQL` writes it.
+    positions: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)
     #: ``time.monotonic()`` from which the next claim is a full one.
     full_due_at: float = 0.0
 
-    def ranges(self, queue: str) -> list[tuple[str, int, int, datetime.datetime | None, int]]:
+    def ranges(self, queue: str) -> list[tuple[str, int, int, str | None, int]]:
         """The claim index ranges of ``queue`` in claim order: (queue, lowest and highest priority, start)."""
-        found: list[tuple[str, int, int, datetime.datetime | None, int]] = []
+        found: list[tuple[str, int, int, str | None, int]] = []
         above = _HIGHEST_PRIORITY
         for priority in sorted((p for q, p in self.positions if q == queue), reverse=True):
             if priority < above:
@@ -503,9 +508,9 @@ class _ClaimBound:
             found.append((queue, _LOWEST_PRIORITY, above, *_EARLIEST))
         return found
 
-    def advance(self, claimed: Sequence[tuple[str, int, datetime.datetime, int]]) -> None:
+    def advance(self, claimed: Sequence[tuple[str, int, str, int]]) -> None:
         """Remember the last row claimed per (queue, priority), even if behind where it was."""
-        last: dict[tuple[str, int], tuple[datetime.datetime, int]] = {}
+        last: dict[tuple[str, int], tuple[str, int]] = {}
         for queue, priority, run_after, job_id in claimed:
             last[queue, priority] = max(last.get((queue, priority), (run_after, job_id)), (run_after, job_id))
         for position, start in last.items():
@@ -573,7 +578,7 @@ def _claim(
     started = time.monotonic()
     with connections[alias].cursor() as cursor:
         cursor.execute(
-            f"WITH picked AS ({picked}) {_CLAIM_UPDATE}, j.run_after", [*params, worker_id, worker_id]
+            f"WITH picked AS ({picked}) {_CLAIM_UPDATE}, {_POSITION_SQL}", [*params, worker_id, worker_id]
         )
         rows = cursor.fetchall()
     ended = time.monotonic()

@@ -5,12 +5,11 @@ priority, above, between and below, is read from its start (the SQL is in
 tests/integration/store/test_claim_bound.py).
 """
 
-import datetime
-
 from django_jobguard.store import postgres
 from django_jobguard.store.postgres import _EARLIEST, _ClaimBound
 
-T = datetime.datetime(2026, 12, 7, 9, 0, tzinfo=datetime.UTC)
+#: Positions are the claim's fixed-width UTC text, which sorts as the time does.
+T = "2026-12-07T09:00:00.000000Z"
 
 
 def test_without_positions_one_range_covers_every_priority_from_its_start() -> None:
@@ -37,7 +36,7 @@ def test_remembered_priorities_start_at_their_last_claimed_row_and_the_gaps_at_t
 def test_a_claim_behind_the_position_moves_it_back_so_the_rows_after_it_are_read_again() -> None:
     bound = _ClaimBound()
     bound.advance([("q", 0, T, 7)])
-    earlier = T - datetime.timedelta(hours=1)
+    earlier = "2026-12-07T08:00:00.000000Z"
     bound.advance([("q", 0, earlier, 2)])  # a full claim took a job behind the position
     assert ("q", 0, 0, earlier, 2) in bound.ranges("q")
 
