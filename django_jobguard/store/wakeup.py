@@ -44,7 +44,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from django.db import Error, connections, transaction
@@ -75,9 +75,12 @@ MODE_FUNCTION = "jobguard_notify_mode"
 _WARN_EVERY_SECONDS = 60.0
 _last_warning = {"redis": -_WARN_EVERY_SECONDS, "notify": -_WARN_EVERY_SECONDS}
 
-# Queue names waiting for the commit of the enqueueing transaction, per connection. One
-# publish per transaction and queue, however many rows it inserted (as NOTIFY is on PostgreSQL).
-_pending: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+# Per connection: the queue names its open transaction announces, the on-commit callback that
+# sends them, and where that callback sits in the connection's run_on_commit list. One wake-up
+# per transaction and queue, however many rows it inserted (as NOTIFY is on PostgreSQL); names
+# of a transaction rolled back go with its callback.
+_Pending = tuple[set[str], Callable[[], None], int]
+_pending: weakref.WeakKeyDictionary[Any, _Pending] = weakref.WeakKeyDictionary()
 
 #: Seconds a process's NOTIFY connection stays open with nothing to send. Under 5 s: a
 #: ``DROP DATABASE`` (a test run's teardown) waits that long for other sessions to end.
@@ -116,7 +119,7 @@ def announce(alias: str, queues: Iterable[str]) -> None:
     of ``alias`` commits: a coalesced NOTIFY on PostgreSQL and a Redis publish, as configured.
 
     Outside a transaction this happens now; a rolled-back transaction sends nothing (its
-    callbacks are dropped, and a name left behind only costs a spare wake-up later).
+    callback is dropped with the names it holds).
     """
     conf = get_settings()
     conn = connections[alias]
@@ -130,25 +133,27 @@ def announce(alias: str, queues: Iterable[str]) -> None:
         if notify:
             _notify_in_transaction(conn, names)
         return  # (Redis: nothing tells when that transaction commits; workers poll)
-    pending = _pending.setdefault(conn, set())
-    pending.update(names)
-    transaction.on_commit(
-        functools.partial(
-            _flush,
-            conn,
-            alias,
-            conf.wakeup_cache,
-            channel(alias) if conf.wakeup_cache else "",
-            notify,
-        ),
-        using=alias,
+    entry = _pending.get(conn)
+    if entry is not None and conn.in_atomic_block and _still_to_run(conn, entry[1], entry[2]):
+        entry[0].update(names)  # this transaction's wake-up, not sent yet
+        return
+    callback = functools.partial(
+        _flush, names, alias, conf.wakeup_cache, channel(alias) if conf.wakeup_cache else "", notify
     )
+    _pending[conn] = (names, callback, len(conn.run_on_commit))
+    transaction.on_commit(callback, using=alias)
 
 
-def _flush(conn: Any, alias: str, cache_alias: str, name: str, notify: bool) -> None:
-    queues = _pending.pop(conn, None)
-    if not queues:
-        return  # an earlier callback of this commit announced them
+def _still_to_run(conn: Any, callback: Callable[[], None], index: int) -> bool:
+    """Whether ``callback`` still waits in ``conn``'s on-commit list (not run, not rolled back)."""
+    waiting = conn.run_on_commit
+    if index < len(waiting) and waiting[index][1] is callback:
+        return True
+    # A savepoint's rollback rebuilds the list, moving what it kept.
+    return any(item[1] is callback for item in waiting)
+
+
+def _flush(queues: set[str], alias: str, cache_alias: str, name: str, notify: bool) -> None:
     if notify:
         _notifier(alias).add(queues)
     if cache_alias:
