@@ -20,7 +20,7 @@ from django_jobguard.outcome import HeldState, Succeeded
 from django_jobguard.worker import pipeline
 from django_jobguard.worker.completer import Completer
 from django_jobguard.worker.held import Held
-from tests.conftest import statuses
+from tests.conftest import statuses, wait_for
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -199,10 +199,12 @@ def test_a_flush_writes_the_gathered_acks_without_waiting_out_the_window():
         assert completer.awaiting_acks == 3
         completer.flush()
         completer.flush()  # asked twice before the thread saw it: one flush is queued
-        deadline = time.monotonic() + 30
-        while statuses(jobs) != ["succeeded"] * 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert statuses(jobs) == ["succeeded"] * 3
+        wait_for(
+            lambda: statuses(jobs) == ["succeeded"] * 3,
+            timeout=30,
+            interval=0.01,
+            message="the flushed acks to be written (the window alone would hold them 600 s)",
+        )
         assert completer.awaiting_acks == 0
     finally:
         completer.close_acks(thread, timeout=30)
