@@ -103,6 +103,19 @@ class Job(models.Model):
         help_text=_("W3C trace context of the enqueue (with OPENTELEMETRY on); NULL without."),
     )
     result = models.JSONField(null=True, blank=True)
+    # What the handler last reported through ``context.report_progress``: done, total,
+    # message and when. Written at most a few times a second, with the lease renewal.
+    progress = models.JSONField(
+        null=True, blank=True, editable=False, help_text=_("Last progress the handler reported; NULL if none.")
+    )
+    # Set by a waiter (``Job.wait``) before it sleeps: only such a job's settlement notifies,
+    # so a job nobody waits on costs the worker nothing more.
+    waited = models.BooleanField(
+        default=False,
+        db_default=False,
+        editable=False,
+        help_text=_("Somebody waits on the outcome: settling it sends a wake-up."),
+    )
     checkpoints = models.JSONField(default=dict, blank=True)
     # Appended to by the claim and the failure statements that run anyway, so keeping it
     # costs a successful job no extra statement (see the store package).
