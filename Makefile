@@ -52,7 +52,7 @@ docs: $(PY)
 
 bench: $(PY)
 	$(PIP) install -e ".[all]" --group test
-	$(PY) benchmarks/run.py $(BENCH_ARGS)
+	$(PY) benchmarks/bench_peers.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-* .pytest_cache .mypy_cache .ruff_cache docs/_build tests/.db example_project/db.sqlite3* example_project/.cache

@@ -2,7 +2,7 @@
 
 A driver runs inside the virtualenv of the system it drives (the project's for
 django-jobguard, ``benchmarks/.venv-peers`` for the peers) and talks to the
-orchestrator (``run.py``) through command-line arguments and one JSON file.
+orchestrator (``bench_peers.py``) through command-line arguments and one JSON file.
 """
 
 from __future__ import annotations

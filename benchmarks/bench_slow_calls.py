@@ -665,7 +665,7 @@ def table(medians: dict[str, dict[str, float]]) -> str:
 
 def targets_for(args: argparse.Namespace, modes: list[str]) -> dict[str, Target]:
     """One target per system among ``modes``, their virtualenvs built (once) and stores prepared."""
-    from benchmarks.run import ensure_peers_venv, ensure_venv
+    from benchmarks.bench_peers import ensure_peers_venv, ensure_venv
 
     systems = {MODES[name].system for name in modes}
     targets: dict[str, Target] = {}

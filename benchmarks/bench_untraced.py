@@ -11,7 +11,7 @@ PostgreSQL:
 - each added operation's cost (``timeit``, the median of 7 repeats), times how often a job
   runs it (counted by profiling one burst);
 - the sum of those against ``per job``: an upper bound on the untraced slowdown (the target
-  is 2 %). A whole-system A/B (``benchmarks/compare.py <commit before tracing> main``) cannot
+  is 2 %). A whole-system A/B (``benchmarks/bench_compare.py <commit before tracing> main``) cannot
   resolve 2 %: its rounds differ by ±10 % on this machine.
 
     python benchmarks/bench_untraced.py --pg-url postgres://postgres@127.0.0.1:5432/jg_untraced

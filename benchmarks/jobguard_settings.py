@@ -2,9 +2,9 @@
 
 Environment: ``BENCH_DATABASE_URL`` (PostgreSQL), ``BENCH_REDIS_URL`` (Redis for the
 redis lock back end), ``BENCH_LOCK_BACKEND`` (``database`` or ``redis``) and
-``BENCH_JOBGUARD`` (JSON merged into ``JOBGUARD``, for tuning experiments: ``run.py
+``BENCH_JOBGUARD`` (JSON merged into ``JOBGUARD``, for tuning experiments: ``bench_peers.py
 --jobguard '{"BATCH_SIZE": 16}'``) and ``BENCH_DB_OPTIONS`` (the database's ``OPTIONS``,
-``run.py --db-options``). Everything else is the package's defaults: the adaptive
+``bench_peers.py --db-options``). Everything else is the package's defaults: the adaptive
 batch (2 x concurrency, up to 64 once jobs are known to be short), 1 s poll fallback,
 LISTEN/NOTIFY.
 """

@@ -32,7 +32,7 @@ if __import__("os").environ.get("BENCH_FLOW"):
     from . import tasks_flow  # noqa: F401 - benchmarks/bench_flow.py's limited tasks
 
 if __import__("os").environ.get("BENCH_KEYED"):
-    from .tasks_keyed import noop_keyed  # noqa: F401 - benchmarks/compare.py's keyed configuration
+    from .tasks_keyed import noop_keyed  # noqa: F401 - benchmarks/bench_compare.py's keyed configuration
 
 
 @task(name="bench.http_get")

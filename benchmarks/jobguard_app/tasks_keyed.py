@@ -1,4 +1,4 @@
-"""A no-op task under a keyed concurrency limit that never binds, for ``benchmarks/compare.py``.
+"""A no-op task under a keyed concurrency limit that never binds, for ``benchmarks/bench_compare.py``.
 
 Imported only with ``BENCH_KEYED=1`` (see tasks.py): a limited task registered makes every
 worker that claims all queues take the limited claim, which the other configurations must not

@@ -38,7 +38,7 @@ def test_bench_drains_jobs_and_verifies_each_ran_once(servers: tuple[str, str, s
     pg_server, redis_server, prefix = servers
     command = [
         sys.executable,
-        str(ROOT / "benchmarks" / "run.py"),
+        str(ROOT / "benchmarks" / "bench_peers.py"),
         "--quick",
         "--runs", "1",
         "--workloads", "throughput",

@@ -8,7 +8,7 @@ processes and an enqueuer run against the multi-host settings (``HOST "127.0.0.1
 restarts the workers or tells them where the new primary is.
 
 ``JOBGUARD_TEST_FAILOVER_JOBS`` sets the job count (default 20,000: about 3 minutes on two
-busy cores); ``python benchmarks/failover.py`` adds asynchronous replication and a lagging
+busy cores); ``python benchmarks/bench_failover.py`` adds asynchronous replication and a lagging
 standby.
 The figures go to the test's output and to ``artifacts/failover/``.
 """

@@ -1,7 +1,7 @@
 """The failover scenario: real workers and enqueuers while the primary dies and the standby is promoted.
 
 Shared by ``tests/processes/test_failover.py`` (asserts on the figures) and
-``benchmarks/failover.py`` (runs it at full size, synchronous and asynchronous, and prints
+``benchmarks/bench_failover.py`` (runs it at full size, synchronous and asynchronous, and prints
 them). Everything talks to a :class:`~tests.support.pg_replica.ReplicatedPostgres` of its
 own through the multi-host settings in ``tests/settings.py`` (``JOBGUARD_TEST_FAILOVER_PORTS``).
 

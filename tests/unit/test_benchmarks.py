@@ -142,7 +142,7 @@ def test_backlog_target_falls_back_to_the_ratio_of_medians_without_pairs() -> No
 
 
 def _checkouts() -> list[Any]:
-    from benchmarks import compare
+    from benchmarks import bench_compare as compare
 
     old, new = compare.Checkout.__new__(compare.Checkout), compare.Checkout.__new__(compare.Checkout)
     for checkout, name in ((old, "old"), (new, "new")):
@@ -151,7 +151,7 @@ def _checkouts() -> list[Any]:
 
 
 def test_compare_reports_medians_and_each_rounds_own_ratio(tmp_path) -> None:
-    from benchmarks import compare
+    from benchmarks import bench_compare as compare
 
     configs = compare.select(compare.DEFAULT_CONFIGS)
     rates = {"old": [1000.0, 500.0, 1000.0], "new": [1100.0, 550.0, 900.0]}
@@ -176,7 +176,7 @@ def test_compare_reports_medians_and_each_rounds_own_ratio(tmp_path) -> None:
 
 
 def test_compare_selects_plain_and_atomic_by_default_and_every_configuration_with_all() -> None:
-    from benchmarks import compare
+    from benchmarks import bench_compare as compare
 
     assert [c.name for c in compare.select(compare.DEFAULT_CONFIGS)] == ["plain", "atomic"]
     assert [c.name for c in compare.select("all")] == list(compare.CONFIGS)
@@ -186,7 +186,7 @@ def test_compare_selects_plain_and_atomic_by_default_and_every_configuration_wit
 
 
 def test_compare_shows_a_configuration_the_old_commit_cannot_run_as_a_dash_with_its_note() -> None:
-    from benchmarks import compare
+    from benchmarks import bench_compare as compare
 
     configs = compare.select("plain,keyed")
     one = {"processing_rate": 1000.0, "worker_cpu_ms_per_job": 0.5, "total_cpu_ms_per_job": 1.0}
@@ -202,7 +202,7 @@ def test_compare_shows_a_configuration_the_old_commit_cannot_run_as_a_dash_with_
 
 
 def test_deep_jobs_drains_more_per_run_and_the_shallow_set_is_that_deep() -> None:
-    from benchmarks.run import parse_args, sizes_for
+    from benchmarks.bench_peers import parse_args, sizes_for
 
     sizes = sizes_for(parse_args(["--deep-jobs", "20000"]))
     assert (sizes.deep_jobs, sizes.deep_depths) == (20_000, (20_000, 1_000_000))

@@ -6,7 +6,7 @@ concurrency 4 and an enqueuer on the multi-host settings; the primary stopped wi
 immediate`` once a quarter of the jobs finished; the standby promoted) ``--runs`` times per
 replication mode, and prints each figure's median (min-max):
 
-    python benchmarks/failover.py --jobs 20000 --runs 1
+    python benchmarks/bench_failover.py --jobs 20000 --runs 1
 
 Results are printed and written to ``benchmarks/results/failover-<UTC time>.json`` and
 ``failover-latest.json``.

@@ -1,11 +1,11 @@
 """Enqueue rate, drain rate and pickup latency of django-jobguard on one database, medians of runs.
 
-For the databases the main harness (``run.py``, PostgreSQL-only) does not drive: MariaDB and
+For the databases the main harness (``bench_peers.py``, PostgreSQL-only) does not drive: MariaDB and
 MySQL, and PostgreSQL beside them for a figure from the same machine and method.
 
-    .venv/bin/python benchmarks/by_database.py mysql://root@127.0.0.1:3306/jg_bench_maria
-    .venv/bin/python benchmarks/by_database.py postgres://postgres@127.0.0.1:5432/jg_bench --runs 5
-    .venv/bin/python benchmarks/by_database.py mysql://root@127.0.0.1:3306/jg_bench_maria --wakeup redis://127.0.0.1:6379/5
+    .venv/bin/python benchmarks/bench_by_database.py mysql://root@127.0.0.1:3306/jg_bench_maria
+    .venv/bin/python benchmarks/bench_by_database.py postgres://postgres@127.0.0.1:5432/jg_bench --runs 5
+    .venv/bin/python benchmarks/bench_by_database.py mysql://root@127.0.0.1:3306/jg_bench_maria --wakeup redis://127.0.0.1:6379/5
 
 The database must exist (utf8mb4 on MariaDB/MySQL); its job table is emptied between rounds.
 Per round: ``--jobs`` no-op jobs enqueued one by one (enqueue rate), then drained by 2
@@ -17,7 +17,7 @@ of medians with min-max.
 
 ``--system dtdb`` measures the same for django-tasks with the django-tasks-db back end, the
 Django peer that also keeps its tasks in the project's database: it runs in
-``benchmarks/.venv-peers`` (created by ``run.py``'s installer; mysqlclient is added for a
+``benchmarks/.venv-peers`` (created by ``bench_peers.py``'s installer; mysqlclient is added for a
 mysql:// URL), with 2 ``db_worker --batch`` processes (one task at a time each) for the drain
 and one idle ``db_worker`` for the pickups (its default 1 s poll).
 """
@@ -95,7 +95,7 @@ SETTINGS = {"jobguard": "benchmarks.jobguard_settings", "dtdb": "benchmarks.peer
 def _in_peers_venv(url: str) -> int:
     """Run this command again with benchmarks/.venv-peers's Python (django-tasks-db lives there)."""
     sys.path.insert(0, str(ROOT))
-    from benchmarks.run import ensure_peers_venv
+    from benchmarks.bench_peers import ensure_peers_venv
 
     python = ensure_peers_venv(skip_install=False)
     if url.startswith(("mysql", "mariadb")):

@@ -1,7 +1,7 @@
 """A soak on one database: workers, enqueuers and pruning at once; what deadlocks reach anyone?
 
-    .venv/bin/python benchmarks/soak_by_database.py mysql://root@127.0.0.1:3306/jg_soak
-    .venv/bin/python benchmarks/soak_by_database.py mysql://root@127.0.0.1:3306/jg_soak --jobs 20000
+    .venv/bin/python benchmarks/bench_soak.py mysql://root@127.0.0.1:3306/jg_soak
+    .venv/bin/python benchmarks/bench_soak.py mysql://root@127.0.0.1:3306/jg_soak --jobs 20000
 
 ``--processes`` worker processes of ``--threads`` threads each drain ``--jobs`` jobs while
 ``--enqueuers`` processes are still enqueueing them (a quarter under idempotency keys, a

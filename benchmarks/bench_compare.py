@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Two commits of django-jobguard in one invocation, interleaved: is the new one as fast?
 
-    benchmarks/compare.py OLD NEW [--runs 3] [--jobs 5000] [--configs plain,atomic | all]
-    benchmarks/compare.py v0.1.0 HEAD --configs all      # any change on the claim, ack or enqueue path
-    benchmarks/compare.py 047ab6a worker --runs 3 --jobs 1000 --db-prefix jg_perf --redis-dbs 8,9,10
-    benchmarks/compare.py 42b071a main --count-sql --runs 1
+    benchmarks/bench_compare.py OLD NEW [--runs 3] [--jobs 5000] [--configs plain,atomic | all]
+    benchmarks/bench_compare.py v0.1.0 HEAD --configs all      # any change on the claim, ack or enqueue path
+    benchmarks/bench_compare.py 047ab6a worker --runs 3 --jobs 1000 --db-prefix jg_perf --redis-dbs 8,9,10
+    benchmarks/bench_compare.py 42b071a main --count-sql --runs 1
 
 Each commit is checked out into its own ``git worktree add --detach`` under a temporary
 directory. The harness (this tree's ``benchmarks/``) drives each commit's product code:
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     header = (
         f"## django-jobguard, commit against commit, {stamp:%Y-%m-%d %H:%M} UTC\n\n"
-        f"Command: `benchmarks/compare.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
+        f"Command: `benchmarks/bench_compare.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
         f"{os.cpu_count()} cores, load average at start {', '.join(f'{x:.2f}' for x in load)}; "
         f"took {(time.monotonic() - started) / 60:.1f} min. Configurations, each with metrics on, "
         f"database locks (unused) and fencing on: {described}. "

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Workers through PgBouncer (transaction mode) against direct, and LISTEN against polling.
 
-    python benchmarks/scale_out.py [--database-url postgres://postgres@127.0.0.1:5432/jobguard_h10]
+    python benchmarks/bench_scale_out.py [--database-url postgres://postgres@127.0.0.1:5432/jobguard_h10]
                                    [--jobs 3000] [--runs 3] [--workers 2,4,8] [--markdown FILE]
 
 The undeclared column runs the same workers with Django's pooling settings but without

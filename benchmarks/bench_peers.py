@@ -178,7 +178,7 @@ def describe(info: dict[str, Any], command: str, runs: int, quick: bool, minutes
         f"appendonly={redis_conf.get('appendonly')}); "
         f"Python {info['python']}, Django {info['django']}, psycopg {info['psycopg']}; "
         f"load average at start {', '.join(f'{x:.2f}' for x in info['load_average_at_start'])}.\n\n"
-        f"Command: `benchmarks/run.py {command}`; {runs} runs per figure, median (min-max); "
+        f"Command: `benchmarks/bench_peers.py {command}`; {runs} runs per figure, median (min-max); "
         f"{'quick sizes' if quick else 'full sizes'}; took {minutes:.1f} min."
     )
 

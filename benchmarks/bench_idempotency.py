@@ -3,7 +3,7 @@
 Usage (PostgreSQL; the database is created and migrated if needed)::
 
     JOBGUARD_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/jg_bench_idem \\
-        python benchmarks/idempotency.py --jobs 2000 --keys 20000 --repeat 3
+        python benchmarks/bench_idempotency.py --jobs 2000 --keys 20000 --repeat 3
 
 Without the URL it runs on the SQLite file of tests/settings.py. Prints medians.
 """
