@@ -38,16 +38,10 @@ the first one on ``PYTHONPATH``)::
 from __future__ import annotations
 
 import argparse
-import contextlib
-import glob
 import json
 import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -58,9 +52,9 @@ if str(ROOT) not in sys.path:
     # Last: django_jobguard comes from PYTHONPATH when set there (a tree of another commit).
     sys.path.append(str(ROOT))
 
+from benchmarks._database import Cluster, Enqueuer, load, log, reset, start_workers, stop_workers  # noqa: E402
+
 SCENARIOS = ("clean", "idle-same", "idle-other", "readers")
-#: Enqueue calls per second: the rate is spread over them (one multi-row INSERT each).
-TICKS_PER_SECOND = 50
 #: The active readers: how many, each transaction's length and the pause between its scans.
 READERS = 4
 READER_MINUTES = 2
@@ -72,95 +66,6 @@ DATABASE, OTHER_DATABASE = "jg_horizon", "jg_other"
 #: one (it reads ranges of the claim index from an array, ``AS b(...)``; a full claim does not).
 CLAIM_QUERY = "WITH picked AS (%UPDATE jobguard_job AS j SET status = %"
 BOUNDED_MARK = "% AS b(%"
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def load() -> str:
-    """The load averages over 1, 5 and 15 minutes."""
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-# -- the cluster ------------------------------------------------------------------------------
-
-
-class Cluster:
-    """A throw-away PostgreSQL cluster on 127.0.0.1 (as the postgres user when run as root)."""
-
-    def __init__(self, minute_seconds: float, keep: bool) -> None:
-        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
-        initdb = found[-1] if found else shutil.which("initdb")
-        if not initdb:
-            raise SystemExit("needs PostgreSQL's initdb and pg_ctl: apt-get install postgresql")
-        self.bin = Path(initdb).parent
-        self.root = Path(tempfile.mkdtemp(prefix="jobguard-horizon-"))
-        self.data = self.root / "data"
-        self.as_postgres = os.geteuid() == 0
-        if self.as_postgres:
-            shutil.chown(self.root, user="postgres", group="postgres")
-        self.port = _free_port()
-        self.minute_seconds = minute_seconds
-        self.keep = keep
-
-    def url(self, dbname: str) -> str:
-        return f"postgres://postgres@127.0.0.1:{self.port}/{dbname}"
-
-    def _run(self, *command: str) -> None:
-        argv = [str(self.bin / command[0]), *command[1:]]
-        if self.as_postgres:
-            argv = ["runuser", "-u", "postgres", "--", *argv]
-        done = subprocess.run(argv, capture_output=True, timeout=300, check=False, cwd=self.root)
-        if done.returncode:
-            raise RuntimeError(f"{command[0]} exited {done.returncode}: {done.stderr.decode()[-2000:]}")
-
-    def start(self) -> None:
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
-        settings = [
-            "listen_addresses = '127.0.0.1'",
-            f"unix_socket_directories = '{self.root}'",
-            f"port = {self.port}",
-            "max_connections = 100",
-            "shared_buffers = 512MB",
-            "shared_preload_libraries = 'pg_stat_statements'",
-            "pg_stat_statements.max = 1000",
-            # The cluster dies with the run: no fsync (the figures are the queue's, not the disk's).
-            "fsync = off",
-            "full_page_writes = off",
-            "max_wal_size = 4GB",
-            # Time runs at the benchmark's minutes: autovacuum looks once per minute.
-            f"autovacuum_naptime = {max(1, round(self.minute_seconds))}s",
-        ]
-        with open(self.data / "postgresql.conf", "a") as conf:
-            conf.write("\n".join(settings) + "\n")
-        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "start")
-        import psycopg
-
-        with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
-            for name in (DATABASE, OTHER_DATABASE):
-                conn.execute(f"CREATE DATABASE {name}")
-        with psycopg.connect(self.url(DATABASE), autocommit=True) as conn:
-            conn.execute("CREATE EXTENSION pg_stat_statements")
-
-    def stop(self) -> None:
-        with contextlib.suppress(Exception):
-            self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
-        if self.keep:
-            log(f"kept the cluster's directory {self.root}")
-        else:
-            shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _free_port() -> int:
-    for port in PORTS:
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise SystemExit(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
 
 
 # -- what runs beside the queue ---------------------------------------------------------------
@@ -217,68 +122,7 @@ class Holder:
             self.idle.close()
 
 
-class Enqueuer(threading.Thread):
-    """``bulk_enqueue`` of no-op jobs at ``rate`` a second, paced on the monotonic clock."""
-
-    def __init__(self, rate: float) -> None:
-        super().__init__(daemon=True)
-        self.rate = rate
-        self.stop = threading.Event()
-        self.sent = 0
-        self.behind = 0.0  # the most seconds the enqueuer fell behind its pace
-
-    def run(self) -> None:
-        from django.db import connection
-
-        from benchmarks.jobguard_app.tasks import noop
-
-        started = time.monotonic()
-        tick = 1 / TICKS_PER_SECOND
-        try:
-            while not self.stop.is_set():
-                due = int((time.monotonic() - started) * self.rate)
-                if due > self.sent:
-                    noop.bulk_enqueue(((i,), {}) for i in range(self.sent, due))
-                    self.sent = due
-                self.behind = max(self.behind, time.monotonic() - started - self.sent / self.rate)
-                self.stop.wait(tick)
-        finally:
-            connection.close()  # this thread's own
-
-
 # -- one run ----------------------------------------------------------------------------------
-
-
-def _workers(
-    cluster: Cluster, code: Path | None, count: int, concurrency: int
-) -> list[subprocess.Popen[bytes]]:
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "benchmarks.jobguard_settings",
-        "BENCH_DATABASE_URL": cluster.url(DATABASE),
-        "BENCH_REDIS_URL": os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/6"),
-        "PYTHONPATH": os.pathsep.join([*([str(code)] if code else []), str(ROOT)]),
-    }
-    command = [sys.executable, "-m", "django", "jobguard_worker", "--concurrency", str(concurrency)]
-    # Their logs go to the cluster's directory (a pipe nobody reads would stall them once full).
-    with open(cluster.root / "workers.log", "ab") as output:
-        return [
-            # ``-m`` puts the working directory first on sys.path: the tree's own, then.
-            subprocess.Popen(command, env=env, cwd=code or ROOT, stdout=subprocess.DEVNULL, stderr=output)
-            for _ in range(count)
-        ]
-
-
-def _stop(workers: list[subprocess.Popen[bytes]]) -> None:
-    for process in workers:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    for process in workers:
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _sample(conn: Any) -> dict[str, float]:
@@ -339,15 +183,6 @@ def _reads(conn: Any) -> tuple[float, float]:
     return found[0], found[1]
 
 
-def _reset(conn: Any) -> None:
-    tables = [
-        row[0] for row in conn.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE 'jobguard%%'")
-    ]
-    conn.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY")
-    conn.execute("VACUUM (ANALYZE) jobguard_job")
-    conn.execute("SELECT pg_stat_statements_reset()")
-
-
 def _wait_for(conn: Any, condition: str, seconds: float, what: str) -> None:
     deadline = time.monotonic() + seconds
     while not conn.execute(condition).fetchone()[0]:
@@ -363,8 +198,8 @@ def run(
     import psycopg
 
     conn: Any = psycopg.connect(cluster.url(DATABASE), autocommit=True)
-    _reset(conn)
-    workers = _workers(cluster, code, args.workers, args.concurrency)
+    reset(conn)
+    workers = start_workers(cluster, DATABASE, args.workers, args.concurrency, code)
     try:
         from benchmarks.jobguard_app.tasks import noop
 
@@ -387,7 +222,7 @@ def run(
                     raise RuntimeError(f"worker {dead} exited (--keep keeps its log, workers.log)")
             enqueuer.stop.set()
             enqueuer.join()
-        _stop(workers)
+        stop_workers(workers)
         rows = _minutes(conn, t0, minute, args.minutes)
         for index, row in enumerate(rows):
             before, after = samples[index], samples[index + 1]
@@ -416,7 +251,7 @@ def run(
             log(f"the enqueuer fell {enqueuer.behind:.1f} s behind its pace: the rate is not what was asked")
         return rows
     finally:
-        _stop(workers)
+        stop_workers(workers)
         conn.close()
 
 
@@ -519,14 +354,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown scenarios {sorted(unknown)}; known: {', '.join(SCENARIOS)}")
     codes = _codes(args.code)
 
-    cluster = Cluster(args.minute_seconds, args.keep)
-    log(f"PostgreSQL cluster in {cluster.root}, port {cluster.port}; load {load()}")
+    cluster = Cluster(
+        "horizon", PORTS, [DATABASE, OTHER_DATABASE], args.minute_seconds, args.keep,
+        settings=["pg_stat_statements.max = 1000"],
+    )  # fmt: skip
     cluster.start()
-    os.environ.update(
-        DJANGO_SETTINGS_MODULE="benchmarks.jobguard_settings",
-        BENCH_DATABASE_URL=cluster.url(DATABASE),
-        BENCH_REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/6"),
-    )
+    os.environ.update(cluster.environ(DATABASE))
     results: dict[str, Any] = {"load_before": load(), "args": vars(args), "runs": []}
     try:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([*(str(c) for _, c in codes[:1] if c), str(ROOT)])}

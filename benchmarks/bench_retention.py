@@ -29,18 +29,11 @@ retention of ``--retention`` seconds for succeeded jobs::
 from __future__ import annotations
 
 import argparse
-import contextlib
-import glob
 import json
 import os
-import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -49,8 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-#: Enqueue calls per second: the rate is spread over them (one multi-row INSERT each).
-TICKS_PER_SECOND = 50
+from benchmarks._database import Cluster, Enqueuer, load, log, reset, start_workers, stop_workers  # noqa: E402
+
 #: Where the cluster may listen (the first free port from here up).
 PORTS = range(5500, 5520)
 DATABASE = "jg_retention"
@@ -58,157 +51,10 @@ DATABASE = "jg_retention"
 CLAIM_QUERY = "WITH picked AS (%UPDATE jobguard_job AS j SET status = %"
 
 
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def load() -> str:
-    """The load averages over 1, 5 and 15 minutes."""
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-class Cluster:
-    """A throw-away PostgreSQL cluster on 127.0.0.1 (run as the postgres user when run as root).
-
-    Autovacuum looks once per benchmark minute; every lock wait past 100 ms is logged.
-    """
-
-    def __init__(self, minute_seconds: float, keep: bool) -> None:
-        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
-        initdb = found[-1] if found else shutil.which("initdb")
-        if not initdb:
-            raise SystemExit("needs PostgreSQL's initdb and pg_ctl: apt-get install postgresql")
-        self.bin = Path(initdb).parent
-        self.root = Path(tempfile.mkdtemp(prefix="jobguard-retention-"))
-        self.data = self.root / "data"
-        self.as_postgres = os.geteuid() == 0
-        if self.as_postgres:
-            shutil.chown(self.root, user="postgres", group="postgres")
-        self.port = next((port for port in PORTS if _free(port)), None)
-        if self.port is None:
-            raise SystemExit(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
-        self.minute_seconds = minute_seconds
-        self.keep = keep
-
-    def url(self, dbname: str) -> str:
-        return f"postgres://postgres@127.0.0.1:{self.port}/{dbname}"
-
-    def _run(self, *command: str) -> None:
-        argv = [str(self.bin / command[0]), *command[1:]]
-        if self.as_postgres:
-            argv = ["runuser", "-u", "postgres", "--", *argv]
-        done = subprocess.run(argv, capture_output=True, timeout=300, check=False, cwd=self.root)
-        if done.returncode:
-            raise RuntimeError(f"{command[0]} exited {done.returncode}: {done.stderr.decode()[-2000:]}")
-
-    def start(self) -> None:
-        import psycopg
-
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
-        settings = [
-            "listen_addresses = '127.0.0.1'",
-            f"unix_socket_directories = '{self.root}'",
-            f"port = {self.port}",
-            "max_connections = 100",
-            "shared_buffers = 512MB",
-            "shared_preload_libraries = 'pg_stat_statements'",
-            # The cluster dies with the run: no fsync (the figures are the queue's, not the disk's).
-            "fsync = off",
-            "full_page_writes = off",
-            "max_wal_size = 4GB",
-            f"autovacuum_naptime = {max(1, round(self.minute_seconds))}s",
-            # Each lock wait past 100 ms is a line of the server log ("still waiting for").
-            "log_lock_waits = on",
-            "deadlock_timeout = '100ms'",
-        ]
-        with open(self.data / "postgresql.conf", "a") as conf:
-            conf.write("\n".join(settings) + "\n")
-        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "start")
-        with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {DATABASE}")
-        with psycopg.connect(self.url(DATABASE), autocommit=True) as conn:
-            conn.execute("CREATE EXTENSION pg_stat_statements")
-
-    def stop(self) -> None:
-        with contextlib.suppress(Exception):
-            self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
-        if self.keep:
-            log(f"kept the cluster's directory {self.root}")
-        else:
-            shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-class Enqueuer(threading.Thread):
-    """``bulk_enqueue`` of no-op jobs at ``rate`` a second, paced on the monotonic clock."""
-
-    def __init__(self, rate: float) -> None:
-        super().__init__(daemon=True)
-        self.rate = rate
-        self.stop = threading.Event()
-        self.sent = 0
-        self.behind = 0.0  # the most seconds the enqueuer fell behind its pace
-
-    def run(self) -> None:
-        from django.db import connection
-
-        from benchmarks.jobguard_app.tasks import noop
-
-        started = time.monotonic()
-        try:
-            while not self.stop.is_set():
-                due = int((time.monotonic() - started) * self.rate)
-                if due > self.sent:
-                    noop.bulk_enqueue(((i,), {}) for i in range(self.sent, due))
-                    self.sent = due
-                self.behind = max(self.behind, time.monotonic() - started - self.sent / self.rate)
-                self.stop.wait(1 / TICKS_PER_SECOND)
-        finally:
-            connection.close()  # this thread's own
-
-
 def _workers(cluster: Cluster, args: argparse.Namespace) -> list[subprocess.Popen[bytes]]:
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "benchmarks.jobguard_settings",
-        "BENCH_DATABASE_URL": cluster.url(DATABASE),
-        "BENCH_JOBGUARD": json.dumps({"RETENTION": {"SUCCEEDED": args.retention, "INTERVAL": args.interval}}),
-    }
-    command = [sys.executable, "-m", "django", "jobguard_worker", "--concurrency", str(args.concurrency)]
-    with open(cluster.root / "workers.log", "ab") as output:
-        return [
-            subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=output)
-            for _ in range(args.workers)
-        ]
-
-
-def _stop(workers: list[subprocess.Popen[bytes]]) -> None:
-    for process in workers:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    for process in workers:
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _reset(conn: Any) -> None:
-    tables = [
-        row[0] for row in conn.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE 'jobguard%%'")
-    ]
-    conn.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY")
-    conn.execute("VACUUM (ANALYZE) jobguard_job")
-    conn.execute("SELECT pg_stat_statements_reset()")
+    retention = {"RETENTION": {"SUCCEEDED": args.retention, "INTERVAL": args.interval}}
+    env = {"BENCH_JOBGUARD": json.dumps(retention)}
+    return start_workers(cluster, DATABASE, args.workers, args.concurrency, env=env)
 
 
 #: A row of the day's history: a no-op job as a worker leaves it (attempt history included).
@@ -279,7 +125,7 @@ def steady(cluster: Cluster, args: argparse.Namespace) -> list[dict[str, float]]
     import psycopg
 
     conn: Any = psycopg.connect(cluster.url(DATABASE), autocommit=True)
-    _reset(conn)
+    reset(conn)
     workers = _workers(cluster, args)
     try:
         _warm(conn)
@@ -299,7 +145,7 @@ def steady(cluster: Cluster, args: argparse.Namespace) -> list[dict[str, float]]
             log(f"the enqueuer fell {enqueuer.behind:.1f} s behind its pace: the rate is not what was asked")
         return rows
     finally:
-        _stop(workers)
+        stop_workers(workers)
         conn.close()
 
 
@@ -308,7 +154,7 @@ def day(cluster: Cluster, args: argparse.Namespace) -> dict[str, float]:
     import psycopg
 
     conn: Any = psycopg.connect(cluster.url(DATABASE), autocommit=True)
-    _reset(conn)
+    reset(conn)
     log(f"writing {args.day_rows:,} succeeded jobs finished over a day, two days ago")
     conn.execute(HISTORY_ROW, {"rows": args.day_rows})
     conn.execute("VACUUM (ANALYZE) jobguard_job")
@@ -346,7 +192,7 @@ def day(cluster: Cluster, args: argparse.Namespace) -> dict[str, float]:
         enqueuer.join()
         t1 = float(conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()[0])
     finally:
-        _stop(workers)
+        stop_workers(workers)
     after = _sizes(conn)
     waits = conn.execute(
         "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY started_at - enqueued_at), "
@@ -447,14 +293,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep", action="store_true", help="keep the cluster's directory (its logs)")
     args = parser.parse_args(argv)
 
-    cluster = Cluster(args.minute_seconds, args.keep)
-    log(f"PostgreSQL cluster in {cluster.root}, port {cluster.port}; load {load()}")
+    cluster = Cluster(
+        "retention", PORTS, [DATABASE], args.minute_seconds, args.keep,
+        # Each lock wait past 100 ms is a line of the server log ("still waiting for").
+        settings=["log_lock_waits = on", "deadlock_timeout = '100ms'"],
+    )  # fmt: skip
     cluster.start()
-    os.environ.update(
-        DJANGO_SETTINGS_MODULE="benchmarks.jobguard_settings",
-        BENCH_DATABASE_URL=cluster.url(DATABASE),
-        BENCH_REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/6"),
-    )
+    os.environ.update(cluster.environ(DATABASE))
     results: dict[str, Any] = {"load_before": load(), "args": vars(args)}
     try:
         migrate = [sys.executable, "-m", "django", "migrate", "--verbosity", "0"]
