@@ -267,4 +267,13 @@ DEFAULTS: dict[str, Any] = {
         # Missed ticks a "catch_up" schedule enqueues at most after an outage (the latest ones).
         "CATCH_UP_MAX": 100,
     },
+    "TESTING": {
+        # How enqueued jobs run, for tests (django_jobguard.testing) and eager setups: "manual"
+        # (the default: a job is stored and waits for a worker, or for the test's run_jobs())
+        # or "inline" (the enqueuing process runs it through the worker's pipeline once the
+        # enqueuing transaction commits, never before; a rolled-back transaction's jobs never
+        # run). Inline mode is installed by django_jobguard.testing (its pytest plugin and
+        # JobguardTestMixin import it) or by the app at start when this says "inline".
+        "MODE": "manual",
+    },
 }

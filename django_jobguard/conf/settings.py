@@ -135,6 +135,8 @@ class Settings:
     horizon: HorizonSettings = HorizonSettings()  # noqa: RUF009 (frozen)
     #: ``RETENTION``: how long finished jobs are kept, and the workers' pruning pass.
     retention: RetentionSettings = RetentionSettings()  # noqa: RUF009 (frozen)
+    #: ``TESTING["MODE"]``: "manual" (jobs wait for a worker or run_jobs()) or "inline".
+    testing_mode: str = "manual"
 
     def queue(self, name: str) -> QueueConfig:
         """The configuration of queue ``name`` (global defaults for queues not listed)."""
@@ -196,6 +198,7 @@ def parse(raw: Any) -> Settings:
     page_size, max_page_size = parse_page_sizes(api)
     scheduler = merged_group(raw, "SCHEDULER")
     horizon = merged_group(raw, "HORIZON")
+    testing = merged_group(raw, "TESTING")
 
     return Settings(
         database_alias=string(merged["DATABASE_ALIAS"], ("DATABASE_ALIAS",)),
@@ -244,7 +247,20 @@ def parse(raw: Any) -> Settings:
         opentelemetry_baggage=_baggage_names(merged["OPENTELEMETRY_BAGGAGE"]),
         horizon=parse_horizon_settings(horizon),
         retention=retention,
+        testing_mode=_testing_mode(testing),
     )
+
+
+#: The values of ``TESTING["MODE"]`` (see :mod:`django_jobguard.testing`).
+TESTING_MODES = ("manual", "inline")
+
+
+def _testing_mode(testing: Mapping[str, Any]) -> str:
+    """``TESTING["MODE"]``: how enqueued jobs run, "manual" or "inline"."""
+    value = testing["MODE"]
+    if value not in TESTING_MODES:
+        raise fail(("TESTING", "MODE"), f'must be "manual" or "inline", not {value!r}.')
+    return str(value)
 
 
 def _baggage_names(value: Any) -> frozenset[str]:
