@@ -17,25 +17,10 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-
-
-def ensure_postgres_database() -> None:
-    url = os.environ.get("JOBGUARD_TEST_DATABASE_URL")
-    if not url:
-        return
-    import psycopg
-
-    parsed = urlparse(url)
-    name = parsed.path.lstrip("/")
-    admin = parsed._replace(path="/postgres").geturl()
-    with psycopg.connect(admin, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
 
 
 def timed(function, repeat: int) -> float:
@@ -62,7 +47,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     options = parser.parse_args()
 
-    ensure_postgres_database()
+    url = os.environ.get("JOBGUARD_TEST_DATABASE_URL")
+    if url:
+        from benchmarks._database import create_if_missing
+
+        create_if_missing(url)
     import django
 
     django.setup()

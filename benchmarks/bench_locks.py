@@ -102,17 +102,6 @@ def configure(args: argparse.Namespace, sqlite_path: Path) -> None:
     django.setup()
 
 
-def ensure_postgres_database(pg_url: str) -> None:
-    import psycopg
-
-    url = urlparse(pg_url)
-    name = unquote(url.path.lstrip("/"))
-    admin = url._replace(path="/postgres").geturl()
-    with psycopg.connect(admin, autocommit=True, connect_timeout=3) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
-
-
 def measure(pair: Callable[[], None], runs: int, seconds: float) -> list[float]:
     """Pairs per second of ``runs`` runs of ``seconds`` each, after a warm-up."""
     for _ in range(WARMUP_PAIRS):
@@ -193,7 +182,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if args.pg_url:
             try:
-                ensure_postgres_database(args.pg_url)
+                from benchmarks._database import create_if_missing
+
+                create_if_missing(args.pg_url)
             except Exception as exc:  # reported; the other rows still run
                 print(f"PostgreSQL skipped: {exc}", file=sys.stderr)
                 args.pg_url = ""

@@ -92,16 +92,12 @@ def setup_django(url: str) -> None:
 
 
 def ensure_database(url: str) -> None:
-    from urllib.parse import urlparse
+    """Create the URL's database if missing (for this and the console benchmarks that import it)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks._database import create_if_missing
 
-    import psycopg
-
-    parsed = urlparse(url)
-    name = parsed.path.lstrip("/")
-    admin = parsed._replace(path="/postgres").geturl()
-    with psycopg.connect(admin, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
+    create_if_missing(url)
 
 
 def execute(sql: str, params: list[Any] | None = None) -> None:

@@ -45,15 +45,9 @@ def parse_args() -> argparse.Namespace:
 def setup(url: str) -> None:
     os.environ["BENCH_DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.jobguard_settings")
-    import psycopg
+    from benchmarks._database import create_if_missing
 
-    from benchmarks._common import django_database
-
-    entry = django_database(url)
-    with psycopg.connect(host=entry["HOST"], port=entry["PORT"], user=entry["USER"], dbname="postgres") as db:
-        db.autocommit = True
-        if not db.execute("SELECT 1 FROM pg_database WHERE datname = %s", [entry["NAME"]]).fetchone():
-            db.execute(f'CREATE DATABASE "{entry["NAME"]}"')
+    create_if_missing(url)
     import django
 
     django.setup()

@@ -79,7 +79,9 @@ def setup(args: argparse.Namespace) -> dict[str, str]:
     os.environ.update(env)
     import django
 
-    create_database(args.url)
+    from benchmarks._database import create_if_missing
+
+    create_if_missing(args.url)
     django.setup()
     from django.core.management import call_command
 
@@ -89,32 +91,6 @@ def setup(args: argparse.Namespace) -> dict[str, str]:
 
 def is_mysql(url: str) -> bool:
     return url.split(":", 1)[0] in ("mysql", "mariadb")
-
-
-def create_database(url: str) -> None:
-    """Create the URL's database if it is missing (utf8mb4 with a binary collation on MariaDB/MySQL)."""
-    from benchmarks._common import conninfo, django_database
-
-    if is_mysql(url):
-        import MySQLdb
-
-        entry = django_database(url)
-        conn = MySQLdb.connect(
-            host=entry["HOST"], port=int(entry["PORT"] or 3306), user=entry["USER"], passwd=entry["PASSWORD"]
-        )
-        try:
-            conn.cursor().execute(
-                f"CREATE DATABASE IF NOT EXISTS `{entry['NAME']}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
-            )
-        finally:
-            conn.close()
-        return
-    import psycopg
-
-    name = url.rsplit("/", 1)[1]
-    with psycopg.connect(conninfo(url.rsplit("/", 1)[0] + "/postgres"), autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
 
 
 def vacuum() -> None:
