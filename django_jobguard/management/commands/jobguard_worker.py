@@ -160,6 +160,8 @@ class Command(BaseCommand):
         if port is not None:
             try:
                 server = metrics.serve_worker_metrics(port, options["metrics_addr"])
+        if not worker.schema_present(migrations=True):
+            raise SystemExit(worker.exit_code)  # not migrated, or not since an upgrade: said why
             except (OSError, RuntimeError) as exc:
                 raise CommandError(f"--metrics-port {port}: {exc}") from exc
             logging.getLogger("django_jobguard.worker").info(
