@@ -507,10 +507,10 @@ class Worker:
                 failures = 0
                 self.outage.recovered()
             except (DatabaseError, InterfaceError) as exc:
-                failures += 1
-                self.outage.failed("claim", exc)
                 if schema.is_missing_relation(exc) and not self.schema_present(exc):
                     return
+                failures += 1
+                self.outage.failed("claim", exc)
                 close_connection(self.alias)
                 self._wake.wait(
                     backoff_delay(failures, DB_ERROR_BACKOFF_SECONDS, DB_ERROR_BACKOFF_MAX_SECONDS)
@@ -530,8 +530,6 @@ class Worker:
                     until = min(until, max(RATE_WAIT_MIN_SECONDS, self._throttle.retry_after))
                 listener.wait(max(0.0, min(wait, until)))
 
-    def _look_for_paused_queues(self) -> None:
-        """Log the queues this worker serves that were paused or resumed since it last looked.
     def schema_present(self, error: BaseException | None = None, *, migrations: bool = False) -> bool:
         """False, with the exit code set and one ERROR line, when the database lacks our schema.
 
@@ -570,6 +568,8 @@ class Worker:
         )
         return False
 
+    def _look_for_paused_queues(self) -> None:
+        """Log the queues this worker serves that were paused or resumed since it last looked.
 
         The claim skips paused queues without a word (on PostgreSQL inside its statement), so
         an operator reading this worker's log learns here why a queue it serves sits still.

@@ -156,12 +156,12 @@ class Command(BaseCommand):
             shutdown_grace=options["shutdown_grace"],
             run_scheduler=options["schedule"],
         )
+        if not worker.schema_present(migrations=True):
+            raise SystemExit(worker.exit_code)  # not migrated, or not since an upgrade: said why
         server = None
         if port is not None:
             try:
                 server = metrics.serve_worker_metrics(port, options["metrics_addr"])
-        if not worker.schema_present(migrations=True):
-            raise SystemExit(worker.exit_code)  # not migrated, or not since an upgrade: said why
             except (OSError, RuntimeError) as exc:
                 raise CommandError(f"--metrics-port {port}: {exc}") from exc
             logging.getLogger("django_jobguard.worker").info(
