@@ -858,7 +858,8 @@ class JobDependency(models.Model):
 
     parent_id = models.BigIntegerField()
     child_id = models.BigIntegerField()
-    #: The child's keyword argument that receives the parent's result, or "" for none.
+    #: The child's keyword argument that receives the parent's result, "*" for its first
+    #: positional argument (``receives()`` with no name), or "" for none.
     result_as = models.CharField(max_length=100, blank=True, default="")
 
     class Meta:
