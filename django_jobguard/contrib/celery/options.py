@@ -42,7 +42,6 @@ NO_EFFECT = {
     "store_errors_even_if_ignored": "errors are always kept, on the job and its dead letter",
     "trail": "no result tree is kept; a chain's steps are linked by AsyncResult.parent",
     "shared": "every task is shared: there is no app to bind it to",
-    "base": "a custom Task class is not used; bind=True gives self.request and self.retry",
     "filter": "no task filter is applied",
 }
 
@@ -65,6 +64,11 @@ NOT_HONOURED = {
     "expires": (
         "jobguard runs a queued job whenever it is claimed; cancel late jobs yourself "
         "(AsyncResult.revoke()) or check the age in the handler"
+    ),
+    "base": (
+        "a custom Task class is not used, so its hooks (on_success, on_failure, on_retry, "
+        "after_return) do not run; connect the task_success, task_failure, task_retry and "
+        "task_postrun signals of django_jobguard.contrib.celery.signals instead"
     ),
     "resultrepr_maxsize": "the admin shows results whole",
     "request_stack": "no request stack is kept",

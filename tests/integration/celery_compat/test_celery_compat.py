@@ -491,3 +491,18 @@ def test_an_idempotency_key_collapses_the_same_work_enqueued_twice():
     assert first.id == again.id
     drain()
     assert tasks.seen == [{"task": "charge", "order_id": 7}]
+
+
+def test_a_custom_base_class_is_named_since_its_hooks_do_not_run(temporary_tasks):
+    class Hooked:
+        def on_failure(self, *args):
+            raise AssertionError("never called")
+
+    temporary_tasks.append("tests.celery_checks.hooked")
+    _declare("tests.celery_checks.hooked", base=Hooked)
+    hints = [
+        m.hint
+        for m in checks.run_checks()
+        if m.id == "jobguard.celery.W001" and m.obj == "tests.celery_checks.hooked"
+    ]
+    assert len(hints) == 1 and "task_failure" in hints[0]
