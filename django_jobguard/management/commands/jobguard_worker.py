@@ -156,6 +156,8 @@ class Command(BaseCommand):
             shutdown_grace=options["shutdown_grace"],
             run_scheduler=options["schedule"],
         )
+        if not worker.schema_present(migrations=True):
+            raise SystemExit(worker.exit_code)  # not migrated, or not since an upgrade: said why
         server = None
         if port is not None:
             try:
