@@ -30,7 +30,7 @@ from ..locks.holders import job_owner
 from ..log import job_fields
 from ..models import DeadLetterReason
 from ..outcome import Dead, Duplicate, HeldState, Outcome, PutBack, PutBackCause, Retry, Stale, Succeeded
-from ..registry import registry
+from ..registry import registry, unknown_task_error
 from ..task import Task
 from .completer import Completer
 from .held import Held, logger
@@ -97,7 +97,7 @@ def prepare(held: Held, rt: Runtime) -> Outcome | tuple[Task[Any, Any], str]:
             DeadLetterReason.UNKNOWN_TASK,
             retry.PERMANENT,
             "UnknownTaskError",
-            f"no task is registered as {job.task_name!r} in this worker; it was never run",
+            unknown_task_error(job.task_name),
         )
     invalid = (
         check_flow_keys(job, task)
