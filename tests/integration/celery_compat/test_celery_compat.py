@@ -506,3 +506,11 @@ def test_a_custom_base_class_is_named_since_its_hooks_do_not_run(temporary_tasks
         if m.id == "jobguard.celery.W001" and m.obj == "tests.celery_checks.hooked"
     ]
     assert len(hints) == 1 and "task_failure" in hints[0]
+
+
+def test_a_decimal_argument_is_refused_with_its_conversion_as_by_enqueue():
+    import decimal
+
+    with pytest.raises(InvalidArgumentsError, match=r"str\(value\)"):
+        tasks.add.delay(decimal.Decimal("10.10"), 1)
+    assert not Job.objects.exists()
