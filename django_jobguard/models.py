@@ -251,6 +251,35 @@ class Job(models.Model):
     def is_finished(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the job settles and return its stored result.
+
+        ``timeout``: seconds to wait at most (None: no limit; 0: look once). Raises
+        :class:`~django_jobguard.exceptions.WaitTimeout` (a ``TimeoutError``) when it passes,
+        :class:`~django_jobguard.exceptions.JobFailed` for a dead job (its final error's class
+        and message), :class:`~django_jobguard.exceptions.JobCancelled`,
+        :class:`~django_jobguard.exceptions.ResultExpired` for a result past its retention,
+        :class:`~django_jobguard.exceptions.ResultNotStored` for a task that keeps none,
+        :class:`~django_jobguard.exceptions.JobNotFound`. A job retried meanwhile (a worker
+        lost mid-job) is waited for until its last attempt settles. Not inside an atomic
+        block: the job's outcome could not be seen from there.
+        """
+        # The waiting service sits above the models (it uses the store): imported when called.
+        from .results import wait
+
+        return wait(self, timeout)
+
+    async def await_result(self, timeout: float | None = None) -> Any:
+        """:meth:`wait` from async code, without blocking the event loop.
+
+        (Django would call it ``await``, after ``wait``, as it names ``arefresh`` after
+        ``refresh``; ``await`` is a keyword.) Many coroutines of one process may wait at once:
+        they share one LISTEN connection and one database connection.
+        """
+        from .results import await_result
+
+        return await await_result(self, timeout)
+
 
 class IdempotencyStatus(models.TextChoices):
     IN_PROGRESS = "in_progress", _("in progress")

@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 
 from ._json import validate_payload
@@ -153,6 +153,9 @@ class Task(Generic[P, R]):
     rate: Rate | None = None
     #: The name of a shared limit in ``JOBGUARD["LIMITS"]`` (checked by ``manage.py check``).
     limit: str | None = None
+    #: Seconds a job's result may be waited for (``Job.wait()``) after it finished; 0: nobody
+    #: waits on this task's results; None: ``JOBGUARD["RETENTION"]["RESULTS"]``.
+    result_retention: float | None = None
     # Per-call overrides set by using():
     run_after: datetime.datetime | datetime.timedelta | None = None
     idempotency_key: str | None = None
@@ -184,6 +187,14 @@ class Task(Generic[P, R]):
                 raise InvalidTaskError(f"{option} must be a number of seconds, not {value!r}.")
             if value is not None and value <= 0:
                 raise InvalidTaskError(f"{option} must be a positive number of seconds, not {value}.")
+        retention = self.result_retention
+        if retention is not None and (
+            isinstance(retention, bool) or not isinstance(retention, int | float) or not retention >= 0
+        ):
+            raise InvalidTaskError(
+                f"result_retention must be a number of seconds, 0 or more (or None for "
+                f'JOBGUARD["RETENTION"]["RESULTS"]), not {retention!r}.'
+            )
         if self.lock is not None:
             if not self.lock:
                 raise InvalidTaskError("lock must be a non-empty key template such as 'order:{order_id}'.")
@@ -473,6 +484,12 @@ class Task(Generic[P, R]):
 
             return workflows.enqueue_after(self, args, kwargs)
         return _service()[0](self, args, kwargs)
+
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """:meth:`enqueue` from async code: run on the thread Django gives the caller's sync work
+        (``thread_sensitive``), so it joins the transaction of that thread's connection as
+        :meth:`enqueue` would, and blocks no event loop."""
+        return await sync_to_async(self.enqueue, thread_sensitive=True)(*args, **kwargs)
 
     def s(self, *args: Any, **kwargs: Any) -> Signature:
         """A step of a workflow: this task with its arguments, checked now (nothing is written)."""
@@ -779,6 +796,7 @@ def task(
     concurrency: int | Limit | None = None,
     rate: str | Rate | None = None,
     limit: str | None = None,
+    result_retention: float | None = None,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -812,6 +830,7 @@ def task(
     concurrency: int | Limit | None = None,
     rate: str | Rate | None = None,
     limit: str | None = None,
+    result_retention: float | None = None,
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a function as a task. Options left unset fall back to the queue, then globals.
 
@@ -846,6 +865,9 @@ def task(
       ``rate`` (``"100/m"``, or ``Rate("10/s", key="partner:{partner_id}", burst=20)``) and
       ``limit``, the name of a shared limit in ``JOBGUARD["LIMITS"]``. See
       docs/how-to/protect-a-dependency.md.
+    - ``result_retention``: seconds a job's result can be waited for (``Job.wait()``) after it
+      finished; 0 when nobody waits on this task's results (``wait()`` refuses at once); None:
+      ``JOBGUARD["RETENTION"]["RESULTS"]``. See docs/how-to/wait-for-a-result.md.
     """
 
     def decorate(func: Callable[P, R]) -> Task[P, R]:
@@ -884,6 +906,7 @@ def task(
             concurrency=concurrency_spec(concurrency),
             rate=rate_spec(rate),
             limit=limit,
+            result_retention=result_retention,
         )
         created.signature  # noqa: B018 - validates takes_context against the signature now
         registry.register(created)
