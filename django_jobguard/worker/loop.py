@@ -320,6 +320,8 @@ class Worker:
             self.completer.close_acks(self._acker, timeout=ACK_FLUSH_TIMEOUT_SECONDS)
             self.heartbeat.stop()
             heartbeat.join(timeout=5)
+            if self.exit_code == 0:
+                self.heartbeat.beat.leave()  # stopped cleanly: off the workers list, not "not beating"
             connections.close_all()
             if self._signalled:
                 # Python puts the default handlers back as the interpreter exits, so a repeated
