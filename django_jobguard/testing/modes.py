@@ -130,4 +130,4 @@ def install() -> None:
 def clock_advanced(alias: str) -> None:
     """A frozen clock moved: in inline mode, what became due runs now."""
     if _state.effective_mode() == "inline" and not _state.is_draining():
-        run_jobs(using=alias, maintenance=True)
+        run_jobs(using=alias)

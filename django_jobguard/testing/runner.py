@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import time
+import traceback
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -34,6 +36,7 @@ from ..maintenance import Reaper, Redriver, SchedulerTick
 from ..outcome import Tally
 from ..worker import Worker
 from ..worker.executor import Executor
+from ..worker.held import LOGGER_NAME
 from . import _state
 from ._stores import load_jobs, memory_store_of
 from .errors import InlineThreadError, JobguardTestingError
@@ -100,13 +103,39 @@ def _commit_hooks(alias: str) -> Iterator[None]:
         yield
 
 
-def _maintenance(alias: str, worker_id: str, *, database: bool) -> None:
+def _maintenance(alias: str, worker_id: str, *, database: bool, schedules: bool) -> None:
     """The passes a worker runs between claims: expired leases, approved replays, due schedule ticks."""
     Reaper(alias, worker_id).run_once()
     if database:
         Redriver(alias, worker_id).run_once()
-        if get_settings().schedules or _declared_schedules():
+        if schedules and (get_settings().schedules or _declared_schedules()):
             SchedulerTick(alias, worker_id).run_once(time.monotonic())
+
+
+class _CrashWatch(logging.Handler):
+    """Keeps what the executor logs instead of raising: a job the pipeline itself failed on.
+
+    A worker logs it (``job_crashed``) and goes on, the job's lease left to expire; a test
+    must fail instead, with the traceback.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.crashes: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith(("job_crashed", "job_db_error")):
+            self.crashes.append(record)
+
+    def raise_first(self) -> None:
+        if not self.crashes:
+            return
+        record = self.crashes[0]
+        detail = "".join(traceback.format_exception(*record.exc_info)) if record.exc_info else ""
+        raise JobguardTestingError(
+            f"the worker's pipeline failed on a job ({record.getMessage()}), so it was never settled: "
+            f"a worker would log this and leave the job to its lease.\n{detail}"
+        )
 
 
 def _declared_schedules() -> bool:
@@ -138,6 +167,7 @@ def run_jobs(
     exclude_queues: Sequence[str] = (),
     limit: int = DEFAULT_LIMIT,
     maintenance: bool = True,
+    schedules: bool = False,
     using: str | None = None,
 ) -> RunSummary:
     """Run the jobs that are due, here, until none is; what ran.
@@ -146,8 +176,12 @@ def run_jobs(
     out. A job its handler enqueues runs in the same call if it is due; a retry waits for its
     backoff (move a :func:`~django_jobguard.testing.frozen_time` clock to make it due).
     ``maintenance`` first runs the passes a worker runs between claims: the reaper (expired
-    leases), approved replays, due schedule ticks. More than ``limit`` jobs is an error: some
-    job enqueues another each time it runs.
+    leases) and approved replays; ``schedules=True`` also enqueues the schedules' due ticks
+    (off by default, as in a burst worker: a schedule's ticks follow the wall clock, so they
+    would come and go with the test's speed). More than ``limit`` jobs is an error: some job
+    enqueues another each time it runs. A job the pipeline itself fails on (a worker would log
+    ``job_crashed`` and leave it to its lease) raises :class:`JobguardTestingError` with the
+    traceback.
     """
     _state.raise_problems()
     check_thread("run_jobs()")
@@ -172,10 +206,48 @@ def run_jobs(
     executor = Executor(worker.slots, worker.completer, worker.runtime)
     throttle = Throttle()
     taken: list[int] = []
+    watch = _CrashWatch()
+    logger = logging.getLogger(LOGGER_NAME)
+    logger.addHandler(watch)
+    try:
+        _drain(
+            alias,
+            worker,
+            executor,
+            throttle,
+            taken,
+            limit=limit,
+            maintenance=maintenance,
+            schedules=schedules,
+        )
+    finally:
+        logger.removeHandler(watch)
+    watch.raise_first()
+    outcomes = worker.completer.outcomes
+    return RunSummary(
+        jobs=_load(alias, taken),
+        succeeded=outcomes[Tally.SUCCEEDED.value],
+        retried=outcomes[Tally.RETRIED.value],
+        dead=outcomes[Tally.DEAD_LETTERED.value],
+        put_back=outcomes[Tally.PUT_BACK.value],
+    )
+
+
+def _drain(
+    alias: str,
+    worker: Worker,
+    executor: Executor,
+    throttle: Throttle,
+    taken: list[int],
+    *,
+    limit: int,
+    maintenance: bool,
+    schedules: bool,
+) -> None:
     database = memory_store_of(alias) is None
     with _state.draining():
         if maintenance:
-            _maintenance(alias, worker.worker_id, database=database)
+            _maintenance(alias, worker.worker_id, database=database, schedules=schedules)
         while True:
             # One at a time, in claim order: what a job enqueues or releases is claimed after it.
             jobs = store.claim(
@@ -200,14 +272,6 @@ def run_jobs(
                     executor.run_one(held)
                     # Batched acks (ACK_WINDOW) are written now, on this thread: no ack thread here.
                     worker.completer.close_acks(None, timeout=0)
-    outcomes = worker.completer.outcomes
-    return RunSummary(
-        jobs=_load(alias, taken),
-        succeeded=outcomes[Tally.SUCCEEDED.value],
-        retried=outcomes[Tally.RETRIED.value],
-        dead=outcomes[Tally.DEAD_LETTERED.value],
-        put_back=outcomes[Tally.PUT_BACK.value],
-    )
 
 
 def _load(alias: str, ids: list[int]) -> list[Job]:

@@ -160,6 +160,22 @@ class RunJobsTests(JobguardTestMixin, TestCase):
         run_jobs()
         self.assertIsNone(cache.get("testing:key"))
 
+    def test_a_task_with_a_database_lock_runs_in_the_test_transaction(self) -> None:
+        tasks.locked_interval.enqueue("res-1", hold=0)
+        self.assertEqual(run_jobs().succeeded, 1)
+
+    def test_a_job_the_pipeline_fails_on_raises_with_its_traceback(self) -> None:
+        tasks.locked_interval.enqueue("res-2", hold=0)
+        # Inside a transaction of the test's own, the database lock cannot be taken: a worker
+        # would log job_crashed and go on; the test fails, saying why.
+        with (
+            self.assertRaisesMessage(
+                JobguardTestingError, "the worker's pipeline failed on a job (job_crashed"
+            ),
+            transaction.atomic(),
+        ):
+            run_jobs()
+
     def test_a_job_that_enqueues_forever_stops_at_the_limit(self) -> None:
         for index in range(3):
             tasks.add.enqueue(index)
