@@ -514,3 +514,18 @@ def test_a_decimal_argument_is_refused_with_its_conversion_as_by_enqueue():
     with pytest.raises(InvalidArgumentsError, match=r"str\(value\)"):
         tasks.add.delay(decimal.Decimal("10.10"), 1)
     assert not Job.objects.exists()
+
+
+def test_get_waits_with_job_wait_and_times_out_on_a_job_nobody_runs():
+    result = tasks.add.delay(1, 1)
+    with pytest.raises(TimeoutError):
+        result.get(timeout=0)
+    assert result.state == "PENDING"
+
+
+def test_send_task_enqueues_by_name():
+    result = tasks.app.send_task(tasks.mul.name, args=(6, 7))
+    drain()
+    assert result.get(timeout=10) == 42
+    with pytest.raises(InvalidArgumentsError, match="no Celery-style task"):
+        tasks.app.send_task("proj.tasks.nothing")
