@@ -54,6 +54,7 @@ from .common import (
     workflow_children,
     workflow_totals,
     write_checkpoints,
+    write_progress,
 )
 from .dialect import Dialect, JobStore
 from .flow_sql import TURN_KEY as FLOW_TURN_KEY
@@ -111,6 +112,7 @@ __all__ = [
     "workflow_children",
     "workflow_totals",
     "write_checkpoints",
+    "write_progress",
     "writes_while_busy",
 ]
 

@@ -34,7 +34,7 @@ from ..registry import registry, unknown_task_error
 from ..task import Task
 from .completer import Completer
 from .held import Held, logger
-from .leases import renew_lock
+from .leases import renew_lock, write_last_progress
 
 __all__ = ["HandlerTimedOut", "Runtime", "failure_outcome", "handler_outcome", "prepare", "run"]
 
@@ -337,6 +337,8 @@ def _invoke_and_ack(
         try:
             with transaction.atomic(using=rt.alias):
                 result = call(task, context, job)
+                if context is not None and context.reported_progress is not None:
+                    write_last_progress(rt.alias, held)  # commits with the ack
                 if _faults.ENABLED:
                     _faults.maybe_crash("after_effect")
                 try:
@@ -349,6 +351,8 @@ def _invoke_and_ack(
             held.transaction_started_at = 0.0
         return result, None
     result = call(task, context, job)
+    if context is not None and context.reported_progress is not None:
+        write_last_progress(rt.alias, held)
     if _faults.ENABLED:
         _faults.maybe_crash("after_effect")
     return after_handler(rt, held, scope, result)
