@@ -29,7 +29,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import connections
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
@@ -170,6 +170,9 @@ def insert_key(alias: str, scope: str, key: str, digest: str, job_id: int | None
 
 def _locked_key(alias: str, scope: str, key: str) -> IdempotencyKey | None:
     """The key row with its job, locked until the transaction ends (PostgreSQL, MariaDB/MySQL)."""
+    memory = store.memory_store(alias)
+    if memory is not None:  # its transaction holds the store's one lock
+        return memory.key_model(alias, scope, key)
     keys = IdempotencyKey.objects.using(alias).filter(scope=scope, key=key)
     if not connections[alias].features.has_select_for_update_of:
         # MariaDB has no FOR UPDATE OF: a join would lock the job row too, in an order a
@@ -177,6 +180,21 @@ def _locked_key(alias: str, scope: str, key: str) -> IdempotencyKey | None:
         # is read when used.
         return keys.select_for_update().first()
     return keys.select_for_update(of=("self",)).select_related("job").first()
+
+
+def _key_row(alias: str, scope: str, key: str) -> IdempotencyKey | None:
+    """The key row with its job (a plain read)."""
+    memory = store.memory_store(alias)
+    if memory is not None:
+        return memory.key_model(alias, scope, key)
+    return IdempotencyKey.objects.using(alias).select_related("job").filter(scope=scope, key=key).first()
+
+
+def _is_replay(alias: str, job_id: int) -> bool:
+    """Whether job ``job_id`` is the replay of a dead letter (the memory store keeps no replays)."""
+    if store.memory_store(alias) is not None:
+        return False
+    return DeadLetter.objects.using(alias).filter(replay_job_id=job_id).exists()
 
 
 def _is_active(job: Job | None) -> bool:
@@ -217,7 +235,7 @@ def enqueue_once(
     for _ in range(MAX_ROUNDS):
         # The key row, the job and the link between them commit together: in autocommit a
         # key committed before its job would look orphaned to a concurrent enqueue.
-        with transaction.atomic(using=alias, savepoint=False):
+        with store.atomic(alias, savepoint=False):
             outcome = _enqueue_round(task, fields, alias, scope, key, digest, create_job)
         if isinstance(outcome, IdempotencyConflict):
             raise outcome  # raised out here, so the caller's transaction is not marked for rollback
@@ -225,7 +243,7 @@ def enqueue_once(
             if not outcome[1]:
                 # Counted when the duplicate count on the row commits, so both agree.
                 duplicate = events.DuplicatePrevented(task.name, "enqueue")
-                transaction.on_commit(partial(events.emit, duplicate), using=alias)
+                store.on_commit(alias, partial(events.emit, duplicate))
             return outcome
     raise RuntimeError(f"idempotency key {key!r} (scope {scope!r}) kept vanishing during enqueue")
 
@@ -327,13 +345,13 @@ def begin_execution(
     if row is not None and row[0] == job_id and row[1] != IdempotencyStatus.SUCCEEDED:
         return Decision(RUN)  # the usual case, decided without building a model
     digest = fingerprint(task, args, kwargs)
-    existing = IdempotencyKey.objects.using(alias).select_related("job").filter(scope=scope, key=key).first()
+    existing = _key_row(alias, scope, key)
     if existing is not None:
         decision = _decide(alias, task, existing, job_id, digest, key, scope, (args, kwargs))
         if decision is not None:
             return decision
     for _ in range(MAX_ROUNDS):
-        with transaction.atomic(using=alias):
+        with store.atomic(alias):
             if existing is None:
                 # Write first: on SQLite a transaction that reads before it writes may fail
                 # to upgrade its lock when another writer got in between.
@@ -368,10 +386,7 @@ def _decide(
         # An approved replay stands for its dead letter's action, perhaps with a corrected
         # payload: if that action succeeded meanwhile, the replay is a duplicate. Any other
         # job with other arguments under a succeeded key is a mistake worth a dead letter.
-        if (
-            not same_call(existing.fingerprint, digest, task, *call)
-            and not DeadLetter.objects.using(alias).filter(replay_job_id=job_id).exists()
-        ):
+        if not same_call(existing.fingerprint, digest, task, *call) and not _is_replay(alias, job_id):
             return Decision(CONFLICT, message=str(_conflict(task, existing, key, scope)))
         return Decision(DUPLICATE, result=existing.result)
     if existing.job_id != job_id and _is_active(existing.job):
@@ -431,6 +446,10 @@ def hand_to_replay(alias: str, row: IdempotencyKey, job_id: int, digest: str) ->
 
 def stored_result(alias: str, scope: str, key: str) -> Any:
     """The stored result if the key's action already succeeded, else :data:`MISSING`."""
+    memory = store.memory_store(alias)
+    if memory is not None:
+        found = memory.key_model(alias, scope, key)
+        return found.result if found is not None and found.status == IdempotencyStatus.SUCCEEDED else MISSING
     row = (
         IdempotencyKey.objects.using(alias)
         .filter(scope=scope, key=key)

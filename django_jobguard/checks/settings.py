@@ -98,3 +98,28 @@ def check_retention(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
         for setting, seconds in kept.items()
         if seconds is not None and seconds < window
     ]
+
+
+@checks.register()
+def check_memory_store(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.E059: ``STORE`` is "memory" in a process that is not running tests, with DEBUG off."""
+    try:
+        conf = get_settings()
+    except ImproperlyConfigured:
+        return []
+    if conf.store != "memory":
+        return []
+    from ..store.memory import allowed
+
+    if allowed():
+        return []
+    return [
+        checks.Error(
+            "JOBGUARD['STORE'] is 'memory', which keeps jobs in this process only: no worker would "
+            "see them, and they vanish when it exits. It is for tests (Django's test runner, "
+            "pytest-django) and DEBUG; this process is neither.",
+            hint="Set JOBGUARD['STORE'] = 'memory' in your test settings only; 'database' (the default) "
+            "everywhere else.",
+            id="jobguard.E059",
+        )
+    ]

@@ -19,6 +19,13 @@ DEFAULTS: dict[str, Any] = {
     # Database alias that stores jobs, keys and dead letters. Enqueue joins the caller's
     # transaction only when it runs on this alias.
     "DATABASE_ALIAS": "default",
+    # What holds the jobs of DATABASE_ALIAS: "database" (its tables) or, for tests only,
+    # "memory": an in-memory store in this process (django_jobguard.store.memory), so a test
+    # with no database can enqueue and run jobs. Nothing is durable or seen by another process;
+    # workflows, replays and the console need the database. Refused (jobguard.E059, and
+    # ImproperlyConfigured at the first enqueue) unless Django's test environment is set up
+    # (its test runner, pytest-django) or DEBUG is on.
+    "STORE": "database",
     # Queue used when a task names none (at most 100 characters, the width of the queue columns).
     "DEFAULT_QUEUE": "default",
     # Per-queue options: visibility_timeout, max_attempts, retry, recoverable_retry, and
@@ -253,10 +260,6 @@ DEFAULTS: dict[str, Any] = {
         "INTERVAL": 60.0,
         # Jobs deleted per transaction by a pruning pass (and by jobguard_prune).
         "BATCH_SIZE": 500,
-        # Seconds a succeeded job's result can be waited for (Job.wait()) after it finished; past
-        # it, wait() raises ResultExpired instead of returning it. None: as long as the job's row
-        # is kept (SUCCEEDED above). A task's own @task(result_retention=...) comes first.
-        "RESULTS": None,
     },
     # Recurring jobs declared in settings: {"name": {"task": "app.tasks.f", "cron": "0 2 * * *",
     # "timezone": "UTC", "args": [], "kwargs": {}, "queue_name": None, "missed": "run_once"}}.

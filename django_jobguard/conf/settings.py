@@ -50,6 +50,7 @@ from .workers import (
     parse_notify,
     parse_notify_interval,
     parse_pooled_databases,
+    parse_store,
     parse_tuning_settings,
     parse_wakeup_cache,
     parse_worker_id,
@@ -61,6 +62,8 @@ class Settings:
     """The parsed, validated ``JOBGUARD`` setting."""
 
     database_alias: str
+    #: ``STORE``: "database", or "memory" (tests only, see :mod:`django_jobguard.store.memory`).
+    store: str
     default_queue: str
     visibility_timeout: float
     max_attempts: int
@@ -202,6 +205,7 @@ def parse(raw: Any) -> Settings:
 
     return Settings(
         database_alias=string(merged["DATABASE_ALIAS"], ("DATABASE_ALIAS",)),
+        store=parse_store(merged["STORE"]),
         default_queue=queue_setting(merged["DEFAULT_QUEUE"], ("DEFAULT_QUEUE",)),
         visibility_timeout=visibility,
         max_attempts=attempts,

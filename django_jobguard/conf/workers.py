@@ -99,6 +99,17 @@ NOTIFY_MODES = ("coalesced", "row", "none")
 MAX_NOTIFY_INTERVAL_SECONDS = 10.0
 
 
+#: The values of ``STORE``: the database's tables, or the in-memory store (tests only).
+STORE_KINDS = ("database", "memory")
+
+
+def parse_store(value: Any) -> str:
+    """``STORE``: one of :data:`STORE_KINDS`."""
+    if value not in STORE_KINDS:
+        raise fail(("STORE",), f'must be "database" or "memory" (for tests), not {value!r}.')
+    return str(value)
+
+
 def parse_notify(value: Any) -> str:
     """``NOTIFY``: one of :data:`NOTIFY_MODES`."""
     if value not in NOTIFY_MODES:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import builtins
 import functools
 
-from django.db import transaction
 from django.utils import timezone
 
 from .. import _dispatch, events, exceptions, idempotency, signals, store, workflows
 from .._text import clip
 from ..conf import get_settings
 from ..exceptions import LeaseLost
-from ..models import DeadLetter, Job
+from ..models import DeadLetter
 
 __all__ = ["dead_letter"]
 
@@ -43,7 +42,9 @@ def dead_letter(
     limit = get_settings().max_error_chars
     error_message, traceback = clip(error_message, limit), clip(traceback, limit)
     summary = f"{error_class}: {error_message}" if error_class else error_message
-    with transaction.atomic(using=alias):
+    # On the in-memory store the job and its letter are the store's (store.atomic, load_job,
+    # save_dead_letter): the same steps, in its transaction.
+    with store.atomic(alias):
         attempt_error = (
             (_class_path(last_attempt_error[0]), clip(last_attempt_error[1], limit), "")
             if last_attempt_error is not None
@@ -51,9 +52,9 @@ def dead_letter(
         )
         if not store.mark_dead(alias, job_id, lease_token, summary, attempt_error):
             raise LeaseLost(f"job {job_id}: lease lost before dead-lettering")
-        job = Job.objects.using(alias).get(pk=job_id)
+        job = store.load_job(alias, job_id)
         failed_at = job.finished_at or timezone.now()
-        letter = DeadLetter.objects.using(alias).create(
+        letter = DeadLetter(
             job=job,
             task_name=job.task_name,
             queue_name=job.queue_name,
@@ -74,6 +75,7 @@ def dead_letter(
             lock_key=job.lock_key,
             trace_context=job.trace_context,
         )
+        store.save_dead_letter(alias, letter)
         if job.workflow_id is not None:
             workflows.job_settled(alias, job.pk, job.workflow_id, "dead")
         if job.idempotency_key:
@@ -81,7 +83,7 @@ def dead_letter(
             # keys there, so look it up rather than assume the task name.
             scope = idempotency_scope or idempotency.scope_of_name(job.task_name)
             idempotency.record_failure(alias, scope, job.idempotency_key, job.pk)
-        transaction.on_commit(functools.partial(_announce_dead_letter, letter), using=alias)
+        store.on_commit(alias, functools.partial(_announce_dead_letter, letter))
     return letter
 
 

@@ -29,13 +29,15 @@ import datetime
 import json
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
-from django.db import connections
+from django.db import connections, transaction
 
+from ..conf import get_settings
 from ..flow import FlowPlan, Throttle
-from . import flow_sql, mysql, postgres, sqlite
+from . import common, flow_sql, mysql, postgres, sqlite
 from .common import (
     LEASE_EXPIRED_ERROR,
     NOTIFY_CHANNEL,
@@ -50,16 +52,17 @@ from .common import (
     build_job,
     is_unique_violation,
     paused_queue_names,
-    read_checkpoints,
     workflow_children,
     workflow_totals,
-    write_checkpoints,
-    write_progress,
 )
 from .dialect import Dialect, JobStore
 from .flow_sql import TURN_KEY as FLOW_TURN_KEY
 from .listener import Listener
+from .memory import MemoryStore
 from .wakeup import announce, install_notify_mode, installed_notify_mode, wakeup_source
+
+if TYPE_CHECKING:
+    from ..models import DeadLetter, Job
 
 __all__ = [
     "FLOW_TURN_KEY",
@@ -78,6 +81,7 @@ __all__ = [
     "add_workflow_counts",
     "announce",
     "asynchronous_commit",
+    "atomic",
     "build_job",
     "claim",
     "complete",
@@ -95,15 +99,20 @@ __all__ = [
     "installed_notify_mode",
     "is_unique_violation",
     "key_owner",
+    "load_job",
     "mark_dead",
+    "memory_store",
+    "needs_database",
     "observed_durations",
     "oldest_due_ages",
+    "on_commit",
     "paused_queue_names",
     "read_checkpoints",
     "reap",
     "record_key_success",
     "requeue",
     "retrying",
+    "save_dead_letter",
     "statement_lost",
     "substitute",
     "supported_vendors",
@@ -112,7 +121,6 @@ __all__ = [
     "workflow_children",
     "workflow_totals",
     "write_checkpoints",
-    "write_progress",
     "writes_while_busy",
 ]
 
@@ -122,9 +130,14 @@ _DIALECTS: dict[str, Dialect] = {"mysql": mysql, "postgresql": postgres, "sqlite
 #: alias -> what serves its jobs and keys: its database's dialect, filled on first use of
 #: each alias (an alias does not change vendor), or a test's substitute.
 _by_alias: dict[str, JobStore] = {}
-#: Aliases a test's substitute serves: their inserts wake no worker (none claims from a
-#: substitute), so they touch no database connection either.
+#: Aliases a test's substitute or the settings' memory store serves: their inserts wake no
+#: worker (none claims from them), so they touch no database connection either.
 _substituted: set[str] = set()
+#: alias -> the MemoryStore that ``JOBGUARD["STORE"] = "memory"`` puts there: one per alias
+#: for the process, kept when the setting changes, so a test kit may hold on to it.
+_memory_stores: dict[str, MemoryStore] = {}
+#: Aliases the settings' memory store serves now (forgotten when JOBGUARD changes).
+_configured: set[str] = set()
 
 
 def supported_vendors() -> frozenset[str]:
@@ -148,16 +161,122 @@ def _store(alias: str) -> JobStore:
         return _by_alias[alias]
     except KeyError:
         pass
-    found = _by_alias[alias] = dialect_of(alias)
+    found = _by_alias[alias] = _configured_store(alias)
     return found
+
+
+def _configured_store(alias: str) -> JobStore:
+    """What the settings say serves ``alias``: its database's dialect, or the memory store."""
+    conf = get_settings()
+    if conf.store != "memory" or alias != conf.database_alias:
+        return dialect_of(alias)
+    from .memory import allowed
+
+    if not allowed():
+        raise ImproperlyConfigured(
+            "JOBGUARD['STORE'] is 'memory', which is for tests: this process is not running "
+            "tests and DEBUG is off, so its jobs would never reach a worker. Use 'database' "
+            "(the default) outside tests."
+        )
+    _configured.add(alias)
+    _substituted.add(alias)
+    return _memory_stores.setdefault(alias, MemoryStore())
+
+
+def memory_store(alias: str | None = None) -> MemoryStore | None:
+    """The :class:`~.memory.MemoryStore` serving ``alias`` (the settings' alias if None), or None.
+
+    Set by ``JOBGUARD["STORE"] = "memory"`` or a :func:`substitute`; None when the database serves it.
+    """
+    found = _store(alias or get_settings().database_alias)
+    return found if isinstance(found, MemoryStore) else None
+
+
+def needs_database(alias: str, feature: str) -> None:
+    """Raise ImproperlyConfigured naming ``feature`` when a memory store serves ``alias``."""
+    if isinstance(_store(alias), MemoryStore):
+        raise ImproperlyConfigured(
+            f"{feature} need the database store, and the in-memory store serves the jobs here "
+            "(JOBGUARD['STORE'] = 'memory', or a test's store.substitute()): run this test "
+            "with the database store (JOBGUARD['STORE'] = 'database', the default)."
+        )
+
+
+def atomic(
+    alias: str, *, savepoint: bool = True, database: bool = False
+) -> contextlib.AbstractContextManager[Any]:
+    """A transaction on ``alias`` for writes of ours that commit together or not at all.
+
+    ``transaction.atomic(using=alias)`` when the database serves the alias. With the memory
+    store, the store's own (:meth:`~.memory.MemoryStore.transaction`) and, with
+    ``database=True`` (an ``atomic=True`` task's handler, whose writes are the database's),
+    the database's transaction around it.
+    """
+    found = _store(alias)
+    if not isinstance(found, MemoryStore):
+        return transaction.atomic(using=alias, savepoint=savepoint)
+    if not database:
+        return found.transaction()
+    stack = contextlib.ExitStack()
+    stack.enter_context(transaction.atomic(using=alias, savepoint=savepoint))
+    try:
+        stack.enter_context(found.transaction())
+    except BaseException:
+        stack.close()
+        raise
+    return stack
+
+
+def on_commit(alias: str, callback: Callable[[], None]) -> None:
+    """Run ``callback`` once the transaction open on ``alias`` commits (see :func:`atomic`)."""
+    found = _store(alias)
+    if isinstance(found, MemoryStore):
+        found.on_commit(callback)
+    else:
+        transaction.on_commit(callback, using=alias)
+
+
+def load_job(alias: str, job_id: int) -> Job:
+    """The job ``job_id`` as a ``Job`` (the ORM's row, or one built from the memory store's)."""
+    found = _store(alias)
+    if isinstance(found, MemoryStore):
+        return found.job_model(alias, job_id)
+    from ..models import Job  # app registry: see common
+
+    return Job.objects.using(alias).get(pk=job_id)
+
+
+def save_dead_letter(alias: str, letter: DeadLetter) -> DeadLetter:
+    """Store a new dead letter: an ORM insert, or kept by the memory store."""
+    found = _store(alias)
+    if isinstance(found, MemoryStore):
+        return found.save_dead_letter(letter)
+    letter.save(using=alias, force_insert=True)
+    return letter
+
+
+def read_checkpoints(alias: str, job_id: int) -> dict[str, Any]:
+    """The job's checkpoints (see :class:`~django_jobguard.context.JobContext`)."""
+    found = _store(alias)
+    if isinstance(found, MemoryStore):
+        return found.read_checkpoints(job_id)
+    return common.read_checkpoints(alias, job_id)
+
+
+def write_checkpoints(alias: str, job_id: int, lease_token: str | None, checkpoints: dict[str, Any]) -> bool:
+    """Replace the job's checkpoints if ``lease_token`` still holds it; whether it did."""
+    found = _store(alias)
+    if isinstance(found, MemoryStore):
+        return found.write_checkpoints(job_id, lease_token, checkpoints)
+    return common.write_checkpoints(alias, job_id, lease_token, checkpoints)
 
 
 @contextlib.contextmanager
 def substitute(alias: str, job_store: JobStore) -> Iterator[JobStore]:
     """Serve ``alias``'s job and key operations from ``job_store`` inside the block.
 
-    For unit tests with no database: ``with store.substitute("default", MemoryStore()):``.
-    The database lock rows (:mod:`.locks`) and the ORM reads (checkpoints) are not routed.
+    For unit tests with no database: ``with store.substitute("default", MemoryStore()):``
+    (``JOBGUARD["STORE"] = "memory"`` does the same for every test, with one store).
     """
     previous = _by_alias.get(alias)
     was_substituted = alias in _substituted
@@ -177,6 +296,14 @@ def substitute(alias: str, job_store: JobStore) -> Iterator[JobStore]:
 def _forget_aliases(*, setting: str, **kwargs: Any) -> None:
     if setting == "DATABASES":  # a test's override_settings(DATABASES=...)
         _by_alias.clear()
+        _substituted.difference_update(_configured)
+        _configured.clear()
+    elif setting == "JOBGUARD":  # STORE or DATABASE_ALIAS may have changed
+        for alias in list(_by_alias):
+            if alias in _configured or alias not in _substituted:  # a substitute's stays
+                del _by_alias[alias]
+        _substituted.difference_update(_configured)
+        _configured.clear()
 
 
 setting_changed.connect(_forget_aliases, dispatch_uid="jobguard_store_aliases")

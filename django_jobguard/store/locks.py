@@ -6,7 +6,8 @@ both win and the counter never repeats. A new row's counter starts at the databa
 microseconds (as the Redis back end's does), so a key whose released row was pruned
 (:func:`prune_released`) still gets a token above every one it had before. Release and
 extend match the owner token and an unexpired ``expires_at``. Times are the database
-clock's (the dialect's :class:`~.common.Clock`), never a worker's.
+clock's (the dialect's :class:`~.common.Clock`), never a worker's. An alias the in-memory
+store serves keeps its lock rows there (:class:`~.memory.MemoryStore`), under the same rules.
 
 The statements are standard SQL; acquire is each dialect's ``acquire_lock`` (``ON CONFLICT``
 on PostgreSQL and SQLite, ``common.acquire_lock_on_conflict``; ``ON DUPLICATE KEY UPDATE`` on MariaDB/MySQL).
@@ -20,7 +21,7 @@ from typing import Any
 
 from django.db import connections
 
-from . import dialect_of
+from . import dialect_of, memory_store
 from .common import LOCK_TABLE as TABLE
 from .common import Clock
 
@@ -40,11 +41,17 @@ def _rows(alias: str, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
 
 def acquire(alias: str, key: str, token: str, ttl: float) -> int | None:
     """Take ``key`` for ``token`` for ``ttl`` seconds if free or expired; the new fencing token, or None."""
+    memory = memory_store(alias)
+    if memory is not None:
+        return memory.acquire_lock(key, token, ttl)
     return dialect_of(alias).acquire_lock(alias, key, token, ttl)
 
 
 def release(alias: str, key: str, token: str) -> bool:
     """Free ``key`` if ``token`` holds it and it has not expired; whether it did."""
+    memory = memory_store(alias)
+    if memory is not None:
+        return memory.release_lock(key, token)
     clock = dialect_of(alias).CLOCK
     rows = _rows(
         alias,
@@ -61,6 +68,9 @@ def extend(alias: str, key: str, token: str, ttl: float) -> bool:
     Inside a transaction this also locks the row until commit (PostgreSQL), so no one can
     take the lock between this check and the commit.
     """
+    memory = memory_store(alias)
+    if memory is not None:
+        return memory.extend_lock(key, token, ttl)
     clock = dialect_of(alias).CLOCK
     rows = _rows(
         alias,
@@ -73,6 +83,9 @@ def extend(alias: str, key: str, token: str, ttl: float) -> bool:
 
 def held(alias: str, key: str) -> bool:
     """Whether someone holds ``key`` now (taken and not expired)."""
+    memory = memory_store(alias)
+    if memory is not None:
+        return memory.lock_held(key)
     clock = dialect_of(alias).CLOCK
     rows = _rows(
         alias,
@@ -98,6 +111,9 @@ def prune_released(alias: str, older_than: float, *, dry_run: bool = False) -> i
     Nothing that anyone holds goes: a held row is neither released nor expired. A key taken
     again after its row went starts a new row whose fencing counter starts above the old one's.
     """
+    memory = memory_store(alias)
+    if memory is not None:
+        return memory.prune_locks(older_than, dry_run=dry_run)
     clock = dialect_of(alias).CLOCK
     before = clock.seconds(-older_than)
     verb = "SELECT count(*)" if dry_run else "DELETE"

@@ -1,19 +1,29 @@
 """An in-memory store: the job and key operations of the store contract, with no database.
 
-For unit tests that need a store and no database (``store.substitute(alias, MemoryStore())``
-routes an alias's ``store.*`` calls here). It keeps the contract's rules: claims in
-``priority``, ``run_after``, id order, never a paused queue or a job out of attempts; every
-write to a held job fenced by its lease token; leases timed by one clock (the store's
-``now``, which a test may move). It is not a database: nothing is durable or shared between
-processes, one lock serialises every call (as SQLite's one writer does), and the database
-lock back end's rows (:mod:`.locks`), breakers and the ORM reads of ``store/common.py``
-(checkpoints, ``build_job``) are not here. mypy checks it against :class:`~.dialect.JobStore`,
-and ``tests/store_contract/`` runs each contract test it can serve on it beside the database:
-where the two disagree, this module is wrong.
+For tests with no database: ``JOBGUARD["STORE"] = "memory"`` serves the settings' alias from
+one :class:`MemoryStore` per process (:func:`~django_jobguard.store.memory_store` returns it),
+and ``store.substitute(alias, MemoryStore())`` serves an alias from a store of the test's own.
+Refused outside tests (:func:`allowed`; check ``jobguard.E059``). Documented in
+docs/reference/memory-store.md.
+
+It keeps the contract's rules: claims in ``priority``, ``run_after``, id order, never a paused
+queue or a job out of attempts; every write to a held job fenced by its lease token; leases
+timed by one clock (the store's ``now``, which a test may move). Beside the jobs and keys it
+keeps what the enqueue-to-ack path writes elsewhere on a database: the writes to key rows after
+their insert (``store/key_rows.py``), checkpoints, dead letters, the database lock back end's
+rows (``store/locks.py``), and transactions of its own (:meth:`MemoryStore.transaction`, which
+restore its records when the block raises). It is not a database: nothing is durable or shared
+between processes, it is not part of the caller's database transaction, one lock serialises
+every call (as SQLite's one writer does), and breakers, retry budgets and workflows are not
+here. mypy checks it against :class:`~.dialect.JobStore`, and ``tests/store_contract/`` runs
+each contract test it can serve on it beside the database: where the two disagree, this module
+is wrong.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import datetime
 import itertools
@@ -21,7 +31,7 @@ import json
 import secrets
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
@@ -42,9 +52,23 @@ from .flow_sql import mark_unreadable
 
 if TYPE_CHECKING:
     from ..flow import FlowPlan, Throttle
+    from ..models import DeadLetter, IdempotencyKey, Job
     from .dialect import JobStore
 
-__all__ = ["MemoryStore", "StoredJob", "StoredKey"]
+__all__ = ["MemoryStore", "StoredJob", "StoredKey", "StoredLock", "allowed"]
+
+
+def allowed() -> bool:
+    """Whether ``JOBGUARD["STORE"] = "memory"`` may serve jobs in this process.
+
+    Only under Django's test environment (``setup_test_environment()``, which Django's test
+    runner and pytest-django call before any test) or with ``DEBUG`` on: a production process
+    would accept jobs that no worker ever sees and that vanish when it exits.
+    """
+    from django.conf import settings
+    from django.test import utils  # only when the memory store is asked for
+
+    return bool(settings.DEBUG) or hasattr(utils._TestState, "saved_data")  # noqa: SLF001
 
 
 @dataclasses.dataclass
@@ -69,6 +93,7 @@ class StoredJob:
     cancel_requested: bool = False
     result: Any = None
     attempt_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    checkpoints: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def queue_name(self) -> str:
@@ -103,6 +128,19 @@ class StoredKey:
     job_id: int | None
     status: str = "in_progress"
     result: Any = None
+    duplicates: int = 0
+    created_at: datetime.datetime | None = None
+    updated_at: datetime.datetime | None = None
+
+
+@dataclasses.dataclass
+class StoredLock:
+    """One row of the database lock back end (see :mod:`.locks`)."""
+
+    fencing_token: int
+    token: str | None = None
+    expires_at: datetime.datetime | None = None
+    acquired_at: datetime.datetime | None = None
 
 
 class MemoryStore:
@@ -120,9 +158,63 @@ class MemoryStore:
         self.arrivals: dict[str, float] = {}
         #: Names of the paused queues.
         self.paused: set[str] = set()
+        #: The database lock back end's rows, by key.
+        self.locks: dict[str, StoredLock] = {}
+        #: Dead letters written for its jobs (unsaved ``DeadLetter`` instances, ids given here).
+        self.dead_letters: list[DeadLetter] = []
         self._ids = itertools.count(1)
         self._key_ids = itertools.count(1)
+        self._letter_ids = itertools.count(1)
         self._lock = threading.RLock()
+        #: Open :meth:`transaction` blocks of the thread holding the lock, and what runs after
+        #: the outermost one commits.
+        self._depth = 0
+        self._after_commit: list[Callable[[], None]] = []
+
+    def clear(self) -> None:
+        """Forget every job, key, lock row, dead letter, rate and pause (between tests)."""
+        with self._lock:
+            self.jobs.clear()
+            self.keys.clear()
+            self.arrivals.clear()
+            self.paused.clear()
+            self.locks.clear()
+            self.dead_letters.clear()
+
+    # -- transactions ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """A block whose writes all stay or all go: the state is restored if it raises.
+
+        It holds the store's lock throughout (one writer at a time, as on SQLite). What
+        :meth:`on_commit` was given runs after the outermost block ends without an error.
+        """
+        with self._lock:
+            saved = copy.deepcopy((self.jobs, self.keys, self.arrivals, self.locks, self.dead_letters))
+            pending = len(self._after_commit)
+            self._depth += 1
+            try:
+                yield
+            except BaseException:
+                self.jobs, self.keys, self.arrivals, self.locks, self.dead_letters = saved
+                del self._after_commit[pending:]  # what this block asked for goes with it
+                raise
+            finally:
+                self._depth -= 1
+            if self._depth:
+                return
+            callbacks, self._after_commit = self._after_commit, []
+        for callback in callbacks:
+            callback()
+
+    def on_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the outermost open :meth:`transaction` commits (now if none)."""
+        with self._lock:
+            if self._depth:
+                self._after_commit.append(callback)
+                return
+        callback()
 
     # -- the connection ----------------------------------------------------------------------
 
@@ -199,7 +291,15 @@ class MemoryStore:
         with self._lock:
             if (scope, key) in self.keys:
                 return None
-            row = StoredKey(id=next(self._key_ids), fingerprint=digest, expires_at=expires_at, job_id=job_id)
+            now = self.now()
+            row = StoredKey(
+                id=next(self._key_ids),
+                fingerprint=digest,
+                expires_at=expires_at,
+                job_id=job_id,
+                created_at=now,
+                updated_at=now,
+            )
             self.keys[(scope, key)] = row
             return row.id
 
@@ -446,6 +546,167 @@ class MemoryStore:
                     self._failed(job, now, LEASE_EXPIRED_ERROR)
                     requeued.append((job.id, job.queue_name))
             return requeued, exhausted
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def read_checkpoints(self, job_id: int) -> dict[str, Any]:
+        with self._lock:
+            job = self.jobs.get(job_id)
+            return {} if job is None else copy.deepcopy(job.checkpoints)
+
+    def write_checkpoints(self, job_id: int, lease_token: str | None, checkpoints: dict[str, Any]) -> bool:
+        with self._lock:
+            job = self.jobs.get(job_id)
+            if job is None or job.lease_token is None or job.lease_token != lease_token:
+                return False
+            job.checkpoints = json.loads(json.dumps(checkpoints))
+            return True
+
+    # -- the rows as models ------------------------------------------------------------------
+
+    def job_model(self, alias: str, job_id: int) -> Job:
+        """The job as a ``Job`` instance (not saved anywhere: reading it is all it is for)."""
+        from ..models import Job  # app registry: as in store/common.py
+
+        with self._lock:
+            job = self.jobs[job_id]
+            columns = {f.name: getattr(job, f.name) for f in dataclasses.fields(job) if f.name != "fields"}
+            values = {**copy.deepcopy(job.fields), **copy.deepcopy(columns)}
+        names = [field.attname for field in Job._meta.concrete_fields]
+        defaults = {field.attname: field.get_default() for field in Job._meta.concrete_fields}
+        return Job.from_db(alias, names, [values.get(name, defaults[name]) for name in names])
+
+    def key_model(self, alias: str, scope: str, key: str) -> IdempotencyKey | None:
+        """The key as an ``IdempotencyKey`` with its ``job`` (None if the job is gone)."""
+        from ..models import IdempotencyKey  # app registry: as in store/common.py
+
+        with self._lock:
+            row = self.keys.get((scope, key))
+            if row is None:
+                return None
+            model = IdempotencyKey(
+                id=row.id,
+                key=key,
+                scope=scope,
+                fingerprint=row.fingerprint,
+                status=row.status,
+                result=copy.deepcopy(row.result),
+                job_id=row.job_id,
+                duplicates=row.duplicates,
+                created_at=row.created_at or self.now(),
+                updated_at=row.updated_at or self.now(),
+                expires_at=row.expires_at,
+            )
+            model.job = None if row.job_id not in self.jobs else self.job_model(alias, row.job_id)
+        model._state.adding = False
+        model._state.db = alias
+        return model
+
+    # -- idempotency key rows after their insert (store/key_rows.py) -------------------------
+
+    def _key_by_id(self, key_id: int) -> StoredKey | None:
+        return next((row for row in self.keys.values() if row.id == key_id), None)
+
+    def update_key(self, key_id: int, **changes: Any) -> None:
+        """Set fields of the key row ``key_id``, as key_rows' ORM updates do.
+
+        A value ``"now"`` is the store's clock, as ``Now()`` is the database's; ``duplicates="+1"``
+        adds one, as ``F("duplicates") + 1`` does.
+        """
+        with self._lock:
+            row = self._key_by_id(key_id)
+            if row is not None:
+                self._change_key(row, changes)
+
+    def update_keys(
+        self,
+        *,
+        scope: str | None = None,
+        key: str | None = None,
+        job_ids: Collection[int] = (),
+        **changes: Any,
+    ) -> None:
+        """Set fields of the key rows matching ``scope``/``key`` or owned by one of ``job_ids``."""
+        with self._lock:
+            for (row_scope, row_key), row in self.keys.items():
+                if (scope is None or row_scope == scope) and (key is None or row_key == key):
+                    if not job_ids or row.job_id in job_ids:
+                        self._change_key(row, changes)
+
+    def _change_key(self, row: StoredKey, changes: dict[str, Any]) -> None:
+        now = self.now()
+        for name, value in changes.items():
+            if name == "duplicates" and value == "+1":
+                row.duplicates += 1
+                continue
+            setattr(row, name, now if value == "now" else value)
+
+    # -- dead letters ------------------------------------------------------------------------
+
+    def save_dead_letter(self, letter: DeadLetter) -> DeadLetter:
+        """Keep ``letter`` (an unsaved ``DeadLetter``) as its job's dead letter, with an id."""
+        with self._lock:
+            letter.id = next(self._letter_ids)
+            letter.created_at = self.now()
+            letter._state.adding = False
+            self.dead_letters.append(letter)
+            return letter
+
+    # -- the database lock back end's rows (store/locks.py) ----------------------------------
+
+    def acquire_lock(self, key: str, token: str, ttl: float) -> int | None:
+        with self._lock:
+            now = self.now()
+            row = self.locks.get(key)
+            if row is None:
+                row = self.locks[key] = StoredLock(fencing_token=int(now.timestamp() * 1_000_000) - 1)
+            elif row.token is not None and row.expires_at is not None and row.expires_at > now:
+                return None
+            row.fencing_token += 1
+            row.token, row.expires_at, row.acquired_at = token, now + datetime.timedelta(seconds=ttl), now
+            return row.fencing_token
+
+    def release_lock(self, key: str, token: str) -> bool:
+        with self._lock:
+            row = self._held_lock(key, token)
+            if row is None:
+                return False
+            row.token = row.expires_at = None
+            return True
+
+    def extend_lock(self, key: str, token: str, ttl: float) -> bool:
+        with self._lock:
+            row = self._held_lock(key, token)
+            if row is None:
+                return False
+            row.expires_at = self.now() + datetime.timedelta(seconds=ttl)
+            return True
+
+    def lock_held(self, key: str) -> bool:
+        with self._lock:
+            row = self.locks.get(key)
+            return row is not None and row.token is not None and self._live(row)
+
+    def prune_locks(self, older_than: float, *, dry_run: bool = False) -> int:
+        with self._lock:
+            before = self.now() - datetime.timedelta(seconds=older_than)
+            old = [
+                key
+                for key, row in self.locks.items()
+                if (row.token is None and row.acquired_at is not None and row.acquired_at < before)
+                or (row.token is not None and row.expires_at is not None and row.expires_at < before)
+            ]
+            if not dry_run:
+                for key in old:
+                    del self.locks[key]
+            return len(old)
+
+    def _live(self, row: StoredLock) -> bool:
+        return row.expires_at is not None and row.expires_at > self.now()
+
+    def _held_lock(self, key: str, token: str) -> StoredLock | None:
+        row = self.locks.get(key)
+        return row if row is not None and row.token == token and self._live(row) else None
 
     # -- reporting ---------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, transaction
+from django.db import DatabaseError, InterfaceError
 
 from .. import _dispatch, _faults, breakers, dlq, events, idempotency, signals, store, workflows
 from .._redact import payload_secrets, redact
@@ -282,7 +282,7 @@ class Completer:
             # Nothing else to commit with them: no BEGIN and COMMIT of their own (two round trips).
             rows = [(held.job.id, held.job.lease_token, outcome.ack_json or "null") for held, outcome in acks]
             return set(store.complete_many(self.alias, rows))
-        with transaction.atomic(using=self.alias):
+        with store.atomic(self.alias):
             rows = [(held.job.id, held.job.lease_token, outcome.ack_json or "null") for held, outcome in acks]
             acked = store.complete_many(self.alias, rows)
             done = set(acked)
@@ -380,7 +380,7 @@ class Completer:
 
     def _duplicate(self, held: Held, outcome: Duplicate) -> None:
         job = held.job
-        with transaction.atomic(using=self.alias):
+        with store.atomic(self.alias):
             result_json = json.dumps(outcome.result)
             acked = store.complete(self.alias, job.id, job.lease_token, result_json)
             if acked:

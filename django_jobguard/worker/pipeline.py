@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import async_to_sync
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 
 from .. import _dispatch, _faults, idempotency, locks, retry, signals, store
 from .._json import normalize_json
@@ -30,11 +30,11 @@ from ..locks.holders import job_owner
 from ..log import job_fields
 from ..models import DeadLetterReason
 from ..outcome import Dead, Duplicate, HeldState, Outcome, PutBack, PutBackCause, Retry, Stale, Succeeded
-from ..registry import registry, unknown_task_error
+from ..registry import registry
 from ..task import Task
 from .completer import Completer
 from .held import Held, logger
-from .leases import renew_lock, write_last_progress
+from .leases import renew_lock
 
 __all__ = ["HandlerTimedOut", "Runtime", "failure_outcome", "handler_outcome", "prepare", "run"]
 
@@ -97,7 +97,7 @@ def prepare(held: Held, rt: Runtime) -> Outcome | tuple[Task[Any, Any], str]:
             DeadLetterReason.UNKNOWN_TASK,
             retry.PERMANENT,
             "UnknownTaskError",
-            unknown_task_error(job.task_name),
+            f"no task is registered as {job.task_name!r} in this worker; it was never run",
         )
     invalid = (
         check_flow_keys(job, task)
@@ -335,10 +335,9 @@ def _invoke_and_ack(
         # The heartbeat reports the longest one open (it holds the vacuum horizon meanwhile).
         held.transaction_started_at = time.monotonic()
         try:
-            with transaction.atomic(using=rt.alias):
+            # (On the in-memory store, its transaction too: the ack rolls back with the writes.)
+            with store.atomic(rt.alias, database=True):
                 result = call(task, context, job)
-                if context is not None and context.reported_progress is not None:
-                    write_last_progress(rt.alias, held)  # commits with the ack
                 if _faults.ENABLED:
                     _faults.maybe_crash("after_effect")
                 try:
@@ -351,8 +350,6 @@ def _invoke_and_ack(
             held.transaction_started_at = 0.0
         return result, None
     result = call(task, context, job)
-    if context is not None and context.reported_progress is not None:
-        write_last_progress(rt.alias, held)
     if _faults.ENABLED:
         _faults.maybe_crash("after_effect")
     return after_handler(rt, held, scope, result)
@@ -368,7 +365,7 @@ def after_handler(rt: Runtime, held: Held, scope: str, result: Any) -> tuple[Any
         # The handler's writes are committed already: only this transaction runs again after a
         # failure a rerun cures (a prepared statement a pooler lost, a MariaDB deadlock).
         def ack_in_transaction() -> None:
-            with transaction.atomic(using=rt.alias):
+            with store.atomic(rt.alias):
                 ack(rt, held, scope, result, commit=True)
 
         store.retrying(rt.alias, "ack", ack_in_transaction)

@@ -4,10 +4,10 @@ A test that asks for ``rows`` runs twice in the same run: ``[database]`` against
 that serves the ``default`` alias (SQLite, PostgreSQL or MariaDB, whichever the run is
 configured for), ``[memory]`` with a :class:`~django_jobguard.store.memory.MemoryStore`
 substituted for that alias. It drives ``store.*`` either way and reads and writes the job
-and key rows through ``rows``, never through the ORM. A test the memory store cannot serve
-(the lock rows, the ORM reads of ``store/common.py``, flow-control and breaker rows, SQL
-text encodings, one database's own behaviour) is marked ``database_only("why")`` instead:
-every test here is one or the other (checked at collection).
+and key rows (and lock rows and dead letters) through ``rows``, never through the ORM. A test
+the memory store cannot serve (breakers and budgets, the retention pass's ORM deletes, SQL
+text encodings and column widths, one database's own behaviour) is marked
+``database_only("why")`` instead: every test here is one or the other (checked at collection).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import pytest
 
 from django_jobguard import store
 from django_jobguard.flow import hot_keys
-from django_jobguard.models import FlowRate, IdempotencyKey, Job
+from django_jobguard.models import DeadLetter, FlowRate, IdempotencyKey, Job, Lock
 from django_jobguard.operations import queues as queues_service
 from django_jobguard.registry import registry
 from django_jobguard.store import postgres
-from django_jobguard.store.memory import MemoryStore, StoredJob
+from django_jobguard.store.memory import MemoryStore, StoredJob, StoredLock
 from tests.testapp import tasks_flow
 
 HERE = Path(__file__).parent
@@ -76,6 +76,22 @@ class DatabaseRows:
     def rate_keys(self) -> list[str]:
         """The flow-control rate keys the limited claims have spent from."""
         return list(FlowRate.objects.values_list("key", flat=True))
+
+    def dead_letters(self) -> list[DeadLetter]:
+        return list(DeadLetter.objects.order_by("pk"))
+
+    def lock(self, key: str) -> Lock:
+        return Lock.objects.get(key=key)
+
+    def lock_keys(self) -> set[str]:
+        return set(Lock.objects.values_list("key", flat=True))
+
+    def update_lock(self, key: str, **values: Any) -> None:
+        Lock.objects.filter(key=key).update(**values)
+
+    def add_lock_row(self, key: str) -> None:
+        """A row never taken (the redrive throttle's, which only carries a row lock)."""
+        Lock.objects.create(key=key)
 
     def pause(self, queue: str) -> None:
         queues_service.pause(queue, actor="test", reason="contract")
@@ -129,6 +145,24 @@ class MemoryRows:
     def rate_keys(self) -> list[str]:
         return list(self.memory.arrivals)
 
+    def dead_letters(self) -> list[Any]:
+        return list(self.memory.dead_letters)
+
+    def lock(self, key: str) -> StoredLock:
+        return self.memory.locks[key]
+
+    def lock_keys(self) -> set[str]:
+        return set(self.memory.locks)
+
+    def update_lock(self, key: str, **values: Any) -> None:
+        row = self.memory.locks[key]
+        for name, value in values.items():
+            getattr(row, name)  # no such column: fail as the ORM would
+            setattr(row, name, value)
+
+    def add_lock_row(self, key: str) -> None:
+        self.memory.locks[key] = StoredLock(fencing_token=0)
+
     def pause(self, queue: str) -> None:
         self.memory.paused.add(queue)
 
@@ -146,7 +180,13 @@ def rows(request: pytest.FixtureRequest):
         assert isinstance(memory, MemoryStore)
         yield MemoryRows(memory)
     # The memory store served the whole test: nothing of it reached the database.
-    assert not (Job.objects.exists() or IdempotencyKey.objects.exists() or FlowRate.objects.exists())
+    assert not (
+        Job.objects.exists()
+        or IdempotencyKey.objects.exists()
+        or FlowRate.objects.exists()
+        or Lock.objects.exists()
+        or DeadLetter.objects.exists()
+    )
 
 
 def _registered(tasks):

@@ -16,7 +16,7 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from django_jobguard import store
-from django_jobguard.models import DeadLetter, Job
+from django_jobguard.exceptions import LeaseLost
 from django_jobguard.store import mysql, postgres, sqlite
 from tests.conftest import wait_for
 from tests.testapp import tasks
@@ -156,19 +156,24 @@ def test_reaper_returns_expired_leases_and_counts_the_reappearance(rows):
     assert again.lease_token != job.lease_token and again.attempts == 2
 
 
-@pytest.mark.database_only("the dead letter is an ORM row of the database")
-def test_reaper_reports_expired_jobs_out_of_attempts_for_dead_lettering():
+def test_reaper_reports_expired_jobs_out_of_attempts_for_dead_lettering(rows):
     from django_jobguard import dlq
 
     tasks.add.enqueue(1)
-    Job.objects.update(max_attempts=1)
+    rows.update(max_attempts=1)
     (job,) = claim()
-    Job.objects.filter(pk=job.id).update(lease_expires_at=timezone.now() - datetime.timedelta(seconds=1))
+    rows.update(job.id, lease_expires_at=timezone.now() - datetime.timedelta(seconds=1))
     requeued, exhausted = store.reap("default")
     assert requeued == [] and exhausted == [(job.id, job.lease_token)]
     letter = dlq.dead_letter("default", job.id, job.lease_token, reason="lease_expired", category="transient")
-    assert Job.objects.get(pk=job.id).status == "dead"
-    assert DeadLetter.objects.get().pk == letter.pk
+    assert rows.job(job.id).status == "dead"
+    (stored,) = rows.dead_letters()
+    assert (stored.pk, stored.job_id, stored.reason) == (letter.pk, job.id, "lease_expired")
+    assert stored.attempts == 1
+    # Fenced: the same token cannot file a second letter.
+    with pytest.raises(LeaseLost):
+        dlq.dead_letter("default", job.id, job.lease_token, reason="lease_expired", category="transient")
+    assert len(rows.dead_letters()) == 1
 
 
 def test_live_leases_are_not_reaped(rows):
@@ -228,13 +233,15 @@ def test_insert_jobs_returns_ids_and_times_in_order(rows):
         assert run_after == enqueued_at and run_after.tzinfo is not None
 
 
-@pytest.mark.database_only("build_job makes the ORM's Job of an inserted row (store/common.py)")
-def test_build_job_builds_the_saved_job_of_an_inserted_row():
+def test_build_job_builds_the_saved_job_of_an_inserted_row(rows):
     fields = [_row(args=[n]) for n in range(3)]
     inserted = store.insert_jobs("default", fields)
     job = store.build_job("default", fields[1], inserted[1])
     assert (job.pk, job.args, job.status, job._state.adding) == (inserted[1][0], [1], "queued", False)
-    assert job == Job.objects.get(pk=inserted[1][0])
+    row = rows.job(inserted[1][0])
+    assert (job.run_after, job.enqueued_at, job.kwargs) == (row.run_after, row.enqueued_at, row.kwargs)
+    loaded = store.load_job("default", job.pk)
+    assert (loaded.pk, loaded.args, loaded.status, loaded.run_after) == (job.pk, [1], "queued", job.run_after)
 
 
 def test_insert_jobs_with_a_delay_counts_from_the_database_clock(rows):
@@ -371,8 +378,7 @@ def test_discard_queued_deletes_only_a_queued_job(rows):
 # -- checkpoints ------------------------------------------------------------------------------
 
 
-@pytest.mark.database_only("checkpoints are ORM reads and writes (store/common.py), not routed")
-def test_checkpoints_are_written_under_the_lease_and_read_back():
+def test_checkpoints_are_written_under_the_lease_and_read_back(rows):
     tasks.add.enqueue(1)
     (job,) = claim()
     assert store.read_checkpoints("default", job.id) == {}

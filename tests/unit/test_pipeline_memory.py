@@ -2,8 +2,9 @@
 
 No ``django_db`` mark: a query would fail the test, so each one proves that the path it runs
 (claim, handler, ack, retry after its delay, an ack fenced off by a newer lease) needs nothing
-but the store contract. A dead letter is a model row, so that path is tested on databases only;
-the same paths on real databases: tests/integration/worker/test_worker_pipeline.py.
+but the store contract. Dead letters, keys, locks and checkpoints on the memory store, from
+``Task.enqueue()`` on: tests/unit/test_memory_store_setting.py; the same paths on real
+databases: tests/integration/worker/test_worker_pipeline.py.
 """
 
 from __future__ import annotations
