@@ -12,15 +12,20 @@ at the INSERT (where the error would abort the caller's transaction).
 from __future__ import annotations
 
 import datetime
+import decimal
+import enum
+import fractions
 import json
 import math
+import uuid
 from collections.abc import Mapping, Sequence
+from pathlib import PurePath
 from typing import Any
 
 from .conf import get_settings
 from .exceptions import InvalidArgumentsError, PayloadTooLargeError
 
-__all__ = ["MAX_INTEGER_DIGITS", "normalize_json", "payload_size", "validate_payload"]
+__all__ = ["MAX_INTEGER_DIGITS", "conversion", "normalize_json", "payload_size", "validate_payload"]
 
 #: Digits an integer may have: Python's default ``sys.get_int_max_str_digits()``. A longer
 #: one cannot be written as JSON (or read back) by a process that keeps the default.
@@ -83,12 +88,54 @@ def _scalar(value: Any, what: str) -> tuple[Any, int]:
         if not math.isfinite(value):
             raise InvalidArgumentsError(f"{what}: {value!r} is not valid JSON (only finite numbers are).")
         return value, _MAX_FLOAT_CHARS
-    hint = " (pass value.isoformat())" if isinstance(value, datetime.date | datetime.time) else ""
     raise InvalidArgumentsError(
         # "Unsupported type" is Django's own wording (django.tasks): code that matches on it keeps working.
         f"{what}: Unsupported type: {type(value).__module__}.{type(value).__qualname__} is not "
-        f"JSON-serialisable{hint}."
+        f"JSON-serialisable; {conversion(value)}."
     )
+
+
+#: The exact conversion for each type people most often pass, first match wins (datetime
+#: before date, its base class): what to store instead, how to get the value back, and what
+#: the round trip keeps.
+_CONVERSIONS: tuple[tuple[type | tuple[type, ...], str, str, str], ...] = (
+    (decimal.Decimal, "str(value)", "decimal.Decimal(value)", "exact, digits and exponent"),
+    (
+        datetime.datetime,
+        "value.isoformat()",
+        "datetime.datetime.fromisoformat(value)",
+        "exact to the microsecond, with its UTC offset; a ZoneInfo comes back as that offset",
+    ),
+    (datetime.date, "value.isoformat()", "datetime.date.fromisoformat(value)", "exact"),
+    (datetime.time, "value.isoformat()", "datetime.time.fromisoformat(value)", "exact to the microsecond"),
+    (
+        datetime.timedelta,
+        "[value.days, value.seconds, value.microseconds]",
+        "datetime.timedelta(*value)",
+        "exact",
+    ),
+    (uuid.UUID, "str(value)", "uuid.UUID(value)", "exact"),
+    (fractions.Fraction, "str(value)", "fractions.Fraction(value)", "exact"),
+    (PurePath, "str(value)", "pathlib.Path(value)", "exact"),
+    ((bytes, bytearray, memoryview), "base64.b64encode(value).decode()", "base64.b64decode(value)", "exact"),
+    ((set, frozenset), "sorted(value)", "set(value)", "exact"),
+    (enum.Enum, "value.value", "{cls}(value)", "exact"),
+)
+
+
+def conversion(value: Any) -> str:
+    """How to pass ``value`` as JSON instead, and get it back: the refusal's advice."""
+    cls = type(value)
+    for types, store, load, kept in _CONVERSIONS:
+        if isinstance(value, types):
+            back = load.format(cls=f"{cls.__module__}.{cls.__qualname__}")
+            return f"pass {store} instead, and turn it back with {back} where it is read ({kept})"
+    if getattr(cls, "_meta", None) is not None and hasattr(value, "pk"):
+        return (
+            f"pass its primary key (value.pk) instead, and load the row where it is read "
+            f"({cls.__qualname__}.objects.get(pk=value)), which then sees its current state"
+        )
+    return "pass str, int, float, bool, None, or lists and dicts (string keys) of them instead"
 
 
 def _int_str_allowed(value: int) -> bool:

@@ -41,6 +41,8 @@ class JobguardConfig(AppConfig):
         events.add_sink(beats.sink)
         install_tracing()
         setting_changed.connect(install_tracing, dispatch_uid="jobguard_tracing_install")
+        install_testing()
+        setting_changed.connect(install_testing, dispatch_uid="jobguard_testing_install")
         # Queries run only when /metrics is scraped; the worker's own server leaves it out.
         metrics.register_queue_collector()
 
@@ -70,6 +72,24 @@ def install_tracing(**kwargs: Any) -> None:
         events.remove_sink(sys.modules["django_jobguard.monitoring.tracing"].sink)
         log.set_trace_fields(None)
         metrics.set_exemplar_source(None)
+
+
+def install_testing(**kwargs: Any) -> None:
+    """Inline mode's hooks (:mod:`django_jobguard.testing`) once ``TESTING["MODE"]`` says "inline".
+
+    Run at start and when settings change (a test's override). The kit is imported only then,
+    or by the tests that use it; once installed, it reads the mode at each enqueue.
+    """
+    if kwargs.get("setting", "JOBGUARD") != "JOBGUARD":
+        return
+    from . import conf
+
+    try:
+        inline = conf.get_settings().testing_mode == "inline"
+    except ImproperlyConfigured:
+        return
+    if inline:
+        from . import testing  # noqa: F401 - installs on import
 
 
 def resolve_django_task(name: str) -> Task[Any, Any] | None:

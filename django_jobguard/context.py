@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import math
+import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from . import store
@@ -12,7 +16,23 @@ from .exceptions import InvalidTaskError, LeaseLost
 if TYPE_CHECKING:
     from .task import Task
 
-__all__ = ["Flag", "JobContext", "RunSignals"]
+__all__ = [
+    "MAX_PROGRESS_AMOUNT",
+    "MAX_PROGRESS_MESSAGE_CHARS",
+    "PROGRESS_WRITE_SECONDS",
+    "Flag",
+    "JobContext",
+    "ProgressReport",
+    "RunSignals",
+]
+
+#: Seconds between two writes of one job's reported progress: the worker's heartbeat thread
+#: writes the last report at most this often, and once more when the handler returns.
+PROGRESS_WRITE_SECONDS = 1.0
+#: The largest ``done`` or ``total``: every JSON reader (JavaScript's too) holds it exactly.
+MAX_PROGRESS_AMOUNT = 2**53
+#: Longest ``message`` :meth:`JobContext.report_progress` takes, in characters.
+MAX_PROGRESS_MESSAGE_CHARS = 500
 
 
 class Flag:
@@ -48,6 +68,89 @@ class RunSignals:
         self.cancel_requested = Flag()
 
 
+class ProgressReport:
+    """What a handler reported through :meth:`JobContext.report_progress`, and what is written.
+
+    The handler's thread only replaces :attr:`value` and counts the report; the worker's
+    heartbeat thread writes the last one (at most every :data:`PROGRESS_WRITE_SECONDS`), and
+    the handler's thread once more after it returns. The two writers take :attr:`lock`
+    around a write, so an older value never lands after a newer one.
+    """
+
+    __slots__ = ("lock", "reported", "value", "written", "written_at")
+
+    def __init__(self) -> None:
+        #: ``(done, total, message, time.time() of the report)``, replaced whole by each report.
+        self.value: tuple[float, float | None, str, float] = (0, None, "", 0.0)
+        #: Reports made, and the count the store holds the value of.
+        self.reported = 0
+        self.written = 0
+        #: When (monotonic) the last write was made.
+        self.written_at = -math.inf
+        self.lock = threading.Lock()
+
+    @property
+    def pending(self) -> bool:
+        """Whether a report is not written yet."""
+        return self.reported != self.written
+
+    def snapshot(self) -> tuple[int, dict[str, Any]]:
+        """The count of reports and the last one as stored: ``{"done", "total", "message", "at"}``.
+
+        The count is read first: the value is at least that recent, so marking that count
+        written never hides a newer report.
+        """
+        count = self.reported
+        done, total, message, at = self.value
+        when = datetime.datetime.fromtimestamp(at, tz=datetime.UTC).isoformat()
+        return count, {"done": done, "total": total, "message": message, "at": when}
+
+    def mark_written(self, count: int, now: float) -> None:
+        """The store holds the value of report number ``count`` since ``now`` (monotonic)."""
+        self.written = count
+        self.written_at = now
+
+
+def _check_amount(value: Any, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(
+            f"report_progress(): {name} must be a number (int or float), not {type(value).__name__}"
+        )
+    if not 0 <= value <= MAX_PROGRESS_AMOUNT:  # NaN compares false, infinity is past the bound
+        bits = value.bit_length() if isinstance(value, int) else 0
+        shown = f"an integer of {bits} bits" if bits > 64 else repr(value)  # repr() refuses the longest
+        raise ValueError(
+            f"report_progress(): {name} must be a number from 0 to 2**53 (exact in every JSON reader), "
+            f"not {shown}"
+        )
+
+
+def check_progress(done: Any, total: Any, message: Any) -> None:
+    """Refuse a report that cannot be stored or read back: a ``ValueError`` naming the argument."""
+    _check_amount(done, "done")
+    if total is not None:
+        _check_amount(total, "total")
+        if total < done:
+            raise ValueError(f"report_progress(): total ({total!r}) must be at least done ({done!r})")
+    if not isinstance(message, str):
+        raise ValueError(f"report_progress(): message must be a str, not {type(message).__name__}")
+    if len(message) > MAX_PROGRESS_MESSAGE_CHARS:
+        raise ValueError(
+            f"report_progress(): message is {len(message)} characters long; at most "
+            f"{MAX_PROGRESS_MESSAGE_CHARS} are kept. Put details in the job's result or a log line."
+        )
+    if "\x00" in message:
+        # PostgreSQL cannot store NUL in JSON: refused here on every database, not at the write.
+        raise ValueError("report_progress(): message holds a NUL character (\\x00), which cannot be stored")
+    if not message.isascii():
+        try:
+            message.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                "report_progress(): message holds a lone surrogate, which is not valid Unicode"
+            ) from None
+
+
 @dataclasses.dataclass(eq=False)
 class JobContext:
     """Passed as the first argument to handlers of ``takes_context=True`` tasks.
@@ -74,6 +177,8 @@ class JobContext:
     _checkpoints: dict[str, Any] | None = dataclasses.field(default=None, repr=False)
     #: Set by the worker while the handler runs; read through the properties below.
     signals: RunSignals = dataclasses.field(default_factory=RunSignals, repr=False)
+    #: Made by the first report_progress(): a job that never reports costs nothing.
+    _progress: ProgressReport | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
     def detached(cls, task: Task[Any, Any]) -> JobContext:
@@ -145,3 +250,27 @@ class JobContext:
                 self.signals.lease_lost.set()
                 raise LeaseLost(f"job {self.job_id}: lease lost before checkpoint {name!r}")
         self._checkpoints = current
+
+    def report_progress(self, done: float, total: float | None = None, message: str = "") -> None:
+        """Say how far the handler got: ``done`` of ``total`` (if known), with a short ``message``.
+
+        Cheap enough for a tight loop: the call only keeps the values in memory. The worker
+        writes the last report to the job's ``progress`` at most every
+        :data:`PROGRESS_WRITE_SECONDS` (from its heartbeat thread, fenced by the lease like
+        every write of a running job) and once more when the handler returns, so
+        ``job.progress``, ``job.watch()``, the console and the API show it. ``done`` and
+        ``total`` are numbers of at least 0 (``total`` at least ``done``); ``message`` at most
+        :data:`MAX_PROGRESS_MESSAGE_CHARS` characters. Anything else raises ``ValueError``
+        naming the argument.
+        """
+        check_progress(done, total, message)
+        progress = self._progress
+        if progress is None:
+            progress = self._progress = ProgressReport()
+        progress.value = (done, total, message, time.time())
+        progress.reported += 1
+
+    @property
+    def reported_progress(self) -> ProgressReport | None:
+        """What :meth:`report_progress` recorded (for the worker, which writes it); None before."""
+        return self._progress

@@ -187,3 +187,58 @@ class BreakerError(JobguardError):
 
 class BreakerPermissionDenied(BreakerError, PermissionDenied):  # noqa: N818 - after Django's PermissionDenied
     """The user may not open or close circuit breakers; the admin and the API answer 403."""
+
+
+class WaitError(JobguardError):
+    """Base class of the errors ``Job.wait()`` raises instead of returning a result."""
+
+    def __init__(self, message: str, *, job_id: int | None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+
+class JobFailed(WaitError):  # noqa: N818 - reads as the job's state, like LeaseLost
+    """The job was dead-lettered: ``error_class`` and ``error_message`` are its final error's.
+
+    The text is the dead letter's, as stored (after ``JOBGUARD["REDACT"]``): show it to people
+    allowed to see dead letters (the ``view_payload`` permission), not to an end user.
+    """
+
+    def __init__(
+        self,
+        job_id: int,
+        *,
+        error_class: str,
+        error_message: str,
+        reason: str = "",
+        dead_letter_id: int | None = None,
+        replay_job_id: int | None = None,
+    ) -> None:
+        shown = f"{error_class}: {error_message}" if error_message else error_class or "(no error recorded)"
+        super().__init__(f"Job {job_id} failed ({reason or 'dead'}): {shown}", job_id=job_id)
+        self.error_class = error_class
+        self.error_message = error_message
+        self.reason = reason
+        self.dead_letter_id = dead_letter_id
+        #: The job an approved replay of the dead letter enqueued, if any: wait on it for a result.
+        self.replay_job_id = replay_job_id
+
+
+class JobCancelled(WaitError):  # noqa: N818 - reads as the job's state
+    """The job was cancelled (by an operator, or as a workflow step whose upstream failed): no result."""
+
+
+class ResultExpired(WaitError):  # noqa: N818 - reads as the result's state
+    """The job succeeded, but its result is past its retention (or its row was pruned)."""
+
+
+class ResultNotStored(WaitError):  # noqa: N818 - reads as the result's state
+    """The job's task keeps no result to wait for (``@task(result_retention=0)``)."""
+
+
+class JobNotFound(WaitError, LookupError):  # noqa: N818 - reads as a state, like Django's DoesNotExist
+    """No job has this id: never enqueued (or not committed yet), or deleted."""
+
+
+class WaitTimeout(WaitError, TimeoutError):  # noqa: N818 - a TimeoutError, as callers catch it
+    """The job did not settle within the timeout; it may still run (nothing was changed)."""

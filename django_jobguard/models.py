@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
@@ -27,6 +29,9 @@ class JobStatus(models.TextChoices):
 
 
 TERMINAL_STATUSES = (JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED)
+#: Seconds between two reads of a watched job's row (``Job.watch()``), and the longest allowed.
+WATCH_INTERVAL_SECONDS = 0.5
+MAX_WATCH_INTERVAL_SECONDS = 60.0
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -104,9 +109,12 @@ class Job(models.Model):
     )
     result = models.JSONField(null=True, blank=True)
     # What the handler last reported through ``context.report_progress``: done, total,
-    # message and when. Written at most a few times a second, with the lease renewal.
+    # message and when. Written at most once a second per job, by the worker's heartbeat thread.
     progress = models.JSONField(
-        null=True, blank=True, editable=False, help_text=_("Last progress the handler reported; NULL if none.")
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=_("Last progress the handler reported; NULL if none."),
     )
     # Set by a waiter (``Job.wait``) before it sleeps: only such a job's settlement notifies,
     # so a job nobody waits on costs the worker nothing more.
@@ -250,6 +258,84 @@ class Job(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+    def watch(
+        self, timeout: float | None = None, *, interval: float = WATCH_INTERVAL_SECONDS
+    ) -> Iterator[dict[str, Any]]:
+        """Yield the job's :attr:`progress` each time it changes, until the job finishes.
+
+        ``for progress in job.watch(timeout=600): print(progress["done"], progress["total"])``.
+        The row is read every ``interval`` seconds here, so the caller does not poll (the
+        worker writes progress at most once a second: a shorter interval sees nothing sooner).
+        When the job finishes, its last progress is yielded if it changed, the job's fields
+        are read again (``status``, ``result``, ``last_error``, ...) and the loop ends.
+        Raises ``TimeoutError`` if ``timeout`` seconds pass first (None: no limit), and
+        ``Job.DoesNotExist`` if the row is deleted meanwhile. Watch outside a transaction:
+        inside one, MariaDB/MySQL's repeatable read would show the same row every time.
+        """
+        if self.pk is None:
+            raise ValueError("watch(): the job is not saved; enqueue it first")
+        if timeout is not None and (not isinstance(timeout, int | float) or not timeout >= 0):
+            raise ValueError(
+                f"watch(): timeout must be a number of seconds of at least 0, or None; not {timeout!r}"
+            )
+        if not isinstance(interval, int | float) or not 0 < interval <= MAX_WATCH_INTERVAL_SECONDS:
+            raise ValueError(
+                f"watch(): interval must be more than 0 and at most {MAX_WATCH_INTERVAL_SECONDS} seconds, "
+                f"not {interval!r}"
+            )
+        return self._watch(timeout, interval)
+
+    def _watch(self, timeout: float | None, interval: float) -> Iterator[dict[str, Any]]:
+        rows = type(self).objects.using(self._state.db).filter(pk=self.pk)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen = self.progress
+        if seen is not None:
+            yield seen
+        while True:
+            found = rows.values_list("status", "progress").first()
+            if found is None:
+                raise Job.DoesNotExist(f"job {self.pk} was deleted while watched")
+            status, progress = found
+            if progress is not None and progress != seen:
+                seen = self.progress = progress
+                yield progress
+            if status in TERMINAL_STATUSES:
+                self.refresh_from_db()
+                return
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"job {self.pk} did not finish within {timeout} seconds (status {status})")
+            time.sleep(interval if left is None else min(interval, left))
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the job settles and return its stored result.
+
+        ``timeout``: seconds to wait at most (None: no limit; 0: look once). Raises
+        :class:`~django_jobguard.exceptions.WaitTimeout` (a ``TimeoutError``) when it passes,
+        :class:`~django_jobguard.exceptions.JobFailed` for a dead job (its final error's class
+        and message), :class:`~django_jobguard.exceptions.JobCancelled`,
+        :class:`~django_jobguard.exceptions.ResultExpired` for a result past its retention,
+        :class:`~django_jobguard.exceptions.ResultNotStored` for a task that keeps none,
+        :class:`~django_jobguard.exceptions.JobNotFound`. A job retried meanwhile (a worker
+        lost mid-job) is waited for until its last attempt settles. Not inside an atomic
+        block: the job's outcome could not be seen from there.
+        """
+        # The waiting service sits above the models (it uses the store): imported when called.
+        from .results import wait
+
+        return wait(self, timeout)
+
+    async def await_result(self, timeout: float | None = None) -> Any:
+        """:meth:`wait` from async code, without blocking the event loop.
+
+        (Django would call it ``await``, after ``wait``, as it names ``arefresh`` after
+        ``refresh``; ``await`` is a keyword.) Many coroutines of one process may wait at once:
+        they share one LISTEN connection and one database connection.
+        """
+        from .results import await_result
+
+        return await await_result(self, timeout)
 
 
 class IdempotencyStatus(models.TextChoices):
@@ -858,7 +944,8 @@ class JobDependency(models.Model):
 
     parent_id = models.BigIntegerField()
     child_id = models.BigIntegerField()
-    #: The child's keyword argument that receives the parent's result, or "" for none.
+    #: The child's keyword argument that receives the parent's result, "*" for its first
+    #: positional argument (``receives()`` with no name), or "" for none.
     result_as = models.CharField(max_length=100, blank=True, default="")
 
     class Meta:

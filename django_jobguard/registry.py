@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -14,7 +15,10 @@ from .flow import FlowPlan, TaskLimits, build_plan
 if TYPE_CHECKING:
     from .task import Task
 
-__all__ = ["Resolver", "TaskRegistry", "autodiscover", "registry"]
+__all__ = ["Resolver", "TaskRegistry", "autodiscover", "registry", "unknown_task_error"]
+
+#: Discovered modules an unknown task's error names at most (then how many more).
+MODULES_NAMED = 12
 
 #: Finds a task the registry does not hold by name, or None: for example the Django Tasks
 #: backend, which finds a Django task by its module path (``backends.backend.resolve_task``).
@@ -119,3 +123,47 @@ def autodiscover() -> None:
     from django.utils.module_loading import autodiscover_modules
 
     autodiscover_modules("tasks")
+
+
+def unknown_task_error(name: str) -> str:
+    """The dead letter's error for a job whose task ``name`` this process does not know.
+
+    Says where tasks are looked for (the ``tasks`` module of every installed app, and what
+    those import) and what to do, for the module the default name (``module.function``)
+    points at.
+    """
+    from django.apps import apps
+
+    app_names = [config.name for config in apps.get_app_configs()]
+    found = [f"{app}.tasks" for app in app_names if f"{app}.tasks" in sys.modules]
+    shown = ", ".join(found[:MODULES_NAMED]) + (
+        f" and {len(found) - MODULES_NAMED} more" if len(found) > MODULES_NAMED else ""
+    )
+    text = (
+        f"no task is registered as {name!r} in this worker; it was never run. A worker knows the "
+        "tasks defined in the modules it imports at start: the tasks module of each app in "
+        f"INSTALLED_APPS ({shown or 'none here'}), and the modules those import."
+    )
+    module = name.rpartition(".")[0]
+    owner = max(
+        (app for app in app_names if module == app or module.startswith(f"{app}.")), key=len, default=None
+    )
+    if module in sys.modules:
+        text += (
+            f" {module} is imported here but has no task of that name: it was renamed or removed "
+            "(give @task a stable name= to rename a function safely)."
+        )
+    elif owner is not None:
+        text += (
+            f" {module} is not one of them: move the task into {owner}.tasks, or import {module} "
+            f"from {owner}.tasks (or from the ready() of {owner}'s AppConfig)."
+        )
+    elif module:
+        text += (
+            f" {module} belongs to no installed app: add its app to INSTALLED_APPS, or move the "
+            "task into an app's tasks module."
+        )
+    return text + (
+        " If the process that enqueued it knows the task, this worker runs older code or other "
+        "settings: deploy the same code and settings, restart it, then replay the dead letter."
+    )

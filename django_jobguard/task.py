@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 
 from ._json import validate_payload
@@ -153,6 +153,9 @@ class Task(Generic[P, R]):
     rate: Rate | None = None
     #: The name of a shared limit in ``JOBGUARD["LIMITS"]`` (checked by ``manage.py check``).
     limit: str | None = None
+    #: Seconds a job's result may be waited for (``Job.wait()``) after it finished; 0: nobody
+    #: waits on this task's results; None: ``JOBGUARD["RETENTION"]["RESULTS"]``.
+    result_retention: float | None = None
     # Per-call overrides set by using():
     run_after: datetime.datetime | datetime.timedelta | None = None
     idempotency_key: str | None = None
@@ -184,6 +187,14 @@ class Task(Generic[P, R]):
                 raise InvalidTaskError(f"{option} must be a number of seconds, not {value!r}.")
             if value is not None and value <= 0:
                 raise InvalidTaskError(f"{option} must be a positive number of seconds, not {value}.")
+        retention = self.result_retention
+        if retention is not None and (
+            isinstance(retention, bool) or not isinstance(retention, int | float) or not retention >= 0
+        ):
+            raise InvalidTaskError(
+                f"result_retention must be a number of seconds, 0 or more (or None for "
+                f'JOBGUARD["RETENTION"]["RESULTS"]), not {retention!r}.'
+            )
         if self.lock is not None:
             if not self.lock:
                 raise InvalidTaskError("lock must be a non-empty key template such as 'order:{order_id}'.")
@@ -474,6 +485,12 @@ class Task(Generic[P, R]):
             return workflows.enqueue_after(self, args, kwargs)
         return _service()[0](self, args, kwargs)
 
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """:meth:`enqueue` from async code: run on the thread Django gives the caller's sync work
+        (``thread_sensitive``), so it joins the transaction of that thread's connection as
+        :meth:`enqueue` would, and blocks no event loop."""
+        return await sync_to_async(self.enqueue, thread_sensitive=True)(*args, **kwargs)
+
     def s(self, *args: Any, **kwargs: Any) -> Signature:
         """A step of a workflow: this task with its arguments, checked now (nothing is written)."""
         return Signature(self, tuple(args), dict(kwargs))
@@ -495,6 +512,11 @@ class Task(Generic[P, R]):
         return f"<Task {self.name}>"
 
 
+#: Where a step receives a value as its first positional argument (``receives()`` with no
+#: name); a keyword argument's name is stored otherwise, "" for nothing.
+POSITIONAL = "*"
+
+
 @dataclasses.dataclass(frozen=True)
 class Signature:
     """A task bound to its arguments: one step of a chain, a member or callback of a batch.
@@ -502,15 +524,19 @@ class Signature:
     Made by :meth:`Task.s`, which checks the arguments at once (each names a parameter, and
     they are JSON): a bad step fails where it is written. That they are complete is checked
     when its workflow is enqueued, before anything is written (a step may receive the
-    previous step's result, see :meth:`receives`).
+    previous step's result, see :meth:`receives`, and a callback its members' results, see
+    :meth:`receives_results`).
     """
 
     task: Task[Any, Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
-    #: The keyword argument that receives the previous step's result (chains), or the
-    #: workflow's progress (callbacks); "" for none.
+    #: Where the previous step's result (chains), or the workflow's summary (callbacks), goes:
+    #: a keyword argument's name, :data:`POSITIONAL`, or "" for nowhere.
     result_as: str = ""
+    #: Where a group's or batch's callback takes its members' results: a keyword argument's
+    #: name, :data:`POSITIONAL`, or "" for nowhere (the default: nothing is loaded).
+    results_as: str = ""
 
     def __post_init__(self) -> None:
         if self.task.after:
@@ -528,25 +554,83 @@ class Signature:
     def prepared(self) -> dict[str, Any]:
         """The job row this step becomes (see :func:`django_jobguard.enqueue.prepare`).
 
-        A step that receives a result gets None in its place until the result is known.
+        A step that receives a value gets None in its place until the value is known.
         """
         from . import enqueue  # the one import up the layers, as in Task.enqueue
 
-        kwargs = {**self.kwargs, self.result_as: None} if self.result_as else self.kwargs
-        return enqueue.prepare(self.task, self.args, kwargs)
+        args, kwargs = _placeheld(self)
+        return enqueue.prepare(self.task, args, kwargs)
 
-    def receives(self, name: str) -> Signature:
-        """This step, given the previous step's result (or a callback, the progress) as ``name``."""
-        if name not in self.task.parameters and not _takes_var_keywords(self.task):
-            raise InvalidArgumentsError(f"{self.task.name} has no parameter {name!r} to receive a result in.")
-        if name in self.kwargs:
+    def receives(self, name: str | None = None) -> Signature:
+        """This step, given the previous step's result (a callback: the workflow's summary).
+
+        ``name``: as that keyword argument. No name: as the first positional argument, before
+        the step's own (``add.s(10).receives()`` runs ``add(result, 10)``, as a Celery chain
+        passes it). Refused now if the task has no place for it.
+        """
+        return self._receiving(name, "result_as", "a result")
+
+    def receives_results(self, name: str | None = None) -> Signature:
+        """This group's or batch's callback, given its members' results as a list, in member order.
+
+        ``name``: as that keyword argument; no name: as the first positional argument. A
+        member that failed (dead-lettered or cancelled) is marked in its place with a dict
+        ``{"jobguard_failed": True, "job_id": ..., "status": ..., "error": ...}``. Opt-in: the
+        results are read when the callback is enqueued, in one query over every member.
+        """
+        return self._receiving(name, "results_as", "the results")
+
+    def _receiving(self, name: str | None, slot: str, what: str) -> Signature:
+        """This step with ``slot`` set to ``name`` (None: positional), checked against the task."""
+        other = self.results_as if slot == "result_as" else self.result_as
+        if name is None:
+            if other == POSITIONAL:
+                raise InvalidArgumentsError(
+                    f"{self.task.name}: its first positional argument receives a value already; "
+                    f"name a keyword argument for {what}."
+                )
+            value = POSITIONAL
+        else:
+            if not isinstance(name, str) or not name or name == POSITIONAL:
+                raise InvalidArgumentsError(
+                    f"{self.task.name}: name the parameter that receives {what} with a string, not "
+                    f"{name!r} (no name: the first positional argument)."
+                )
+            if name not in self.task.parameters and not _takes_var_keywords(self.task):
+                raise InvalidArgumentsError(
+                    f"{self.task.name} has no parameter {name!r} to receive {what} in."
+                )
+            if name in self.kwargs or name == other:
+                raise InvalidArgumentsError(
+                    f"{self.task.name}: {name!r} is given already; it cannot also receive {what}."
+                )
+            value = name
+        changes: dict[str, Any] = {slot: value}
+        step = dataclasses.replace(self, **changes)
+        args, kwargs = _placeheld(step)
+        try:
+            self.task.signature.bind_partial(*args, **kwargs)
+        except TypeError:
+            where = "as its first positional argument" if value == POSITIONAL else f"as {value!r}"
             raise InvalidArgumentsError(
-                f"{self.task.name}: {name!r} is given already; it cannot also receive a result."
-            )
-        return dataclasses.replace(self, result_as=name)
+                f"{self.task.name}{self.task.signature} cannot take {what} {where} with the arguments "
+                f"given ({len(self.args)} positional, keywords {sorted(self.kwargs)})."
+            ) from None
+        return step
 
     def __repr__(self) -> str:
         return f"<Signature {self.task.name} args={self.args!r} kwargs={self.kwargs!r}>"
+
+
+def _placeheld(step: Signature) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The step's arguments with None where the values it receives will go."""
+    args, kwargs = step.args, step.kwargs
+    for slot in (step.result_as, step.results_as):
+        if slot == POSITIONAL:
+            args = (None, *args)
+        elif slot:
+            kwargs = {**kwargs, slot: None}
+    return args, kwargs
 
 
 def _takes_var_keywords(task: Task[Any, Any]) -> bool:
@@ -712,6 +796,7 @@ def task(
     concurrency: int | Limit | None = None,
     rate: str | Rate | None = None,
     limit: str | None = None,
+    result_retention: float | None = None,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -745,6 +830,7 @@ def task(
     concurrency: int | Limit | None = None,
     rate: str | Rate | None = None,
     limit: str | None = None,
+    result_retention: float | None = None,
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a function as a task. Options left unset fall back to the queue, then globals.
 
@@ -779,6 +865,9 @@ def task(
       ``rate`` (``"100/m"``, or ``Rate("10/s", key="partner:{partner_id}", burst=20)``) and
       ``limit``, the name of a shared limit in ``JOBGUARD["LIMITS"]``. See
       docs/how-to/protect-a-dependency.md.
+    - ``result_retention``: seconds a job's result can be waited for (``Job.wait()``) after it
+      finished; 0 when nobody waits on this task's results (``wait()`` refuses at once); None:
+      ``JOBGUARD["RETENTION"]["RESULTS"]``. See docs/how-to/wait-for-a-result.md.
     """
 
     def decorate(func: Callable[P, R]) -> Task[P, R]:
@@ -817,6 +906,7 @@ def task(
             concurrency=concurrency_spec(concurrency),
             rate=rate_spec(rate),
             limit=limit,
+            result_retention=result_retention,
         )
         created.signature  # noqa: B018 - validates takes_context against the signature now
         registry.register(created)

@@ -15,7 +15,8 @@ import pytest
 from django.db import connection
 
 # The reliability suite's options (--reliability-seed, --reliability-soak...) and fixtures.
-pytest_plugins = ["tests.reliability.plugin"]
+# The test kit's fixtures (jobguard, jobguard_settings, jobguard_worker), as a project enables them.
+pytest_plugins = ["tests.reliability.plugin", "django_jobguard.testing.pytest_plugin"]
 
 ROOT = Path(__file__).resolve().parent.parent
 _DATABASE_SCHEME = os.environ.get("JOBGUARD_TEST_DATABASE_URL", "").partition("://")[0]

@@ -18,6 +18,7 @@ from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -42,6 +43,56 @@ from .base import (
     pretty_json,
     refusal,
 )
+
+
+def _amount(value: Any) -> float | None:
+    """A stored progress number, or None for anything else (the row may be written by hand)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value
+
+
+def job_progress_html(progress: Any) -> SafeString | str:
+    """A job's reported progress: a bar and ``done / total (percent)``, or ``done`` with no total.
+
+    The message is left out: a handler's words may echo its payload (the job's page shows
+    it apart, with the permission). ``-`` when the job reported nothing.
+    """
+    if not isinstance(progress, dict) or (done := _amount(progress.get("done"))) is None:
+        return "-"
+    total = _amount(progress.get("total"))
+    reported = _reported_at(progress.get("at"))
+    if total is None or total <= 0:
+        return format_html(
+            '<span class="jobguard-progress" title="{}">{} {}</span>', reported, _number(done), _("done")
+        )
+    percent = f"{min(100.0, 100 * done / total):.0f}"
+    return format_html(
+        '<span class="jobguard-progress" title="{}">'
+        '<progress value="{}" max="{}">{}%</progress> {} / {} ({}%)</span>',
+        reported,
+        done,
+        total,
+        percent,
+        _number(done),
+        _number(total),
+        percent,
+    )
+
+
+def _number(value: float) -> str:
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.6g}"
+
+
+def _reported_at(value: Any) -> str:
+    try:
+        when = parse_datetime(value) if isinstance(value, str) else None
+    except ValueError:
+        return ""
+    if when is None or timezone.is_naive(when):
+        return ""
+    return str(_("reported %(time)s") % {"time": format_time(when)})
+
 
 #: The job list counts the jobs that match up to this many; past it, it says "more than".
 COUNT_CAP = 10_000
@@ -310,7 +361,7 @@ class JobAdmin(ReadOnlyAdmin):
     payload_search_fields = ["idempotency_key"]
     search_whole_values = True
     search_help_text = _("Job ids, lock keys or idempotency keys, whole (the task: the filter on the right).")
-    payload_derived_fields = ["idempotency_key", "last_error", "error_preview"]
+    payload_derived_fields = ["idempotency_key", "last_error", "error_preview", "progress_message"]
     # The lock admin links to the running jobs holding a lock key.
     # The workers page links to a worker's jobs.
     # A workflow's page links to all its members.
@@ -333,6 +384,8 @@ class JobAdmin(ReadOnlyAdmin):
         "dead_letter_link",
         "replayed_from_link",
         "run_time",
+        "progress_bar",
+        "progress_message",
     ]
 
     def __init__(self, model: type[Job], admin_site: admin.AdminSite) -> None:
@@ -406,6 +459,8 @@ class JobAdmin(ReadOnlyAdmin):
                         "started_at",
                         "finished_at",
                         "run_time",
+                        "progress_bar",
+                        "progress_message",
                         "handler_version",
                     ]
                 },
@@ -500,6 +555,17 @@ class JobAdmin(ReadOnlyAdmin):
     @admin.display(description=_("checkpoints"))
     def checkpoints_json(self, obj: Job) -> SafeString:
         return pretty_json(obj.checkpoints)
+
+    @admin.display(description=_("progress"))
+    def progress_bar(self, obj: Job) -> SafeString | str:
+        """What the handler last reported (``context.report_progress``), when it reported."""
+        return job_progress_html(obj.progress)
+
+    @admin.display(description=_("progress message"))
+    def progress_message(self, obj: Job) -> str:
+        progress = obj.progress
+        message = progress.get("message") if isinstance(progress, dict) else None
+        return message if isinstance(message, str) and message else "-"
 
     @admin.display(description=_("run time"))
     def run_time(self, obj: Job) -> str:

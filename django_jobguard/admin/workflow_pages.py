@@ -25,6 +25,7 @@ from ..models import DeadLetter, Job, JobStatus, Workflow, WorkflowCallback, Wor
 from ..operations import workflows
 from ..workflows import progress
 from .base import ReadOnlyAdmin, done_level, log_to_history, refusal
+from .jobs import job_progress_html
 
 #: Members listed on a workflow's page; the job list (linked) has them all.
 MEMBERS_SHOWN = 200
@@ -123,9 +124,16 @@ class WorkflowAdmin(ReadOnlyAdmin):
             Job.objects.using(alias)
             .filter(workflow_id=obj.pk)
             .order_by("pk")
-            .only("pk", "task_name", "status", "attempts", "max_attempts", "finished_at", "last_error")[
-                :MEMBERS_SHOWN
-            ]
+            .only(
+                "pk",
+                "task_name",
+                "status",
+                "attempts",
+                "max_attempts",
+                "finished_at",
+                "last_error",
+                "progress",
+            )[:MEMBERS_SHOWN]
         )
         # The dead members' letters, and the letters whose replay is a member: a replay takes
         # its dead member's place in the workflow, and the two rows say so to each other.
@@ -156,6 +164,8 @@ class WorkflowAdmin(ReadOnlyAdmin):
                 else "",
                 "replayed_as": _job_ref(replayed_as.get(job.pk)),
                 "replay_of": _job_ref(replay_of.get(job.pk)),
+                # What its handler reported (context.report_progress), without the message.
+                "progress": job_progress_html(job.progress),
             }
             for job in members
         ]

@@ -14,6 +14,7 @@ from typing import Any
 
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from .. import dlq
@@ -27,6 +28,7 @@ __all__ = [
     "DeadLetterSerializer",
     "EnqueueSerializer",
     "JobFilterSerializer",
+    "JobProgressSerializer",
     "JobSerializer",
     "ProblemSerializer",
     "QueueSerializer",
@@ -196,6 +198,45 @@ class _PayloadHiding(serializers.Serializer):
         return data
 
 
+@extend_schema_field({"type": "number", "minimum": 0})
+class ProgressAmountField(serializers.Field):
+    """A reported amount as stored: an integer stays one (a FloatField would send 3 as 3.0)."""
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class JobProgressSerializer(_PayloadHiding, serializers.Serializer):
+    """What the job's handler last reported (``context.report_progress``); the message only
+    with ``jobguard.view_payload`` (a handler's words may echo its arguments)."""
+
+    payload_fields = ("message",)
+
+    done = ProgressAmountField(help_text="How much is done.")
+    total = ProgressAmountField(allow_null=True, help_text="How much there is in all; null if unknown.")
+    message = serializers.CharField(help_text="What the handler said with it; may be empty.")
+    at = serializers.DateTimeField(
+        allow_null=True, help_text="When the handler reported it (the worker's clock, UTC)."
+    )
+
+    def to_representation(self, instance: Any) -> Any:
+        # The column may be written by hand: anything but a report of ours reads as none.
+        if not isinstance(instance, dict) or not _is_amount(instance.get("done")):
+            return None
+        total = instance.get("total")
+        report = {
+            "done": instance["done"],
+            "total": total if _is_amount(total) else None,
+            "message": instance["message"] if isinstance(instance.get("message"), str) else "",
+            "at": instance["at"] if isinstance(instance.get("at"), str) else None,
+        }
+        return super().to_representation(report)
+
+
+def _is_amount(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 class JobSerializer(_PayloadHiding, serializers.ModelSerializer):
     """A job; payload fields only with ``jobguard.view_payload``.
 
@@ -209,10 +250,13 @@ class JobSerializer(_PayloadHiding, serializers.ModelSerializer):
     args = serializers.ListField(child=serializers.JSONField(), required=False)
     kwargs = serializers.DictField(child=serializers.JSONField(), required=False)
     result = serializers.JSONField(required=False, allow_null=True)
+    progress = JobProgressSerializer(
+        read_only=True, allow_null=True, help_text="What the handler last reported; null if nothing."
+    )
 
     class Meta:
         model = Job
-        fields = [*_JOB_FIELDS, "args", "kwargs", "result"]
+        fields = [*_JOB_FIELDS, "args", "kwargs", "result", "progress"]
         read_only_fields = _JOB_FIELDS
 
 
@@ -486,11 +530,14 @@ class BreakerSerializer(serializers.Serializer):
 
 
 class WorkflowMemberSerializer(serializers.Serializer):
-    """A member of a workflow: its job id, task and status."""
+    """A member of a workflow: its job id, task, status and reported progress."""
 
     id = serializers.IntegerField()
     task_name = serializers.CharField()
     status = serializers.ChoiceField(choices=JobStatus.choices)
+    progress = JobProgressSerializer(
+        allow_null=True, help_text="What its handler last reported; null if nothing."
+    )
 
 
 class WorkflowCallbackSerializer(serializers.Serializer):

@@ -704,7 +704,7 @@ class WorkflowDetailView(JobguardView):
                 .order_by("pk")
                 .values("when", "job_id")
             ),
-            "members": list(members.values("id", "task_name", "status")[:WORKFLOW_MEMBERS_SHOWN]),
+            "members": list(members.values("id", "task_name", "status", "progress")[:WORKFLOW_MEMBERS_SHOWN]),
         }
         return Response(self.get_serializer(data).data)
 

@@ -70,7 +70,7 @@ def _timeout_of(task: Any, conf: Any) -> float:
 
 @checks.register()
 def check_task_classification(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """jobguard.W002: unclassified task; W003: retried on every error; W007: lock TTL too short."""
+    """jobguard.W002: unclassified task; W007: lock TTL too short."""
     try:
         conf = get_settings()
     except ImproperlyConfigured:
@@ -89,19 +89,6 @@ def check_task_classification(app_configs: Any = None, **kwargs: Any) -> list[ch
                     id="jobguard.W002",
                 )
             )
-        attempts = task.max_attempts or conf.queue(_queue_of(task, conf)).max_attempts
-        classified = task.retry_on or task.recoverable_on or task.fatal_on
-        if attempts > 1 and not classified and conf.unclassified_errors == TRANSIENT:
-            messages.append(
-                checks.Warning(
-                    f"{attempts} attempts and no error classification: every "
-                    "exception, a bug included, is retried as transient.",
-                    hint="Map your exceptions: retry_on= what another try can fix, recoverable_on= "
-                    "a degraded dependency, fatal_on= bad data and bugs; or set max_attempts=1.",
-                    obj=task,
-                    id="jobguard.W003",
-                )
-            )
         margin = conf.tuning.heartbeat_margin
         if task.lock is not None:
             ttl = float(task.lock_ttl or conf.locks.ttl)
@@ -117,6 +104,38 @@ def check_task_classification(app_configs: Any = None, **kwargs: Any) -> list[ch
                         id="jobguard.W007",
                     )
                 )
+    return messages
+
+
+#: The tag of the checklist's checks that are shown at deploy time (``manage.py check --deploy``)
+#: and by each worker as it starts, not by every command: one line per task that most tasks of
+#: a new project (or one moved from Celery) get, printed by runserver, migrate and shell alike.
+WORKER_START_TAG = "jobguard_worker"
+
+
+@checks.register(WORKER_START_TAG, deploy=True)
+def check_retry_classification(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.W003: a task retried on every error (none of its exceptions classified)."""
+    try:
+        conf = get_settings()
+    except ImproperlyConfigured:
+        return []
+    if conf.unclassified_errors != TRANSIENT:
+        return []
+    messages: list[checks.CheckMessage] = []
+    for task in _tasks():
+        attempts = task.max_attempts or conf.queue(_queue_of(task, conf)).max_attempts
+        if attempts > 1 and not (task.retry_on or task.recoverable_on or task.fatal_on):
+            messages.append(
+                checks.Warning(
+                    f"{attempts} attempts and no error classification: every "
+                    "exception, a bug included, is retried as transient.",
+                    hint="Map your exceptions: retry_on= what another try can fix, recoverable_on= "
+                    "a degraded dependency, fatal_on= bad data and bugs; or set max_attempts=1.",
+                    obj=task,
+                    id="jobguard.W003",
+                )
+            )
     return messages
 
 

@@ -260,6 +260,10 @@ DEFAULTS: dict[str, Any] = {
         "INTERVAL": 60.0,
         # Jobs deleted per transaction by a pruning pass (and by jobguard_prune).
         "BATCH_SIZE": 500,
+        # Seconds a succeeded job's result can be waited for (Job.wait()) after it finished; past
+        # it, wait() raises ResultExpired instead of returning it. None: as long as the job's row
+        # is kept (SUCCEEDED above). A task's own @task(result_retention=...) comes first.
+        "RESULTS": None,
     },
     # Recurring jobs declared in settings: {"name": {"task": "app.tasks.f", "cron": "0 2 * * *",
     # "timezone": "UTC", "args": [], "kwargs": {}, "queue_name": None, "missed": "run_once"}}.

@@ -61,6 +61,9 @@ class RetentionSettings:
     interval: float = 60.0
     #: Jobs deleted per transaction.
     batch_size: int = 500
+    #: Seconds a succeeded job's result may be waited for after it finished (``RESULTS``);
+    #: None: as long as the job's row is kept. A task's ``result_retention`` comes first.
+    results: float | None = None
 
 
 def _seconds(value: Any, path: tuple[str, ...]) -> float | None:
@@ -83,6 +86,7 @@ def parse_retention_settings(group: Mapping[str, Any]) -> RetentionSettings:
         policy=policy,
         interval=number(group["INTERVAL"], ("RETENTION", "INTERVAL")),
         batch_size=integer(group["BATCH_SIZE"], ("RETENTION", "BATCH_SIZE"), minimum=1),
+        results=_seconds(group["RESULTS"], ("RETENTION", "RESULTS")),
     )
 
 

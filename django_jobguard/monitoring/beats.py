@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from django.db import DatabaseError
 from django.utils import timezone
 
 from .. import events
@@ -201,6 +202,23 @@ class Beat:
             self.row_id,
             extra={"worker_id": self.worker_id},
         )
+
+    def leave(self) -> None:
+        """Take this worker's row off the workers list: it stopped cleanly (its last beat).
+
+        What remains in the list is what is running, and the workers that vanished without a
+        word (killed, frozen, cut off from the database), shown as not beating. A database
+        that does not answer keeps the row, which then reads as not beating.
+        """
+        try:
+            store_beats.delete_worker_beat(self.alias, self.row_id, self.host, self.pid)
+        except DatabaseError:
+            logger.warning(
+                "worker_beat_not_removed worker_id=%s; the workers list shows it as not beating",
+                self.worker_id,
+                exc_info=True,
+                extra={"worker_id": self.worker_id},
+            )
 
     def flush(self) -> None:
         """Add the outcome counts gathered since the last flush to their minutes (one statement)."""

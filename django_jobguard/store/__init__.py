@@ -54,6 +54,7 @@ from .common import (
     paused_queue_names,
     workflow_children,
     workflow_totals,
+    write_progress,
 )
 from .dialect import Dialect, JobStore
 from .flow_sql import TURN_KEY as FLOW_TURN_KEY
@@ -121,6 +122,7 @@ __all__ = [
     "workflow_children",
     "workflow_totals",
     "write_checkpoints",
+    "write_progress",
     "writes_while_busy",
 ]
 

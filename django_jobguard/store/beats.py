@@ -104,6 +104,19 @@ def upsert_worker_beat(
         cursor.execute(sql, params)
 
 
+def delete_worker_beat(alias: str, worker_id: str, host: str, pid: int) -> int:
+    """Delete ``worker_id``'s row if process ``pid`` on ``host`` wrote it last (its clean exit).
+
+    Matched on the process too: a restarted process that took the row over keeps it.
+    """
+    table = _tables()[0]
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {table} WHERE worker_id = %s AND host = %s AND pid = %s", [worker_id, host, pid]
+        )
+        return int(cursor.rowcount)
+
+
 def worker_beat_process(alias: str, worker_id: str) -> tuple[str, int] | None:
     """``(host, pid)`` of the process that last wrote ``worker_id``'s row; None if it has none."""
     table = _tables()[0]

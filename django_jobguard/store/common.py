@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connections
+from django.db.models import Case, JSONField, Q, Value, When
 from django.utils.dateparse import parse_datetime
 
 if TYPE_CHECKING:
@@ -256,6 +257,28 @@ def write_checkpoints(alias: str, job_id: int, lease_token: str | None, checkpoi
     return bool(
         Job.objects.using(alias).filter(pk=job_id, lease_token=lease_token).update(checkpoints=checkpoints)
     )
+
+
+def write_progress(alias: str, reports: Sequence[tuple[int, str, dict[str, Any]]]) -> int:
+    """Store each job's reported progress, ``(id, lease token, progress)``, in one statement.
+
+    Fenced like every write of a running job: a row whose token moved on keeps its value.
+    The number of rows written. Through the ORM, which adapts the JSON to each database's
+    column (as the checkpoints do): a worker sends this at most once per heartbeat tick.
+    """
+    from ..models import Job  # app registry: see above
+
+    jobs = Job.objects.using(alias)
+    if len(reports) == 1:
+        job_id, token, progress = reports[0]
+        return jobs.filter(pk=job_id, lease_token=token).update(progress=progress)
+    fenced = Q()
+    for job_id, token, _ in reports:
+        fenced |= Q(pk=job_id, lease_token=token)
+    values = [
+        When(pk=job_id, then=Value(progress, output_field=JSONField())) for job_id, _, progress in reports
+    ]
+    return jobs.filter(fenced).update(progress=Case(*values, output_field=JSONField()))
 
 
 # -- idempotency keys (the same statements on both databases) -------------------------------

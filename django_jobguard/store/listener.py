@@ -19,6 +19,26 @@ from .wakeup import Subscriber
 logger = logging.getLogger("django_jobguard.store")
 
 
+def listen_connection(alias: str, channel: str) -> Any:
+    """A psycopg connection of its own to ``alias`` (autocommit), listening on ``channel``.
+
+    Not Django's: LISTEN needs a session that outlives Django's per-request connection handling
+    (and a direct one, not a transaction pooler's: see ``Settings.listen_alias``).
+    """
+    import psycopg  # an optional dependency: only PostgreSQL deployments have it
+
+    params = connections[alias].get_connection_params()
+    for key in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(key, None)
+    conn = psycopg.connect(**params, autocommit=True)
+    try:
+        conn.execute(f"LISTEN {channel}")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
 class Listener:
     """Wakes an idle worker when jobs are enqueued: LISTEN/NOTIFY on PostgreSQL, Redis pub/sub
     where ``JOBGUARD["WAKEUP_CACHE"]`` is set (``wakeup``: the cache alias and channel).
@@ -56,14 +76,7 @@ class Listener:
         if time.monotonic() - self._failed_at < self.RECONNECT_DELAY_SECONDS:
             return None
         try:
-            import psycopg  # an optional dependency: only PostgreSQL deployments have it
-
-            params = connections[self.alias].get_connection_params()
-            for key in ("cursor_factory", "context", "prepare_threshold"):
-                params.pop(key, None)
-            conn = psycopg.connect(**params, autocommit=True)
-            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-            self._conn = conn
+            self._conn = listen_connection(self.alias, NOTIFY_CHANNEL)
             self._failures = 0
         except Exception:
             # While the database stays away: the traceback once, then a line every

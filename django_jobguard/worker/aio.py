@@ -63,6 +63,7 @@ from ..task import Task
 from . import pipeline
 from .executor import hand_back
 from .held import LOGGER_NAME, Held, close_connection
+from .leases import write_last_progress
 
 if TYPE_CHECKING:
     from .completer import Completer
@@ -478,6 +479,8 @@ class AsyncExecutor:
         try:
             try:
                 result = await _bounded(task.func, args, job.kwargs, task.timeout)
+                if context is not None and context.reported_progress is not None:
+                    await self._in_thread(write_last_progress, self.alias, held)
                 if _faults.ENABLED:
                     _faults.maybe_crash("after_effect")
                 if held.lock is None and self.completer.batches_acks:

@@ -67,13 +67,17 @@ class Executor:
                 if time.monotonic() - idle_since >= CONNECTION_CHECK_AFTER_IDLE_SECONDS:
                     self._drop_unusable_connection()
                 held.cursor_lock = cursor_lock
-                if self._run_one(held):
+                if self.run_one(held):
                     return
         finally:
             connections.close_all()
 
-    def _run_one(self, held: Held) -> bool:
-        """Run (or hand back) one held job and settle it; whether this thread was replaced meanwhile."""
+    def run_one(self, held: Held) -> bool:
+        """Run (or hand back) one held job and settle it; whether this thread was replaced meanwhile.
+
+        Also the in-process path of :func:`django_jobguard.testing.run_jobs`, which runs the
+        held jobs one by one on the test's own thread and connection.
+        """
         try:
             if self.slots.start(held, connections[self.alias]):
                 if self._traced is None:

@@ -1,7 +1,8 @@
 """The heartbeat thread: a tick every :data:`HEARTBEAT_TICK_SECONDS` until the worker stops.
 
 Each tick keeps the leases and locks of the held jobs (:class:`~.leases.LeaseKeeper`), fails
-the jobs past their hard timeout (:mod:`.watchdog`), writes the worker's beat row
+the jobs past their hard timeout (:mod:`.watchdog`), writes the progress their handlers
+reported (the keeper again, only for handlers that report), writes the worker's beat row
 (:class:`~django_jobguard.monitoring.beats.Beat`) and, while the database answers, touches
 the liveness file. A database error backs the next try off, logged once per outage.
 """
@@ -93,7 +94,8 @@ class Heartbeat:
         self._stop.set()
 
     def tick(self) -> None:
-        """Renew the locks and leases due, fail jobs past their hard timeout, write the beat row."""
+        """Renew the locks and leases due, fail jobs past their hard timeout, write the progress
+        reports and the beat row."""
         now = time.monotonic()
         aio = self.aio
         if aio is not None:
@@ -113,6 +115,7 @@ class Heartbeat:
             self.keeper.give_up(aio.stuck(active, now), aio.stalled(now))
         held = self.keeper.renew_leases(active, now)
         self.watchdog.check(held, now)
+        self.keeper.write_progress(held, now)  # reported progress: nothing unless a handler reports
         if aio is not None:
             events.emit(events.EventLoopSampled(aio.running, aio.size, aio.lag))
         # The worker's own row and the outcome counts: one upsert each per beat interval.

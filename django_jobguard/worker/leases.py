@@ -3,22 +3,28 @@
 The heartbeat thread (:mod:`.heartbeat_thread`) asks on each tick; a lease (or lock) is
 renewed once :data:`HEARTBEAT_FRACTION` of its visibility timeout (TTL) has passed, the
 leases due in one statement. A lease or lock that could not be kept is reported to the
-handler (its context's ``lease_lost`` / ``lock_lost``) and its ack refused.
+handler (its context's ``lease_lost`` / ``lock_lost``) and its ack refused. The progress
+the handlers reported (``context.report_progress``) is written on the same ticks, at most
+every :data:`~django_jobguard.context.PROGRESS_WRITE_SECONDS` per job, all jobs due in one
+statement; a job that never reports costs none.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
+from typing import Any
 
 from .. import _faults, events, store
+from ..context import PROGRESS_WRITE_SECONDS, ProgressReport
 from ..exceptions import LockUnavailable
 from ..log import job_fields
 from .held import LOGGER_NAME, Held
 
 logger = logging.getLogger(LOGGER_NAME)
 
-__all__ = ["HEARTBEAT_FRACTION", "LeaseKeeper", "renew_lock"]
+__all__ = ["HEARTBEAT_FRACTION", "LeaseKeeper", "renew_lock", "write_last_progress"]
 
 #: Leases are renewed when this fraction of the visibility timeout has passed.
 HEARTBEAT_FRACTION = 1 / 3
@@ -53,12 +59,64 @@ def renew_lock(held: Held, now: float, worker_id: str) -> None:
     )
 
 
+def write_last_progress(alias: str, held: Held) -> None:
+    """The handler returned: write its last progress report unless the heartbeat did (fenced).
+
+    Called only for a handler that reported (``context.reported_progress`` set). Inside an
+    ``atomic=True`` job's transaction it commits with the ack.
+    """
+    context = held.context
+    report = None if context is None else context.reported_progress
+    if report is None or not report.pending:
+        return
+    with report.lock:  # waits for a heartbeat write in flight, so ours lands last
+        count, value = report.snapshot()
+        if count == report.written:
+            return
+        store.write_progress(alias, [(held.job.id, held.job.lease_token, value)])
+        report.mark_written(count, time.monotonic())
+
+
 class LeaseKeeper:
     """Keeps the leases and locks of the jobs a worker holds."""
 
     def __init__(self, alias: str, worker_id: str) -> None:
         self.alias = alias
         self.worker_id = worker_id
+        self._writes_while_busy: bool | None = None
+
+    def write_progress(self, held: Sequence[Held], now: float) -> None:
+        """Write the progress reports due (one per job per PROGRESS_WRITE_SECONDS), in one statement.
+
+        A job whose handler is writing its last report itself is left to it. On SQLite an
+        ``atomic=True`` job's open transaction holds the database: its report is written
+        by its own thread when the handler returns, not here (the write would wait on it).
+        """
+        due: list[tuple[ProgressReport, int, tuple[int, str, dict[str, Any]]]] = []
+        try:
+            for h in held:
+                context = h.context
+                report = None if context is None else context.reported_progress
+                if report is None or not report.pending or now - report.written_at < PROGRESS_WRITE_SECONDS:
+                    continue
+                if h.transaction_started_at and not self._writes_beside_transactions():
+                    continue
+                if not report.lock.acquire(blocking=False):
+                    continue
+                count, value = report.snapshot()
+                due.append((report, count, (h.job.id, h.job.lease_token, value)))
+            if due:
+                store.write_progress(self.alias, [row for _, _, row in due])
+                for report, count, _ in due:
+                    report.mark_written(count, now)
+        finally:
+            for report, _, _ in due:
+                report.lock.release()
+
+    def _writes_beside_transactions(self) -> bool:
+        if self._writes_while_busy is None:
+            self._writes_while_busy = store.writes_while_busy(self.alias)
+        return self._writes_while_busy
 
     def renew_locks(self, active: Sequence[Held], now: float) -> None:
         """Renew the locks due, even of jobs whose lease is lost: their handlers still run."""

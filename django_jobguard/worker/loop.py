@@ -48,6 +48,7 @@ from ..maintenance import Maintenance
 from ..monitoring import beats
 from ..outcome import Tally
 from ..registry import registry
+from ..store import schema
 from .aio import BLOCKED_AFTER_SECONDS, AsyncExecutor
 from .completer import Completer
 from .executor import Executor
@@ -62,7 +63,15 @@ from .watchdog import Watchdog
 
 logger = logging.getLogger(LOGGER_NAME)
 
-__all__ = ["EXIT_LOOP_WEDGED", "EXIT_THREAD_DIED", "OUTCOMES", "Worker", "claim_size", "default_worker_id"]
+__all__ = [
+    "EXIT_LOOP_WEDGED",
+    "EXIT_NOT_MIGRATED",
+    "EXIT_THREAD_DIED",
+    "OUTCOMES",
+    "Worker",
+    "claim_size",
+    "default_worker_id",
+]
 
 #: Back-off after a database error in the loop (the connection is reopened), doubling to the max,
 #: jittered (:func:`.outage.backoff_delay`).
@@ -93,6 +102,9 @@ OUTCOMES = tuple(tally.value for tally in Tally)
 EXIT_THREAD_DIED = 1
 #: The exit code of a worker stopped because a coroutine blocked its event loop for too long.
 EXIT_LOOP_WEDGED = 3
+#: The exit code of a worker whose database lacks django_jobguard's tables or columns: the
+#: migrations have not run (a supervisor restarts it; once ``migrate`` ran, it starts).
+EXIT_NOT_MIGRATED = 4
 
 
 #: How often the worker looks for paused queues it serves, to log a pause or resume it sees.
@@ -111,6 +123,12 @@ def _run_acks(completer: Completer) -> None:
 def default_worker_id() -> str:
     """``host:pid:random``: unique across hosts, and across restarts that reuse a pid (containers)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"[:WORKER_ID_MAX_LENGTH]
+
+
+def _some(names: Sequence[str], shown: int = 5) -> str:
+    """The first ``shown`` of ``names``, and how many more: for a log line that stays short."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def claim_size(capacity: int, free: int, *, holding: bool) -> int:
@@ -257,6 +275,8 @@ class Worker:
     def run(self) -> int:
         """Run until stopped (or, with ``burst``, until nothing is due). Returns the exit code."""
         self._started_at = time.monotonic()
+        if not self.schema_present():
+            return self.exit_code
         if self.install_signal_handlers:
             self._install_signal_handlers()
         listener = self._listener = store.Listener(
@@ -300,6 +320,8 @@ class Worker:
             self.completer.close_acks(self._acker, timeout=ACK_FLUSH_TIMEOUT_SECONDS)
             self.heartbeat.stop()
             heartbeat.join(timeout=5)
+            if self.exit_code == 0:
+                self.heartbeat.beat.leave()  # stopped cleanly: off the workers list, not "not beating"
             connections.close_all()
             if self._signalled:
                 # Python puts the default handlers back as the interpreter exits, so a repeated
@@ -487,6 +509,8 @@ class Worker:
                 failures = 0
                 self.outage.recovered()
             except (DatabaseError, InterfaceError) as exc:
+                if schema.is_missing_relation(exc) and not self.schema_present(exc):
+                    return
                 failures += 1
                 self.outage.failed("claim", exc)
                 close_connection(self.alias)
@@ -507,6 +531,44 @@ class Worker:
                 if self._throttle.retry_after is not None:
                     until = min(until, max(RATE_WAIT_MIN_SECONDS, self._throttle.retry_after))
                 listener.wait(max(0.0, min(wait, until)))
+
+    def schema_present(self, error: BaseException | None = None, *, migrations: bool = False) -> bool:
+        """False, with the exit code set and one ERROR line, when the database lacks our schema.
+
+        :meth:`run` asks at the start (are the tables there: one catalogue query), and when a
+        statement of its loop failed for a missing table or column (``error``): waiting will not
+        create them, so the worker exits then too, saying what is missing (tables, migrations
+        not applied, or the error itself). ``migrations``: also whether an upgrade's migrations
+        are waiting (``jobguard_worker`` asks once per process; it reads the migration files).
+        An unreachable database is not a missing schema: the loop's back-off deals with it.
+        """
+        if store.memory_store(self.alias) is not None:
+            return True  # the in-memory store (tests) has no tables to miss
+        try:
+            missing = schema.missing_tables(self.alias)
+            what = f"lacks django_jobguard's tables {_some(missing)}" if missing else ""
+            if (error is not None or migrations) and not missing:
+                unapplied = schema.unapplied_migrations(self.alias, upgrades_only=error is None)
+                if unapplied:
+                    what = f"has not applied the migrations {_some(unapplied)}"
+                elif error is not None:
+                    what = f"does not match django_jobguard's models ({str(error).strip()})"
+        except (DatabaseError, InterfaceError):
+            close_connection(self.alias)
+            return True
+        if not what:
+            return True
+        self.exit_code = EXIT_NOT_MIGRATED
+        logger.error(
+            "schema_missing worker_id=%s database=%s %s: run `python manage.py migrate` (with "
+            "these settings), then start the worker again; exiting with status %d",
+            self.worker_id,
+            self.alias,
+            what,
+            EXIT_NOT_MIGRATED,
+            extra={"worker_id": self.worker_id},
+        )
+        return False
 
     def _look_for_paused_queues(self) -> None:
         """Log the queues this worker serves that were paused or resumed since it last looked.

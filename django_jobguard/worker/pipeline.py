@@ -30,11 +30,11 @@ from ..locks.holders import job_owner
 from ..log import job_fields
 from ..models import DeadLetterReason
 from ..outcome import Dead, Duplicate, HeldState, Outcome, PutBack, PutBackCause, Retry, Stale, Succeeded
-from ..registry import registry
+from ..registry import registry, unknown_task_error
 from ..task import Task
 from .completer import Completer
 from .held import Held, logger
-from .leases import renew_lock
+from .leases import renew_lock, write_last_progress
 
 __all__ = ["HandlerTimedOut", "Runtime", "failure_outcome", "handler_outcome", "prepare", "run"]
 
@@ -97,7 +97,7 @@ def prepare(held: Held, rt: Runtime) -> Outcome | tuple[Task[Any, Any], str]:
             DeadLetterReason.UNKNOWN_TASK,
             retry.PERMANENT,
             "UnknownTaskError",
-            f"no task is registered as {job.task_name!r} in this worker; it was never run",
+            unknown_task_error(job.task_name),
         )
     invalid = (
         check_flow_keys(job, task)
@@ -338,6 +338,8 @@ def _invoke_and_ack(
             # (On the in-memory store, its transaction too: the ack rolls back with the writes.)
             with store.atomic(rt.alias, database=True):
                 result = call(task, context, job)
+                if context is not None and context.reported_progress is not None:
+                    write_last_progress(rt.alias, held)  # commits with the ack
                 if _faults.ENABLED:
                     _faults.maybe_crash("after_effect")
                 try:
@@ -350,6 +352,8 @@ def _invoke_and_ack(
             held.transaction_started_at = 0.0
         return result, None
     result = call(task, context, job)
+    if context is not None and context.reported_progress is not None:
+        write_last_progress(rt.alias, held)
     if _faults.ENABLED:
         _faults.maybe_crash("after_effect")
     return after_handler(rt, held, scope, result)

@@ -102,7 +102,11 @@ def _create(alias: str, kind: str, state: str, callbacks: dict[str, Signature], 
             f"{len(name) if isinstance(name, str) else type(name).__name__}."
         )
     stored = {
-        when: {"fields": signature.prepared(), "result_as": signature.result_as}
+        when: {
+            "fields": signature.prepared(),
+            "result_as": signature.result_as,
+            "results_as": signature.results_as,
+        }
         for when, signature in callbacks.items()
     }
     workflow = Workflow.objects.using(alias).create(
@@ -234,7 +238,8 @@ class chain:  # noqa: N801 - named like the other verbs users write (group, task
 
     ``chain(charge.s(order_id=1), reserve.s(order_id=1)).enqueue()`` stores every step in
     the caller's transaction; the first is queued, the others wait. A step made with
-    ``.receives("name")`` gets the previous step's result as that keyword argument. A step
+    ``.receives("name")`` gets the previous step's result as that keyword argument, with
+    ``.receives()`` as its first positional argument. A step
     that is dead-lettered (or cancelled) cancels the rest ("upstream failed").
     """
 
@@ -250,6 +255,12 @@ class chain:  # noqa: N801 - named like the other verbs users write (group, task
             raise InvalidArgumentsError(
                 f"{self.steps[0].task.name}: the first step of a chain has no previous result to receive."
             )
+        for step in self.steps:
+            if step.results_as:
+                raise InvalidArgumentsError(
+                    f"{step.task.name}: a chain step has no members' results to receive; "
+                    "receives_results() is for a group's or batch's callback (use receives())."
+                )
 
     @_traced("enqueue", WorkflowKind.CHAIN)
     def enqueue(self, *, name: str = "") -> Workflow:
@@ -285,7 +296,9 @@ class Batch:
     """Jobs settled together, with callbacks run exactly once when the last one settles.
 
     ``on_success`` runs if every member succeeded, ``on_dead`` if any was dead-lettered or
-    cancelled, ``on_complete`` in both cases. ``Batch(...).enqueue(members)`` stores members
+    cancelled, ``on_complete`` in both cases. A callback made with ``.receives("name")`` gets
+    the workflow's summary, with ``.receives_results("name")`` its members' results (a list in
+    member order, read when it is enqueued). ``Batch(...).enqueue(members)`` stores members
     and closes the batch in one go; ``open()``, ``add()`` (any number of times, from any
     transaction) and ``close()`` build one up: no callback runs before it is closed.
     """
@@ -334,7 +347,7 @@ class Batch:
             raise InvalidArgumentsError("open() the batch (or enqueue() it) before adding members.")
         steps = _steps(members, "batch member")
         for step in steps:
-            if step.result_as:
+            if step.result_as or step.results_as:
                 raise InvalidArgumentsError(
                     f"{step.task.name}: a batch member has no previous result to receive."
                 )

@@ -16,13 +16,15 @@ import json
 import logging
 from collections import defaultdict
 from collections.abc import Collection, Sequence
+from typing import Any
 
 from django.db import transaction
-from django.db.models.functions import Now
+from django.db.models.functions import Now, Substr
 
 from .. import events, store
 from ..models import (
     WORKFLOW_COUNTER_SHARDS,
+    DeadLetter,
     Job,
     JobDependency,
     JobStatus,
@@ -31,12 +33,23 @@ from ..models import (
     WorkflowState,
 )
 from ..store import dependants, key_rows
+from ..task import POSITIONAL
 from .bookkeeping import Progress, add_to_counters, depend
 
 # The workflows' logger, shared with building (see the loggers reference).
 logger = logging.getLogger("django_jobguard.workflows")
 
-__all__ = ["finish_if_settled", "job_settled", "jobs_settled", "replayed"]
+__all__ = [
+    "FAILED_MEMBER_ERROR_CHARS",
+    "failed_member",
+    "finish_if_settled",
+    "job_settled",
+    "jobs_settled",
+    "replayed",
+]
+
+#: Characters of a failed member's error that its callback's results carry.
+FAILED_MEMBER_ERROR_CHARS = 500
 
 
 def job_settled(
@@ -108,11 +121,17 @@ def _release(alias: str, parent_id: int, children: list[tuple[int, str]], result
     if receivers and result_json is not None:
         result = json.loads(result_json)
         for child, name in receivers:
-            kwargs = Job.objects.using(alias).filter(pk=child).values_list("kwargs", flat=True).first()
-            if kwargs is not None:
-                Job.objects.using(alias).filter(pk=child, status=JobStatus.WAITING).update(
-                    kwargs={**kwargs, name: result}
-                )
+            row = Job.objects.using(alias).filter(pk=child).values_list("args", "kwargs").first()
+            if row is None:
+                continue
+            args, kwargs = row
+            waiting = Job.objects.using(alias).filter(pk=child, status=JobStatus.WAITING)
+            if name == POSITIONAL:
+                # The step was stored with a placeholder there (Signature.prepared), so a
+                # replayed parent's result replaces the first one rather than adding another.
+                waiting.update(args=[result, *args[1:]])
+            else:
+                waiting.update(kwargs={**kwargs, name: result})
     dependants.release(alias, [child for child, _ in children])
 
 
@@ -164,13 +183,18 @@ def _maybe_finish(alias: str, workflow_id: int) -> None:
     done = set(
         WorkflowCallback.objects.using(alias).filter(workflow_id=workflow_id).values_list("when", flat=True)
     )
+    members: list[Any] | None = None
     for when in whens:
         stored = workflow.callbacks.get(when)
         if stored is None or when in done:
             continue
         fields = dict(stored["fields"])
+        if stored.get("results_as"):
+            results = members if members is not None else _member_results(alias, workflow_id)
+            members = results  # a second callback asking for them reads them once
+            _give(fields, stored["results_as"], results)
         if stored.get("result_as"):
-            fields["kwargs"] = {**fields["kwargs"], stored["result_as"]: summary.as_dict()}
+            _give(fields, stored["result_as"], summary.as_dict())
         (inserted,) = store.insert_jobs(alias, [fields])
         WorkflowCallback.objects.using(alias).create(workflow_id=workflow_id, when=when, job_id=inserted[0])
         events.emit(events.JobEnqueued(fields["queue_name"], fields["task_name"]))
@@ -185,6 +209,54 @@ def _maybe_finish(alias: str, workflow_id: int) -> None:
         summary.succeeded,
         failed,
     )
+
+
+def _give(fields: dict[str, Any], slot: str, value: Any) -> None:
+    """Put a received value in a callback's stored arguments, where its placeholder is."""
+    if slot == POSITIONAL:
+        fields["args"] = [value, *fields["args"][1:]]
+    else:
+        fields["kwargs"] = {**fields["kwargs"], slot: value}
+
+
+def _member_results(alias: str, workflow_id: int) -> list[Any]:
+    """Every member's result, in member order (the order they were enqueued in).
+
+    One query over the workflow's members (its partial index); a second, over its dead
+    letters, only if a member is dead: a replay takes its dead job's place. A member that
+    did not succeed is marked in its place (:func:`failed_member`). Members pruned before the
+    workflow finished are left out.
+    """
+    rows = list(
+        Job.objects.using(alias)
+        .filter(workflow_id=workflow_id)
+        .order_by("pk")
+        .values_list("pk", "status", "result", Substr("last_error", 1, FAILED_MEMBER_ERROR_CHARS))
+    )
+    replaced: dict[int, int] = {}
+    if any(status == JobStatus.DEAD for _, status, _, _ in rows):
+        replaced = dict(
+            DeadLetter.objects.using(alias)
+            .filter(job__workflow_id=workflow_id, replay_job__isnull=False)
+            .values_list("job_id", "replay_job_id")
+        )
+    by_id = {row[0]: row for row in rows}
+    replays = {new for old, new in replaced.items() if old in by_id}
+    results: list[Any] = []
+    for member, *_ in rows:
+        if member in replays:
+            continue  # in the place of the job it replays
+        last = member  # the last replay of a replay of ... the member
+        while replaced.get(last) in by_id and replaced[last] != member:
+            last = replaced[last]
+        _, status, result, error = by_id[last]
+        results.append(result if status == JobStatus.SUCCEEDED else failed_member(last, status, error))
+    return results
+
+
+def failed_member(job_id: int, status: str, error: str) -> dict[str, Any]:
+    """How a member that did not succeed shows in its callback's results."""
+    return {"jobguard_failed": True, "job_id": job_id, "status": status, "error": error}
 
 
 # -- replays -------------------------------------------------------------------------------

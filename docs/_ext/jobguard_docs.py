@@ -8,6 +8,8 @@ Directives (write them in MyST as ```` ```{jobguard-settings} ````):
 - ``jobguard-commands``: every management command of the package, from its argparse parser.
 - ``jobguard-checks``: every system check ID in the ``checks`` package, with its level, message and hint.
 - ``jobguard-signals``: every signal in ``signals.py``, its comment, and the modules that send it.
+- ``jobguard-celery-options``: the Celery task options and ``CELERY_*`` settings the Celery
+  compatibility module does not honour or has no use for, from its own tables.
 
 Two settings keep a docs tree that other branches add pages to buildable with ``-W``:
 
@@ -302,6 +304,52 @@ class SignalsDirective(_GeneratedDirective):
         return "\n".join(out)
 
 
+# -- the Celery compatibility module -----------------------------------------------------------
+
+
+class CeleryOptionsDirective(_GeneratedDirective):
+    """The tables of ``contrib.celery``: options not honoured, options without effect, settings."""
+
+    def markdown(self) -> str:
+        from django_jobguard.contrib.celery import checks, options
+
+        self.depends_on(options)
+        self.depends_on(checks)
+        out = [
+            "### Task options not honoured",
+            "",
+            "Each is named by `jobguard.celery.W001` for every task that sets it.",
+            "",
+            "| Option | Instead |",
+            "| --- | --- |",
+            f"| `acks_late=False` | {_escape(options.ACKS_EARLY)} |",
+        ]
+        out += [f"| `{name}` | {_escape(advice)} |" for name, advice in sorted(options.NOT_HONOURED.items())]
+        out += ["", "### Task options without effect", "", "| Option | Why |", "| --- | --- |"]
+        out += [f"| `{name}` | {_escape(why)} |" for name, why in sorted(options.NO_EFFECT.items())]
+        out += [
+            "",
+            "### `CELERY_*` settings",
+            "",
+            "Read: " + ", ".join(f"`CELERY_{name}`" for name in sorted(checks.HONOURED_SETTINGS)) + ".",
+            "",
+            "Without effect (Celery's broker, result store or beat process): "
+            + ", ".join(f"`CELERY_{name}`" for name in sorted(checks.NO_EFFECT_SETTINGS))
+            + ".",
+            "",
+            "Any other `CELERY_*` setting is named by `jobguard.celery.W002` (a pickle serializer by "
+            "`jobguard.celery.E001`); for these it says what to do instead:",
+            "",
+            "| Setting | Instead |",
+            "| --- | --- |",
+        ]
+        out += [
+            f"| `CELERY_{name}` | {_escape(advice)} |"
+            for name, advice in sorted(checks.SETTING_ADVICE.items())
+        ]
+        return "\n".join(out)
+
+
 # -- a docs tree that grows on other branches --------------------------------------------------
 
 
@@ -346,6 +394,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("jobguard-commands", CommandsDirective)
     app.add_directive("jobguard-checks", ChecksDirective)
     app.add_directive("jobguard-signals", SignalsDirective)
+    app.add_directive("jobguard-celery-options", CeleryOptionsDirective)
     app.add_post_transform(PendingPageLinks)
     # Sphinx logs through "sphinx.<module>"; a logger filter runs before the warning counter.
     toctree_logger = logging.getLogger("sphinx.sphinx.directives.other")

@@ -173,10 +173,11 @@ def _template(node: ast.expr | None) -> str | None:
 
 
 def check_modules() -> list[Any]:
-    """The modules of the ``checks`` package, each of which registers its checks."""
+    """The modules that register system checks: the ``checks`` package's, then contrib's."""
     from django_jobguard import checks
+    from django_jobguard.contrib.celery import checks as celery_checks
 
-    return [checks, *(getattr(checks, name) for name in checks.__all__)]
+    return [checks, *(getattr(checks, name) for name in checks.__all__), celery_checks]
 
 
 def collect_checks() -> list[Check]:

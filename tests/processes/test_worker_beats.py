@@ -1,9 +1,12 @@
 """A real worker upserts its beat row and its outcome counts; the workers page shows it."""
 
 import datetime
+import io
+import signal
 import socket
 
 import pytest
+from django.core.management import call_command
 
 from django_jobguard.models import QueueMinute, WorkerBeat
 from tests.conftest import wait_for
@@ -88,3 +91,26 @@ def test_two_live_workers_started_with_one_worker_id_keep_a_row_each_and_one_war
         message="two more beats of the row's process",
     )
     assert {pid: worker_id for worker_id, pid in rows().items()} == by_pid
+
+
+def test_a_worker_that_stops_cleanly_leaves_the_list_and_a_killed_one_shows_as_not_beating(workers):
+    leaving = workers.start("--worker-id", "leaving", "--queue", "default")
+    vanishing = workers.start("--worker-id", "vanishing", "--queue", "default")
+    wait_for(
+        lambda: beat_of("leaving") is not None and beat_of("vanishing") is not None,
+        timeout=90,
+        message="both workers' first beats",
+    )
+    leaving.send_signal(signal.SIGTERM)
+    assert leaving.wait(timeout=60) == 0, workers.log(leaving)[-3000:]
+    vanishing.kill()
+    vanishing.wait(timeout=10)
+    assert beat_of("leaving") is None  # its clean exit took its row away
+    WorkerBeat.objects.filter(pk="vanishing").update(
+        last_beat_at=beat_of("vanishing").last_beat_at - datetime.timedelta(minutes=5)
+    )
+    out = io.StringIO()
+    call_command("jobguard_status", stdout=out)
+    first = out.getvalue().splitlines()[0]
+    assert "1 not beating (killed, frozen or cut off from the database): vanishing (" in first
+    assert "leaving" not in out.getvalue()

@@ -407,3 +407,38 @@ def thread_name() -> str:
 async def keyed_async(context, n: int) -> dict:
     """A coroutine with a key and a lock: both are taken on a DB thread before it starts."""
     return {"n": n, "fencing": context.fencing_token is not None}
+
+
+@task(takes_context=True)
+def counts_with_progress(context, total: int = 1000) -> int:
+    """Reports progress at every step of a tight loop (tests/integration/worker/test_progress.py)."""
+    for done in range(total + 1):
+        context.report_progress(done, total, f"step {done}")
+    return total
+
+
+@task(takes_context=True, atomic=True)
+def counts_with_progress_atomic(context, total: int = 100) -> int:
+    """As counts_with_progress, in the job's transaction: the last report commits with the ack."""
+    for done in range(total + 1):
+        context.report_progress(done, total, f"step {done}")
+    return total
+
+
+@task(takes_context=True)
+async def counts_with_progress_async(context, total: int = 100) -> int:
+    """As counts_with_progress, as a coroutine (the async executor writes the last report)."""
+    for done in range(total + 1):
+        context.report_progress(done, total, f"step {done}")
+    return total
+
+
+@task(takes_context=True, visibility_timeout=3)
+def reports_until_released(context, flag_path: str, steps: int = 3) -> str:
+    """Reports 1 of ``steps``, then waits (up to two minutes) for ``flag_path`` before the rest."""
+    context.report_progress(1, steps, "waiting for the flag")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(flag_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    context.report_progress(steps, steps, "done")
+    return "released"

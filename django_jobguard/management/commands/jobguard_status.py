@@ -37,8 +37,9 @@ STALE_WORKERS_SHOWN_SECONDS = 3600
 def worker_health(alias: str) -> dict[str, Any]:
     """Live workers, and those whose beats stopped within the last hour.
 
-    A worker stops beating when it stopped, froze, or cannot reach the database (it cannot
-    write its beat there): the last is how a database outage of some workers shows here.
+    A worker that stops cleanly (SIGTERM, the end of ``--burst``) takes its row away. One
+    stops beating without a word when it was killed, froze, or cannot reach the database (it
+    cannot write its beat there): the last is how a database outage of some workers shows here.
     """
     now = timezone.now()
     since = now - datetime.timedelta(seconds=STALE_WORKERS_SHOWN_SECONDS)
@@ -309,7 +310,7 @@ class Command(BaseCommand):
         summary = f"workers: {len(workers['live'])} live"
         if stale:
             names = ", ".join(f"{w['worker_id']} ({w['seconds_since_beat']}s)" for w in stale)
-            summary += f", {len(stale)} not beating (stopped, frozen or cut off from the database): {names}"
+            summary += f", {len(stale)} not beating (killed, frozen or cut off from the database): {names}"
         self.stdout.write(f"jobguard queues at {now:%Y-%m-%d %H:%M:%S %Z}; {summary}")
         for hold in horizon:
             self.stdout.write(f"{hold.text}: see docs/runbooks/{hold.runbook}.md")

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from ...checks.tasks import WORKER_START_TAG
 from ...conf import WORKER_ID_MAX_LENGTH
 from ...monitoring import metrics
 from ...worker import Worker
@@ -139,6 +140,9 @@ class Command(BaseCommand):
         if port is not None and not 0 <= port <= 65535:
             raise CommandError(f"--metrics-port {port}: a port is 0 to 65535.")
         _check_worker_id(options["worker_id"])
+        if not options["skip_checks"]:
+            # The checklist's warnings that other commands leave to `check --deploy` (W003).
+            self.check(tags=[WORKER_START_TAG], include_deployment_checks=True)
         if options["verbosity"] >= 2:
             logging.getLogger("django_jobguard").setLevel(logging.DEBUG)
         worker = Worker(
@@ -156,6 +160,8 @@ class Command(BaseCommand):
             shutdown_grace=options["shutdown_grace"],
             run_scheduler=options["schedule"],
         )
+        if not worker.schema_present(migrations=True):
+            raise SystemExit(worker.exit_code)  # not migrated, or not since an upgrade: said why
         server = None
         if port is not None:
             try:

@@ -72,7 +72,7 @@ def test_retries_without_error_classification_warn(define):
     retried = define("retried", idempotent=True)  # the queue's 5 attempts
     classified = define("classified", idempotent=True, retry_on=(TimeoutError,))
     single = define("single", idempotent=True, max_attempts=1)
-    messages = checks.tasks.check_task_classification()
+    messages = checks.tasks.check_retry_classification()
     warning = one(messages, "jobguard.W003", retried)
     assert warning.msg.startswith("5 attempts and no error classification: every exception")
     assert "retry_on=" in warning.hint
@@ -83,7 +83,7 @@ def test_retries_without_error_classification_warn(define):
 @override_settings(JOBGUARD={**BASE, "UNCLASSIFIED_ERRORS": "permanent"})
 def test_retries_are_not_blind_when_unclassified_errors_are_permanent(define):
     retried = define("retried_permanent", idempotent=True)
-    assert ids_for(checks.tasks.check_task_classification(), retried) == []
+    assert ids_for(checks.tasks.check_retry_classification(), retried) == []
 
 
 @override_settings(JOBGUARD={**BASE, "LOCKS": {"TTL": 30}, "TUNING": {"HEARTBEAT_MARGIN": 5}})
@@ -150,7 +150,11 @@ def test_self_approval_of_replays_warns_only_in_production(debug, self_approval,
 
 @override_settings(JOBGUARD=BASE)
 def test_the_tasks_of_the_suite_and_example_raise_no_checklist_error():
-    messages = checks.tasks.check_task_classification() + checks.tasks.check_expected_durations()
+    messages = (
+        checks.tasks.check_task_classification()
+        + checks.tasks.check_retry_classification()
+        + checks.tasks.check_expected_durations()
+    )
     assert [m for m in messages if m.is_serious()] == []
     # The module written for these tests follows the docs: nothing to say about it.
     from tests.testapp import tasks_checklist
@@ -171,10 +175,29 @@ def test_manage_check_reports_the_task_by_name_and_silencing_works(define):
         assert "jobguard.W002" not in err.getvalue()
 
 
+@override_settings(JOBGUARD=BASE, SILENCED_SYSTEM_CHECKS=[])
+@pytest.mark.django_db(transaction=True)
+def test_blind_retries_warn_at_deploy_and_worker_start_not_with_every_command(define):
+    define("blind", idempotent=True)  # the queue's 5 attempts, no error classes
+    said = "<Task tests.checks.blind>: (jobguard.W003) 5 attempts and no error classification"
+    err = StringIO()
+    call_command("check", stdout=StringIO(), stderr=err)  # what runserver, migrate, shell... run
+    assert "jobguard.W003" not in err.getvalue()
+    err = StringIO()
+    call_command("check", deploy=True, stdout=StringIO(), stderr=err)
+    assert said in err.getvalue()
+    err = StringIO()
+    call_command(
+        "jobguard_worker", "--burst", "--queue", "w003", skip_checks=False, stdout=StringIO(), stderr=err
+    )
+    assert err.getvalue().count(said) == 1  # once, as the worker starts
+
+
 @override_settings(JOBGUARD=BASE)
 def test_bad_settings_do_not_break_the_checklist_checks():
     with override_settings(JOBGUARD={"TUNING": {"SAFETY_FACTOR": 0.5}}):
         assert checks.tasks.check_task_classification() == []
+        assert checks.tasks.check_retry_classification() == []
         errors = checks.settings.check_settings()
     assert [e.id for e in errors] == ["jobguard.E001"]
     assert "JOBGUARD['TUNING']['SAFETY_FACTOR'] must be at least 1, not 0.5." in errors[0].msg

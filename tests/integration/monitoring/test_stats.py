@@ -351,7 +351,7 @@ def test_status_names_the_workers_that_stopped_beating():
             last_beat_at=now - datetime.timedelta(seconds=age),
         )
     first_line = status().splitlines()[0]
-    assert "; workers: 1 live, 1 not beating (stopped, frozen or cut off from the database): cut-off (4" in (
+    assert "; workers: 1 live, 1 not beating (killed, frozen or cut off from the database): cut-off (4" in (
         first_line
     )
     document = json.loads(status("--json"))

@@ -85,6 +85,33 @@ def test_unknown_task_is_never_run_and_goes_to_the_dead_letter_queue():
         "UnknownTaskError",
     )
     assert "tests.testapp.tasks.removed" in letter.error_message
+    assert "tests.testapp.tasks is imported here but has no task of that name" in letter.error_message
+
+
+@pytest.mark.parametrize(
+    ("task_name", "advice"),
+    [
+        (
+            "tests.testapp.jobs.send",
+            "tests.testapp.jobs is not one of them: move the task into tests.testapp.tasks, or import "
+            "tests.testapp.jobs from tests.testapp.tasks (or from the ready() of tests.testapp's AppConfig).",
+        ),
+        (
+            "elsewhere.jobs.send",
+            "elsewhere.jobs belongs to no installed app: add its app to INSTALLED_APPS, or move the task "
+            "into an app's tasks module.",
+        ),
+    ],
+)
+def test_an_unknown_tasks_dead_letter_says_where_tasks_are_looked_for(task_name, advice):
+    job = tasks.add.enqueue(1)
+    Job.objects.filter(pk=job.pk).update(task_name=task_name)
+    run_burst()
+    error = DeadLetter.objects.get(job=job).error_message
+    assert error.startswith(f"no task is registered as {task_name!r} in this worker; it was never run.")
+    assert "the tasks module of each app in INSTALLED_APPS (" in error and "tests.testapp.tasks" in error
+    assert advice in error
+    assert "restart it, then replay the dead letter" in error
 
 
 def test_payload_that_no_longer_binds_is_dead_lettered_as_invalid():
