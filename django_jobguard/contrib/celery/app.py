@@ -203,6 +203,11 @@ class CeleryTask:
     # -- the handler the worker runs ----------------------------------------------------------
 
     def _handler(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.iscoroutinefunction(func):
+            raise InvalidTaskError(
+                f"{func.__qualname__} is async def: Celery runs no coroutines, and this module runs what "
+                "Celery runs. Declare it with django_jobguard's @task, which runs async def tasks."
+            )
         params = list(inspect.signature(func).parameters.values())
         if self.bind:
             if not params:

@@ -157,6 +157,13 @@ def test_an_unknown_option_is_refused_at_declaration():
     with pytest.raises(InvalidTaskError, match="rate_limit"):
         shared_task(name="tests.celery.bad_rate", rate_limit="fast")(lambda: None)
 
+    async def coroutine():
+        return None
+
+    with pytest.raises(InvalidTaskError, match="async def"):
+        shared_task(name="tests.celery.coroutine")(coroutine)
+    assert registry.find("tests.celery.coroutine") is None
+
 
 # -- retries -----------------------------------------------------------------------------------
 
