@@ -2,6 +2,7 @@
 #   make example   install into .venv and run the example shop's demo on SQLite (no servers;
 #                  DATABASE_URL=postgres://... and REDIS_URL=redis://... switch to servers)
 #   make console   then: the admin console with the demo's users, and a worker beside it
+#                  (on http://127.0.0.1:8000/admin/; PORT=8001 or ADDR=0.0.0.0 to change)
 #   make test      install into .venv and run the test suite (SQLite unless
 #                  JOBGUARD_TEST_DATABASE_URL / JOBGUARD_TEST_REDIS_URL point at servers)
 PYTHON ?= python3
@@ -9,6 +10,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 PYTEST_ARGS ?=
+# Where make console's runserver listens.
+ADDR ?= 127.0.0.1
+PORT ?= 8000
 
 .PHONY: example console test test-stress lint docs bench clean
 
@@ -27,7 +31,7 @@ console: $(PY)
 	cd example_project && ../$(PY) manage.py migrate --verbosity 0
 	cd example_project && { ../$(PY) manage.py jobguard_worker --worker-id console-worker & \
 		trap 'kill -TERM $$! 2>/dev/null; wait' EXIT INT TERM; \
-		../$(PY) manage.py runserver 127.0.0.1:8000; }
+		../$(PY) manage.py runserver $(ADDR):$(PORT); }
 
 test: $(PY)
 	$(PIP) install -e ".[all]" --group test
