@@ -32,7 +32,7 @@ SKIPPED = {
     "cd jobguard-tutorial": "the driver works in its own empty directory",
     "python -m venv .venv": "the test's interpreter already has the project installed",
     "source .venv/bin/activate": "the test's interpreter already has the project installed",
-    "python -m pip install django-jobguard": "the test's interpreter already has the project installed",
+    "python -m pip install /path/to/django-jobguard": "the test's interpreter has the project installed",
     "python manage.py shell": "pycon blocks run in the driver's own process",
     "python manage.py createsuperuser": "interactive; the driver creates a superuser itself",
     "python manage.py runserver": "the driver requests the admin pages with Django's test client",
