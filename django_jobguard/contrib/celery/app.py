@@ -22,7 +22,7 @@ from ...registry import registry
 from ...retry import PERMANENT, classify
 from ...task import Task, task
 from . import signals
-from .conf import celery_setting, priority_direction, route_for
+from .conf import broker_urls, celery_setting, priority_direction, route_for
 from .options import Mapped, map_options
 
 if TYPE_CHECKING:
@@ -508,8 +508,10 @@ class Celery:
     (``manage.py jobguard_worker``) and find the tasks in each app's ``tasks.py``.
     """
 
-    def __init__(self, main: str | None = None, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, main: str | None = None, *args: Any, broker: str | None = None, **kwargs: Any) -> None:
         self.main = main
+        if broker:
+            broker_urls.append(str(broker))  # which way its priorities run
         self.conf = _Conf("CELERY")
         #: What config_from_object() was given, other than Django's settings (named by a check).
         self.config_source: Any = None

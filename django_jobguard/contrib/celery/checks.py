@@ -71,7 +71,7 @@ def _celery_settings() -> list[str]:
 def check_tasks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """jobguard.celery.W001: a task option not honoured; W005: priorities whose direction is a guess."""
     from .app import declared_tasks
-    from .conf import celery_setting
+    from .conf import broker_url
 
     messages: list[checks.CheckMessage] = []
     declared = declared_tasks()
@@ -86,11 +86,12 @@ def check_tasks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
                 )
             )
     prioritised = [found.name for found in declared if found.priority is not None]
-    if prioritised and not celery_setting("BROKER_URL"):
+    if prioritised and not broker_url():
         messages.append(
             checks.Warning(
-                f"Celery tasks declare priorities ({', '.join(prioritised[:3])}), but CELERY_BROKER_URL "
-                "is not set, so they are read as RabbitMQ's (higher runs first).",
+                f"Celery tasks declare priorities ({', '.join(prioritised[:3])}), but no broker URL is "
+                "known (CELERY_BROKER_URL, or Celery(broker=...)), so they are read as RabbitMQ's (higher "
+                "runs first).",
                 hint="Keep CELERY_BROKER_URL while you move (redis:// reads 0 as the highest priority), "
                 "or give jobguard's priority (-100..100, higher first) with @task.",
                 id="jobguard.celery.W005",

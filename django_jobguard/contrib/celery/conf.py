@@ -8,7 +8,7 @@ from typing import Any
 
 from django.conf import settings
 
-__all__ = ["celery_setting", "priority_direction", "route_for"]
+__all__ = ["broker_url", "broker_urls", "celery_setting", "priority_direction", "route_for"]
 
 
 def celery_setting(name: str, default: Any = None) -> Any:
@@ -18,13 +18,22 @@ def celery_setting(name: str, default: Any = None) -> Any:
     return getattr(settings, f"CELERY_{name}", default)
 
 
+#: Broker URLs given to ``Celery(main, broker=...)`` in this process (when no setting names one).
+broker_urls: list[str] = []
+
+
+def broker_url() -> str:
+    """``CELERY_BROKER_URL``, else the ``broker=`` of a ``Celery()`` app; "" without either."""
+    return str(celery_setting("BROKER_URL", "") or (broker_urls[0] if broker_urls else ""))
+
+
 def priority_direction() -> str:
-    """Which way Celery's priorities ran for this project: from ``CELERY_BROKER_URL``.
+    """Which way Celery's priorities ran for this project: from its broker's URL (:func:`broker_url`).
 
     Redis runs 0 first ("lowest-first"); RabbitMQ runs the highest first
     ("highest-first", jobguard's own direction). Without a broker URL, "highest-first".
     """
-    url = str(celery_setting("BROKER_URL", "") or "")
+    url = broker_url()
     scheme = url.split("://", 1)[0].lower()
     if scheme in ("redis", "rediss", "sentinel", "redis+socket"):
         return "lowest-first"

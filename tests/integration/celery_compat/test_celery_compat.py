@@ -536,3 +536,17 @@ def test_send_task_enqueues_by_name():
     assert result.get(timeout=10) == 42
     with pytest.raises(InvalidArgumentsError, match="no Celery-style task"):
         tasks.app.send_task("proj.tasks.nothing")
+
+
+def test_the_broker_given_to_the_app_tells_the_priority_direction():
+    from django_jobguard.contrib.celery import app as app_module
+    from django_jobguard.contrib.celery import conf
+
+    redis_app = compat.Celery("redis-app", broker="redis://localhost:6379/0")
+    try:
+        assert conf.priority_direction() == "lowest-first"
+        assert job_of(tasks.add.apply_async((1, 1), priority=3)).priority == -30
+    finally:
+        app_module._apps.remove(redis_app)
+        conf.broker_urls.remove("redis://localhost:6379/0")
+    assert conf.priority_direction() == "highest-first"
