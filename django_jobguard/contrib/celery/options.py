@@ -235,6 +235,8 @@ def map_options(options: Mapping[str, Any], *, direction: str) -> Mapped:
     if (time_limit := _seconds(options.pop("time_limit", None), "time_limit")) is not None:
         out["timeout"] = time_limit
     ignore_result = bool(options.pop("ignore_result", False))
+    if ignore_result:
+        out["result_retention"] = 0  # nobody waits on it: AsyncResult.get() says so at once
     acks_late = options.pop("acks_late", None)
     if acks_late is False:
         unhonoured.append(("acks_late", False, ACKS_EARLY))

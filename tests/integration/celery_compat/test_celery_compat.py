@@ -207,11 +207,17 @@ def test_an_error_not_in_autoretry_for_fails_at_once_as_in_celery():
     assert job_of(result).status == "dead"
 
 
-def test_ignore_result_stores_none():
+def test_ignore_result_stores_none_and_get_says_there_is_none_to_wait_for():
+    from django_jobguard.exceptions import ResultNotStored
+
+    assert tasks.fire_and_forget.task.result_retention == 0
     result = tasks.fire_and_forget.delay(7)
     drain()
     assert tasks.seen == [{"task": "fire_and_forget", "n": 7}]
     assert job_of(result).result is None
+    assert result.state == "SUCCESS"
+    with pytest.raises(ResultNotStored):
+        result.get(timeout=5)
 
 
 def test_revoke_cancels_a_queued_job():
