@@ -397,3 +397,17 @@ def test_on_a_terminal_the_demo_draws_live_progress_bars(tmp_path: Path) -> None
     assert "\x1b[" in screen and "━" in screen, screen[-3000:]
     assert "fulfilment" in screen and "lock contentions" in screen and "duplicates stopped" in screen
     assert "What the database says" in screen and "approver / approver-demo" in screen
+
+def test_the_shops_own_tests_pass_with_the_test_kit(tmp_path: Path) -> None:
+    """example_project/shop/tests.py: plain TestCases through django_jobguard.testing, no worker."""
+    project = copy_project(tmp_path)
+    output = manage(project, "test", "shop", "--verbosity", "2", both=True)
+    assert "Ran 5 tests" in output and "\nOK" in output, output[-4000:]
+    for name in (
+        "test_a_charge_pays_the_order_and_sends_one_receipt",
+        "test_a_declined_card_is_dead_lettered_at_once",
+        "test_a_slow_mail_provider_is_retried_until_it_answers",
+        "test_a_charge_runs_when_the_order_commits",
+        "test_a_rolled_back_order_is_never_charged",
+    ):
+        assert f"{name} (shop.tests." in output, output[-4000:]
