@@ -556,3 +556,13 @@ def test_the_broker_given_to_the_app_tells_the_priority_direction():
         app_module._apps.remove(redis_app)
         conf.broker_urls.remove("redis://localhost:6379/0")
     assert conf.priority_direction() == "highest-first"
+
+
+def test_a_chord_whose_member_fails_runs_no_callback_and_get_raises():
+    result = chord([tasks.add.s(1, 1), tasks.broken.s()])(tasks.tsum.s())
+    drain()
+    assert result.state == "FAILURE"
+    assert result.id is None  # no callback job was made
+    with pytest.raises(Exception, match="a bug, not an outage"):
+        result.get(timeout=5)
+    assert not Job.objects.filter(task_name=tasks.tsum.name).exists()
