@@ -398,6 +398,7 @@ def test_on_a_terminal_the_demo_draws_live_progress_bars(tmp_path: Path) -> None
     assert "fulfilment" in screen and "lock contentions" in screen and "duplicates stopped" in screen
     assert "What the database says" in screen and "approver / approver-demo" in screen
 
+
 def test_the_shops_own_tests_pass_with_the_test_kit(tmp_path: Path) -> None:
     """example_project/shop/tests.py: plain TestCases through django_jobguard.testing, no worker."""
     project = copy_project(tmp_path)
