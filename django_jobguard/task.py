@@ -153,6 +153,8 @@ class Task(Generic[P, R]):
     rate: Rate | None = None
     #: The name of a shared limit in ``JOBGUARD["LIMITS"]`` (checked by ``manage.py check``).
     limit: str | None = None
+    #: Bytes a return value may take as stored JSON; None: ``JOBGUARD["MAX_RESULT_BYTES"]``.
+    max_result_bytes: int | None = None
     #: Seconds a job's result may be waited for (``Job.wait()``) after it finished; 0: nobody
     #: waits on this task's results; None: ``JOBGUARD["RETENTION"]["RESULTS"]``.
     result_retention: float | None = None
@@ -194,6 +196,12 @@ class Task(Generic[P, R]):
             raise InvalidTaskError(
                 f"result_retention must be a number of seconds, 0 or more (or None for "
                 f'JOBGUARD["RETENTION"]["RESULTS"]), not {retention!r}.'
+            )
+        limit = self.max_result_bytes
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise InvalidTaskError(
+                f"max_result_bytes must be a whole number of bytes, 1 or more (or None for "
+                f'JOBGUARD["MAX_RESULT_BYTES"]), not {limit!r}.'
             )
         if self.lock is not None:
             if not self.lock:
@@ -796,6 +804,7 @@ def task(
     concurrency: int | Limit | None = None,
     rate: str | Rate | None = None,
     limit: str | None = None,
+    max_result_bytes: int | None = None,
     result_retention: float | None = None,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
@@ -830,6 +839,7 @@ def task(
     concurrency: int | Limit | None = None,
     rate: str | Rate | None = None,
     limit: str | None = None,
+    max_result_bytes: int | None = None,
     result_retention: float | None = None,
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a function as a task. Options left unset fall back to the queue, then globals.
@@ -865,6 +875,8 @@ def task(
       ``rate`` (``"100/m"``, or ``Rate("10/s", key="partner:{partner_id}", burst=20)``) and
       ``limit``, the name of a shared limit in ``JOBGUARD["LIMITS"]``. See
       docs/how-to/protect-a-dependency.md.
+    - ``max_result_bytes``: bytes the return value may take as stored JSON (default
+      ``JOBGUARD["MAX_RESULT_BYTES"]``, 1 MiB); a larger one dead-letters the job as permanent.
     - ``result_retention``: seconds a job's result can be waited for (``Job.wait()``) after it
       finished; 0 when nobody waits on this task's results (``wait()`` refuses at once); None:
       ``JOBGUARD["RETENTION"]["RESULTS"]``. See docs/how-to/wait-for-a-result.md.
@@ -906,6 +918,7 @@ def task(
             concurrency=concurrency_spec(concurrency),
             rate=rate_spec(rate),
             limit=limit,
+            max_result_bytes=max_result_bytes,
             result_retention=result_retention,
         )
         created.signature  # noqa: B018 - validates takes_context against the signature now

@@ -13,6 +13,7 @@ DEFAULT_VISIBILITY_TIMEOUT_SECONDS = 60
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 DEFAULT_MAX_PAYLOAD_DEPTH = 64
+DEFAULT_MAX_RESULT_BYTES = 1024 * 1024
 
 #: Every setting with its default. The settings reference in docs/ is generated from this.
 DEFAULTS: dict[str, Any] = {
@@ -48,6 +49,11 @@ DEFAULTS: dict[str, Any] = {
     # Bytes a job's args and kwargs may take together as compact UTF-8 JSON (1 MiB); checked
     # at enqueue and replay, before anything is written.
     "MAX_PAYLOAD_BYTES": DEFAULT_MAX_PAYLOAD_BYTES,
+    # Bytes a task's return value may take as the JSON the worker stores (1 MiB; json.dumps,
+    # ASCII, so one byte per character). A larger one is refused at the handler's return: the
+    # job is dead-lettered as permanent (reason invalid_result) and nothing of it is stored.
+    # @task(max_result_bytes=...) sets a task's own limit. A handler returning None is not measured.
+    "MAX_RESULT_BYTES": DEFAULT_MAX_RESULT_BYTES,
     # Seconds the queue gauges of one /metrics scrape are reused by the next ones: one set of
     # queries per interval however many scrapers ask (their cost grows with the backlog). 0
     # computes them at every scrape.

@@ -97,6 +97,8 @@ class Settings:
     allow_undeclared_queues: bool
     max_payload_bytes: int
     max_payload_depth: int
+    #: ``MAX_RESULT_BYTES``: bytes a return value may take as stored JSON (a task may set its own).
+    max_result_bytes: int
     max_error_chars: int
     #: ``REDACT``, lower-cased.
     redact: frozenset[str]
@@ -236,6 +238,7 @@ def parse(raw: Any) -> Settings:
         allow_undeclared_queues=boolean(merged["ALLOW_UNDECLARED_QUEUES"], ("ALLOW_UNDECLARED_QUEUES",)),
         max_payload_bytes=integer(merged["MAX_PAYLOAD_BYTES"], ("MAX_PAYLOAD_BYTES",), minimum=1),
         max_payload_depth=parse_depth(merged["MAX_PAYLOAD_DEPTH"]),
+        max_result_bytes=integer(merged["MAX_RESULT_BYTES"], ("MAX_RESULT_BYTES",), minimum=1),
         max_error_chars=integer(merged["MAX_ERROR_CHARS"], ("MAX_ERROR_CHARS",), minimum=256),
         redact=parse_redact(merged["REDACT"]),
         metrics_cache_seconds=number(merged["METRICS_CACHE_SECONDS"], ("METRICS_CACHE_SECONDS",)),

@@ -67,6 +67,15 @@ class HandlerTimedOut(TimeoutError):  # noqa: N818 (named as the event, like Lea
 class _InvalidResultError(Exception):
     """The handler returned something that cannot be stored as JSON."""
 
+    #: The error class its dead letter records.
+    error_class = "TypeError"
+
+
+class _ResultTooLargeError(_InvalidResultError):
+    """The handler's return value takes more bytes as JSON than its limit allows."""
+
+    error_class = "ValueError"
+
 
 class _LockLostError(Exception):
     """The job's lock could not be renewed: its writes must not commit."""
@@ -297,7 +306,8 @@ def handler_outcome(
         return PutBack(PutBackCause.STATEMENT_LOST, 0.0)
     if isinstance(exc, _InvalidResultError):
         scope_of = idempotency.scope_of(task)
-        return Dead(DeadLetterReason.INVALID_RESULT, retry.PERMANENT, "TypeError", str(exc), scope=scope_of)
+        reason = DeadLetterReason.INVALID_RESULT
+        return Dead(reason, retry.PERMANENT, exc.error_class, str(exc), scope=scope_of)
     if isinstance(exc, HandlerTimedOut):
         return failure_outcome(
             job, task, exc, duration, forced_category=retry.TRANSIENT, reason=DeadLetterReason.HARD_TIMEOUT
@@ -403,7 +413,8 @@ def checked_result(rt: Runtime, held: Held, result: Any) -> tuple[Any, str]:
     """The result as stored and its JSON, once the lease and the lock are known to be ours.
 
     Raises LeaseLost for an abandoned job, ``_LockLostError`` for a lost lock and
-    ``_InvalidResultError`` for a result that is not JSON.
+    ``_InvalidResultError`` for a result that is not JSON or is larger than its limit
+    (measured on the JSON to be stored: a result is serialised once, and None not at all).
     """
     job = held.job
     if held.state is HeldState.ABANDONED:
@@ -422,7 +433,29 @@ def checked_result(rt: Runtime, held: Held, result: Any) -> tuple[Any, str]:
         except InvalidArgumentsError as exc:
             raise _InvalidResultError(str(exc)) from None
         result_json = json.dumps(result)
+        if len(result_json) > _result_limit(job.task_name):  # ASCII: one byte per character
+            raise _ResultTooLargeError(_too_large(job.task_name, len(result_json)))
     return result, result_json
+
+
+def _result_limit(task_name: str) -> int:
+    """Bytes a return value of this task may take as stored JSON."""
+    task = registry.find(task_name)
+    own = task.max_result_bytes if task is not None else None
+    return own or get_settings().max_result_bytes
+
+
+def _too_large(task_name: str, size: int) -> str:
+    task = registry.find(task_name)
+    if task is not None and task.max_result_bytes:
+        setting = f"@task(max_result_bytes=...) of {task_name}"
+    else:
+        setting = 'JOBGUARD["MAX_RESULT_BYTES"]'
+    return (
+        f"return value takes {size:,} bytes as JSON, more than the limit of {_result_limit(task_name):,} "
+        f"bytes ({setting}); nothing of it was stored. Store large data elsewhere (a model, a file) "
+        "and return its id."
+    )
 
 
 def release_lock(held: Held, worker_id: str) -> None:
