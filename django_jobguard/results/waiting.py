@@ -393,14 +393,7 @@ async def _await_woken(
     limit: float | None,
 ) -> Any:
     loop = asyncio.get_running_loop()
-    woken = asyncio.Event()
-
-    def wake() -> None:  # on the listener's thread
-        try:
-            loop.call_soon_threadsafe(woken.set)
-        except RuntimeError:  # the loop closed: nobody waits any more
-            pass
-
+    wake = _Wakeup(loop)
     listener.subscribe(job_id, wake)
     try:
         if not listener.listening():
@@ -413,16 +406,49 @@ async def _await_woken(
             remaining = _remaining(deadline)
             if remaining <= 0:
                 raise _timed_out(job_id, limit)
-            try:
-                async with asyncio.timeout(min(remaining, RECHECK_SECONDS)):
-                    await woken.wait()
-            except TimeoutError:
-                pass
-            woken.clear()
+            await wake.wait(min(remaining, RECHECK_SECONDS))
+            wake.woken = False
             outcome = await _check(batcher, job_id, loaded)
         return outcome
     finally:
         listener.unsubscribe(job_id, wake)
+
+
+class _Wakeup:
+    """One coroutine's wake-up, called on the listener's thread: a flag and, while the coroutine
+    sleeps, the future it awaits. Lighter than an ``asyncio.Event`` (no deque), which counts
+    at 10,000 waiters."""
+
+    __slots__ = ("future", "loop", "woken")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.woken = False
+        self.future: asyncio.Future[None] | None = None
+
+    def __call__(self) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._set)
+        except RuntimeError:  # the loop closed: nobody waits any more
+            pass
+
+    def _set(self) -> None:
+        self.woken = True
+        if self.future is not None and not self.future.done():
+            self.future.set_result(None)
+
+    async def wait(self, timeout: float) -> None:
+        """Until woken (or woken already), or ``timeout`` seconds."""
+        if self.woken:
+            return
+        self.future = self.loop.create_future()
+        try:
+            async with asyncio.timeout(timeout):
+                await self.future
+        except TimeoutError:
+            pass
+        finally:
+            self.future = None
 
 
 async def _await_polling(

@@ -122,7 +122,7 @@ class SettleListener:
     def __init__(self, alias: str) -> None:
         self.alias = alias
         self.pid = os.getpid()
-        self._waiters: dict[int, set[Callback]] = {}
+        self._waiters: dict[int, list[Callback]] = {}
         self._lock = threading.Lock()
         self._listening = threading.Event()
         self._thread: threading.Thread | None = None
@@ -136,7 +136,7 @@ class SettleListener:
     def subscribe(self, job_id: int, callback: Callback) -> None:
         """Call ``callback`` when job ``job_id`` settles, or when a settlement may have been missed."""
         with self._lock:
-            self._waiters.setdefault(job_id, set()).add(callback)
+            self._waiters.setdefault(job_id, []).append(callback)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name=f"jobguard-settled-{self.alias}", daemon=True
@@ -148,8 +148,8 @@ class SettleListener:
     def unsubscribe(self, job_id: int, callback: Callback) -> None:
         with self._lock:
             callbacks = self._waiters.get(job_id)
-            if callbacks is not None:
-                callbacks.discard(callback)
+            if callbacks is not None and callback in callbacks:
+                callbacks.remove(callback)
                 if not callbacks:
                     del self._waiters[job_id]
 
