@@ -566,3 +566,21 @@ def test_a_chord_whose_member_fails_runs_no_callback_and_get_raises():
     with pytest.raises(Exception, match="a bug, not an outage"):
         result.get(timeout=5)
     assert not Job.objects.filter(task_name=tasks.tsum.name).exists()
+
+
+@pytest.mark.parametrize(
+    ("module", "names"),
+    [
+        ("", ["Celery", "shared_task", "chain", "group", "chord", "signature"]),
+        (".result", ["AsyncResult", "GroupResult", "EagerResult"]),
+        (".canvas", ["Signature", "chain", "group", "chord", "signature"]),
+        (".schedules", ["crontab"]),
+        (".signals", ["task_prerun", "task_postrun", "task_success", "task_failure", "task_retry"]),
+        (".exceptions", ["MaxRetriesExceededError", "Retry", "SoftTimeLimitExceeded", "TimeoutError"]),
+    ],
+)
+def test_celerys_import_paths_need_only_the_package_changed(module, names):
+    import importlib
+
+    found = importlib.import_module(f"django_jobguard.contrib.celery{module}")
+    assert [name for name in names if not hasattr(found, name)] == []
