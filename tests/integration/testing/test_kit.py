@@ -6,6 +6,7 @@ import datetime
 import threading
 from unittest import mock
 
+from django.conf import settings
 from django.core.cache import cache
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
@@ -231,6 +232,19 @@ class FrozenTimeTests(JobguardTestMixin, TestCase):
             self.assertEqual(run_jobs().succeeded, 1)
         job.refresh_from_db()
         self.assertEqual((job.status, job.attempts), ("succeeded", 2))
+
+    def test_a_schedule_ticks_once_the_clock_reaches_it(self) -> None:
+        # Yearly, so the first tick cannot fall due while the test runs.
+        schedules = {"new-year": {"task": tasks.noop.name, "cron": "0 0 1 1 *"}}
+        with (
+            override_settings(JOBGUARD={**settings.JOBGUARD, "SCHEDULES": schedules}),
+            frozen_time() as clock,
+        ):
+            self.assertEqual(run_jobs(schedules=True).ran, 0)  # the first tick is still ahead
+            clock.advance(datetime.timedelta(days=366))
+            self.assertEqual(run_jobs().ran, 0)  # ticks only with schedules=True
+            self.assertEqual(run_jobs(schedules=True).succeeded, 1)
+        assert_enqueued(tasks.noop, status="succeeded", count=1)
 
     def test_misuse_is_refused(self) -> None:
         clock = frozen_time()
