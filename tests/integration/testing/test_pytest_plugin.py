@@ -60,3 +60,14 @@ def test_jobguard_worker_runs_jobs_in_a_real_process(jobguard_worker: Any) -> No
     job.refresh_from_db()
     assert job.result == 42
     assert jobguard_worker.stop() == 0
+
+
+def test_a_clock_left_running_fails_the_test_at_its_teardown() -> None:
+    from django_jobguard.testing import ClockLeftRunningError, active_clocks, frozen_time, pytest_plugin
+
+    clock = frozen_time().start()
+    with pytest.raises(ClockLeftRunningError, match="still running at the end of the test"):
+        pytest_plugin.pytest_runtest_teardown(item=None, nextitem=None)  # type: ignore[arg-type]
+    assert not clock.running
+    assert active_clocks() == []
+    pytest_plugin.pytest_runtest_teardown(item=None, nextitem=None)  # type: ignore[arg-type]  # none left: quiet
