@@ -52,6 +52,30 @@ def create_if_missing(url: str) -> None:
         conn.close()
 
 
+def setup_django(url: str, **variables: str) -> dict[str, str]:
+    """Point this process at ``url`` through ``benchmarks.jobguard_settings`` (with ``variables``
+    set too), create the database if missing, set Django up and migrate.
+
+    Returns the environment, for the worker processes the benchmark starts.
+    """
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="benchmarks.jobguard_settings",
+        BENCH_DATABASE_URL=url,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")])),
+        **variables,
+    )
+    os.environ.update(env)
+    create_if_missing(url)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return env
+
+
 def empty(tables: Sequence[str]) -> None:
     """Delete every row of ``tables`` (the default alias) and of the tables that refer to them."""
     from django.db import connection

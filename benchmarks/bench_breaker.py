@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -59,27 +58,15 @@ def parse_args() -> argparse.Namespace:
 
 
 def setup(args: argparse.Namespace) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        DJANGO_SETTINGS_MODULE="benchmarks.jobguard_settings",
-        BENCH_DATABASE_URL=args.db_url,
+    from benchmarks._database import setup_django
+
+    return setup_django(
+        args.db_url,
         BENCH_BREAKER="1",
         BENCH_JOBGUARD=json.dumps({"LIMITS": CONFIGS["no breaker"]}),
         BENCH_OUTAGE_FROM="0",
         BENCH_OUTAGE_UNTIL="0",
-        PYTHONPATH=str(ROOT),
     )
-    os.environ.update(env)
-    import django
-
-    from benchmarks._database import create_if_missing
-
-    create_if_missing(args.db_url)
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-    return env
 
 
 def storm(env: dict[str, str], limits: dict[str, object], args: argparse.Namespace) -> dict[str, float]:

@@ -26,7 +26,6 @@ The database is created and migrated if missing, and emptied before each run. Pr
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
@@ -74,24 +73,9 @@ def parse_args() -> argparse.Namespace:
 
 
 def setup(args: argparse.Namespace) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        DJANGO_SETTINGS_MODULE="benchmarks.jobguard_settings",
-        BENCH_DATABASE_URL=args.db_url,
-        BENCH_FLOW="1",
-        PYTHONPATH=str(ROOT),
-    )
-    os.environ.update(env)
-    import django
+    from benchmarks._database import setup_django
 
-    from benchmarks._database import create_if_missing
-
-    create_if_missing(args.db_url)
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-    return env
+    return setup_django(args.db_url, BENCH_FLOW="1")
 
 
 def drain(

@@ -70,23 +70,9 @@ def parse_args() -> argparse.Namespace:
 
 
 def setup(args: argparse.Namespace) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        DJANGO_SETTINGS_MODULE="benchmarks.jobguard_settings",
-        BENCH_DATABASE_URL=args.url,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")])),
-    )
-    os.environ.update(env)
-    import django
+    from benchmarks._database import setup_django
 
-    from benchmarks._database import create_if_missing
-
-    create_if_missing(args.url)
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-    return env
+    return setup_django(args.url)
 
 
 def is_mysql(url: str) -> bool:
