@@ -288,14 +288,14 @@ class Admission:
         now: float,
         arrivals: dict[str, float],
         gates: Mapping[str, GateState],
-        limit: int,
+        batch_size: int,
     ) -> None:
         self.plan = plan
         self.running = running
         self.now = now
         self.arrivals = arrivals
         self.gates = gates
-        self.limit = limit
+        self.batch_size = batch_size
         #: Keys with no room: a concurrency key at its bound, a rate key ahead of the clock.
         self.blocked = {key for key in [*running, *arrivals] if self.full(key)}
         #: Named limits whose breaker lets no job through; those whose budget allows no retry.
@@ -323,7 +323,7 @@ class Admission:
     @property
     def done(self) -> bool:
         """Whether the claim admitted as many jobs as it may take."""
-        return len(self.admitted) >= self.limit
+        return len(self.admitted) >= self.batch_size
 
     def blocked_tasks(self) -> list[str]:
         """Tasks none of whose jobs can start: an unkeyed key of theirs is full, or their breaker open."""
@@ -352,7 +352,7 @@ class Admission:
 
     def admit(self, rows: Iterable[tuple[int, str, str, Any, int]]) -> list[str]:
         """Admit candidate rows ``(id, task, queue, flow_keys, attempts)`` in order while each
-        of their keys and gates has room, up to the claim's limit.
+        of their keys and gates has room, up to the claim's batch size.
 
         Returns the keys that filled up during this claim and hid rows behind them (each
         once, in the order found): a caller may read again without them, and remembers them.

@@ -490,13 +490,13 @@ def flow_usage(alias: str, plan: FlowPlan) -> tuple[dict[str, int], dict[str, in
 def claim(
     alias: str,
     queues: Sequence[str] | None,
-    limit: int,
+    batch_size: int,
     worker_id: str,
     exclude: Sequence[str] = (),
     flow: FlowPlan | None = None,
     throttle: Throttle | None = None,
 ) -> list[ClaimedJob]:
-    """Lease up to ``limit`` due jobs of ``queues`` (all queues if None) in one statement.
+    """Lease up to ``batch_size`` due jobs of ``queues`` (all queues if None) in one statement.
 
     ``exclude`` names queues to leave alone when ``queues`` is None (every other queue: the
     worker's ``--exclude-queues``); with a list of queues, leave them out of the list
@@ -514,11 +514,11 @@ def claim(
         throttle.held_back.clear()
         throttle.breaker_changes = []
         throttle.breaker_states = {}
-    if limit <= 0:
+    if batch_size <= 0:
         return []
     db = _store(alias)
     if flow is not None and flow.covers(queues, exclude):
-        jobs = db.claim_limited(alias, queues, limit, worker_id, exclude, flow, throttle)
+        jobs = db.claim_limited(alias, queues, batch_size, worker_id, exclude, flow, throttle)
         jobs.sort(key=lambda job: (-job.priority, job.id))
         return jobs
     if not db.CLAIM_READS_PAUSES:
@@ -528,7 +528,7 @@ def claim(
         if not queues:
             return []
         exclude = ()
-    jobs = db.claim(alias, queues, limit, worker_id, exclude)
+    jobs = db.claim(alias, queues, batch_size, worker_id, exclude)
     jobs.sort(key=lambda job: (-job.priority, job.id))
     return jobs
 
@@ -632,7 +632,7 @@ def mark_dead(
     return _store(alias).mark_dead(alias, job_id, lease_token, error, attempt_error)
 
 
-def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+def reap(alias: str, batch_size: int = REAP_BATCH) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
     """Put expired leases back in their queue; report the out-of-attempts ones.
 
     Returns ``(requeued, exhausted)``: ``(id, queue_name)`` of jobs made visible again
@@ -640,7 +640,7 @@ def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], li
     lease_token)`` of expired jobs with no attempt left, which the caller dead-letters
     (fenced by that token, so a late ack and the reaper cannot both win).
     """
-    return _store(alias).reap(alias, limit)
+    return _store(alias).reap(alias, batch_size)
 
 
 # -- reporting -------------------------------------------------------------------------------

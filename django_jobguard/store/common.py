@@ -387,13 +387,13 @@ def mark_dead(
 
 
 def reap(
-    alias: str, requeue_sql: str, requeue_params: Sequence[Any], exhausted_sql: str, limit: int
+    alias: str, requeue_sql: str, requeue_params: Sequence[Any], exhausted_sql: str, batch_size: int
 ) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
     """Run a dialect's two reaper statements: ``(id, queue)`` requeued, ``(id, token)`` exhausted."""
     with connections[alias].cursor() as cursor:
         cursor.execute(requeue_sql, list(requeue_params))
         requeued = [(row[0], row[1]) for row in cursor.fetchall()]
-        cursor.execute(exhausted_sql, [limit])
+        cursor.execute(exhausted_sql, [batch_size])
         exhausted = [(row[0], row[1]) for row in cursor.fetchall()]
     return requeued, exhausted
 

@@ -113,16 +113,21 @@ class JobStore(Protocol):
     # -- leases ------------------------------------------------------------------------------
 
     def claim(
-        self, alias: str, queues: Sequence[str] | None, limit: int, worker_id: str, exclude: Sequence[str]
+        self,
+        alias: str,
+        queues: Sequence[str] | None,
+        batch_size: int,
+        worker_id: str,
+        exclude: Sequence[str],
     ) -> list[ClaimedJob]:
-        """Lease up to ``limit`` due jobs of ``queues`` (every queue but ``exclude`` if None)."""
+        """Lease up to ``batch_size`` due jobs of ``queues`` (every queue but ``exclude`` if None)."""
         ...
 
     def claim_limited(
         self,
         alias: str,
         queues: Sequence[str] | None,
-        limit: int,
+        batch_size: int,
         worker_id: str,
         exclude: Sequence[str],
         plan: FlowPlan,
@@ -182,7 +187,7 @@ class JobStore(Protocol):
         ...
 
     def reap(
-        self, alias: str, limit: int = REAP_BATCH
+        self, alias: str, batch_size: int = REAP_BATCH
     ) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
         """Requeue expired leases with attempts left; report ``(id, token)`` of the exhausted ones."""
         ...

@@ -408,13 +408,13 @@ def claim_limited(
     sql: FlowSQL,
     alias: str,
     queues: Sequence[str] | None,
-    limit: int,
+    batch_size: int,
     worker_id: str,
     exclude: Sequence[str],
     plan: FlowPlan,
     throttle: Throttle | None = None,
 ) -> list[ClaimedJob]:
-    """Lease up to ``limit`` due jobs that every limit they count under has room for.
+    """Lease up to ``batch_size`` due jobs that every limit they count under has room for.
 
     ``throttle``, when given, receives when a rate next admits a start (the caller may claim
     again then, rather than at its next poll).
@@ -429,8 +429,8 @@ def claim_limited(
             exclude = []
         now, arrivals = opening.now, opening.arrivals
         gates = read_gates(plan, opening.breakers, now) if plan.guards else {}
-        admission = Admission(plan, count_running(plan, opening.running), now, arrivals, gates, limit)
-        count = limit * CANDIDATES_PER_JOB + CANDIDATES_EXTRA
+        admission = Admission(plan, count_running(plan, opening.running), now, arrivals, gates, batch_size)
+        count = batch_size * CANDIDATES_PER_JOB + CANDIDATES_EXTRA
         per_key = plan.most_per_key
         remembered = hot_keys.recent(time.monotonic())
         for _ in range(1 + REFILL_PASSES):

@@ -321,16 +321,21 @@ class MemoryStore:
     # -- leases ------------------------------------------------------------------------------
 
     def claim(
-        self, alias: str, queues: Sequence[str] | None, limit: int, worker_id: str, exclude: Sequence[str]
+        self,
+        alias: str,
+        queues: Sequence[str] | None,
+        batch_size: int,
+        worker_id: str,
+        exclude: Sequence[str],
     ) -> list[ClaimedJob]:
         with self._lock:
-            return self._lease(self._due(queues, exclude)[:limit], worker_id)
+            return self._lease(self._due(queues, exclude)[:batch_size], worker_id)
 
     def claim_limited(
         self,
         alias: str,
         queues: Sequence[str] | None,
-        limit: int,
+        batch_size: int,
         worker_id: str,
         exclude: Sequence[str],
         plan: FlowPlan,
@@ -371,7 +376,7 @@ class MemoryStore:
                     rate = plan.rate(key)
                     if rate is not None:
                         self.arrivals[key] = max(self.arrivals.get(key, now), now) + rate.interval
-                if len(admitted) >= limit:
+                if len(admitted) >= batch_size:
                     break
             if throttle is not None:
                 waits = [
@@ -513,7 +518,7 @@ class MemoryStore:
             return True
 
     def reap(
-        self, alias: str, limit: int = REAP_BATCH
+        self, alias: str, batch_size: int = REAP_BATCH
     ) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
         with self._lock:
             now = self.now()
@@ -531,9 +536,9 @@ class MemoryStore:
             exhausted: list[tuple[int, str]] = []
             for job in expired:
                 if job.attempts >= job.fields["max_attempts"]:
-                    if len(exhausted) < limit:
+                    if len(exhausted) < batch_size:
                         exhausted.append((job.id, job.lease_token or ""))
-                elif len(requeued) < limit:
+                elif len(requeued) < batch_size:
                     job.status, job.lease_token, job.lease_expires_at, job.worker_id = (
                         "queued",
                         None,

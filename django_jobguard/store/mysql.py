@@ -375,7 +375,7 @@ FLOW_SQL = _FlowSQL()
 def claim_limited(
     alias: str,
     queues: Sequence[str] | None,
-    limit: int,
+    batch_size: int,
     worker_id: str,
     exclude: Sequence[str],
     plan: FlowPlan,
@@ -390,13 +390,13 @@ def claim_limited(
             throttle.held_back.clear()
             throttle.breaker_changes = []
             throttle.breaker_states = {}
-        return flow_sql.claim_limited(FLOW_SQL, alias, queues, limit, worker_id, exclude, plan, throttle)
+        return flow_sql.claim_limited(FLOW_SQL, alias, queues, batch_size, worker_id, exclude, plan, throttle)
 
     return retry_deadlocks(alias, "claim_limited", run)
 
 
 def claim(
-    alias: str, queues: Sequence[str] | None, limit: int, worker_id: str, exclude: Sequence[str]
+    alias: str, queues: Sequence[str] | None, batch_size: int, worker_id: str, exclude: Sequence[str]
 ) -> list[ClaimedJob]:
     queue_filter = ""
     params: list[Any] = []
@@ -413,7 +413,7 @@ def claim(
     def run() -> list[ClaimedJob]:
         with transaction.atomic(using=alias, savepoint=False):
             with connections[alias].cursor() as cursor:
-                cursor.execute(picked, [*params, limit])
+                cursor.execute(picked, [*params, batch_size])
                 ids = [row[0] for row in cursor.fetchall()]
                 if not ids:
                     return []
@@ -556,11 +556,11 @@ _REAP_EXHAUSTED = (
 )
 
 
-def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+def reap(alias: str, batch_size: int = REAP_BATCH) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
     def run() -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
         with transaction.atomic(using=alias, savepoint=False):
             with connections[alias].cursor() as cursor:
-                cursor.execute(_REAP_PICK, [limit])
+                cursor.execute(_REAP_PICK, [batch_size])
                 requeued = [(row[0], row[1]) for row in cursor.fetchall()]
                 if requeued:
                     ids = [job_id for job_id, _ in requeued]
@@ -568,7 +568,7 @@ def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], li
                         _REAP_REQUEUE.format(ids=placeholders(ids)),
                         [LEASE_EXPIRED_MESSAGE, *LEASE_EXPIRED_ERROR, *ids],
                     )
-                cursor.execute(_REAP_EXHAUSTED, [limit])
+                cursor.execute(_REAP_EXHAUSTED, [batch_size])
                 exhausted = [(row[0], row[1]) for row in cursor.fetchall()]
         return requeued, exhausted
 

@@ -373,7 +373,7 @@ def _tune_for_claims(alias: str) -> None:
     Statistics lag behind bursts: a table analysed while it held few queued rows makes
     the planner expect a handful of due jobs, so it picks a bitmap scan plus a sort of
     *every* due row (15 ms per claim with 20,000 queued, measured) over the index walk
-    that stops after ``limit`` rows (0.05 ms). Bitmap scans are never the right plan for
+    that stops after ``batch_size`` rows (0.05 ms). Bitmap scans are never the right plan for
     the claim and reaper queries, so they are turned off for the connection that runs
     them: the worker's main thread, whose connection runs nothing else.
 
@@ -393,7 +393,7 @@ def _tune_for_claims(alias: str) -> None:
 
 
 def claim(
-    alias: str, queues: Sequence[str] | None, limit: int, worker_id: str, exclude: Sequence[str]
+    alias: str, queues: Sequence[str] | None, batch_size: int, worker_id: str, exclude: Sequence[str]
 ) -> list[ClaimedJob]:
     if _pooled(alias):
         # Behind a transaction-mode pooler a session SET would land on whichever server
@@ -401,9 +401,9 @@ def claim(
         with transaction.atomic(using=alias):
             with connections[alias].cursor() as cursor:
                 cursor.execute("SET LOCAL enable_bitmapscan = off")
-            return _claim(alias, queues, limit, worker_id, exclude)
+            return _claim(alias, queues, batch_size, worker_id, exclude)
     _tune_for_claims(alias)
-    return _claim(alias, queues, limit, worker_id, exclude)
+    return _claim(alias, queues, batch_size, worker_id, exclude)
 
 
 _DUE = f"status = 'queued' AND run_after <= {NOW} AND attempts < max_attempts"
@@ -413,11 +413,11 @@ _ORDER = "ORDER BY priority DESC, run_after, id"
 _PAUSED = "SELECT queue_name FROM jobguard_queuestate WHERE paused"
 
 
-def _picked(queues: Sequence[str] | None, limit: int, exclude: Sequence[str]) -> tuple[str, list[Any]]:
+def _picked(queues: Sequence[str] | None, batch_size: int, exclude: Sequence[str]) -> tuple[str, list[Any]]:
     """The SELECT of the rows to claim, and its parameters.
 
     Each shape walks a partial index on queued rows in claim order and stops after
-    ``limit`` rows, so its cost depends on neither the backlog nor the finished history.
+    ``batch_size`` rows, so its cost depends on neither the backlog nor the finished history.
     (``queue_name = ANY(...)`` would sort every due row instead, hence one LATERAL index
     walk per queue for several queues.) Paused queues are read by the same statement, so a
     pause committed before the claim starts is always seen, and it costs no round trip of
@@ -430,19 +430,19 @@ def _picked(queues: Sequence[str] | None, limit: int, exclude: Sequence[str]) ->
         return (
             f"SELECT id FROM {TABLE} WHERE {_DUE} {excluded}AND queue_name NOT IN ({_PAUSED}) {_ORDER} "
             "LIMIT %s FOR UPDATE SKIP LOCKED"
-        ), [*([list(exclude)] if exclude else []), limit]
+        ), [*([list(exclude)] if exclude else []), batch_size]
     if len(queues) == 1:
         # The paused check does not depend on the row: PostgreSQL runs it once, before the walk.
         return (
             f"SELECT id FROM {TABLE} WHERE queue_name = %s AND {_DUE} "
             f"AND NOT EXISTS ({_PAUSED} AND queue_name = %s) {_ORDER} LIMIT %s FOR UPDATE SKIP LOCKED"
-        ), [queues[0], queues[0], limit]
+        ), [queues[0], queues[0], batch_size]
     return (
         "SELECT c.id FROM unnest(%s::text[]) AS q(name), LATERAL ("
         f"SELECT id, priority, run_after FROM {TABLE} WHERE queue_name = q.name AND {_DUE} {_ORDER} "
         f"LIMIT %s FOR UPDATE SKIP LOCKED) AS c WHERE q.name NOT IN ({_PAUSED}) "
         "ORDER BY c.priority DESC, c.run_after, c.id LIMIT %s"
-    ), [list(queues), limit, limit]
+    ), [list(queues), batch_size, batch_size]
 
 
 _CLAIM_UPDATE = (
@@ -531,7 +531,7 @@ def forget_claim_bounds() -> None:
 
 
 def _bounded(
-    bound: _ClaimBound, queues: Sequence[str] | None, limit: int, exclude: Sequence[str]
+    bound: _ClaimBound, queues: Sequence[str] | None, batch_size: int, exclude: Sequence[str]
 ) -> tuple[str, list[Any]]:
     """The SELECT of the rows to claim from where the last claims stopped, and its parameters.
 
@@ -549,17 +549,17 @@ def _bounded(
             f"WHERE {_DUE} AND {within} {excluded}AND queue_name NOT IN ({_PAUSED}) "
             f"{_ORDER} LIMIT %s FOR UPDATE SKIP LOCKED) AS c "
             "ORDER BY c.priority DESC, c.run_after, c.id LIMIT %s"
-        ), [*columns[1:], *([list(exclude)] if exclude else []), limit, limit]
+        ), [*columns[1:], *([list(exclude)] if exclude else []), batch_size, batch_size]
     return (
         "SELECT c.id FROM unnest(%s::text[], %s::int[], %s::int[], %s::timestamptz[], %s::bigint[]) "
         f"AS b(q, lo, hi, r, i), LATERAL (SELECT id, priority, run_after FROM {TABLE} WHERE queue_name = b.q "
         f"AND {_DUE} AND {within} {_ORDER} LIMIT %s FOR UPDATE SKIP LOCKED) AS c "
         f"WHERE b.q NOT IN ({_PAUSED}) ORDER BY c.priority DESC, c.run_after, c.id LIMIT %s"
-    ), [*columns, limit, limit]
+    ), [*columns, batch_size, batch_size]
 
 
 def claim_statement(
-    alias: str, queues: Sequence[str] | None, limit: int, worker_id: str, exclude: Sequence[str]
+    alias: str, queues: Sequence[str] | None, batch_size: int, worker_id: str, exclude: Sequence[str]
 ) -> tuple[str, list[Any], bool]:
     """The SELECT the worker's next plain claim of ``queues`` would lock its rows with, its
     parameters, and whether it is a full claim (for the tests that look at its plan)."""
@@ -567,14 +567,14 @@ def claim_statement(
     with _claim_bounds_lock:
         bound = _claim_bounds.get(key)
         if bound is None or not bound.positions or time.monotonic() >= bound.full_due_at:
-            return (*_picked(queues, limit, exclude), True)
-        return (*_bounded(bound, queues, limit, exclude), False)
+            return (*_picked(queues, batch_size, exclude), True)
+        return (*_bounded(bound, queues, batch_size, exclude), False)
 
 
 def _claim(
-    alias: str, queues: Sequence[str] | None, limit: int, worker_id: str, exclude: Sequence[str]
+    alias: str, queues: Sequence[str] | None, batch_size: int, worker_id: str, exclude: Sequence[str]
 ) -> list[ClaimedJob]:
-    picked, params, full = claim_statement(alias, queues, limit, worker_id, exclude)
+    picked, params, full = claim_statement(alias, queues, batch_size, worker_id, exclude)
     started = time.monotonic()
     with connections[alias].cursor() as cursor:
         cursor.execute(
@@ -605,9 +605,9 @@ _IN_QUEUES = {"one": "= %s", "many": "= ANY(%s::text[])", "all": "<> ALL(%s::tex
 _WALKED = ("id", "task_name", "queue_name", "flow_keys", "attempts")
 
 
-def _in_claim_order(shape: str, columns: Sequence[str], conditions: str, limit: int, lock: str = "") -> str:
+def _in_claim_order(shape: str, columns: Sequence[str], conditions: str, rows: int, lock: str = "") -> str:
     """A read of the ``columns`` of the rows meeting ``conditions``, in claim order, that stops
-    after ``limit`` rows: one ordered index walk, or one per queue for ``many``, merged.
+    after ``rows`` rows: one ordered index walk, or one per queue for ``many``, merged.
 
     Its queue parameter (none for ``any``) comes before those of ``conditions``.
     """
@@ -617,13 +617,13 @@ def _in_claim_order(shape: str, columns: Sequence[str], conditions: str, limit: 
         return (
             f"SELECT {', '.join(f'c.{name}' for name in columns)} FROM unnest(%s::text[]) AS q(name), "
             f"LATERAL (SELECT {', '.join(walked)} FROM {TABLE} WHERE queue_name = q.name AND {conditions} "
-            f"{_ORDER} LIMIT {limit:d}{lock}) AS c "
-            f"ORDER BY c.priority DESC, c.run_after, c.id LIMIT {limit:d}"
+            f"{_ORDER} LIMIT {rows:d}{lock}) AS c "
+            f"ORDER BY c.priority DESC, c.run_after, c.id LIMIT {rows:d}"
         )
     # Over any queue the walk reads the claim index with no queue condition at all.
     in_queues = "" if shape == "any" else f"queue_name {_IN_QUEUES[shape]}"
     where = " AND ".join(filter(None, [in_queues, conditions]))
-    return f"SELECT {', '.join(columns)} FROM {TABLE} WHERE {where} {_ORDER} LIMIT {limit:d}{lock}"
+    return f"SELECT {', '.join(columns)} FROM {TABLE} WHERE {where} {_ORDER} LIMIT {rows:d}{lock}"
 
 
 #: The advisory lock the fleet's limited claims take turns on (any fixed number; "jgfl").
@@ -1121,7 +1121,7 @@ def _claims_in_one_string(alias: str, plan: FlowPlan) -> bool:
 def _claim_in_one_string(
     alias: str,
     queues: Sequence[str] | None,
-    limit: int,
+    batch_size: int,
     worker_id: str,
     exclude: Sequence[str],
     plan: FlowPlan,
@@ -1147,7 +1147,7 @@ def _claim_in_one_string(
     held: set[str] = set()
     now, arrivals = 0.0, {}
     for _ in range(1 + admission.REFILL_PASSES):
-        wanted = limit - len(jobs)
+        wanted = batch_size - len(jobs)
         # The candidates' count is a literal of the prepared statement (see
         # _skipping_statement), so it comes in steps of eight jobs: each size is planned once
         # per connection.
@@ -1180,7 +1180,7 @@ def _claim_in_one_string(
         held.update(blocked or (), refused or ())
         times = json.loads(times) if isinstance(times, str | bytes) else times or {}
         arrivals = {key: float(value) for key, value in times.items() if plan.rate(key) is not None}
-        if len(jobs) >= limit or not filled or candidates < count:
+        if len(jobs) >= batch_size or not filled or candidates < count:
             break
     if throttle is not None:
         throttle.breaker_changes = []
@@ -1191,7 +1191,7 @@ def _claim_in_one_string(
 def claim_limited(
     alias: str,
     queues: Sequence[str] | None,
-    limit: int,
+    batch_size: int,
     worker_id: str,
     exclude: Sequence[str],
     plan: FlowPlan,
@@ -1202,8 +1202,8 @@ def claim_limited(
     if not _pooled(alias):
         _tune_for_claims(alias)
         if _claims_in_one_string(alias, plan):
-            return _claim_in_one_string(alias, queues, limit, worker_id, exclude, plan, throttle)
-    return flow_sql.claim_limited(FLOW_SQL, alias, queues, limit, worker_id, exclude, plan, throttle)
+            return _claim_in_one_string(alias, queues, batch_size, worker_id, exclude, plan, throttle)
+    return flow_sql.claim_limited(FLOW_SQL, alias, queues, batch_size, worker_id, exclude, plan, throttle)
 
 
 # -- leases --------------------------------------------------------------------------------
@@ -1351,9 +1351,9 @@ _REAP_EXHAUSTED = (
 )
 
 
-def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
-    params = [limit, LEASE_EXPIRED_MESSAGE, *LEASE_EXPIRED_ERROR]
-    return common.reap(alias, _REAP_REQUEUE, params, _REAP_EXHAUSTED, limit)
+def reap(alias: str, batch_size: int = REAP_BATCH) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    params = [batch_size, LEASE_EXPIRED_MESSAGE, *LEASE_EXPIRED_ERROR]
+    return common.reap(alias, _REAP_REQUEUE, params, _REAP_EXHAUSTED, batch_size)
 
 
 # -- idempotency keys ----------------------------------------------------------------------

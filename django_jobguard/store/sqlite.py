@@ -213,7 +213,7 @@ def insert_keyed_job(
 
 
 def claim(
-    alias: str, queues: Sequence[str] | None, limit: int, worker_id: str, exclude: Sequence[str]
+    alias: str, queues: Sequence[str] | None, batch_size: int, worker_id: str, exclude: Sequence[str]
 ) -> list[ClaimedJob]:
     queue_filter = ""
     params: list[Any] = []
@@ -234,7 +234,7 @@ def claim(
         f"RETURNING {RETURNING}"
     )
     with connections[alias].cursor() as cursor:
-        cursor.execute(sql, [worker_id, worker_id, *params, limit])
+        cursor.execute(sql, [worker_id, worker_id, *params, batch_size])
         rows = cursor.fetchall()
     return [ClaimedJob.from_row(row) for row in rows]
 
@@ -305,13 +305,13 @@ FLOW_SQL = _FlowSQL()
 def claim_limited(
     alias: str,
     queues: Sequence[str] | None,
-    limit: int,
+    batch_size: int,
     worker_id: str,
     exclude: Sequence[str],
     plan: FlowPlan,
     throttle: Throttle | None = None,
 ) -> list[ClaimedJob]:
-    return flow_sql.claim_limited(FLOW_SQL, alias, queues, limit, worker_id, exclude, plan, throttle)
+    return flow_sql.claim_limited(FLOW_SQL, alias, queues, batch_size, worker_id, exclude, plan, throttle)
 
 
 # -- leases --------------------------------------------------------------------------------
@@ -417,9 +417,9 @@ _REAP_EXHAUSTED = (
 )
 
 
-def reap(alias: str, limit: int = REAP_BATCH) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
-    params = [LEASE_EXPIRED_MESSAGE, *LEASE_EXPIRED_ERROR, limit]
-    return common.reap(alias, _REAP_REQUEUE, params, _REAP_EXHAUSTED, limit)
+def reap(alias: str, batch_size: int = REAP_BATCH) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    params = [LEASE_EXPIRED_MESSAGE, *LEASE_EXPIRED_ERROR, batch_size]
+    return common.reap(alias, _REAP_REQUEUE, params, _REAP_EXHAUSTED, batch_size)
 
 
 # -- idempotency keys ----------------------------------------------------------------------

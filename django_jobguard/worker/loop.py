@@ -613,13 +613,19 @@ class Worker:
             for reason in sorted(throttle.held_back):
                 events.emit(events.ClaimThrottled(reason))
 
-    def _claim(self, limit: int) -> int:
+    def _claim(self, batch_size: int) -> int:
         # Every claim leaves the paused queues alone, so a pause reaches us within one poll.
         jobs = store.claim(
-            self.alias, self.queues, limit, self.worker_id, self.exclude_queues, self.flow, self._throttle
+            self.alias,
+            self.queues,
+            batch_size,
+            self.worker_id,
+            self.exclude_queues,
+            self.flow,
+            self._throttle,
         )
         if self.flow is not None:
-            self._report_throttle(len(jobs) < limit)
+            self._report_throttle(len(jobs) < batch_size)
         if not jobs:
             return 0
         if _faults.ENABLED:

@@ -92,9 +92,9 @@ class QueueMachine(RuleBasedStateMachine):
         else:
             STATS["enqueue_deduplicated"] += 1
 
-    @rule(limit=st.integers(1, 3))
-    def claim(self, limit: int) -> None:
-        for job in store.claim(ALIAS, [QUEUE], limit, "sm-worker"):
+    @rule(batch_size=st.integers(1, 3))
+    def claim(self, batch_size: int) -> None:
+        for job in store.claim(ALIAS, [QUEUE], batch_size, "sm-worker"):
             assert job.id not in self.terminal, f"claimed terminal job {job.id}"
             assert job.attempts == self.attempts[job.id] + 1, "a claim adds exactly one attempt"
             assert job.attempts <= job.max_attempts

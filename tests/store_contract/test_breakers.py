@@ -35,9 +35,9 @@ def spec():
     return breaker
 
 
-def claim(limit=10, throttle=None):
+def claim(batch_size=10, throttle=None):
     return store.claim(
-        "default", ["flow-dep"], limit, "test-worker", flow=registry.flow_plan(), throttle=throttle
+        "default", ["flow-dep"], batch_size, "test-worker", flow=registry.flow_plan(), throttle=throttle
     )
 
 
@@ -161,19 +161,19 @@ def test_the_retry_budget_holds_retries_back_but_never_first_attempts(flow_tasks
     Job.objects.filter(pk__in=[j.id for j in retries]).update(attempts=1)  # each failed once before
     firsts = [tasks_flow.call_dependency.enqueue(n) for n in range(10, 12)]
     throttle = Throttle()
-    claimed = {job.id for job in claim(limit=50, throttle=throttle)}
+    claimed = {job.id for job in claim(batch_size=50, throttle=throttle)}
     # 2 first attempts; retries allowed: max(min_retries 4, 50% of 2) = 4.
     assert {j.id for j in firsts} <= claimed
     assert len(claimed & {j.id for j in retries}) == 4
-    assert claim(limit=50) == []
+    assert claim(batch_size=50) == []
     waiting = Job.objects.filter(status="queued")
     assert waiting.count() == 6 and set(waiting.values_list("attempts", flat=True)) == {1}
     more = [tasks_flow.call_dependency.enqueue(n) for n in range(20, 30)]
     # A claim that finds the budget spent reads no retries; the first attempts it starts
     # widen the budget for the next claim: 12 first attempts allow 6 retries, 4 are spent.
-    assert {job.id for job in claim(limit=50, throttle=throttle)} == {j.id for j in more}
-    assert len(claim(limit=50)) == 2
-    assert claim(limit=50) == []
+    assert {job.id for job in claim(batch_size=50, throttle=throttle)} == {j.id for j in more}
+    assert len(claim(batch_size=50)) == 2
+    assert claim(batch_size=50) == []
     row = Breaker.objects.get(name=DEP)
     assert (row.first_attempts, row.retries) == (12, 6)
 

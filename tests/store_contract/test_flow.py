@@ -28,8 +28,8 @@ pytestmark = [
 ]
 
 
-def claim(limit=10, queues=None):
-    return store.claim("default", queues, limit, "test-worker", flow=registry.flow_plan())
+def claim(batch_size=10, queues=None):
+    return store.claim("default", queues, batch_size, "test-worker", flow=registry.flow_plan())
 
 
 def finish(rows, job_id):
@@ -64,10 +64,10 @@ def test_keyed_limits_count_each_key_apart(rows, flow_tasks):
 def test_a_saturated_key_does_not_hold_back_the_others(rows, flow_tasks):
     hot = [tasks_flow.per_account.enqueue(1, 0) for _ in range(60)]
     cold = tasks_flow.per_account.enqueue(2, 0)
-    first = claim(limit=2)
+    first = claim(batch_size=2)
     assert [job.id for job in first] == [hot[0].id, hot[1].id]
     # Sixty due jobs of the full key stand before the cold one: it is claimed all the same.
-    assert [job.id for job in claim(limit=1)] == [cold.id]
+    assert [job.id for job in claim(batch_size=1)] == [cold.id]
 
 
 def test_a_key_that_fills_up_within_a_claim_does_not_hide_the_keys_behind_it(rows, flow_tasks):
@@ -75,7 +75,7 @@ def test_a_key_that_fills_up_within_a_claim_does_not_hide_the_keys_behind_it(row
     # slots, the cold keys' jobs behind them are taken in the same claim, not the next one.
     hot = [tasks_flow.per_account.enqueue(1, 0) for _ in range(60)]
     cold = [tasks_flow.per_account.enqueue(account, 0) for account in (2, 3, 4)]
-    claimed = claim(limit=5)
+    claimed = claim(batch_size=5)
     assert [job.id for job in claimed] == [hot[0].id, hot[1].id, *(job.id for job in cold)]
     assert claim() == []  # every key is full now, the hot one included
 
@@ -84,7 +84,7 @@ def test_a_claim_of_several_limited_queues_keeps_each_limit_and_the_priority_ord
     urgent = tasks_flow.per_account.using(priority=10).enqueue(1, 0)
     unkeyed = [tasks_flow.three_at_once.enqueue(0) for _ in range(4)]
     keyed = [tasks_flow.per_account.enqueue(1, 0) for _ in range(3)]
-    claimed = claim(limit=20, queues=["flow-global", "flow-keyed"])
+    claimed = claim(batch_size=20, queues=["flow-global", "flow-keyed"])
     assert claimed[0].id == urgent.id
     assert sorted(job.id for job in claimed[1:]) == sorted([*(j.id for j in unkeyed[:3]), keyed[0].id])
 
@@ -154,7 +154,7 @@ def test_a_rate_admits_its_burst_then_one_start_per_interval(rows, flow_tasks):
     assert throttle.retry_after is not None and 0 < throttle.retry_after <= 0.05 + 1e-3
     assert "rate:task:tests.testapp.tasks_flow.rated" in rows.rate_keys()
     # 20/s: the next start is due 50 ms later, never a burst again while the key is busy.
-    wait_for(lambda: len(claim(limit=20)) >= 1, timeout=30, interval=0.02, message="the next start")
+    wait_for(lambda: len(claim(batch_size=20)) >= 1, timeout=30, interval=0.02, message="the next start")
     assert len([job for job in rows.jobs() if (job.status, job.attempts) == ("queued", 0)]) >= 5
 
 
@@ -183,7 +183,7 @@ def test_keys_that_differ_only_in_case_or_accents_are_different_keys(rows, flow_
         for _ in range(3):
             tasks_flow.per_partner.enqueue(partner)
             tasks_flow.per_account.enqueue(partner, 0)
-    claimed = claim(limit=30)
+    claimed = claim(batch_size=30)
     rated = sorted(job.args[0] for job in claimed if job.task_name == tasks_flow.per_partner.name)
     keyed = sorted(job.args[0] for job in claimed if job.task_name == tasks_flow.per_account.name)
     assert rated == sorted(partners * 2)  # each key's own burst of 2
@@ -242,11 +242,11 @@ def test_a_full_key_with_hundreds_queued_leaves_the_others_in_claim_order(rows, 
     # On PostgreSQL the claim looks for the other keys key by key here (a full key with this many
     # queued); every database must give the same jobs in the same order.
     tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(200))
-    assert len(claim(limit=2)) == 2  # the hot key is full now, 198 of its jobs queued
+    assert len(claim(batch_size=2)) == 2  # the hot key is full now, 198 of its jobs queued
     low = tasks_flow.per_account.enqueue(2, 0)
     high = tasks_flow.per_account.using(priority=5).enqueue(3, 0)
     third = [tasks_flow.per_account.enqueue(4, 0) for _ in range(3)]
-    claimed = claim(limit=10)
+    claimed = claim(batch_size=10)
     # Account 4 has two slots, so its third job waits; the rest come in claim order.
     assert [job.id for job in claimed] == ordered(rows, [high, low, *third[:2]])
     assert claim() == []
@@ -255,11 +255,11 @@ def test_a_full_key_with_hundreds_queued_leaves_the_others_in_claim_order(rows, 
 def test_beside_a_hot_key_many_other_keys_are_all_reached(rows, flow_tasks):
     # More keys with queued jobs than the claim walks key by key: it reads in claim order.
     tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(100))
-    assert len(claim(limit=2)) == 2
+    assert len(claim(batch_size=2)) == 2
     cold = [tasks_flow.per_account.enqueue(account, 0) for account in range(100, 180)]
     taken = []
     for _ in range(10):
-        taken += [job.id for job in claim(limit=10)]
+        taken += [job.id for job in claim(batch_size=10)]
     assert taken == ordered(rows, cold)
 
 
@@ -282,11 +282,11 @@ def test_a_limited_claim_outside_a_transaction_commits_its_leases_and_rates(flow
 @pytest.mark.database_only("the SQL claims' hot-key read hint (flow_sql, postgres)")
 def test_a_key_with_room_again_after_filling_up_is_served_beside_the_others(flow_tasks):
     hot = tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(200))
-    first = claim(limit=3)  # two slots: the third job read finds the key full
+    first = claim(batch_size=3)  # two slots: the third job read finds the key full
     assert [job.id for job in first] == [job.id for job in hot[:2]]
     assert hot_keys.recent(time.monotonic()) == ["c:tests.testapp.tasks_flow.per_account|account:1"]
     # One slot of the hot key is free again.
     Job.objects.filter(pk=first[0].id).update(status="succeeded", lease_token=None, lease_expires_at=None)
     cold = [tasks_flow.per_account.enqueue(account, 0) for account in (2, 3)]
-    claimed = claim(limit=5)
+    claimed = claim(batch_size=5)
     assert [job.id for job in claimed] == [hot[2].id, *(job.id for job in cold)]

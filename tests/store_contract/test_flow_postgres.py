@@ -31,8 +31,8 @@ pytestmark = [
 ]
 
 
-def claim(limit=10, queues=None):
-    return store.claim("default", queues, limit, "test-worker", flow=registry.flow_plan())
+def claim(batch_size=10, queues=None):
+    return store.claim("default", queues, batch_size, "test-worker", flow=registry.flow_plan())
 
 
 @pytest.fixture(params=["one string", "three round trips"])
@@ -43,7 +43,7 @@ def path(request, monkeypatch):
     return request.param
 
 
-def claim_reads(limit=10, queues=None):
+def claim_reads(batch_size=10, queues=None):
     """Claim, and return the jobs, which reads its last candidates statement ran, and how
     many candidates reads it made.
 
@@ -51,7 +51,7 @@ def claim_reads(limit=10, queues=None):
     """
     savepoint = transaction.savepoint()
     with CaptureQueriesContext(connection) as queries:
-        jobs = claim(limit, queues)
+        jobs = claim(batch_size, queues)
     transaction.savepoint_rollback(savepoint)
     sent = [q["sql"].split("; ")[-1] for q in queries.captured_queries]
     executes = [sql for sql in sent if sql.startswith("EXECUTE jobguard_")]
@@ -78,7 +78,7 @@ def claim_reads(limit=10, queues=None):
 
 def test_beside_a_hot_key_the_claim_reads_key_by_key(flow_tasks, path):
     tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(postgres.HOT_WINDOW + 10))
-    assert len(claim(limit=2)) == 2
+    assert len(claim(batch_size=2)) == 2
     cold = tasks_flow.per_account.enqueue(2, 0)
     jobs, ran, _ = claim_reads()
     assert [job.id for job in jobs] == [cold.id]
@@ -88,7 +88,7 @@ def test_beside_a_hot_key_the_claim_reads_key_by_key(flow_tasks, path):
 @pytest.mark.parametrize("queues", [["flow-keyed"], ["flow-global", "flow-keyed"]], ids=["one queue", "two"])
 def test_beside_a_hot_key_a_claim_of_named_queues_reads_key_by_key(flow_tasks, path, queues):
     tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(postgres.HOT_WINDOW + 10))
-    assert len(claim(limit=2, queues=queues)) == 2
+    assert len(claim(batch_size=2, queues=queues)) == 2
     cold = tasks_flow.per_account.enqueue(2, 0)
     jobs, ran, _ = claim_reads(queues=queues)
     assert [job.id for job in jobs] == [cold.id]
@@ -97,7 +97,7 @@ def test_beside_a_hot_key_a_claim_of_named_queues_reads_key_by_key(flow_tasks, p
 
 def test_a_full_key_with_few_queued_is_read_past_in_claim_order(flow_tasks, path):
     tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(postgres.HOT_WINDOW // 2 - 10))
-    assert len(claim(limit=2)) == 2
+    assert len(claim(batch_size=2)) == 2
     cold = tasks_flow.per_account.enqueue(2, 0)
     jobs, ran, _ = claim_reads()
     assert [job.id for job in jobs] == [cold.id]
@@ -106,11 +106,11 @@ def test_a_full_key_with_few_queued_is_read_past_in_claim_order(flow_tasks, path
 
 def test_with_more_keys_queued_than_it_walks_the_claim_reads_in_claim_order(flow_tasks, path):
     tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(postgres.HOT_WINDOW + 10))
-    assert len(claim(limit=2)) == 2
+    assert len(claim(batch_size=2)) == 2
     tasks_flow.per_account.bulk_enqueue(
         ((account, 0), {}) for account in range(100, 101 + postgres.SKIP_SCAN_PAIRS)
     )
-    jobs, ran, _ = claim_reads(limit=3)
+    jobs, ran, _ = claim_reads(batch_size=3)
     assert [job.args[0] for job in jobs] == [100, 101, 102]
     assert ran == {"in_order"}
 
@@ -129,10 +129,10 @@ def test_inside_a_transaction_the_turn_is_three_round_trips_for_a_claim_that_lea
 
 def test_a_hot_key_with_room_is_read_around_from_the_first_read(flow_tasks, path):
     hot = tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(postgres.HOT_WINDOW + 10))
-    first = claim(limit=3)  # two slots: the key filled up within this claim, so it is remembered
+    first = claim(batch_size=3)  # two slots: the key filled up within this claim, so it is remembered
     Job.objects.filter(pk=first[0].id).update(status="succeeded", lease_token=None, lease_expires_at=None)
     cold = tasks_flow.per_account.enqueue(2, 0)
-    jobs, ran, reads = claim_reads(limit=5)
+    jobs, ran, reads = claim_reads(batch_size=5)
     assert [job.id for job in jobs] == [hot[2].id, cold.id]
     # One read, key by key: not the hot key's rows first and then a second read past them.
     assert (ran, reads) == ({"by_key"}, 1)

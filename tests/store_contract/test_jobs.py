@@ -24,8 +24,8 @@ from tests.testapp import tasks
 pytestmark = pytest.mark.django_db
 
 
-def claim(limit=10, queues=None):
-    return store.claim("default", queues, limit, "test-worker")
+def claim(batch_size=10, queues=None):
+    return store.claim("default", queues, batch_size, "test-worker")
 
 
 def test_claim_leases_due_jobs_with_a_fresh_token_each(rows):
@@ -53,8 +53,8 @@ def test_claim_takes_higher_priority_first_and_respects_the_limit(rows):
     low = tasks.add.using(priority=-5).enqueue(1)
     high = tasks.add.using(priority=50).enqueue(2)
     middle = tasks.add.enqueue(3)
-    assert [job.id for job in claim(limit=2)] == [high.id, middle.id]
-    assert [job.id for job in claim(limit=2)] == [low.id]
+    assert [job.id for job in claim(batch_size=2)] == [high.id, middle.id]
+    assert [job.id for job in claim(batch_size=2)] == [low.id]
 
 
 def test_claim_over_several_queues_keeps_priority_order_across_them(rows):
@@ -62,8 +62,8 @@ def test_claim_over_several_queues_keeps_priority_order_across_them(rows):
     b_high = tasks.add.using(queue_name="b", priority=9).enqueue(2)
     a_high = tasks.add.using(queue_name="a", priority=5).enqueue(3)
     tasks.add.using(queue_name="c", priority=100).enqueue(4)
-    assert [job.id for job in claim(limit=2, queues=["a", "b"])] == [b_high.id, a_high.id]
-    assert [job.id for job in claim(limit=5, queues=["a", "b"])] == [a_low.id]
+    assert [job.id for job in claim(batch_size=2, queues=["a", "b"])] == [b_high.id, a_high.id]
+    assert [job.id for job in claim(batch_size=5, queues=["a", "b"])] == [a_low.id]
 
 
 def test_complete_needs_the_current_token(rows):
@@ -408,9 +408,9 @@ def test_claim_picks_equal_priorities_by_run_after_then_id(rows):
     now = timezone.now()
     later = store.insert_jobs("default", [_row()], now - datetime.timedelta(seconds=10))
     earlier = store.insert_jobs("default", [_row(), _row()], now - datetime.timedelta(seconds=60))
-    assert [job.id for job in claim(limit=1)] == [earlier[0][0]]
-    assert [job.id for job in claim(limit=1)] == [earlier[1][0]]
-    assert [job.id for job in claim(limit=1)] == [later[0][0]]
+    assert [job.id for job in claim(batch_size=1)] == [earlier[0][0]]
+    assert [job.id for job in claim(batch_size=1)] == [earlier[1][0]]
+    assert [job.id for job in claim(batch_size=1)] == [later[0][0]]
 
 
 def test_claim_returns_what_running_the_job_needs(rows):
@@ -563,10 +563,10 @@ def test_the_reaper_takes_at_most_its_limit_per_call(rows):
         tasks.add.enqueue(n)
     claim()
     rows.update(lease_expires_at=timezone.now() - datetime.timedelta(seconds=1))
-    first, _ = store.reap("default", limit=2)
-    second, _ = store.reap("default", limit=2)
+    first, _ = store.reap("default", batch_size=2)
+    second, _ = store.reap("default", batch_size=2)
     assert (len(first), len(second)) == (2, 1)
-    assert store.reap("default", limit=2) == ([], [])
+    assert store.reap("default", batch_size=2) == ([], [])
 
 
 def test_the_reaper_leaves_exhausted_jobs_running_for_the_dead_letter_path(rows):

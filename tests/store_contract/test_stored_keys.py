@@ -45,8 +45,8 @@ def long_task():
     registry.unregister(declared.name)
 
 
-def claim(limit=10):
-    return store.claim("default", [QUEUE], limit, "test-worker", flow=registry.flow_plan())
+def claim(batch_size=10):
+    return store.claim("default", [QUEUE], batch_size, "test-worker", flow=registry.flow_plan())
 
 
 def test_enqueue_refuses_a_rate_key_whose_stored_form_would_not_fit(long_task):

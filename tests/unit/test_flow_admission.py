@@ -41,8 +41,8 @@ def plan_of(*tasks, queues=None, limits=()):
     return plan
 
 
-def admission(plan, running=(), arrivals=None, gates=None, limit=10):
-    return Admission(plan, Counter(running), NOW, dict(arrivals or {}), gates or {}, limit)
+def admission(plan, running=(), arrivals=None, gates=None, batch_size=10):
+    return Admission(plan, Counter(running), NOW, dict(arrivals or {}), gates or {}, batch_size)
 
 
 def rows(*jobs):
@@ -105,7 +105,7 @@ def test_a_queue_at_its_concurrency_is_blocked_for_every_task():
 
 def test_a_claim_stops_at_its_limit_and_passes_over_rows_it_saw_before():
     plan = plan_of(TaskLimits("t", "q", concurrency=Limit(10)))
-    claim = admission(plan, limit=2)
+    claim = admission(plan, batch_size=2)
     claim.admit(rows((1, "t", "q", [], 0)))
     assert not claim.done
     claim.admit(rows((1, "t", "q", [], 0), (2, "t", "q", [], 0), (3, "t", "q", [], 0)))

@@ -44,8 +44,8 @@ def row(**changes):
     return values
 
 
-def claim(limit=10, queues=None, exclude=()):
-    return store.claim("default", queues, limit, "w", exclude)
+def claim(batch_size=10, queues=None, exclude=()):
+    return store.claim("default", queues, batch_size, "w", exclude)
 
 
 def test_substitute_routes_the_alias_and_puts_the_dialect_back(clock):
@@ -65,7 +65,7 @@ def test_claims_follow_priority_then_run_after_and_skip_what_is_not_claimable(me
     store.insert_jobs("default", [row()], datetime.timedelta(minutes=1))  # not due
     store.insert_jobs("default", [row(queue_name="paused")])
     memory.paused.add("paused")
-    assert [job.id for job in claim(limit=2)] == [high, earlier]
+    assert [job.id for job in claim(batch_size=2)] == [high, earlier]
     assert [job.id for job in claim()] == [later]
     clock.advance(61)
     assert len(claim(queues=["default"])) == 1

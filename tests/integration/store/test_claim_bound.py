@@ -44,8 +44,8 @@ def bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(postgres, "FULL_CLAIM_COST_RATIO", 10**9)
 
 
-def claim(limit: int = 10, queues: list[str] | None = None, worker: str = WORKER) -> list[int]:
-    return [job.id for job in store.claim("default", queues, limit, worker)]
+def claim(batch_size: int = 10, queues: list[str] | None = None, worker: str = WORKER) -> list[int]:
+    return [job.id for job in store.claim("default", queues, batch_size, worker)]
 
 
 def next_claim_is_full(queues: list[str] | None = None, worker: str = WORKER) -> bool:
@@ -82,9 +82,9 @@ def test_jobs_of_a_higher_the_same_and_a_lower_priority_enqueued_after_the_bound
     assert claim() == [first]
     low, high, same = enqueue(priority=-5), enqueue(priority=10), enqueue()
     assert not next_claim_is_full()
-    assert claim(limit=1) == [high]
-    assert claim(limit=1) == [same]
-    assert claim(limit=1) == [low]
+    assert claim(batch_size=1) == [high]
+    assert claim(batch_size=1) == [same]
+    assert claim(batch_size=1) == [low]
     # The new priorities' positions are remembered too: more of each, then one claim of all.
     later = [enqueue(priority=-5), enqueue(priority=10), enqueue()]
     assert sorted(claim()) == sorted(later)
@@ -110,7 +110,7 @@ def test_a_job_behind_the_bound_is_claimed_by_a_later_full_claim_without_help() 
 
 def test_retries_are_claimed_including_one_due_before_where_the_claims_stopped() -> None:
     retried, other = enqueue(), enqueue()
-    assert sorted(claim(limit=2)) == sorted([retried, other])
+    assert sorted(claim(batch_size=2)) == sorted([retried, other])
     job = Job.objects.get(pk=retried)
     assert store.requeue(
         "default", retried, job.lease_token, delay=0, error="boom", refund_attempt=False, contention=False,
@@ -174,7 +174,7 @@ def test_with_the_horizon_held_the_bounded_claim_does_not_walk_the_rows_claimed_
     try:
         holder.execute("SELECT txid_current()")  # idle in transaction: no claimed row can be vacuumed
         tasks.add.bulk_enqueue(((i,), {}) for i in range(20000))
-        while claim(limit=500):
+        while claim(batch_size=500):
             pass
         fresh = {enqueue() for _ in range(5)}
         sql, params, full = postgres.claim_statement("default", None, 10, WORKER, ())

@@ -75,26 +75,6 @@ def test_a_handler_reporting_in_a_tight_loop_leaves_its_last_report_on_the_job()
     assert Job.objects.get(pk=plain.pk).progress is None  # a job that never reports has none
 
 
-@pytest.mark.parametrize("atomic", [False, True])
-def test_a_handler_that_never_reports_costs_no_statement_and_one_that_reports_one(atomic):
-    """The ack path's statements, counted on the executor's connection (the pipeline runs here)."""
-    handler = tasks.counts_with_progress_atomic if atomic else tasks.counts_with_progress
-    rt = pipeline.Runtime(ALIAS, WORKER_ID, Completer(ALIAS, WORKER_ID))
-    sent = {}
-    # A first run prepares the ack's statement on PostgreSQL: not counted.
-    for report in (False, False, True):
-        job = handler.enqueue(total=20, report=report)
-        (held,) = claim_all(1)
-        assert held.job.id == job.pk
-        with CaptureQueriesContext(connection) as queries:
-            outcome = pipeline.run(held, rt)
-        assert outcome.result == 20
-        sent[report] = [q["sql"] for q in queries.captured_queries]
-    assert not any("progress" in sql for sql in sent[False])
-    assert len(sent[True]) == len(sent[False]) + 1
-    assert sum("progress" in sql for sql in sent[True]) == 1
-
-
 def test_an_atomic_handlers_last_report_commits_with_its_ack():
     job = tasks.counts_with_progress_atomic.enqueue(total=40)
     assert run_burst() == 0
