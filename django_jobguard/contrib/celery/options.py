@@ -220,7 +220,10 @@ def map_options(options: Mapping[str, Any], *, direction: str) -> Mapped:
     # Celery fails a task at once on an exception it was not told to retry (and on one in
     # dont_autoretry_for); self.retry() raises Retry, which is transient by its own class.
     out["retry_on"] = autoretry
-    out["fatal_on"] = (*dont, Exception)
+    # fatal_on is looked at before retry_on for the same class, so autoretry_for=(Exception,)
+    # must not also make Exception fatal.
+    retries_everything = any(issubclass(Exception, cls) for cls in autoretry)
+    out["fatal_on"] = dont if retries_everything else (*dont, Exception)
     if backoff:
         factor = 1.0 if backoff is True else _seconds(backoff, "retry_backoff")
         cap = CELERY_DEFAULT_BACKOFF_MAX if backoff_max is None else backoff_max

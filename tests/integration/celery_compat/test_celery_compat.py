@@ -584,3 +584,15 @@ def test_celerys_import_paths_need_only_the_package_changed(module, names):
 
     found = importlib.import_module(f"django_jobguard.contrib.celery{module}")
     assert [name for name in names if not hasattr(found, name)] == []
+
+
+def test_autoretry_for_exception_retries_every_error_but_those_excluded(temporary_tasks):
+    from django_jobguard.retry import PERMANENT, TRANSIENT, classify
+
+    temporary_tasks.append("tests.celery_options.everything")
+    everything = _declare(
+        "tests.celery_options.everything", autoretry_for=(Exception,), dont_autoretry_for=(KeyError,)
+    )
+    assert classify(ValueError("x"), everything.task) == TRANSIENT
+    assert classify(KeyError("x"), everything.task) == PERMANENT
+    assert classify(ValueError("x"), tasks.always_down.task) == PERMANENT  # not listed: fails at once
