@@ -23,7 +23,10 @@ from tests.testapp import tasks_flow
 
 pytestmark = [
     pytest.mark.django_db,
-    pytest.mark.database_only("breakers and budgets are rows the limited claim reads; memory has none"),
+    pytest.mark.database_only(
+        "breakers and retry budgets are Breaker rows that breakers.py writes and the limited claim reads; "
+        "the memory store keeps none, and its limited claim admits as if every breaker were closed"
+    ),
 ]
 
 DEP = "flow-dep"
