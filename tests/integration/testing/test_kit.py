@@ -322,6 +322,24 @@ class InlineTests(JobguardTestMixin, TestCase):
         self.assertTrue(kit.started)
 
 
+class InlineRealCommitTests(JobguardTestMixin, TransactionTestCase):
+    """Inline mode where transactions really commit (transaction=True): Django's own on_commit."""
+
+    jobguard_mode = "inline"
+
+    def test_a_job_runs_after_the_real_commit_and_not_after_a_rollback(self) -> None:
+        REMEMBERED.clear()
+        with transaction.atomic():
+            remembers.enqueue("committed")
+            self.assertEqual(REMEMBERED, [])
+        self.assertEqual(REMEMBERED, ["committed"])
+        with transaction.atomic():
+            remembers.enqueue("rolled back")
+            transaction.set_rollback(True)
+        remembers.enqueue("autocommit")  # its statement commits at once
+        self.assertEqual(REMEMBERED, ["committed", "autocommit"])
+
+
 class InlineFromSettingsTests(TestCase):
     def test_the_setting_runs_jobs_inline(self) -> None:
         with override_settings(JOBGUARD={"TESTING": {"MODE": "inline"}}):
