@@ -71,3 +71,16 @@ def test_a_clock_left_running_fails_the_test_at_its_teardown() -> None:
     assert not clock.running
     assert active_clocks() == []
     pytest_plugin.pytest_runtest_teardown(item=None, nextitem=None)  # type: ignore[arg-type]  # none left: quiet
+
+
+@pytest.mark.django_db
+def test_the_kit_overrides_settings_until_the_test_ends(jobguard: JobguardKit) -> None:
+    from django_jobguard.conf import get_settings
+
+    before = get_settings().retry
+    jobguard.settings(RETRY={"base": 0, "max": 0, "jitter": 0})
+    assert (get_settings().retry.base, get_settings().retry.max) == (0, 0)
+    tasks.flaky.enqueue("kit-settings", failures=1)
+    assert jobguard.drain("default").succeeded == 1
+    jobguard.close()
+    assert get_settings().retry == before
