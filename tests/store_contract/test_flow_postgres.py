@@ -164,6 +164,9 @@ def test_outside_a_transaction_a_claim_is_one_string_its_lock_and_one_statement(
 @pytest.mark.django_db(transaction=True)
 def test_a_one_string_claim_writes_its_rate_keys_with_its_leases(unguarded_tasks):
     jobs = [tasks_flow.rated.enqueue(i) for i in range(8)]
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+        (before,) = cursor.fetchone()
     throttle = Throttle()
     claimed = store.claim("default", None, 10, "test-worker", flow=registry.flow_plan(), throttle=throttle)
     rate = registry.flow_plan().rates[f"rate:task:{tasks_flow.rated.name}"]
@@ -174,10 +177,10 @@ def test_a_one_string_claim_writes_its_rate_keys_with_its_leases(unguarded_tasks
     (tat,) = FlowRate.objects.filter(key="rate:task:tests.testapp.tasks_flow.rated").values_list(
         "tat", flat=True
     )
-    with connections["default"].cursor() as cursor:
-        cursor.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
-        (now,) = cursor.fetchone()
-    assert tat - now > rate.tolerance  # the burst is spent, as the claim wrote it
+    # The burst is spent, as the claim wrote it: the key's arrival time is past the tolerance
+    # from the claim's clock. Measured from a clock read before the claim, not after it, so
+    # a slow machine between the claim and the read cannot make it look unspent.
+    assert tat - before > rate.tolerance
 
 
 @pytest.mark.django_db(transaction=True)
