@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from django.conf import settings
@@ -12,7 +13,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from .exceptions import ErrorCategory
+from .exceptions import ErrorCategory, JobNotFound, WaitTimeout
 
 
 class JobStatus(models.TextChoices):
@@ -269,10 +270,28 @@ class Job(models.Model):
         worker writes progress at most once a second: a shorter interval sees nothing sooner).
         When the job finishes, its last progress is yielded if it changed, the job's fields
         are read again (``status``, ``result``, ``last_error``, ...) and the loop ends.
-        Raises ``TimeoutError`` if ``timeout`` seconds pass first (None: no limit), and
-        ``Job.DoesNotExist`` if the row is deleted meanwhile. Watch outside a transaction:
-        inside one, MariaDB/MySQL's repeatable read would show the same row every time.
+        Raises :class:`~django_jobguard.exceptions.WaitTimeout` (a ``TimeoutError``) if
+        ``timeout`` seconds pass first (None: no limit), and
+        :class:`~django_jobguard.exceptions.JobNotFound` if the row is deleted meanwhile.
+        Watch outside a transaction: inside one, MariaDB/MySQL's repeatable read would show
+        the same row every time.
         """
+        rows = self._watched(timeout, interval)
+        return self._watch(rows, timeout, interval)
+
+    def awatch(
+        self, timeout: float | None = None, *, interval: float = WATCH_INTERVAL_SECONDS
+    ) -> AsyncIterator[dict[str, Any]]:
+        """:meth:`watch` for async code, without blocking the event loop.
+
+        ``async for progress in job.awatch(timeout=600): ...``: the row is read with the
+        async ORM and the waits are ``asyncio.sleep``.
+        """
+        rows = self._watched(timeout, interval)
+        return self._awatch(rows, timeout, interval)
+
+    def _watched(self, timeout: float | None, interval: float) -> JobQuerySet:
+        """The job's row to read, once the arguments are known to be good."""
         if self.pk is None:
             raise ValueError("watch(): the job is not saved; enqueue it first")
         if timeout is not None and (not isinstance(timeout, int | float) or not timeout >= 0):
@@ -284,29 +303,60 @@ class Job(models.Model):
                 f"watch(): interval must be more than 0 and at most {MAX_WATCH_INTERVAL_SECONDS} seconds, "
                 f"not {interval!r}"
             )
-        return self._watch(timeout, interval)
+        return type(self).objects.using(self._state.db).filter(pk=self.pk)
 
-    def _watch(self, timeout: float | None, interval: float) -> Iterator[dict[str, Any]]:
-        rows = type(self).objects.using(self._state.db).filter(pk=self.pk)
+    def _watch_step(self, found: tuple[str, Any] | None, seen: Any) -> tuple[Any, bool]:
+        """After one read: the progress to yield (None: nothing new), and whether the job finished."""
+        if found is None:
+            raise JobNotFound(f"Job {self.pk} was deleted while watched.", job_id=self.pk)
+        status, progress = found
+        fresh = progress if progress is not None and progress != seen else None
+        if fresh is not None:
+            self.progress = fresh
+        return fresh, status in TERMINAL_STATUSES
+
+    def _watch_wait(self, deadline: float | None, timeout: float | None, interval: float) -> float:
+        """Seconds to sleep before the next read; WaitTimeout once the deadline passed."""
+        if deadline is None:
+            return interval
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise WaitTimeout(
+                f"Job {self.pk} did not finish within {timeout:g} s; it may still run.", job_id=self.pk
+            )
+        return min(interval, left)
+
+    def _watch(self, rows: JobQuerySet, timeout: float | None, interval: float) -> Iterator[dict[str, Any]]:
         deadline = None if timeout is None else time.monotonic() + timeout
         seen = self.progress
         if seen is not None:
             yield seen
         while True:
-            found = rows.values_list("status", "progress").first()
-            if found is None:
-                raise Job.DoesNotExist(f"job {self.pk} was deleted while watched")
-            status, progress = found
-            if progress is not None and progress != seen:
-                seen = self.progress = progress
-                yield progress
-            if status in TERMINAL_STATUSES:
+            fresh, finished = self._watch_step(rows.values_list("status", "progress").first(), seen)
+            if fresh is not None:
+                seen = fresh
+                yield fresh
+            if finished:
                 self.refresh_from_db()
                 return
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise TimeoutError(f"job {self.pk} did not finish within {timeout} seconds (status {status})")
-            time.sleep(interval if left is None else min(interval, left))
+            time.sleep(self._watch_wait(deadline, timeout, interval))
+
+    async def _awatch(
+        self, rows: JobQuerySet, timeout: float | None, interval: float
+    ) -> AsyncIterator[dict[str, Any]]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen = self.progress
+        if seen is not None:
+            yield seen
+        while True:
+            fresh, finished = self._watch_step(await rows.values_list("status", "progress").afirst(), seen)
+            if fresh is not None:
+                seen = fresh
+                yield fresh
+            if finished:
+                await self.arefresh_from_db()
+                return
+            await asyncio.sleep(self._watch_wait(deadline, timeout, interval))
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the job settles and return its stored result.

@@ -6,11 +6,13 @@ import threading
 import time
 
 import pytest
+from asgiref.sync import async_to_sync, sync_to_async
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from django_jobguard import store
 from django_jobguard.context import PROGRESS_WRITE_SECONDS
+from django_jobguard.exceptions import JobNotFound, WaitTimeout
 from django_jobguard.models import Job
 from django_jobguard.outcome import HeldState
 from django_jobguard.worker import Worker, pipeline
@@ -73,6 +75,26 @@ def test_a_handler_reporting_in_a_tight_loop_leaves_its_last_report_on_the_job()
     }
     assert job.progress["at"].endswith("+00:00")
     assert Job.objects.get(pk=plain.pk).progress is None  # a job that never reports has none
+
+
+@pytest.mark.parametrize("atomic", [False, True])
+def test_a_handler_that_never_reports_costs_no_statement_and_one_that_reports_one(atomic):
+    """The ack path's statements, counted on the executor's connection (the pipeline runs here)."""
+    handler = tasks.counts_with_progress_atomic if atomic else tasks.counts_with_progress
+    rt = pipeline.Runtime(ALIAS, WORKER_ID, Completer(ALIAS, WORKER_ID))
+    sent = {}
+    # A first run prepares the ack's statement on PostgreSQL: not counted.
+    for report in (False, False, True):
+        job = handler.enqueue(total=20, report=report)
+        (held,) = claim_all(1)
+        assert held.job.id == job.pk
+        with CaptureQueriesContext(connection) as queries:
+            outcome = pipeline.run(held, rt)
+        assert outcome.result == 20
+        sent[report] = [q["sql"] for q in queries.captured_queries]
+    assert not any("progress" in sql for sql in sent[False])
+    assert len(sent[True]) == len(sent[False]) + 1
+    assert sum("progress" in sql for sql in sent[True]) == 1
 
 
 def test_an_atomic_handlers_last_report_commits_with_its_ack():
@@ -184,12 +206,13 @@ def test_watch_yields_each_new_report_until_the_job_finishes():
     assert job.status == "succeeded" and job.result == 10  # the job's fields read again at the end
 
 
-def test_watch_raises_timeout_error_if_the_job_does_not_finish_in_time():
+def test_watch_raises_wait_timeout_if_the_job_does_not_finish_in_time():
     job = tasks.counts_with_progress.enqueue(total=10)
     with pytest.raises(
-        TimeoutError, match=f"job {job.pk} did not finish within 0.1 seconds \\(status queued\\)"
-    ):
+        WaitTimeout, match=f"Job {job.pk} did not finish within 0.1 s; it may still run"
+    ) as raised:
         list(job.watch(timeout=0.1, interval=0.02))
+    assert isinstance(raised.value, TimeoutError) and raised.value.job_id == job.pk
 
 
 def test_watch_of_a_finished_job_yields_its_last_report_and_ends():
@@ -204,5 +227,29 @@ def test_watch_of_a_finished_job_yields_its_last_report_and_ends():
 def test_watch_of_a_deleted_job_says_so():
     job = tasks.add.enqueue(1)
     Job.objects.filter(pk=job.pk).delete()
-    with pytest.raises(Job.DoesNotExist, match=f"job {job.pk} was deleted while watched"):
+    with pytest.raises(JobNotFound, match=f"Job {job.pk} was deleted while watched"):
         list(job.watch(timeout=1))
+
+
+def test_awatch_follows_the_job_from_async_code_until_it_finishes():
+    job = tasks.counts_with_progress.enqueue(total=7)
+    Job.objects.filter(pk=job.pk).update(progress={"done": 1, "total": 7, "message": "", "at": None})
+
+    async def follow() -> list[int]:
+        seen = []
+        async for progress in job.awatch(timeout=60, interval=0.02):
+            seen.append(progress["done"])
+            if len(seen) == 1:
+                await sync_to_async(run_burst, thread_sensitive=False)()
+        return seen
+
+    seen = async_to_sync(follow)()
+    assert seen == [1, 7]
+    assert (job.status, job.result) == ("succeeded", 7)
+    queued = tasks.add.enqueue(1)
+
+    async def first_report() -> dict:
+        return await queued.awatch(timeout=0).__anext__()
+
+    with pytest.raises(WaitTimeout):
+        async_to_sync(first_report)()
