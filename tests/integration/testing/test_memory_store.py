@@ -11,7 +11,8 @@ from django_jobguard import store
 from django_jobguard.task import task
 from django_jobguard.testing import JobguardTestMixin, assert_enqueued, frozen_time, refute_enqueued, run_jobs
 
-MEMORY = {**settings.JOBGUARD, "STORE": "memory"}
+# A retry waits a minute (the suite's own backoff is milliseconds, which a slow run could pass).
+MEMORY = {**settings.JOBGUARD, "STORE": "memory", "RETRY": {"base": 60.0, "max": 300.0, "jitter": 0.0}}
 
 
 @task(name="tests.integration.testing.memory.quote")
