@@ -111,6 +111,10 @@ class ProgressReport:
         self.written_at = now
 
 
+#: Types whose values the fast path of report_progress() takes without a closer look.
+_PLAIN_AMOUNTS = frozenset({int, float})
+
+
 def _check_amount(value: Any, name: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(
@@ -263,7 +267,21 @@ class JobContext:
         :data:`MAX_PROGRESS_MESSAGE_CHARS` characters. Anything else raises ``ValueError``
         naming the argument.
         """
-        check_progress(done, total, message)
+        # The common case in a few comparisons (a tight loop calls this); anything else, and
+        # every refusal with its message, goes through check_progress().
+        if not (
+            type(done) in _PLAIN_AMOUNTS
+            and 0 <= done <= MAX_PROGRESS_AMOUNT
+            and (total is None or (type(total) in _PLAIN_AMOUNTS and done <= total <= MAX_PROGRESS_AMOUNT))
+            and type(message) is str
+            and (
+                not message
+                or (
+                    len(message) <= MAX_PROGRESS_MESSAGE_CHARS and message.isascii() and "\x00" not in message
+                )
+            )
+        ):
+            check_progress(done, total, message)
         progress = self._progress
         if progress is None:
             progress = self._progress = ProgressReport()

@@ -410,18 +410,21 @@ async def keyed_async(context, n: int) -> dict:
 
 
 @task(takes_context=True)
-def counts_with_progress(context, total: int = 1000) -> int:
-    """Reports progress at every step of a tight loop (tests/integration/worker/test_progress.py)."""
+def counts_with_progress(context, total: int = 1000, report: bool = True) -> int:
+    """Reports progress at every step of a tight loop (tests/integration/worker/test_progress.py);
+    with ``report=False``, the same loop reporting nothing."""
     for done in range(total + 1):
-        context.report_progress(done, total, f"step {done}")
+        if report:
+            context.report_progress(done, total, f"step {done}")
     return total
 
 
 @task(takes_context=True, atomic=True)
-def counts_with_progress_atomic(context, total: int = 100) -> int:
+def counts_with_progress_atomic(context, total: int = 100, report: bool = True) -> int:
     """As counts_with_progress, in the job's transaction: the last report commits with the ack."""
     for done in range(total + 1):
-        context.report_progress(done, total, f"step {done}")
+        if report:
+            context.report_progress(done, total, f"step {done}")
     return total
 
 
