@@ -12,7 +12,7 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
-__all__ = ["check_beat_schedule", "check_settings", "check_tasks"]
+__all__ = ["check_beat_schedule", "check_settings", "check_signals", "check_tasks"]
 
 #: CELERY_* settings this module reads.
 HONOURED_SETTINGS = frozenset(
@@ -39,6 +39,12 @@ NO_EFFECT_SETTINGS = frozenset(
         "WORKER_HIJACK_ROOT_LOGGER",
         "WORKER_SEND_TASK_EVENTS",
         "TASK_SEND_SENT_EVENT",
+        # cookiecutter-django's settings set these for its Redis broker and result backend
+        "BROKER_USE_SSL",
+        "REDIS_BACKEND_USE_SSL",
+        "RESULT_BACKEND_ALWAYS_RETRY",
+        "RESULT_BACKEND_MAX_RETRIES",
+        "TASK_CREATE_MISSING_QUEUES",
     }
 )
 #: CELERY_* settings jobguard does not read, with what to do instead.
@@ -151,6 +157,24 @@ def _not_read(where: str, advice: str) -> checks.CheckMessage:
         hint=f"Instead: {advice}.",
         id="jobguard.celery.W002",
     )
+
+
+@checks.register()
+def check_signals(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.celery.W006: a receiver connected to a Celery logging signal, which is never sent."""
+    from .signals import NEVER_SENT
+
+    return [
+        checks.Warning(
+            f"A receiver is connected to Celery's {name} signal, which jobguard never sends.",
+            hint="jobguard_worker is a management command: Django applies LOGGING before it starts "
+            "and the worker configures no logging of its own. Put what the receiver does in "
+            "LOGGING, or remove it.",
+            id="jobguard.celery.W006",
+        )
+        for name, signal in NEVER_SENT.items()
+        if signal.has_listeners()
+    ]
 
 
 @checks.register()

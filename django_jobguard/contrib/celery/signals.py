@@ -13,7 +13,18 @@ from typing import Any
 
 from django.dispatch import Signal as DjangoSignal
 
-__all__ = ["Signal", "task_failure", "task_postrun", "task_prerun", "task_retry", "task_success"]
+__all__ = [
+    "NEVER_SENT",
+    "Signal",
+    "after_setup_logger",
+    "after_setup_task_logger",
+    "setup_logging",
+    "task_failure",
+    "task_postrun",
+    "task_prerun",
+    "task_retry",
+    "task_success",
+]
 
 
 class Signal(DjangoSignal):
@@ -51,3 +62,19 @@ task_failure = Signal()
 #: It will run again: ``self.retry()`` was called, or it raised an ``autoretry_for`` error
 #: with attempts left (``request``, ``reason``, ``einfo`` None); sender: the task.
 task_retry = Signal()
+
+#: Celery's logging signals exist so that a project's ``celery.py`` that connects to them
+#: imports unchanged (cookiecutter-django's connects ``setup_logging`` to apply Django's
+#: ``LOGGING``). They are never sent: ``jobguard_worker`` is a management command, so Django
+#: has applied ``LOGGING`` already, and the worker does not configure logging itself. A
+#: receiver connected to one is named by ``jobguard.celery.W006``.
+setup_logging = Signal()
+after_setup_logger = Signal()
+after_setup_task_logger = Signal()
+
+#: The signals above, by Celery's name.
+NEVER_SENT: dict[str, Signal] = {
+    "setup_logging": setup_logging,
+    "after_setup_logger": after_setup_logger,
+    "after_setup_task_logger": after_setup_task_logger,
+}
