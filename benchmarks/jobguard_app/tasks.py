@@ -31,6 +31,9 @@ def noop_all(i: int) -> None:
 if __import__("os").environ.get("BENCH_FLOW"):
     from . import tasks_flow  # noqa: F401 - benchmarks/bench_flow.py's limited tasks
 
+if __import__("os").environ.get("BENCH_WAIT"):
+    from .tasks_wait import sleeps  # noqa: F401 - benchmarks/bench_wait.py's task
+
 if __import__("os").environ.get("BENCH_KEYED"):
     from .tasks_keyed import noop_keyed  # noqa: F401 - benchmarks/bench_compare.py's keyed configuration
 
