@@ -54,7 +54,6 @@ from .common import (
     paused_queue_names,
     workflow_children,
     workflow_totals,
-    write_progress,
 )
 from .dialect import Dialect, JobStore
 from .flow_sql import TURN_KEY as FLOW_TURN_KEY
@@ -271,6 +270,14 @@ def write_checkpoints(alias: str, job_id: int, lease_token: str | None, checkpoi
     if isinstance(found, MemoryStore):
         return found.write_checkpoints(job_id, lease_token, checkpoints)
     return common.write_checkpoints(alias, job_id, lease_token, checkpoints)
+
+
+def write_progress(alias: str, reports: Sequence[tuple[int, str, dict[str, Any]]]) -> int:
+    """Store the jobs' reported progress, ``(id, lease token, progress)`` each, fenced; rows written."""
+    found = _store(alias)
+    if isinstance(found, MemoryStore):
+        return found.write_progress(reports)
+    return common.write_progress(alias, reports)
 
 
 @contextlib.contextmanager

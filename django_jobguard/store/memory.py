@@ -94,6 +94,7 @@ class StoredJob:
     result: Any = None
     attempt_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     checkpoints: dict[str, Any] = dataclasses.field(default_factory=dict)
+    progress: dict[str, Any] | None = None
 
     @property
     def queue_name(self) -> str:
@@ -566,6 +567,17 @@ class MemoryStore:
                 return False
             job.checkpoints = json.loads(json.dumps(checkpoints))
             return True
+
+    def write_progress(self, reports: Sequence[tuple[int, str, dict[str, Any]]]) -> int:
+        """Store each job's reported progress, ``(id, lease token, progress)``, fenced; rows written."""
+        written = 0
+        with self._lock:
+            for job_id, lease_token, progress in reports:
+                job = self.jobs.get(job_id)
+                if job is not None and job.lease_token is not None and job.lease_token == lease_token:
+                    job.progress = json.loads(json.dumps(progress))
+                    written += 1
+        return written
 
     # -- the rows as models ------------------------------------------------------------------
 

@@ -1,15 +1,25 @@
-"""``context.report_progress``: what it accepts, and that a report is kept in memory only.
+"""``context.report_progress``: what it accepts, that a report is kept in memory only, and its
+writes on the in-memory store.
 
 No database here: a call that wrote to it would fail under pytest-django's guard.
 """
 
 import math
+import time
 
 import pytest
 
+from django_jobguard import store
 from django_jobguard.admin.jobs import job_progress_html
 from django_jobguard.context import MAX_PROGRESS_MESSAGE_CHARS, JobContext
 from django_jobguard.models import Job
+from django_jobguard.outcome import HeldState, Succeeded
+from django_jobguard.store.memory import MemoryStore
+from django_jobguard.worker import pipeline
+from django_jobguard.worker.completer import Completer
+from django_jobguard.worker.held import Held
+from django_jobguard.worker.leases import LeaseKeeper
+from tests.support.factories import Clock
 from tests.testapp import tasks
 
 
@@ -138,3 +148,37 @@ def test_the_console_shows_done_of_total_without_the_message(progress, shown):
     assert "secret" not in html
     if "/" in shown:
         assert "<progress " in html
+
+
+def test_on_the_in_memory_store_the_pipeline_writes_the_last_report_and_the_keeper_is_fenced():
+    memory = MemoryStore(now=Clock())
+    with store.substitute("default", memory):
+        row = {
+            "task_name": tasks.counts_with_progress.name,
+            "queue_name": "default",
+            "args": [],
+            "kwargs": {"total": 50},
+            "priority": 0,
+            "max_attempts": 3,
+            "visibility_timeout": 30.0,
+            "idempotency_key": None,
+            "lock_key": "",
+            "handler_version": "",
+        }
+        (first, _, _), (second, _, _) = store.insert_jobs("default", [row, row])
+        claimed = store.claim("default", None, 2, "memory-progress")
+        now = time.monotonic()
+        ran, other = (
+            Held(job=job, renewed_at=now, state=HeldState.RUNNING, started_at=now) for job in claimed
+        )
+        rt = pipeline.Runtime("default", "memory-progress", Completer("default", "memory-progress"))
+        outcome = pipeline.run(ran, rt)  # no database: a query would fail this test
+        assert type(outcome) is Succeeded
+        assert memory.jobs[ran.job.id].progress["done"] == 50
+
+        pipeline.make_context(rt, other, tasks.counts_with_progress)
+        other.context.report_progress(7, 50, "stale")
+        memory.jobs[other.job.id].lease_token = "taken-over"  # noqa: S105 - a lease token
+        LeaseKeeper("default", "memory-progress").write_progress([other], now)
+        assert memory.jobs[other.job.id].progress is None
+        assert {first, second} == {ran.job.id, other.job.id}
