@@ -8,6 +8,7 @@ Celery's options are read by :mod:`.options`; ``bind=True`` hands the function a
 
 from __future__ import annotations
 
+import contextvars
 import datetime
 import functools
 import inspect
@@ -104,6 +105,14 @@ class Request:
         return f"<Request {self.task} id={self.id} retries={self.retries}>"
 
 
+#: The request of each Celery task running in this thread (or coroutine), by task name.
+#: The dict is replaced, never changed in place, so the shared default is safe.
+_running: contextvars.ContextVar[dict[str, Request]] = contextvars.ContextVar(
+    "celery_requests",
+    default={},  # noqa: B039
+)
+
+
 class BoundTask:
     """``self`` of a ``bind=True`` task: the task's attributes, with ``request`` and ``retry()``."""
 
@@ -134,52 +143,10 @@ class BoundTask:
             return  # called directly: nobody reads the progress
         self.request.context.report_progress(done, total, message=str(state or "")[:100])
 
-    def retry(
-        self,
-        args: Any = None,
-        kwargs: Any = None,
-        exc: BaseException | None = None,
-        throw: bool = True,
-        eta: datetime.datetime | None = None,
-        countdown: float | None = None,
-        max_retries: int | None = None,
-        **options: Any,
-    ) -> Retry:
-        """Run this job again later: raises :class:`Retry` (or, with no retries left, dead-letters).
-
-        ``countdown`` (or ``eta``) says when; without either, the task's ``default_retry_delay``.
-        The job is run again with the same arguments: ``args=`` / ``kwargs=`` that change them
-        are refused (enqueue a new job instead). ``throw=False`` is not honoured: the retry is
-        raised, since that is how the worker learns of it.
-        """
-        if args is not None or kwargs is not None:
-            raise InvalidArgumentsError(
-                f"{self._task.name}: self.retry(args=..., kwargs=...) would change the arguments; a jobguard "
-                "retry runs the same job again. Enqueue a new job (self.apply_async(...)) and return instead."
-            )
-        limit = self._task.max_retries if max_retries is None else max_retries
-        if self.request.called_directly:
-            # Called directly (not from a worker): Celery raises the error in place.
-            if exc is not None:
-                raise exc
-            raise Retry(f"{self._task.name}: retry requested outside a worker")
-        if limit is not None and self.request.retries >= limit:
-            message = f"{self._task.name}: no retries left ({self.request.retries} of {limit})"
-            if exc is not None:
-                raise MaxRetriesExceededError(f"{message}: {type(exc).__name__}: {exc}") from exc
-            raise MaxRetriesExceededError(message)
-        if countdown is None and eta is not None:
-            if eta.tzinfo is None:
-                eta = eta.replace(tzinfo=datetime.UTC)
-            countdown = max(0.0, (eta - datetime.datetime.now(datetime.UTC)).total_seconds())
-        if countdown is None:
-            countdown = self._task.default_retry_delay
-        reason = f"{type(exc).__name__}: {exc}" if exc is not None else "retry requested"
-        error = Retry(f"Retry in {countdown:g}s: {reason}", retry_after=float(countdown))
-        signals.task_retry.send(sender=self._task, request=self.request, reason=exc or reason, einfo=None)
-        if exc is not None:
-            raise error from exc
-        raise error
+    def retry(self, *args: Any, **kwargs: Any) -> Retry:
+        """Run this job again later: the task's :meth:`CeleryTask.retry` (so a test that patches
+        ``task.retry`` sees the calls made through ``self.retry()``, as with Celery)."""
+        return self._task.retry(*args, **kwargs)
 
 
 class CeleryTask:
@@ -281,9 +248,73 @@ class CeleryTask:
         return None if self.ignore_result else result
 
     def _call(self, request: Request, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-        if self.bind:
-            return self.run(BoundTask(self, request), *args, **kwargs)
-        return self.run(*args, **kwargs)
+        token = _running.set({**_running.get(), self.name: request})
+        try:
+            if self.bind:
+                return self.run(BoundTask(self, request), *args, **kwargs)
+            return self.run(*args, **kwargs)
+        finally:
+            _running.reset(token)
+
+    @property
+    def request(self) -> Request:
+        """The request of this task's run in progress in this thread, as Celery's ``task.request``
+        (outside a run: an empty one, ``called_directly``)."""
+        found = _running.get().get(self.name)
+        if found is not None:
+            return found
+        return Request(id=None, retries=0, args=(), kwargs={}, task=self.name, is_eager=True)
+
+    def retry(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        exc: BaseException | None = None,
+        throw: bool = True,
+        eta: datetime.datetime | None = None,
+        countdown: float | None = None,
+        max_retries: int | None = None,
+        **options: Any,
+    ) -> Retry:
+        """Run this job again later: raises :class:`Retry` (or, with no retries left, dead-letters).
+
+        Called on the task (``task.retry(...)``) or through a bound task's ``self``, it retries
+        the run in progress in this thread (:attr:`request`).
+
+        ``countdown`` (or ``eta``) says when; without either, the task's ``default_retry_delay``.
+        The job is run again with the same arguments: ``args=`` / ``kwargs=`` that change them
+        are refused (enqueue a new job instead). ``throw=False`` is not honoured: the retry is
+        raised, since that is how the worker learns of it.
+        """
+        request = self.request
+        if args is not None or kwargs is not None:
+            raise InvalidArgumentsError(
+                f"{self.name}: self.retry(args=..., kwargs=...) would change the arguments; a jobguard "
+                "retry runs the same job again. Enqueue a new job (self.apply_async(...)) and return instead."
+            )
+        limit = self.max_retries if max_retries is None else max_retries
+        if request.called_directly:
+            # Called directly (not from a worker): Celery raises the error in place.
+            if exc is not None:
+                raise exc
+            raise Retry(f"{self.name}: retry requested outside a worker")
+        if limit is not None and request.retries >= limit:
+            message = f"{self.name}: no retries left ({request.retries} of {limit})"
+            if exc is not None:
+                raise MaxRetriesExceededError(f"{message}: {type(exc).__name__}: {exc}") from exc
+            raise MaxRetriesExceededError(message)
+        if countdown is None and eta is not None:
+            if eta.tzinfo is None:
+                eta = eta.replace(tzinfo=datetime.UTC)
+            countdown = max(0.0, (eta - datetime.datetime.now(datetime.UTC)).total_seconds())
+        if countdown is None:
+            countdown = self.default_retry_delay
+        reason = f"{type(exc).__name__}: {exc}" if exc is not None else "retry requested"
+        error = Retry(f"Retry in {countdown:g}s: {reason}", retry_after=float(countdown))
+        signals.task_retry.send(sender=self, request=request, reason=exc or reason, einfo=None)
+        if exc is not None:
+            raise error from exc
+        raise error
 
     # -- Celery's API ----------------------------------------------------------------------
 

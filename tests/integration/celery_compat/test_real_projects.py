@@ -2,20 +2,30 @@
 
 cookiecutter-django's generated ``config/celery_app.py`` connects a receiver to Celery's
 ``setup_logging`` signal, and its settings set broker and result-backend options that mean
-nothing without a broker.
+nothing without a broker. The patterns are written here from scratch, not copied.
 """
 
 import logging
+from unittest import mock
 
+import pytest
 from django.core import checks
+from django.db.models.functions import Now
 from django.test import override_settings
 
+from django_jobguard.contrib.celery import shared_task
 from django_jobguard.contrib.celery.checks import check_settings, check_signals
+from django_jobguard.contrib.celery.exceptions import Retry
 from django_jobguard.contrib.celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
     setup_logging,
 )
+from django_jobguard.contrib.celery.utils.log import get_task_logger
+from django_jobguard.contrib.celery.utils.time import get_exponential_backoff_interval
+from django_jobguard.models import Job
+from django_jobguard.registry import registry
+from tests.support.dlq import run_burst
 
 
 def test_a_receiver_of_a_logging_signal_imports_and_is_named_since_it_is_never_sent():
@@ -50,3 +60,75 @@ def test_cookiecutter_djangos_broker_and_result_backend_settings_need_no_word():
     ):
         named = [m.msg for m in check_settings()]
     assert named == ["CELERY_TASK_TIME_LIMIT is not read by jobguard."]
+
+
+# testdrivenio/django-celery-project wraps shared_task in a decorator of its own that calls
+# ``task.retry()`` on the task (not a bound self) with a countdown from Celery's backoff helper,
+# and its tests patch ``task.retry``.
+
+
+def _declare(name: str, func, **options):
+    func.__qualname__ = name.rsplit(".", 1)[1]
+    func.__module__ = name.rsplit(".", 1)[0]
+    return shared_task(name=name, **options)(func)
+
+
+@pytest.fixture
+def declared():
+    names: list[str] = []
+    yield names
+    for name in names:
+        registry.unregister(name)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retry_and_request_on_the_task_itself_serve_a_decorator_around_the_function(declared):
+    seen: list[int] = []
+
+    def flaky():
+        retries = flaky_task.request.retries
+        seen.append(retries)
+        if retries < 2:
+            countdown = get_exponential_backoff_interval(factor=1, retries=retries, maximum=0)
+            raise flaky_task.retry(exc=ConnectionError("down"), countdown=countdown)
+        return "done"
+
+    declared.append("tests.celery_real.flaky")
+    flaky_task = _declare("tests.celery_real.flaky", flaky, max_retries=3)
+    result = flaky_task.delay()
+    for _ in range(10):
+        Job.objects.filter(status="queued").update(run_after=Now())
+        run_burst()
+        if not Job.objects.filter(status__in=["queued", "running"]).exists():
+            break
+    assert seen == [0, 1, 2]
+    assert result.get(timeout=5) == "done"
+    assert flaky_task.request.called_directly  # outside a run: an empty request
+
+
+def test_a_patched_task_retry_sees_the_calls_made_through_self(declared):
+    def subscribe(self, user_id):
+        try:
+            raise ConnectionError("down")
+        except ConnectionError as exc:
+            raise self.retry(exc=exc) from exc
+
+    declared.append("tests.celery_real.subscribe")
+    subscribe_task = _declare("tests.celery_real.subscribe", subscribe, bind=True)
+    with mock.patch.object(subscribe_task, "retry", side_effect=Retry()) as patched:
+        with pytest.raises(Retry):
+            subscribe_task(1)
+    patched.assert_called_once()
+    with mock.patch("django_jobguard.contrib.celery.app.CeleryTask.retry", side_effect=Retry()) as patched:
+        with pytest.raises(Retry):
+            subscribe_task(1)
+    assert "exc" in patched.call_args.kwargs
+    with pytest.raises(ConnectionError):  # unpatched, called directly: the error in place, as Celery
+        subscribe_task(1)
+
+
+def test_celerys_backoff_helper_and_task_logger():
+    assert [get_exponential_backoff_interval(5, n, 600) for n in range(4)] == [5, 10, 20, 40]
+    assert get_exponential_backoff_interval(5, 10, 600) == 600
+    assert all(0 <= get_exponential_backoff_interval(5, 2, 600, full_jitter=True) <= 20 for _ in range(50))
+    assert get_task_logger("polls.tasks") is logging.getLogger("polls.tasks")
