@@ -379,9 +379,9 @@ class CeleryTask:
             raise InvalidArgumentsError(f"{self.name}: apply_async() has no option {unknown[0]!r}.")
         if celery_setting("TASK_ALWAYS_EAGER", False):
             return self.apply(args, kwargs)  # type: ignore[return-value]
-        job = self._using(countdown=countdown, eta=eta, queue=queue, priority=priority).enqueue(
-            *args, **kwargs
-        )
+        job = self._using(
+            countdown=countdown, eta=eta, queue=queue, priority=priority, call=(args, kwargs)
+        ).enqueue(*args, **kwargs)
         return AsyncResult(str(job.pk), task_name=self.name)
 
     def _using(
@@ -391,6 +391,7 @@ class CeleryTask:
         eta: datetime.datetime | None = None,
         queue: str | None = None,
         priority: int | None = None,
+        call: tuple[Sequence[Any], Mapping[str, Any]] = ((), {}),
     ) -> Task[Any, Any]:
         run_after: datetime.datetime | datetime.timedelta | None = None
         if countdown is not None and eta is not None:
@@ -408,7 +409,7 @@ class CeleryTask:
 
         return self.task.using(
             run_after=run_after,
-            queue_name=queue or route_for(self.name),
+            queue_name=queue or route_for(self.name, *call, task=self),
             priority=None if priority is None else celery_priority(priority, priority_direction()),
         )
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.conf import settings
+from django.utils.module_loading import import_string
 
 __all__ = ["broker_url", "broker_urls", "celery_setting", "priority_direction", "route_for"]
 
@@ -40,21 +41,31 @@ def priority_direction() -> str:
     return "highest-first"
 
 
-def route_for(name: str) -> str | None:
-    """The queue ``CELERY_TASK_ROUTES`` sends the task to (exact names, then glob patterns), or None."""
-    routes = celery_setting("TASK_ROUTES", None) or {}
-    if isinstance(routes, list | tuple):
-        merged: dict[str, Any] = {}
-        for item in routes:
-            if isinstance(item, Mapping):
-                merged.update(item)
-        routes = merged
-    if not isinstance(routes, Mapping):
-        return None
-    route = routes.get(name)
-    if route is None:
-        route = next((value for pattern, value in routes.items() if fnmatch.fnmatchcase(name, pattern)), None)
-    if isinstance(route, Mapping):
-        queue = route.get("queue")
-        return queue if isinstance(queue, str) and queue else None
+def route_for(
+    name: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *, task: Any = None
+) -> str | None:
+    """The queue ``CELERY_TASK_ROUTES`` sends the task to, or None.
+
+    As Celery reads it: a dict (exact names, then glob patterns), a router function
+    ``(name, args, kwargs, options, task=None, **kw)`` or its dotted path, or a list of these,
+    asked in order until one answers. A route is a dict with ``"queue"`` or a queue's name.
+    """
+    routes = celery_setting("TASK_ROUTES", None) or ()
+    for router in routes if isinstance(routes, list | tuple) else (routes,):
+        if isinstance(router, str):
+            router = import_string(router)
+        if isinstance(router, Mapping):
+            route = router.get(name)
+            if route is None:
+                route = next(
+                    (value for pattern, value in router.items() if fnmatch.fnmatchcase(name, pattern)), None
+                )
+        elif callable(router):
+            route = router(name, list(args), dict(kwargs or {}), {}, task=task)
+        else:
+            continue
+        if isinstance(route, Mapping):
+            route = route.get("queue")
+        if isinstance(route, str) and route:
+            return route
     return None

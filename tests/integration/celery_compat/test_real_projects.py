@@ -68,8 +68,8 @@ def test_cookiecutter_djangos_broker_and_result_backend_settings_need_no_word():
 
 
 def _declare(name: str, func, **options):
-    func.__qualname__ = name.rsplit(".", 1)[1]
-    func.__module__ = name.rsplit(".", 1)[0]
+    module, _, func.__qualname__ = name.rpartition(".")
+    func.__module__ = module or "tests.celery_real"
     return shared_task(name=name, **options)(func)
 
 
@@ -132,3 +132,30 @@ def test_celerys_backoff_helper_and_task_logger():
     assert get_exponential_backoff_interval(5, 10, 600) == 600
     assert all(0 <= get_exponential_backoff_interval(5, 2, 600, full_jitter=True) <= 20 for _ in range(50))
     assert get_task_logger("polls.tasks") is logging.getLogger("polls.tasks")
+
+
+def route_by_prefix(name, args, kwargs, options, task=None, **kw):
+    """A router function, as testdrivenio/django-celery-project's settings give CELERY_TASK_ROUTES."""
+    if ":" in name:
+        return {"queue": name.split(":")[0]}
+    if args and args[0] == "vip":
+        return "high_priority"  # a router may answer with the queue's name alone
+    return None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_router_functions_in_task_routes_choose_the_queue(declared):
+    declared.extend(["low_priority:cleanup", "tests.celery_real.greet"])
+    cleanup = _declare("low_priority:cleanup", lambda: None)
+    greet = _declare("tests.celery_real.greet", lambda who: who)
+    here = f"{__name__}.route_by_prefix"
+    for routes in ((route_by_prefix,), here, [{"tests.celery_real.*": {"queue": "maps"}}, route_by_prefix]):
+        with override_settings(CELERY_TASK_ROUTES=routes):
+            queues = [
+                Job.objects.get(pk=int(result.id)).queue_name
+                for result in (cleanup.delay(), greet.delay("vip"), greet.delay("anyone"))
+            ]
+        if isinstance(routes, list):  # asked in order: the map answers first for greet
+            assert queues == ["low_priority", "maps", "maps"]
+        else:
+            assert queues == ["low_priority", "high_priority", "default"]
