@@ -17,10 +17,9 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext_lazy as _
 
-from .. import breakers
+from .. import breakers, flow
 from ..conf import get_settings
 from ..exceptions import BreakerError, BreakerPermissionDenied
-from ..flow import family as limit_family
 from ..models import Breaker, BreakerEvent
 from ..monitoring import stats
 from ..registry import registry
@@ -42,7 +41,7 @@ def shown_waiting_keys(request: HttpRequest, keys: list[tuple[str, int]]) -> lis
     templates = plan.templates if plan is not None else {}
     shown = []
     for key, count in keys:
-        family = limit_family(key)
+        family = flow.family(key)
         if family != key:
             kind = _("concurrency") if family.startswith("c:") else _("rate")
             key = str(

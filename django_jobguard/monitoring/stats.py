@@ -29,9 +29,8 @@ from typing import Any
 from django.db.models import Count, DurationField, ExpressionWrapper, Min, Q, QuerySet
 from django.db.models.functions import Now
 
-from .. import store
+from .. import flow, store
 from ..conf import get_settings
-from ..flow import family as limit_family
 from ..models import (
     Breaker,
     BreakerState,
@@ -383,7 +382,7 @@ def limit_stats(alias: str | None = None) -> list[LimitStats]:
             f"{_rate_text(rate.interval, rate.burst)} per key",
         )
     for key, count in running.items():
-        row = rows.get(limit_family(key))
+        row = rows.get(flow.family(key))
         if row is None:
             continue
         row.running += count
@@ -391,7 +390,7 @@ def limit_stats(alias: str | None = None) -> list[LimitStats]:
         if bound is not None and count >= bound:
             row.full_keys += 1
     for key, count in waiting.items():
-        row = rows.get(limit_family(key))
+        row = rows.get(flow.family(key))
         if row is not None:
             row.waiting += count
     return sorted(rows.values(), key=lambda row: (row.kind, row.limit))
