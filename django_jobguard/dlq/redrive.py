@@ -17,6 +17,7 @@ import enum
 import functools
 import logging
 import math
+import warnings
 from typing import Any
 
 from django.db import DatabaseError, transaction
@@ -67,7 +68,7 @@ class RedriveSkip(enum.StrEnum):
     NOTHING_APPROVED = "nothing_approved"
     #: Another process holds the throttle: it is redriving right now.
     BUSY = "busy"
-    #: The throttle's budget is spent (or ``limit`` is 0).
+    #: The throttle's budget is spent (or ``batch_size`` is 0).
     THROTTLED = "throttled"
 
 
@@ -77,7 +78,7 @@ class RedrivePass:
 
     #: The jobs created, oldest approval first.
     jobs: tuple[Job, ...] = ()
-    #: Redrives the throttle (and ``limit``) allowed this pass; 0 when the pass was skipped
+    #: Redrives the throttle (and ``batch_size``) allowed this pass; 0 when the pass was skipped
     #: before the budget was counted.
     budget: int = 0
     #: Approved replays looked at but left for a later pass: their idempotency key is owned
@@ -87,7 +88,13 @@ class RedrivePass:
     skipped: RedriveSkip | None = None
 
 
-def redrive(*, limit: int | None = None, worker_id: str = "", using: str | None = None) -> list[Job]:
+def redrive(
+    *,
+    batch_size: int | None = None,
+    worker_id: str = "",
+    using: str | None = None,
+    limit: int | None = None,
+) -> list[Job]:
     """Turn approved replays into new jobs, as many as the throttle allows now; the jobs created.
 
     Workers call this between claims (every ``REAPER_INTERVAL`` seconds); call it yourself
@@ -96,12 +103,22 @@ def redrive(*, limit: int | None = None, worker_id: str = "", using: str | None 
     each dead letter moves ``approved`` → ``replayed`` in a conditional update, so it yields
     exactly one job. The throttle allows at most ``RATE_PER_MINUTE`` redrives in any 60
     seconds and a sixth of that (rounded up) in any 10, counted on the database clock.
+    ``batch_size`` caps this pass below the throttle's budget (it never raises it).
+    ``limit`` is the old name of ``batch_size``, deprecated.
     """
-    return list(redrive_once(limit=limit, worker_id=worker_id, using=using).jobs)
+    batch_size = _batch_size(batch_size, limit, "redrive")
+    return list(redrive_once(batch_size=batch_size, worker_id=worker_id, using=using).jobs)
 
 
-def redrive_once(*, limit: int | None = None, worker_id: str = "", using: str | None = None) -> RedrivePass:
+def redrive_once(
+    *,
+    batch_size: int | None = None,
+    worker_id: str = "",
+    using: str | None = None,
+    limit: int | None = None,
+) -> RedrivePass:
     """One redrive pass, as :func:`redrive` makes it: what it created, allowed, deferred or why it skipped."""
+    batch_size = _batch_size(batch_size, limit, "redrive_once")
     alias = using or get_settings().database_alias
     letters = DeadLetter.objects.using(alias)
     if not letters.awaiting_redrive().exists():
@@ -112,8 +129,8 @@ def redrive_once(*, limit: int | None = None, worker_id: str = "", using: str | 
         if not _take_throttle(alias):
             return RedrivePass(skipped=RedriveSkip.BUSY)  # another worker is redriving right now
         budget = _budget(alias)
-        if limit is not None:
-            budget = min(budget, limit)
+        if batch_size is not None:
+            budget = min(budget, batch_size)
         if budget <= 0:
             logger.debug("replay_throttled worker_id=%s", worker_id)
             return RedrivePass(budget=max(budget, 0), skipped=RedriveSkip.THROTTLED)
@@ -136,6 +153,21 @@ def redrive_once(*, limit: int | None = None, worker_id: str = "", using: str | 
                 functools.partial(_announce_redrive, alias, letter_pk, job, worker_id), using=alias
             )
     return RedrivePass(jobs=tuple(job for _, job in redriven), budget=budget, deferred=deferred)
+
+
+def _batch_size(batch_size: int | None, limit: int | None, caller: str) -> int | None:
+    """``batch_size``, or the deprecated ``limit`` it replaced (one name for one thing: in
+    jobguard a limit is flow control's), with a warning."""
+    if limit is None:
+        return batch_size
+    if batch_size is not None:
+        raise TypeError(f"dlq.{caller}() takes batch_size or its deprecated name limit, not both.")
+    warnings.warn(
+        f"dlq.{caller}(limit=...) is deprecated: pass batch_size=... (limit goes in the next release).",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return limit
 
 
 def _ensure_throttle_row(alias: str) -> None:

@@ -230,7 +230,7 @@ class QueueMachine(RuleBasedStateMachine):
     @precondition(lambda self: REPLAY_API)
     @rule()
     def redrive(self) -> None:
-        for job in dlq.redrive(limit=5):
+        for job in dlq.redrive(batch_size=5):
             self.attempts[job.pk] = 0
             self.token[job.pk] = None
             STATS["replayed"] += 1

@@ -446,14 +446,26 @@ def test_the_throttle_allows_a_sixth_of_the_rate_per_ten_seconds_and_the_rate_pe
     assert made == [2, 2, 2, 1, 0]
     age_replays(60)
     assert len(dlq.redrive()) == 2
-    assert dlq.redrive(limit=5) == []  # a limit never raises the budget
+    assert dlq.redrive(batch_size=5) == []  # a batch size never raises the budget
     assert DeadLetter.objects.filter(replay_state="replayed").count() == len(replay_jobs()) == 9
 
 
-def test_redrive_takes_the_oldest_approvals_first_and_honours_a_limit(people):
+def test_redrive_takes_the_oldest_approvals_first_and_honours_a_batch_size(people):
     letters = approve_many(people, 3)
-    [job] = dlq.redrive(limit=1)
+    [job] = dlq.redrive(batch_size=1)
     assert job.replayed_from == letters[0]
+
+
+def test_redrive_still_takes_the_deprecated_limit_keyword_with_a_warning(people):
+    letters = approve_many(people, 3)
+    deprecated = r"dlq\.redrive\(limit=\.\.\.\) is deprecated: pass batch_size"
+    with pytest.warns(DeprecationWarning, match=deprecated) as record:
+        [job] = dlq.redrive(limit=1)
+    assert job.replayed_from == letters[0]
+    assert record[0].filename == __file__  # the warning names the caller's line
+    with pytest.raises(TypeError, match="batch_size or its deprecated name limit"):
+        dlq.redrive(batch_size=1, limit=1)
+    assert DeadLetter.objects.filter(replay_state="replayed").count() == 1
 
 
 def test_error_text_that_echoes_a_big_payload_is_capped_everywhere_it_is_stored():

@@ -142,10 +142,10 @@ def test_a_pass_reports_its_budget_and_jobs_then_that_the_throttle_is_spent(requ
     assert DeadLetter.objects.get(pk=letters[2].pk).replay_state == "approved"
 
 
-def test_a_limit_of_zero_is_reported_as_throttled(requester):
+def test_a_batch_size_of_zero_is_reported_as_throttled(requester):
     approved_letters(requester, 1)
-    assert dlq.redrive_once(limit=0) == dlq.RedrivePass(budget=0, skipped=dlq.RedriveSkip.THROTTLED)
-    assert len(dlq.redrive_once(limit=1).jobs) == 1
+    assert dlq.redrive_once(batch_size=0) == dlq.RedrivePass(budget=0, skipped=dlq.RedriveSkip.THROTTLED)
+    assert len(dlq.redrive_once(batch_size=1).jobs) == 1
 
 
 def test_a_replay_whose_key_another_live_job_owns_is_reported_as_deferred(requester):
@@ -161,7 +161,7 @@ def test_a_replay_whose_key_another_live_job_owns_is_reported_as_deferred(reques
 @pytest.mark.server_db
 def test_a_pass_that_finds_the_throttle_held_elsewhere_is_reported_as_busy(requester):
     approved_letters(requester, 1)
-    dlq.redrive_once(limit=0)  # creates the throttle row
+    dlq.redrive_once(batch_size=0)  # creates the throttle row
     held, release = threading.Event(), threading.Event()
 
     def hold_the_throttle():
