@@ -72,7 +72,7 @@ class ProgressReport:
     """What a handler reported through :meth:`JobContext.report_progress`, and what is written.
 
     The handler's thread only replaces :attr:`value` and counts the report; the worker's
-    heartbeat thread writes the last one (at most every :data:`PROGRESS_WRITE_SECONDS`), and
+    heartbeat thread writes the last one (about every :data:`PROGRESS_WRITE_SECONDS`), and
     the handler's thread once more after it returns. The two writers take :attr:`lock`
     around a write, so an older value never lands after a newer one.
     """
@@ -259,7 +259,7 @@ class JobContext:
         """Say how far the handler got: ``done`` of ``total`` (if known), with a short ``message``.
 
         Cheap enough for a tight loop: the call only keeps the values in memory. The worker
-        writes the last report to the job's ``progress`` at most every
+        writes the last report to the job's ``progress`` about every
         :data:`PROGRESS_WRITE_SECONDS` (from its heartbeat thread, fenced by the lease like
         every write of a running job) and once more when the handler returns, so
         ``job.progress``, ``job.watch()``, the console and the API show it. ``done`` and

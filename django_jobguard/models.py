@@ -110,7 +110,7 @@ class Job(models.Model):
     )
     result = models.JSONField(null=True, blank=True)
     # What the handler last reported through ``context.report_progress``: done, total,
-    # message and when. Written at most once a second per job, by the worker's heartbeat thread.
+    # message and when. Written about once a second by the worker's heartbeat thread.
     progress = models.JSONField(
         null=True,
         blank=True,
@@ -267,7 +267,7 @@ class Job(models.Model):
 
         ``for progress in job.watch(timeout=600): print(progress["done"], progress["total"])``.
         The row is read every ``interval`` seconds here, so the caller does not poll (the
-        worker writes progress at most once a second: a shorter interval sees nothing sooner).
+        worker writes progress about once a second: a shorter interval sees nothing sooner).
         When the job finishes, its last progress is yielded if it changed, the job's fields
         are read again (``status``, ``result``, ``last_error``, ...) and the loop ends.
         Raises :class:`~django_jobguard.exceptions.WaitTimeout` (a ``TimeoutError``) if

@@ -4,9 +4,9 @@ The heartbeat thread (:mod:`.heartbeat_thread`) asks on each tick; a lease (or l
 renewed once :data:`HEARTBEAT_FRACTION` of its visibility timeout (TTL) has passed, the
 leases due in one statement. A lease or lock that could not be kept is reported to the
 handler (its context's ``lease_lost`` / ``lock_lost``) and its ack refused. The progress
-the handlers reported (``context.report_progress``) is written on the same ticks, at most
-every :data:`~django_jobguard.context.PROGRESS_WRITE_SECONDS` per job, all jobs due in one
-statement; a job that never reports costs none.
+the handlers reported (``context.report_progress``) is written on the same ticks: at most one
+statement every :data:`~django_jobguard.context.PROGRESS_WRITE_SECONDS`, however many jobs
+report; a job that never reports costs none.
 """
 
 from __future__ import annotations
@@ -86,31 +86,41 @@ class LeaseKeeper:
         self._writes_while_busy: bool | None = None
 
     def write_progress(self, held: Sequence[Held], now: float) -> None:
-        """Write the progress reports due (one per job per PROGRESS_WRITE_SECONDS), in one statement.
+        """Write the handlers' new progress reports in one statement, once one of them is due.
 
-        A job whose handler is writing its last report itself is left to it. On SQLite an
-        ``atomic=True`` job's open transaction holds the database: its report is written
-        by its own thread when the handler returns, not here (the write would wait on it).
+        A report is due :data:`PROGRESS_WRITE_SECONDS` after its job's last write; the other
+        new reports go with it, so a worker sends one statement a second however many of its
+        jobs report (a job's own writes stay at most two a second, then fall in step). A job
+        whose handler is writing its last report itself is left to it. On SQLite an
+        ``atomic=True`` job's open transaction holds the database: its report is written by
+        its own thread when the handler returns, not here (the write would wait on it).
         """
-        due: list[tuple[ProgressReport, int, tuple[int, str, dict[str, Any]]]] = []
+        pending: list[tuple[Held, ProgressReport]] = []
+        any_due = False
+        for h in held:
+            context = h.context
+            report = None if context is None else context.reported_progress
+            if report is None or not report.pending:
+                continue
+            if h.transaction_started_at and not self._writes_beside_transactions():
+                continue
+            pending.append((h, report))
+            any_due = any_due or now - report.written_at >= PROGRESS_WRITE_SECONDS
+        if not any_due:
+            return
+        taken: list[tuple[ProgressReport, int, tuple[int, str, dict[str, Any]]]] = []
         try:
-            for h in held:
-                context = h.context
-                report = None if context is None else context.reported_progress
-                if report is None or not report.pending or now - report.written_at < PROGRESS_WRITE_SECONDS:
-                    continue
-                if h.transaction_started_at and not self._writes_beside_transactions():
-                    continue
+            for h, report in pending:
                 if not report.lock.acquire(blocking=False):
                     continue
                 count, value = report.snapshot()
-                due.append((report, count, (h.job.id, h.job.lease_token, value)))
-            if due:
-                store.write_progress(self.alias, [row for _, _, row in due])
-                for report, count, _ in due:
+                taken.append((report, count, (h.job.id, h.job.lease_token, value)))
+            if taken:
+                store.write_progress(self.alias, [row for _, _, row in taken])
+                for report, count, _ in taken:
                     report.mark_written(count, now)
         finally:
-            for report, _, _ in due:
+            for report, _, _ in taken:
                 report.lock.release()
 
     def _writes_beside_transactions(self) -> bool:

@@ -144,6 +144,30 @@ def test_the_keeper_writes_every_due_report_in_one_statement_at_most_once_a_seco
     assert len(unchanged) == 0  # nothing new reported: nothing written
 
 
+def test_a_report_falling_due_takes_the_other_new_reports_with_it_so_a_worker_sends_one_statement_a_second():
+    for _ in range(2):
+        tasks.counts_with_progress.enqueue()
+    first, second = claim_all(2)
+    keeper = LeaseKeeper(ALIAS, WORKER_ID)
+    now = time.monotonic()
+    first.context.report_progress(1, 10)
+    keeper.write_progress([first, second], now)  # the first report: due at once
+    second.context.report_progress(2, 10)  # a new job's first report, due at once too...
+    first.context.report_progress(3, 10)  # ...takes this one with it, half a second early
+    with CaptureQueriesContext(connection) as carried:
+        keeper.write_progress([first, second], now + PROGRESS_WRITE_SECONDS / 2)
+    assert len(carried) == 1
+    assert [stored(h.job)["done"] for h in (first, second)] == [3, 2]
+    # From then on the two are written together, once a second.
+    for h in (first, second):
+        h.context.report_progress(5, 10)
+    with CaptureQueriesContext(connection) as queries:
+        keeper.write_progress([first, second], now + PROGRESS_WRITE_SECONDS)
+        keeper.write_progress([first, second], now + PROGRESS_WRITE_SECONDS * 3 / 2)
+    assert len(queries) == 1
+    assert [stored(h.job)["done"] for h in (first, second)] == [5, 5]
+
+
 def test_a_stale_worker_cannot_overwrite_the_progress_of_a_job_that_moved_on():
     tasks.counts_with_progress.enqueue()
     tasks.counts_with_progress.enqueue()
