@@ -127,6 +127,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             value in ("json", ["json"], ("json",), True)
         ):
             continue  # what jobguard does anyway
+        if name == "TASK_DEFAULT_QUEUE" and value == _jobguard_default_queue():
+            continue  # testdrivenio's django-celery-project names it "default", as jobguard does
         advice = SETTING_ADVICE.get(name, "see docs/how-to/move-from-celery.md for the settings it reads")
         messages.append(_not_read(f"CELERY_{name}", advice))
     from .app import apps
@@ -149,6 +151,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             )
             messages.append(_not_read(f"Celery({app.main!r}).conf.{key}", advice))
     return messages
+
+
+def _jobguard_default_queue() -> str:
+    from ...conf import get_settings
+
+    return get_settings().default_queue
 
 
 def _not_read(where: str, advice: str) -> checks.CheckMessage:

@@ -62,6 +62,13 @@ def test_cookiecutter_djangos_broker_and_result_backend_settings_need_no_word():
     assert named == ["CELERY_TASK_TIME_LIMIT is not read by jobguard."]
 
 
+def test_a_default_queue_named_as_jobguards_needs_no_word():
+    with override_settings(CELERY_TASK_DEFAULT_QUEUE="default"):
+        assert [m.msg for m in check_settings()] == []
+    with override_settings(CELERY_TASK_DEFAULT_QUEUE="celery"):
+        assert [m.hint for m in check_settings()] == ["Instead: set JOBGUARD['DEFAULT_QUEUE']."]
+
+
 # testdrivenio/django-celery-project wraps shared_task in a decorator of its own that calls
 # ``task.retry()`` on the task (not a bound self) with a countdown from Celery's backoff helper,
 # and its tests patch ``task.retry``.
