@@ -407,7 +407,7 @@ def claim(
         queue_filter = f"AND queue_name NOT IN ({placeholders(exclude)}) "
         params += list(exclude)
     # The indexes that start with status (jobguard_job_due_my_idx and _due_all_my_idx) give
-    # these rows in claim order, so the walk stops after `limit` rows it could lock.
+    # these rows in claim order, so the walk stops after `batch_size` rows it could lock.
     picked = f"SELECT id FROM {TABLE} WHERE {_DUE} {queue_filter}{_ORDER} LIMIT %s FOR UPDATE SKIP LOCKED"
 
     def run() -> list[ClaimedJob]:
