@@ -106,7 +106,8 @@ class Signature:
     def step(self, *, receives: bool = False, results: bool = False) -> Step:
         """This signature as a jobguard workflow step (options: queue, priority, countdown, eta)."""
         unknown = sorted(set(self.options) - set(_JOB_OPTIONS))
-        task = self.task._using(**{key: self.options[key] for key in _JOB_OPTIONS if key in self.options})  # noqa: SLF001
+        options = {key: self.options[key] for key in _JOB_OPTIONS if key in self.options}
+        task = self.task._using(**options, call=(self.args, self.kwargs))  # noqa: SLF001
         if unknown:
             raise InvalidArgumentsError(f"{self.name}: a workflow step takes no option {unknown[0]!r}.")
         made: Step = task.s(*self.args, **self.kwargs)

@@ -13,7 +13,7 @@ from django.core import checks
 from django.db.models.functions import Now
 from django.test import override_settings
 
-from django_jobguard.contrib.celery import shared_task
+from django_jobguard.contrib.celery import chain, shared_task
 from django_jobguard.contrib.celery.checks import check_settings, check_signals
 from django_jobguard.contrib.celery.exceptions import Retry
 from django_jobguard.contrib.celery.signals import (
@@ -166,3 +166,13 @@ def test_router_functions_in_task_routes_choose_the_queue(declared):
             assert queues == ["low_priority", "maps", "maps"]
         else:
             assert queues == ["low_priority", "high_priority", "default"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_chain_step_is_routed_with_its_own_arguments(declared):
+    declared.append("tests.celery_real.step")
+    step = _declare("tests.celery_real.step", lambda who: who)
+    with override_settings(CELERY_TASK_ROUTES=(route_by_prefix,)):
+        chain(step.si("vip"), step.si("anyone")).apply_async()
+    queues = list(Job.objects.filter(task_name=step.name).order_by("pk").values_list("queue_name", flat=True))
+    assert queues == ["high_priority", "default"]
