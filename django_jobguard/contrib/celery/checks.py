@@ -16,7 +16,15 @@ __all__ = ["check_beat_schedule", "check_settings", "check_signals", "check_task
 
 #: CELERY_* settings this module reads.
 HONOURED_SETTINGS = frozenset(
-    {"BROKER_URL", "TASK_ALWAYS_EAGER", "TASK_EAGER_PROPAGATES", "TASK_ROUTES", "BEAT_SCHEDULE", "TIMEZONE"}
+    {
+        "BROKER_URL",
+        "TASK_ALWAYS_EAGER",
+        "TASK_EAGER_PROPAGATES",
+        "TASK_ROUTES",
+        "TASK_TIME_LIMIT",
+        "BEAT_SCHEDULE",
+        "TIMEZONE",
+    }
 )
 #: CELERY_* settings of Celery's broker, result store or beat process: nothing to do here.
 NO_EFFECT_SETTINGS = frozenset(
@@ -51,7 +59,6 @@ NO_EFFECT_SETTINGS = frozenset(
 SETTING_ADVICE = {
     "TASK_SERIALIZER": "arguments are always JSON; see docs/how-to/pass-arguments.md",
     "ACCEPT_CONTENT": "arguments are always JSON; see docs/how-to/pass-arguments.md",
-    "TASK_TIME_LIMIT": "give each task time_limit= (jobguard's timeout=)",
     "TASK_SOFT_TIME_LIMIT": "jobguard has no soft limit; give tasks time_limit= (a hard one)",
     "TASK_ACKS_LATE": "jobguard acknowledges every job after its run, always",
     "TASK_DEFAULT_QUEUE": "set JOBGUARD['DEFAULT_QUEUE']",

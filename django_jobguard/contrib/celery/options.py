@@ -13,6 +13,7 @@ from typing import Any
 
 from ...exceptions import InvalidTaskError
 from ...flow import Rate
+from .conf import celery_setting
 
 __all__ = [
     "CELERY_DEFAULT_MAX_RETRIES",
@@ -235,7 +236,11 @@ def map_options(options: Mapping[str, Any], *, direction: str) -> Mapped:
 
     if (rate := rate_for(options.pop("rate_limit", None))) is not None:
         out["rate"] = rate
-    if (time_limit := _seconds(options.pop("time_limit", None), "time_limit")) is not None:
+    # CELERY_TASK_TIME_LIMIT is Celery's time_limit for every task that gives none.
+    time_limit = _seconds(options.pop("time_limit", None), "time_limit")
+    if time_limit is None:
+        time_limit = _seconds(celery_setting("TASK_TIME_LIMIT", None), "CELERY_TASK_TIME_LIMIT")
+    if time_limit is not None:
         out["timeout"] = time_limit
     ignore_result = bool(options.pop("ignore_result", False))
     if ignore_result:

@@ -57,9 +57,18 @@ def test_cookiecutter_djangos_broker_and_result_backend_settings_need_no_word():
         CELERY_RESULT_BACKEND_MAX_RETRIES=10,
         CELERY_TASK_CREATE_MISSING_QUEUES=False,
         CELERY_TASK_TIME_LIMIT=300,
+        CELERY_TASK_SOFT_TIME_LIMIT=60,
     ):
         named = [m.msg for m in check_settings()]
-    assert named == ["CELERY_TASK_TIME_LIMIT is not read by jobguard."]
+    assert named == ["CELERY_TASK_SOFT_TIME_LIMIT is not read by jobguard."]
+
+
+def test_celery_task_time_limit_is_the_timeout_of_every_task_that_gives_none(declared):
+    declared.extend(["tests.celery_real.slow", "tests.celery_real.own_limit"])
+    with override_settings(CELERY_TASK_TIME_LIMIT=300):
+        slow = _declare("tests.celery_real.slow", lambda: None)
+        own_limit = _declare("tests.celery_real.own_limit", lambda: None, time_limit=30)
+    assert (slow.task.timeout, own_limit.task.timeout) == (300, 30)
 
 
 def test_a_default_queue_named_as_jobguards_needs_no_word():
