@@ -27,6 +27,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
+from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connections
 from django.db.models.functions import Now
 from django.db.transaction import TransactionManagementError
@@ -198,6 +199,15 @@ def _timed_out(job_id: int, timeout: float | None) -> WaitTimeout:
 
 def wait(job: Job, timeout: float | None = None) -> Any:
     """Block until ``job`` settles; its result. See :meth:`django_jobguard.models.Job.wait`."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass  # no event loop on this thread: blocking is fine
+    else:
+        raise SynchronousOnlyOperation(
+            "Job.wait() blocks, and this thread runs an event loop: use await job.await_result() in "
+            "async code."
+        )
     limit = _check_timeout(timeout)
     job_id, alias, loaded = _identify(job)
     _refuse_unstored(job.task_name, job_id)

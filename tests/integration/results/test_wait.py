@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, SynchronousOnlyOperation
 from django.db import connections, transaction
 from django.db.transaction import TransactionManagementError
 from django.test import override_settings
@@ -320,6 +320,16 @@ def test_await_result_raises_as_wait_does():
 
     asyncio.run(main())
     close_async_connections()
+
+
+def test_the_blocking_wait_is_refused_inside_an_event_loop():
+    job = tasks.add.enqueue(1)
+
+    async def main() -> None:
+        with pytest.raises(SynchronousOnlyOperation, match=r"use await job.await_result\(\) in async code"):
+            job.wait(timeout=5)
+
+    asyncio.run(main())
 
 
 def test_aenqueue_stores_the_job_from_async_code():
