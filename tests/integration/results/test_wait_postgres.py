@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -149,3 +150,18 @@ def test_a_pooled_database_without_listen_database_polls(in_thread):
         run_burst()
         assert waiter.result(timeout=120) == 6
     assert Job.objects.get(pk=job.pk).waited is False  # nobody listens there: no flag
+
+
+def test_flagging_a_due_queued_job_announces_its_queue_again():
+    # A claim passes over the row while its flag is written: the flag wakes the queue's workers.
+    job = tasks.add.using(run_after=datetime.timedelta(hours=1)).enqueue(1)  # not announced
+    Job.objects.filter(pk=job.pk).update(run_after=job.enqueued_at)  # due now, still not announced
+    later = tasks.add.using(queue_name="slow", run_after=datetime.timedelta(hours=1)).enqueue(2)
+    listen = listener_module.listen_connection("default", "jobguard_jobs")
+    try:
+        assert settled.mark_waited("default", later.pk) is True  # not due: no announcement
+        assert settled.mark_waited("default", job.pk) is True
+        heard = [note.payload for note in listen.notifies(timeout=30, stop_after=1)]
+    finally:
+        listen.close()
+    assert heard == [job.queue_name]
