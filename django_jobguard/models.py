@@ -448,7 +448,7 @@ class DeadLetterReason(models.TextChoices):
     LEASE_EXPIRED = "lease_expired", _("lease expired on the last attempt")
     UNKNOWN_TASK = "unknown_task", _("task not registered")
     INVALID_PAYLOAD = "invalid_payload", _("payload does not fit the task")
-    INVALID_RESULT = "invalid_result", _("return value is not JSON")
+    INVALID_RESULT = "invalid_result", _("return value refused (not JSON, or too large)")
     HARD_TIMEOUT = "hard_timeout", _("ran past its hard timeout")
 
 

@@ -98,7 +98,7 @@ def test_a_result_that_is_not_json_fails_the_job_as_permanent_with_the_reason_st
         "permanent",
         "TypeError",
     )
-    assert letter.get_reason_display() == "return value is not JSON"
+    assert letter.get_reason_display() == "return value refused (not JSON, or too large)"
     assert "return value" in letter.error_message and "set" in letter.error_message
 
 
