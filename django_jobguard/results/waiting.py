@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import datetime
+import itertools
 import math
 import threading
 import time
@@ -302,8 +303,12 @@ def _db(function: Any) -> Any:
     return sync_to_async(function, thread_sensitive=True)
 
 
-#: Rows one statement of the batcher flags or reads at most.
+#: Rows one statement of the batcher flags at most.
 BATCH_ROWS = 1000
+#: Rows the batcher reads per round trip at most. The waiters of one chunk take their rows
+#: (and drop them) before the next chunk is read: 10,000 jobs settling at once never hold
+#: 10,000 rows and results in memory together.
+READ_ROWS = 500
 
 _batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Batcher]] = (
     weakref.WeakKeyDictionary()
@@ -352,7 +357,7 @@ class _Batcher:
         await asyncio.sleep(0)  # the other waiters of this turn join the batch
         while self._marks or self._reads:
             marks, self._marks = self._marks, {}
-            reads, self._reads = self._reads, {}
+            reads = self._take_reads()
             try:
                 flagged, rows = await _db(self._run)(list(marks), list(reads))
             except Exception as exc:
@@ -370,6 +375,13 @@ class _Batcher:
                     if not future.done():
                         future.set_result(rows.get(job_id))
 
+    def _take_reads(self) -> dict[int, list[asyncio.Future[Any]]]:
+        """The next :data:`READ_ROWS` reads asked for; the rest wait for the next round trip."""
+        if len(self._reads) <= READ_ROWS:
+            reads, self._reads = self._reads, {}
+            return reads
+        return {job_id: self._reads.pop(job_id) for job_id in list(itertools.islice(self._reads, READ_ROWS))}
+
     def _run(self, marks: list[int], reads: list[int]) -> tuple[set[int], dict[int, dict[str, Any]]]:
         if connections[self.alias].in_atomic_block:
             raise TransactionManagementError(
@@ -379,9 +391,8 @@ class _Batcher:
         for start in range(0, len(marks), BATCH_ROWS):
             flagged |= mark_many_waited(self.alias, marks[start : start + BATCH_ROWS])
         rows: dict[int, dict[str, Any]] = {}
-        for start in range(0, len(reads), BATCH_ROWS):
-            chunk = reads[start : start + BATCH_ROWS]
-            query = Job.objects.using(self.alias).filter(pk__in=chunk).annotate(db_now=Now())
+        if reads:  # at most READ_ROWS (_take_reads)
+            query = Job.objects.using(self.alias).filter(pk__in=reads).annotate(db_now=Now())
             rows.update((row["id"], row) for row in query.values("id", *_COLUMNS))
         return flagged, rows
 

@@ -37,6 +37,7 @@ from django_jobguard.conf import get_settings
 from django_jobguard.exceptions import InvalidTaskError
 from django_jobguard.models import Job
 from django_jobguard.operations import jobs as job_ops
+from django_jobguard.results import waiting
 from django_jobguard.store import settled
 from django_jobguard.worker import Worker
 from tests.conftest import wait_for
@@ -319,6 +320,20 @@ def test_await_result_raises_as_wait_does():
             await pending.await_result(timeout=-1)
 
     asyncio.run(main())
+    close_async_connections()
+
+
+def test_more_waiters_than_one_read_holds_each_get_their_own_result(monkeypatch):
+    # The batcher reads READ_ROWS rows per round trip; the rest are read in the next ones.
+    monkeypatch.setattr(waiting, "READ_ROWS", 3)
+    jobs = [tasks.add.enqueue(i, b=100) for i in range(8)]
+    for job in jobs:
+        burst_until_settled(job)
+
+    async def main() -> list[Any]:
+        return await asyncio.gather(*(job.await_result(timeout=60) for job in jobs))
+
+    assert asyncio.run(main()) == [i + 100 for i in range(8)]
     close_async_connections()
 
 
