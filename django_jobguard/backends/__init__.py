@@ -4,5 +4,6 @@
 
 from .backend import JobGuardBackend, step
 from .task import JobGuardTask
+from .waiting import await_for, wait_for
 
-__all__ = ["JobGuardBackend", "JobGuardTask", "step"]
+__all__ = ["JobGuardBackend", "JobGuardTask", "await_for", "step", "wait_for"]
