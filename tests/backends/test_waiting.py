@@ -22,6 +22,7 @@ if not getattr(settings, "TASKS_ROOT", None):
 from asgiref.sync import sync_to_async
 from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connections
+from django.test import override_settings
 from django.utils import timezone
 
 from django_jobguard.backends import _compat, await_for, wait_for
@@ -113,6 +114,14 @@ def test_anything_but_a_task_result_is_refused_naming_the_argument(value):
         wait_for(value)
 
 
+def test_a_result_of_another_tasks_backend_is_refused_naming_it():
+    dummy = {"BACKEND": f"{settings.TASKS_ROOT}.backends.dummy.DummyBackend"}
+    with override_settings(TASKS={**settings.TASKS, "dummy": dummy}):
+        result = tasks_django.add.using(backend="dummy").enqueue(1, 2)
+        with pytest.raises(InvalidArgumentsError, match="of the tasks backend 'dummy' \\(DummyBackend\\)"):
+            wait_for(result, timeout=1)
+
+
 def test_a_negative_timeout_is_refused():
     result = tasks_django.add.enqueue(1, 2)
     with pytest.raises(ValueError, match="timeout must be 0 or more"):
@@ -129,7 +138,8 @@ def test_await_for_waits_without_blocking_the_loop_and_wait_for_is_refused_there
             wait_for(result, timeout=5)
         waiting = asyncio.ensure_future(await_for(result, timeout=120))
         loop = asyncio.get_running_loop()
-        worker = loop.run_in_executor(None, run_until_settled, result)
+        # The executor's thread closes what it opened (its last read included).
+        worker = loop.run_in_executor(None, lambda: (run_until_settled(result), connections.close_all()))
         while not waiting.done():  # the loop keeps turning while the waiter waits
             ticks += 1
             await asyncio.sleep(0.01)
