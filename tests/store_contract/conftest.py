@@ -1,13 +1,13 @@
 """Fixtures of the store contract: the two stores every shared test runs against, and flow tasks.
 
-A test that asks for ``rows`` runs twice in the same run: ``[database]`` against the dialect
+A test here asks for ``rows`` and runs twice in the same run: ``[database]`` against the dialect
 that serves the ``default`` alias (SQLite, PostgreSQL or MariaDB, whichever the run is
 configured for), ``[memory]`` with a :class:`~django_jobguard.store.memory.MemoryStore`
 substituted for that alias. It drives ``store.*`` either way and reads and writes the job
-and key rows (and lock rows and dead letters) through ``rows``, never through the ORM. A test
-the memory store cannot serve (breakers and budgets, the retention pass's ORM deletes, SQL
-text encodings and column widths, one database's own behaviour) is marked
-``database_only("why")`` instead: every test here is one or the other (checked at collection).
+and key rows (and lock rows and dead letters) through ``rows``, never through the ORM. Every
+test here does (checked at collection): what only a database does (SQL text and plans, column
+widths, a closed connection, breakers, the retention pass) is tested in tests/integration/store/
+and tests/integration/flow/, and listed in docs/reference/memory-store.md.
 """
 
 from __future__ import annotations
@@ -20,35 +20,28 @@ from typing import Any
 import pytest
 
 from django_jobguard import store
-from django_jobguard.flow import hot_keys
 from django_jobguard.models import DeadLetter, FlowRate, IdempotencyKey, Job, Lock
 from django_jobguard.operations import queues as queues_service
-from django_jobguard.registry import registry
-from django_jobguard.store import postgres
 from django_jobguard.store.memory import MemoryStore, StoredJob, StoredLock
-from tests.testapp import tasks_flow
+from tests.support.flow_tasks import claims_start_from_the_head, flow_tasks, unguarded_tasks
+
+__all__ = ["claims_start_from_the_head", "flow_tasks", "unguarded_tasks"]
 
 HERE = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if HERE not in item.path.parents:
-            continue
-        both = "rows" in getattr(item, "fixturenames", ())
-        only = item.get_closest_marker("database_only")
-        if both == (only is not None) or (only is not None and not only.args):
+        if HERE in item.path.parents and "rows" not in getattr(item, "fixturenames", ()):
             raise pytest.UsageError(
-                f"{item.nodeid}: a store-contract test either takes `rows` (runs on both stores) "
-                "or is marked database_only('why')"
+                f"{item.nodeid}: a store-contract test takes `rows` (it runs on the database and on "
+                "the in-memory store); a test of one database goes in tests/integration/store/"
             )
 
 
 @pytest.fixture(autouse=True)
-def _claims_start_from_the_head() -> None:
-    """Each test's first claim per worker id is a full one on PostgreSQL, as a new worker's is:
-    the tests reuse worker ids, which no worker process does (see ``store.postgres``)."""
-    postgres.forget_claim_bounds()
+def _claims_start_from_the_head(claims_start_from_the_head: None) -> None:
+    """Every contract test starts its claims from the head (see tests/support/flow_tasks.py)."""
 
 
 class DatabaseRows:
@@ -187,24 +180,3 @@ def rows(request: pytest.FixtureRequest):
         or Lock.objects.exists()
         or DeadLetter.objects.exists()
     )
-
-
-def _registered(tasks):
-    hot_keys.clear()  # what earlier tests' claims remembered
-    for task in tasks:
-        registry.register(task)
-    yield
-    for task in tasks:
-        registry.unregister(task.name)
-
-
-@pytest.fixture
-def flow_tasks():
-    """The limited tasks of tests/testapp/tasks_flow.py, registered for the test."""
-    yield from _registered(tasks_flow.ALL)
-
-
-@pytest.fixture
-def unguarded_tasks():
-    """The flow tasks but the one under a breaker (whose claims keep Django's atomic block)."""
-    yield from _registered([task for task in tasks_flow.ALL if task is not tasks_flow.call_dependency])

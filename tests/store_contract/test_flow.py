@@ -6,17 +6,12 @@ the dialect that serves the ``default`` alias, and in the same run against the i
 killed while a sampler watches the running rows) is tests/processes/test_flow_processes.py.
 """
 
-import io
-import time
-
 import pytest
-from django.core.management import call_command
 from django.test import override_settings
 from django.utils import timezone
 
 from django_jobguard import store
-from django_jobguard.flow import Throttle, hot_keys
-from django_jobguard.models import FlowRate, Job
+from django_jobguard.flow import Throttle
 from django_jobguard.registry import registry
 from tests.conftest import wait_for
 from tests.testapp import tasks_flow
@@ -34,11 +29,6 @@ def claim(batch_size=10, queues=None):
 
 def finish(rows, job_id):
     rows.update(job_id, status="succeeded", lease_token=None, lease_expires_at=None)
-
-
-@pytest.mark.database_only("the registry's plan alone: no store call to vary")
-def test_no_plan_when_nothing_is_limited():
-    assert registry.flow_plan() is None
 
 
 def test_a_task_concurrency_admits_n_and_leaves_the_rest_queued_without_an_attempt(rows, flow_tasks):
@@ -213,23 +203,6 @@ def test_a_claim_attempt_count_is_unchanged_for_waiting_jobs(rows, flow_tasks):
     assert [job.pk for job in rows.jobs() if job.attempts > job.max_attempts] == []
 
 
-@pytest.mark.database_only("the retention pass deletes rate rows through the ORM")
-def test_prune_deletes_only_rate_keys_idle_for_an_hour():
-    from django_jobguard.maintenance import retention
-
-    now = timezone.now().timestamp()
-    FlowRate.objects.create(key="rate:task:idle", tat=now - 7200)
-    FlowRate.objects.create(key="rate:task:recent", tat=now - 60)
-    FlowRate.objects.create(key="rate:task:busy", tat=now + 5)
-    assert retention.prune(dry_run=True).flow_rates == 1
-    assert retention.prune().flow_rates == 1
-    assert sorted(FlowRate.objects.values_list("key", flat=True)) == ["rate:task:busy", "rate:task:recent"]
-    FlowRate.objects.create(key="rate:task:idle", tat=now - 7200)
-    out = io.StringIO()
-    call_command("jobguard_prune", stdout=out)
-    assert "Deleted 1 idle flow-control rate row(s)." in out.getvalue().splitlines()
-
-
 def ordered(rows, jobs):
     """Jobs in claim order: priority first, then the time they became due, then id."""
     stored = sorted(
@@ -263,30 +236,13 @@ def test_beside_a_hot_key_many_other_keys_are_all_reached(rows, flow_tasks):
     assert taken == ordered(rows, cold)
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.database_only("what a closed connection leaves committed")
-def test_a_limited_claim_outside_a_transaction_commits_its_leases_and_rates(flow_tasks):
-    from django.db import connection
-
-    rated = [tasks_flow.rated.enqueue(n) for n in range(2)]
-    keyed = tasks_flow.per_account.enqueue(1, 0)
-    claimed = claim()
-    assert sorted(job.id for job in claimed) == sorted([*(job.id for job in rated), keyed.id])
-    assert not connection.in_atomic_block
-    connection.close()  # anything left uncommitted would be rolled back here
-    assert set(Job.objects.values_list("status", flat=True)) == {"running"}
-    assert FlowRate.objects.filter(key="rate:task:tests.testapp.tasks_flow.rated").exists()
-    assert claim() == []  # the connection serves the next claim as usual
-
-
-@pytest.mark.database_only("the SQL claims' hot-key read hint (flow_sql, postgres)")
-def test_a_key_with_room_again_after_filling_up_is_served_beside_the_others(flow_tasks):
+def test_a_key_with_room_again_after_filling_up_is_served_beside_the_others(rows, flow_tasks):
+    # On the SQL stores the first claim remembers the full key as hot, which changes how the
+    # second one reads (tests/integration/store/test_flow_claims.py); the jobs are the same.
     hot = tasks_flow.per_account.bulk_enqueue(((1, 0), {}) for _ in range(200))
     first = claim(batch_size=3)  # two slots: the third job read finds the key full
     assert [job.id for job in first] == [job.id for job in hot[:2]]
-    assert hot_keys.recent(time.monotonic()) == ["c:tests.testapp.tasks_flow.per_account|account:1"]
-    # One slot of the hot key is free again.
-    Job.objects.filter(pk=first[0].id).update(status="succeeded", lease_token=None, lease_expires_at=None)
+    finish(rows, first[0].id)  # one slot of the hot key is free again
     cold = [tasks_flow.per_account.enqueue(account, 0) for account in (2, 3)]
     claimed = claim(batch_size=5)
     assert [job.id for job in claimed] == [hot[2].id, *(job.id for job in cold)]

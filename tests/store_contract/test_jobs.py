@@ -12,12 +12,11 @@ import datetime
 import threading
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from django_jobguard import store
 from django_jobguard.exceptions import LeaseLost
-from django_jobguard.store import mysql, postgres, sqlite
 from tests.conftest import wait_for
 from tests.testapp import tasks
 
@@ -189,13 +188,6 @@ def test_no_claim_can_push_attempts_past_the_maximum(rows):
 
 
 # -- the boundary itself ----------------------------------------------------------------------
-
-
-@pytest.mark.database_only("which database module serves the alias")
-def test_each_alias_is_served_by_its_databases_module():
-    expected = {"postgresql": postgres, "mysql": mysql, "sqlite": sqlite}[connection.vendor]
-    assert store.dialect_of("default") is expected
-    assert store.writes_while_busy("default") is (connection.vendor != "sqlite")
 
 
 def test_database_now_is_the_database_clock_and_aware(rows):

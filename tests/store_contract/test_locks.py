@@ -11,8 +11,6 @@ import pytest
 from django.utils import timezone
 
 from django_jobguard import store
-from django_jobguard.maintenance import retention
-from django_jobguard.models import Lock
 from django_jobguard.store import locks
 from tests.conftest import wait_for
 
@@ -90,14 +88,3 @@ def test_a_key_taken_again_after_its_row_was_pruned_gets_a_greater_fencing_token
         message="the database clock to pass the pruned row's last token",
     )
     assert locks.acquire("default", "k", B, 30) > last
-
-
-@pytest.mark.database_only("the retention pass prunes jobs, keys and rates through the ORM too")
-def test_the_retention_pass_prunes_released_lock_rows():
-    locks.acquire("default", "k", A, 30)
-    locks.release("default", "k", A)
-    aged = timezone.now() - retention.LOCK_ROWS_KEPT_FOR - datetime.timedelta(minutes=1)
-    Lock.objects.filter(key="k").update(acquired_at=aged)
-    assert retention.prune(dry_run=True).locks == 1
-    assert retention.prune().locks == 1
-    assert not Lock.objects.exists()

@@ -1,4 +1,4 @@
-"""The store contract, for text the claim stores: one job's over-long limit key never stalls a queue.
+"""The database's key columns, for text the claim stores: one over-long limit key never stalls a queue.
 
 A keyed rate's key is stored by the claim as ``r:<task>|<key>`` in the rate table's 255-character
 key column. Enqueue refuses a key whose stored form would not fit; a row that holds one anyway
@@ -22,7 +22,7 @@ from tests.support.dlq import run_burst
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.database_only("what the database's key columns can hold; the memory store has no columns"),
+    pytest.mark.usefixtures("claims_start_from_the_head"),
 ]
 
 #: 60 characters: with ``r:`` and ``|`` a 200-character key (the per-key limit) is 263 stored.

@@ -1,4 +1,7 @@
-"""The store contract, for circuit breakers and retry budgets: what the limited claim admits.
+"""Circuit breakers and retry budgets: what the limited claim admits.
+
+Breakers are Breaker rows that breakers.py writes and the database stores' limited claims read;
+the in-memory store keeps none (docs/reference/memory-store.md), so these run on the database only.
 
 Runs on SQLite by default and on PostgreSQL or MariaDB with ``JOBGUARD_TEST_DATABASE_URL``. The
 dependency is ``JOBGUARD["LIMITS"]["flow-dep"]`` of tests/settings.py (breaker: 50% of at
@@ -23,10 +26,7 @@ from tests.testapp import tasks_flow
 
 pytestmark = [
     pytest.mark.django_db,
-    pytest.mark.database_only(
-        "breakers and retry budgets are Breaker rows that breakers.py writes and the limited claim reads; "
-        "the memory store keeps none, and its limited claim admits as if every breaker were closed"
-    ),
+    pytest.mark.usefixtures("claims_start_from_the_head"),
 ]
 
 DEP = "flow-dep"

@@ -1,4 +1,4 @@
-"""The store contract, for text columns: a value at its documented maximum is stored intact, one past
+"""The database's text columns: a value at its documented maximum is stored intact, one past
 it is refused with a clear error before anything is written, never a database error later.
 
 ``COLUMNS`` names every CharField and TextField of the jobguard models and how its text gets
@@ -31,7 +31,7 @@ from django_jobguard.worker import Worker
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.database_only("the database's column widths and text encodings; the memory store has none"),
+    pytest.mark.usefixtures("claims_start_from_the_head"),
 ]
 
 #: How each text column is filled. "probed": by callers, operators or task authors, through an

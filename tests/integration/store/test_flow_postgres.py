@@ -27,7 +27,7 @@ from tests.testapp import tasks_flow
 pytestmark = [
     pytest.mark.django_db,
     pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's limited claim only"),
-    pytest.mark.database_only("PostgreSQL's own limited claim: its round trips and query plans"),
+    pytest.mark.usefixtures("claims_start_from_the_head"),
 ]
 
 

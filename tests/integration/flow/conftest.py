@@ -1,0 +1,5 @@
+"""Fixtures of the flow-control tests: the flow tasks (as in tests/store_contract/)."""
+
+from tests.support.flow_tasks import claims_start_from_the_head, flow_tasks, unguarded_tasks
+
+__all__ = ["claims_start_from_the_head", "flow_tasks", "unguarded_tasks"]
