@@ -193,6 +193,9 @@ from . import tasks_cache, tasks_dlq, tasks_faults, tasks_idem, tasks_locks, tas
 if os.environ.get("JOBGUARD_TEST_FLOW"):
     from . import tasks_flow  # noqa: F401 - worker processes of the flow-control tests
 
+if os.environ.get("JOBGUARD_TEST_DUAL_RUN"):
+    from . import dualrun_jobguard  # noqa: F401 - worker processes of the Celery dual-run test
+
 
 @task(takes_context=True, queue_name="context")
 def describe_context(context) -> dict:
