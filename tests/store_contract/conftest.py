@@ -94,7 +94,7 @@ class DatabaseRows:
 
 
 #: Columns a MemoryStore keeps in a job's ``fields`` (those the enqueue inserts).
-_FIELD_COLUMNS = {"priority", "max_attempts", "visibility_timeout", "queue_name", "task_name"}
+_FIELD_COLUMNS = {"priority", "max_attempts", "visibility_timeout", "queue_name", "task_name", "flow_keys"}
 
 
 class MemoryRows:

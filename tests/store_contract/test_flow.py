@@ -6,6 +6,8 @@ the dialect that serves the ``default`` alias, and in the same run against the i
 killed while a sampler watches the running rows) is tests/processes/test_flow_processes.py.
 """
 
+import json
+
 import pytest
 from django.test import override_settings
 from django.utils import timezone
@@ -246,3 +248,30 @@ def test_a_key_with_room_again_after_filling_up_is_served_beside_the_others(rows
     cold = [tasks_flow.per_account.enqueue(account, 0) for account in (2, 3)]
     claimed = claim(batch_size=5)
     assert [job.id for job in claimed] == [hot[2].id, *(job.id for job in cold)]
+
+
+#: ``flow_keys`` values enqueue never writes (a hand-written row, an older release): none is a
+#: list of strings. JSON null and a breaker's shared limit: tests/integration/store/test_stored_keys.py.
+UNREADABLE_FLOW_KEYS = {
+    "object": {"r": "k"},
+    "string": "c:tests.testapp.tasks_flow.per_account|account:2",
+    "number": 7,
+    "array with a number": ["c:tests.testapp.tasks_flow.per_account|account:2", 7],
+    "nested array": [["c:tests.testapp.tasks_flow.per_account|account:2"]],
+}
+
+
+@pytest.mark.parametrize("stored", UNREADABLE_FLOW_KEYS.values(), ids=UNREADABLE_FLOW_KEYS.keys())
+def test_a_job_whose_flow_keys_are_not_a_list_of_strings_is_leased_marked_and_counted_under_none(
+    rows, flow_tasks, stored
+):
+    before, bad, after = (tasks_flow.per_account.enqueue(account, 0) for account in (1, 2, 3))
+    rows.update(bad.id, flow_keys=stored)
+    claimed = claim()
+    assert sorted(job.id for job in claimed) == [before.id, bad.id, after.id]
+    marked = {job.id: job.unreadable_flow_keys for job in claimed}
+    assert marked[before.id] is None and marked[after.id] is None
+    assert json.loads(marked[bad.id]) == stored  # the worker dead-letters it with this
+    # Running, it counts under none of its keys: account 2 still has both of its slots.
+    later = [tasks_flow.per_account.enqueue(2, 0) for _ in range(3)]
+    assert [job.id for job in claim()] == [job.id for job in later[:2]]
