@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -266,8 +267,11 @@ class Job(models.Model):
         """Yield the job's :attr:`progress` each time it changes, until the job finishes.
 
         ``for progress in job.watch(timeout=600): print(progress["done"], progress["total"])``.
-        The row is read every ``interval`` seconds here, so the caller does not poll (the
-        worker writes progress about once a second: a shorter interval sees nothing sooner).
+        On PostgreSQL the row is read when the worker's write of a new progress (or the
+        job's settlement) is notified, through the process's one LISTEN connection (and every
+        few seconds as a backstop); on SQLite and MariaDB/MySQL, or inside a transaction, it is
+        read every ``interval`` seconds here, so the caller does not poll (the worker writes
+        progress about once a second: a shorter interval sees nothing sooner).
         When the job finishes, its last progress is yielded if it changed, the job's fields
         are read again (``status``, ``result``, ``last_error``, ...) and the loop ends.
         Raises :class:`~django_jobguard.exceptions.WaitTimeout` (a ``TimeoutError``) if
@@ -327,36 +331,60 @@ class Job(models.Model):
         return min(interval, left)
 
     def _watch(self, rows: JobQuerySet, timeout: float | None, interval: float) -> Iterator[dict[str, Any]]:
+        # On PostgreSQL the row is read when its progress or settlement is notified; the
+        # wake-up sits above the models (it uses the store): imported when called.
+        from .results import watch_wakeup
+
         deadline = None if timeout is None else time.monotonic() + timeout
         seen = self.progress
         if seen is not None:
             yield seen
-        while True:
-            fresh, finished = self._watch_step(rows.values_list("status", "progress").first(), seen)
-            if fresh is not None:
-                seen = fresh
-                yield fresh
-            if finished:
-                self.refresh_from_db()
-                return
-            time.sleep(self._watch_wait(deadline, timeout, interval))
+        wakeup = watch_wakeup(rows.db, self.pk, math.inf if timeout is None else timeout)
+        try:
+            while True:
+                fresh, finished = self._watch_step(rows.values_list("status", "progress").first(), seen)
+                if fresh is not None:
+                    seen = fresh
+                    yield fresh
+                if finished:
+                    self.refresh_from_db()
+                    return
+                if wakeup is None:
+                    time.sleep(self._watch_wait(deadline, timeout, interval))
+                else:
+                    wakeup.wait(self._watch_wait(deadline, timeout, math.inf))
+        finally:
+            if wakeup is not None:
+                wakeup.close()
 
     async def _awatch(
         self, rows: JobQuerySet, timeout: float | None, interval: float
     ) -> AsyncIterator[dict[str, Any]]:
+        from .results import awatch_wakeup
+
         deadline = None if timeout is None else time.monotonic() + timeout
         seen = self.progress
         if seen is not None:
             yield seen
-        while True:
-            fresh, finished = self._watch_step(await rows.values_list("status", "progress").afirst(), seen)
-            if fresh is not None:
-                seen = fresh
-                yield fresh
-            if finished:
-                await self.arefresh_from_db()
-                return
-            await asyncio.sleep(self._watch_wait(deadline, timeout, interval))
+        wakeup = await awatch_wakeup(rows.db, self.pk, math.inf if timeout is None else timeout)
+        try:
+            while True:
+                fresh, finished = self._watch_step(
+                    await rows.values_list("status", "progress").afirst(), seen
+                )
+                if fresh is not None:
+                    seen = fresh
+                    yield fresh
+                if finished:
+                    await self.arefresh_from_db()
+                    return
+                if wakeup is None:
+                    await asyncio.sleep(self._watch_wait(deadline, timeout, interval))
+                else:
+                    await wakeup.wait(self._watch_wait(deadline, timeout, math.inf))
+        finally:
+            if wakeup is not None:
+                wakeup.close()
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the job settles and return its stored result.

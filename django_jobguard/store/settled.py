@@ -12,6 +12,10 @@ no settlement: the waiter subscribes, the listener is LISTENing, then the waiter
 committed before the flag is seen by that read; one committed after it notifies. While the
 connection is down, or after it came back, every waiter is woken to read its row again.
 
+Watchers (``Job.watch()``) subscribe with ``progress=True``: migration 0029's trigger sends
+``pg_notify('jobguard_settled', 'p<id>')`` when a waited job's progress changes, which wakes
+only them, so ``Job.wait()``'s waiters do not read the row at each report.
+
 A process that dies mid-wait leaves nothing: its LISTEN ends with its connection, and the flag
 only makes the job's settlement send a notification nobody hears.
 """
@@ -32,12 +36,15 @@ from ..conf import get_settings
 from .common import NOTIFY_CHANNEL, TABLE
 from .listener import listen_connection
 
-__all__ = ["SETTLED_CHANNEL", "SettleListener", "mark_waited", "settle_listener"]
+__all__ = ["PROGRESS_MARK", "SETTLED_CHANNEL", "SettleListener", "mark_waited", "settle_listener"]
 
 logger = logging.getLogger("django_jobguard.store")
 
-#: The channel migration 0027's trigger notifies on (payload: the job's id as text).
+#: The channel migration 0027's trigger notifies on (payload: the job's id as text). Migration
+#: 0029's notifies a watched job's new progress on it too (payload: ``p`` and the id).
 SETTLED_CHANNEL = "jobguard_settled"
+#: The payload's prefix of a progress notification (migration 0029).
+PROGRESS_MARK = "p"
 
 #: Seconds the LISTEN connection stays open with no waiter. Under 5 s: a ``DROP DATABASE``
 #: (a test run's teardown) waits that long for other sessions to end.
@@ -136,6 +143,8 @@ class SettleListener:
         self.alias = alias
         self.pid = os.getpid()
         self._waiters: dict[int, list[Callback]] = {}
+        # The callbacks of _waiters that a new progress of their job wakes too (watchers).
+        self._watchers: dict[int, list[Callback]] = {}
         self._lock = threading.Lock()
         self._listening = threading.Event()
         self._thread: threading.Thread | None = None
@@ -146,10 +155,13 @@ class SettleListener:
         #: Connections opened so far (a benchmark and a test read it).
         self.connections_opened = 0
 
-    def subscribe(self, job_id: int, callback: Callback) -> None:
-        """Call ``callback`` when job ``job_id`` settles, or when a settlement may have been missed."""
+    def subscribe(self, job_id: int, callback: Callback, *, progress: bool = False) -> None:
+        """Call ``callback`` when job ``job_id`` settles, or when a settlement may have been
+        missed; with ``progress``, also when its progress changes (a watched job, 0029)."""
         with self._lock:
             self._waiters.setdefault(job_id, []).append(callback)
+            if progress:
+                self._watchers.setdefault(job_id, []).append(callback)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name=f"jobguard-settled-{self.alias}", daemon=True
@@ -165,6 +177,11 @@ class SettleListener:
                 callbacks.remove(callback)
                 if not callbacks:
                     del self._waiters[job_id]
+            watchers = self._watchers.get(job_id)
+            if watchers is not None and callback in watchers:
+                watchers.remove(callback)
+                if not watchers:
+                    del self._watchers[job_id]
 
     def listening(self, timeout: float = 0.0) -> bool:
         """Whether notifications arrive now (waits up to ``timeout`` seconds for the LISTEN)."""
@@ -255,17 +272,20 @@ class SettleListener:
         return conn
 
     def _fire(self, payloads: set[str] | None) -> None:
-        """Call the callbacks of the jobs in ``payloads`` (their ids as text); None: all of them."""
+        """Call the callbacks of the jobs in ``payloads`` (their ids as text; a progress one,
+        ``p`` and the id, only its watchers'); None: all of them."""
         with self._lock:
             if payloads is None:
                 callbacks = [cb for group in self._waiters.values() for cb in group]
             else:
                 callbacks = []
                 for payload in payloads:
+                    progress = payload.startswith(PROGRESS_MARK)
                     try:
-                        group = self._waiters.get(int(payload))
+                        job_id = int(payload[len(PROGRESS_MARK) :] if progress else payload)
                     except ValueError:
                         continue
+                    group = (self._watchers if progress else self._waiters).get(job_id)
                     if group:
                         callbacks.extend(group)
         for callback in callbacks:
