@@ -14,7 +14,8 @@ from django.db import connection, connections
 from django_jobguard.models import Job
 from django_jobguard.results import watching
 from django_jobguard.store.listener import listen_connection
-from django_jobguard.store.settled import SETTLED_CHANNEL
+from django_jobguard.store.settled import SETTLED_CHANNEL, mark_waited, settle_listener
+from tests.conftest import wait_for
 from tests.testapp import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
@@ -79,3 +80,33 @@ def test_awatch_is_woken_by_each_new_progress(monkeypatch):
     Job.objects.filter(pk=job.pk).update(progress={"done": 1})
     assert asyncio.run(follow()) == [1, 2, 3]  # the last woken by the settlement (0027)
     assert job.status == "cancelled"
+
+
+def test_a_new_progress_wakes_the_jobs_watchers_and_not_its_waiters():
+    job = tasks.add.enqueue(1)
+    listener = settle_listener("default")
+    assert listener is not None
+    woke = {"waiter": 0, "watcher": 0}
+
+    def waiter() -> None:
+        woke["waiter"] += 1
+
+    def watcher() -> None:
+        woke["watcher"] += 1
+
+    listener.subscribe(job.pk, waiter)
+    listener.subscribe(job.pk, watcher, progress=True)
+    try:
+        assert listener.listening(10.0)
+        assert mark_waited("default", job.pk)
+        # Each dispatch calls the waiter, then the watcher; the connection's opening wakes
+        # both, keeping them level. The report puts the watcher one ahead; had it woken the
+        # waiter too, they would stay level.
+        Job.objects.filter(pk=job.pk).update(progress={"done": 1})
+        wait_for(lambda: woke["watcher"] - woke["waiter"] == 1, message="the watcher alone to be woken")
+        waiter_before = woke["waiter"]
+        Job.objects.filter(pk=job.pk).update(status="cancelled")
+        wait_for(lambda: woke["waiter"] > waiter_before, message="the waiter to be woken by the settlement")
+    finally:
+        listener.unsubscribe(job.pk, waiter)
+        listener.unsubscribe(job.pk, watcher)
