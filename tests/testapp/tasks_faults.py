@@ -213,7 +213,6 @@ def locked_increment(context: Any, resource: str, marker: str, hold: float = 0.0
     token = context.fencing_token or 0
     if LedgerEntry.objects.filter(effect_key=marker).exists():
         return -1  # applied by an earlier attempt whose ack was refused
-    started = time.time()
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE testapp_fencedcounter SET last_fencing_token = %s "
@@ -221,6 +220,11 @@ def locked_increment(context: Any, resource: str, marker: str, hold: float = 0.0
             [token, resource, token],
         )
         row = cursor.fetchone()
+    # The run's interval starts once the read has registered its token: that is where the
+    # fenced section begins. Sampled before the read, a run that took the lock from a holder
+    # Redis forgot could start microseconds before that holder's accepted write ended (its
+    # read then waits for that commit), an overlap of the clock samples, not of the runs.
+    started = time.time()
     if row is None:
         _refused(context, resource, token, "read")
     value = row[0]
