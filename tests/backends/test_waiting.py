@@ -4,7 +4,6 @@ Job.wait()'s wake-up, then refreshed (SUCCESSFUL or FAILED, as Django's API read
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -29,6 +28,7 @@ from django_jobguard.backends import _compat, await_for, wait_for
 from django_jobguard.exceptions import InvalidArgumentsError, WaitTimeout
 from django_jobguard.models import Job
 from django_jobguard.worker import Worker
+from tests.conftest import wait_for as wait_until
 from tests.testapp import tasks_django
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -36,17 +36,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 Status = _compat.TaskResultStatus
 
 
-def run_until_settled(result: Any, rounds: int = 200) -> None:
+def run_until_settled(result: Any) -> None:
     """Burst workers until the result's job settles (retries come due after a short backoff)."""
-    for _ in range(rounds):
+
+    def burst_settled() -> bool:
         try:
             assert Worker(burst=True, install_signal_handlers=False, poll_interval=0.05).run() == 0
         finally:
             connections.close_all()
-        if Job.objects.filter(pk=int(result.id), status__in=["succeeded", "dead", "cancelled"]).exists():
-            return
-        time.sleep(0.05)
-    pytest.fail(f"job {result.id} did not settle after {rounds} bursts")
+        return Job.objects.filter(pk=int(result.id), status__in=["succeeded", "dead", "cancelled"]).exists()
+
+    wait_until(burst_settled, timeout=120, interval=0.05, message=f"job {result.id} to settle")
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -101,11 +100,12 @@ def waiting_on(job: Job) -> None:
 def burst_until_settled(job: Job) -> None:
     """Burst until the job settles: a claim passes over a row while a waiter's flag is being
     written (a worker that stays is woken again by the flag's NOTIFY; a burst worker exits)."""
-    for _ in range(200):
+
+    def burst_settled() -> bool:
         run_burst()
-        if Job.objects.filter(pk=job.pk, status__in=["succeeded", "dead", "cancelled"]).exists():
-            return
-        time.sleep(0.05)
+        return Job.objects.filter(pk=job.pk, status__in=["succeeded", "dead", "cancelled"]).exists()
+
+    wait_for(burst_settled, timeout=120, interval=0.05, message=f"job {job.pk} to settle")
 
 
 def close_async_connections() -> None:

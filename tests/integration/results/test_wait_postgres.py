@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -123,9 +124,11 @@ def test_coroutines_are_woken_through_one_listen_connection(no_backstop):
 
     async def main() -> list[Any]:
         waits = [asyncio.ensure_future(job.await_result(timeout=300)) for job in jobs]
+        deadline = time.monotonic() + 120  # every waiter subscribed and its row flagged
         while listener.waiters < len(jobs) or await sync_to_async(flagged, thread_sensitive=True)() < len(
             jobs
         ):
+            assert time.monotonic() < deadline, f"{listener.waiters} of {len(jobs)} waiters subscribed"
             await asyncio.sleep(0.05)
         seen["sessions"] = await sync_to_async(listening_sessions, thread_sensitive=True)()
         worker = threading.Thread(target=run_burst)
