@@ -32,6 +32,7 @@ from .defaults import (
     DEFAULT_VISIBILITY_TIMEOUT_SECONDS,
     DEFAULTS,
 )
+from .encryption import EncryptionSettings
 from .horizon import HorizonSettings
 from .limits import (
     BREAKER_DEFAULTS,
@@ -79,6 +80,7 @@ __all__ = [
     "ApiSettings",
     "BreakerSpec",
     "CacheSettings",
+    "EncryptionSettings",
     "HorizonSettings",
     "IdempotencySettings",
     "LockSettings",

@@ -284,6 +284,16 @@ DEFAULTS: dict[str, Any] = {
         # Missed ticks a "catch_up" schedule enqueues at most after an outage (the latest ones).
         "CATCH_UP_MAX": 100,
     },
+    "ENCRYPTION": {
+        # Keys that encrypt payloads at rest, as "key_id:base64" strings (32 random bytes each,
+        # from `manage.py jobguard_encryption_key`): the first encrypts, every one decrypts, as
+        # Django's SECRET_KEY_FALLBACKS. Empty: read KEYS_ENV instead.
+        "KEYS": [],
+        # The environment variable read when KEYS is empty: the same strings, comma-separated.
+        "KEYS_ENV": "JOBGUARD_ENCRYPTION_KEYS",
+        # Encrypt every task's data, not only that of tasks declared with @task(encrypt=True).
+        "ALL_TASKS": False,
+    },
     "TESTING": {
         # How enqueued jobs run, for tests (django_jobguard.testing) and eager setups: "manual"
         # (the default: a job is stored and waits for a worker, or for the test's run_jobs())

@@ -19,6 +19,7 @@ from ._values import (
 )
 from .api import ApiSettings, parse_api_settings, parse_page_sizes
 from .defaults import DEFAULTS
+from .encryption import EncryptionSettings, parse_encryption_settings
 from .horizon import HorizonSettings, parse_horizon_settings
 from .limits import NamedLimit, parse_limits
 from .payloads import parse_depth, parse_redact
@@ -142,6 +143,8 @@ class Settings:
     retention: RetentionSettings = RetentionSettings()  # noqa: RUF009 (frozen)
     #: ``TESTING["MODE"]``: "manual" (jobs wait for a worker or run_jobs()) or "inline".
     testing_mode: str = "manual"
+    #: ``ENCRYPTION``: the keys payloads at rest are encrypted with (see :mod:`django_jobguard.encryption`).
+    encryption: EncryptionSettings = EncryptionSettings()  # noqa: RUF009 (frozen)
 
     def queue(self, name: str) -> QueueConfig:
         """The configuration of queue ``name`` (global defaults for queues not listed)."""
@@ -204,6 +207,7 @@ def parse(raw: Any) -> Settings:
     scheduler = merged_group(raw, "SCHEDULER")
     horizon = merged_group(raw, "HORIZON")
     testing = merged_group(raw, "TESTING")
+    encryption = merged_group(raw, "ENCRYPTION")
 
     return Settings(
         database_alias=string(merged["DATABASE_ALIAS"], ("DATABASE_ALIAS",)),
@@ -255,6 +259,7 @@ def parse(raw: Any) -> Settings:
         horizon=parse_horizon_settings(horizon),
         retention=retention,
         testing_mode=_testing_mode(testing),
+        encryption=parse_encryption_settings(encryption),
     )
 
 

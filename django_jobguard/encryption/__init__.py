@@ -1,0 +1,168 @@
+"""Payloads encrypted at rest: AES-256-GCM from ``cryptography``, with key rotation.
+
+A value is stored as a token ``jg1:<key id>:<base64url(nonce + ciphertext + tag)>``: the key id
+says which key of ``JOBGUARD["ENCRYPTION"]["KEYS"]`` opens it, so that old rows stay readable
+after a new key takes over, and a missing key is named, never guessed. The field a value is
+stored in is the cipher's associated data: a ciphertext copied into another field (arguments
+into a result, say) fails authentication instead of decrypting there.
+
+JSON fields hold ``{"$jobguard_encrypted": token}``; text fields hold the token itself.
+Nothing here is home-made cryptography: AES-GCM authenticates the ciphertext, the nonce is 12
+random bytes per value (2**32 values per key stay far inside GCM's random-nonce bound), and
+the blind index (:func:`blind_index`) is HMAC-SHA256 under a key derived by HKDF.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import hashlib
+import hmac
+import json
+import os
+from typing import Any
+
+from django_jobguard.conf import EncryptionSettings, get_settings
+from django_jobguard.exceptions import JobguardError
+
+__all__ = [
+    "JSON_MARKER",
+    "TOKEN_PREFIX",
+    "DecryptionError",
+    "blind_index",
+    "blind_indexes",
+    "decrypt_json",
+    "decrypt_text",
+    "encrypt_json",
+    "encrypt_text",
+    "is_encrypted",
+    "key_id_of",
+    "keyring",
+]
+
+TOKEN_PREFIX = "jg1:"
+#: The one key of a JSON field's object when the field holds a ciphertext.
+JSON_MARKER = "$jobguard_encrypted"
+_NONCE_BYTES = 12
+
+
+class DecryptionError(JobguardError):
+    """A stored value could not be decrypted: its key is not configured, or it was altered.
+
+    ``key_id`` names the key the value says it was encrypted with; ``reason`` is "missing key"
+    or "tampered". Never raised for a value that decrypts: GCM's tag rules out garbage.
+    """
+
+    def __init__(self, key_id: str, reason: str, field: str) -> None:
+        self.key_id = key_id
+        self.reason = reason
+        self.field = field
+        detail = (
+            f"key {key_id!r} is not in JOBGUARD['ENCRYPTION']['KEYS']"
+            if reason == "missing key"
+            else "its authentication tag does not match (the stored ciphertext was altered or copied from another field)"
+        )
+        super().__init__(f"cannot decrypt {field}: {detail}")
+
+
+@functools.lru_cache(maxsize=8)
+def _ciphers(keys: tuple[tuple[str, bytes], ...]) -> dict[str, Any]:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    return {key_id: AESGCM(raw) for key_id, raw in keys}
+
+
+def keyring() -> EncryptionSettings:
+    """The configured keys (``.enabled`` is False when there are none)."""
+    return get_settings().encryption
+
+
+def _encrypt(plain: bytes, field: str) -> str:
+    ring = keyring()
+    if not ring.enabled:
+        raise DecryptionError("", "missing key", field)  # pragma: no cover - callers check enabled
+    key_id = ring.keys[0][0]
+    nonce = os.urandom(_NONCE_BYTES)
+    sealed = _ciphers(ring.keys)[key_id].encrypt(nonce, plain, field.encode())
+    return f"{TOKEN_PREFIX}{key_id}:{base64.urlsafe_b64encode(nonce + sealed).decode('ascii')}"
+
+
+def _decrypt(token: str, field: str) -> bytes:
+    from cryptography.exceptions import InvalidTag
+
+    key_id, _, body = token[len(TOKEN_PREFIX) :].partition(":")
+    cipher = _ciphers(keyring().keys).get(key_id)
+    if cipher is None:
+        raise DecryptionError(key_id, "missing key", field)
+    try:
+        raw = base64.urlsafe_b64decode(body)
+        return bytes(cipher.decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], field.encode()))
+    except (InvalidTag, binascii.Error, ValueError):
+        raise DecryptionError(key_id, "tampered", field) from None
+
+
+def is_encrypted(stored: Any) -> bool:
+    """Whether ``stored`` (a JSON field's or a text field's value) is a ciphertext."""
+    if isinstance(stored, str):
+        return stored.startswith(TOKEN_PREFIX)
+    return isinstance(stored, dict) and len(stored) == 1 and isinstance(stored.get(JSON_MARKER), str)
+
+
+def key_id_of(stored: Any) -> str | None:
+    """The key id a stored ciphertext names, or None for a value stored in clear."""
+    if not is_encrypted(stored):
+        return None
+    token = stored if isinstance(stored, str) else stored[JSON_MARKER]
+    return str(token[len(TOKEN_PREFIX) :].partition(":")[0])
+
+
+def encrypt_json(value: Any, *, field: str) -> dict[str, str]:
+    """``value`` (JSON-serialisable) sealed for JSON field ``field`` (e.g. "job.args")."""
+    plain = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    return {JSON_MARKER: _encrypt(plain, field)}
+
+
+def decrypt_json(stored: Any, *, field: str) -> Any:
+    """The value of JSON field ``field``: decrypted when it is a ciphertext, else as stored."""
+    if not is_encrypted(stored) or isinstance(stored, str):
+        return stored
+    return json.loads(_decrypt(stored[JSON_MARKER], field))
+
+
+def encrypt_text(value: str, *, field: str) -> str:
+    """``value`` sealed for text field ``field`` (e.g. "dead_letter.traceback"); "" stays ""."""
+    return _encrypt(value.encode(), field) if value else value
+
+
+def decrypt_text(stored: str, *, field: str) -> str:
+    """The text of field ``field``: decrypted when it is a ciphertext, else as stored."""
+    if not stored or not stored.startswith(TOKEN_PREFIX):
+        return stored
+    return _decrypt(stored, field).decode()
+
+
+@functools.lru_cache(maxsize=8)
+def _index_keys(keys: tuple[tuple[str, bytes], ...]) -> tuple[bytes, ...]:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    return tuple(
+        HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"jobguard blind index").derive(raw)
+        for _, raw in keys
+    )
+
+
+def blind_index(value: str) -> str:
+    """A keyed HMAC of ``value`` under the current key: equal values give equal indexes, and
+    the clear value cannot be read back (for idempotency and lock keys that must stay comparable)."""
+    return blind_indexes(value)[0]
+
+
+def blind_indexes(value: str) -> list[str]:
+    """:func:`blind_index` of ``value`` under every configured key, the current one first
+    (a lookup during a rotation matches rows indexed under an older key)."""
+    return [
+        "h:" + hmac.new(key, value.encode(), hashlib.sha256).hexdigest()[:62]
+        for key in _index_keys(keyring().keys)
+    ]
