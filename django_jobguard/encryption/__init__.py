@@ -41,7 +41,7 @@ __all__ = [
     "keyring",
 ]
 
-TOKEN_PREFIX = "jg1:"
+TOKEN_PREFIX = "jg1:"  # noqa: S105 - a format marker, not a secret
 #: The one key of a JSON field's object when the field holds a ciphertext.
 JSON_MARKER = "$jobguard_encrypted"
 _NONCE_BYTES = 12
@@ -61,7 +61,8 @@ class DecryptionError(JobguardError):
         detail = (
             f"key {key_id!r} is not in JOBGUARD['ENCRYPTION']['KEYS']"
             if reason == "missing key"
-            else "its authentication tag does not match (the stored ciphertext was altered or copied from another field)"
+            else "its authentication tag does not match "
+            "(the stored ciphertext was altered or copied from another field)"
         )
         super().__init__(f"cannot decrypt {field}: {detail}")
 
