@@ -1,9 +1,13 @@
 """Every stored field that may hold a ciphertext, listed once.
 
 Each entry names the model, its field, how the ciphertext sits in it and the label the cipher
-authenticates as associated data (see :mod:`django_jobguard.encryption`). Write paths encrypt
-with these labels, reads decrypt with them, and ``jobguard_reencrypt`` and the system checks
-walk this list: a field added here is re-encrypted and checked without further code.
+authenticates as associated data (see :mod:`django_jobguard.encryption`). The label is the kind
+of value (arguments, result, error text, ...), not the table: a job's arguments are copied
+verbatim into its dead letter and on into a replay's job, and stay openable there, while a
+value moved into another kind of field (arguments into a result) fails authentication. The
+write paths seal with the same labels (:mod:`django_jobguard.encryption.payloads`);
+``jobguard_reencrypt`` and the system checks walk this list, so a field added here is
+re-encrypted and checked without further code.
 
 Kinds:
 
@@ -11,8 +15,9 @@ Kinds:
 * ``TEXT``: the whole text column is the token.
 * ``ENTRIES``: a JSON list of objects (or one object) in which the values under ``parts``
   may each be a ciphertext, a text token or a ``{"$jobguard_encrypted": token}`` object,
-  sealed under ``"<label>.<part>"``. The attempt history keeps each attempt's error and
-  traceback so; a replay event's ``data`` keeps a correction's args and kwargs so.
+  each sealed under its part's label. The attempt history keeps each attempt's error and
+  traceback so, a job's progress its message, a replay event's ``data`` a correction's args
+  and kwargs.
 """
 
 from __future__ import annotations
@@ -27,28 +32,14 @@ if TYPE_CHECKING:
     from django.db import models
 
 __all__ = [
-    "DEAD_LETTER_ARGS",
-    "DEAD_LETTER_ERROR_MESSAGE",
-    "DEAD_LETTER_KWARGS",
-    "DEAD_LETTER_REPLAY_ARGS",
-    "DEAD_LETTER_REPLAY_KWARGS",
-    "DEAD_LETTER_TRACEBACK",
+    "ARGS",
+    "CHECKPOINTS",
     "ENCRYPTED_FIELDS",
-    "IDEMPOTENCY_KEY_RESULT",
-    "JOB_ARGS",
-    "JOB_ATTEMPT_HISTORY",
-    "JOB_ATTEMPT_HISTORY_ERROR",
-    "JOB_ATTEMPT_HISTORY_TRACEBACK",
-    "JOB_CHECKPOINTS",
-    "JOB_KWARGS",
-    "JOB_LAST_ERROR",
-    "JOB_PROGRESS",
-    "JOB_RESULT",
-    "REPLAY_EVENT_DATA",
-    "REPLAY_EVENT_DATA_ARGS",
-    "REPLAY_EVENT_DATA_KWARGS",
-    "SCHEDULE_ARGS",
-    "SCHEDULE_KWARGS",
+    "ERROR",
+    "KWARGS",
+    "PROGRESS",
+    "RESULT",
+    "TRACEBACK",
     "EncryptedField",
     "fields_of",
 ]
@@ -58,29 +49,15 @@ JSON: Final = "json"
 TEXT: Final = "text"
 ENTRIES: Final = "entries"
 
-# The labels: the associated data each value is sealed under. Changing one makes every value
-# already stored under it undecryptable, so they are fixed once released.
-JOB_ARGS: Final = "job.args"
-JOB_KWARGS: Final = "job.kwargs"
-JOB_RESULT: Final = "job.result"
-JOB_LAST_ERROR: Final = "job.last_error"
-JOB_PROGRESS: Final = "job.progress"
-JOB_CHECKPOINTS: Final = "job.checkpoints"
-JOB_ATTEMPT_HISTORY: Final = "job.attempt_history"
-JOB_ATTEMPT_HISTORY_ERROR: Final = "job.attempt_history.error"
-JOB_ATTEMPT_HISTORY_TRACEBACK: Final = "job.attempt_history.traceback"
-DEAD_LETTER_ARGS: Final = "dead_letter.args"
-DEAD_LETTER_KWARGS: Final = "dead_letter.kwargs"
-DEAD_LETTER_ERROR_MESSAGE: Final = "dead_letter.error_message"
-DEAD_LETTER_TRACEBACK: Final = "dead_letter.traceback"
-DEAD_LETTER_REPLAY_ARGS: Final = "dead_letter.replay_args"
-DEAD_LETTER_REPLAY_KWARGS: Final = "dead_letter.replay_kwargs"
-REPLAY_EVENT_DATA: Final = "replay_event.data"
-REPLAY_EVENT_DATA_ARGS: Final = "replay_event.data.args"
-REPLAY_EVENT_DATA_KWARGS: Final = "replay_event.data.kwargs"
-IDEMPOTENCY_KEY_RESULT: Final = "idempotency_key.result"
-SCHEDULE_ARGS: Final = "schedule.args"
-SCHEDULE_KWARGS: Final = "schedule.kwargs"
+# The labels: the associated data each kind of value is sealed under. Changing one makes every
+# value already stored under it undecryptable, so they are fixed once released.
+ARGS: Final = "args"
+KWARGS: Final = "kwargs"
+RESULT: Final = "result"
+ERROR: Final = "error"
+TRACEBACK: Final = "traceback"
+PROGRESS: Final = "progress"
+CHECKPOINTS: Final = "checkpoints"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -90,8 +67,9 @@ class EncryptedField:
     model_name: str
     field: str
     kind: Kind
-    label: str
-    parts: tuple[str, ...] = ()
+    label: str = ""
+    #: ENTRIES: (key in each entry, its label).
+    parts: tuple[tuple[str, str], ...] = ()
 
     @property
     def model(self) -> type[models.Model]:
@@ -103,9 +81,6 @@ class EncryptedField:
     def name(self) -> str:
         """``table.field`` as an operator reads it in a report."""
         return f"{self.model._meta.db_table}.{self.field}"
-
-    def part_label(self, part: str) -> str:
-        return f"{self.label}.{part}"
 
     def key_ids(self, stored: Any) -> list[str]:
         """The key ids of every ciphertext in ``stored`` (a value of this field), in order."""
@@ -157,10 +132,10 @@ class EncryptedField:
             if not isinstance(entry, dict):
                 return entry
             changed = dict(entry)
-            for part in self.parts:
+            for part, label in self.parts:
                 if part not in entry:
                     continue
-                value, label = entry[part], self.part_label(part)
+                value = entry[part]
                 if isinstance(value, str) and (sealing or value.startswith(TOKEN_PREFIX)):
                     changed[part] = on_text(value, field=label)
                 elif sealing or (isinstance(value, dict) and JSON_MARKER in value):
@@ -181,31 +156,34 @@ class EncryptedField:
         for entry in stored if isinstance(stored, list) else [stored]:
             if not isinstance(entry, dict):
                 continue
-            for part in self.parts:
+            for part, label in self.parts:
                 key_id = key_id_of(entry.get(part))
                 if key_id is not None:
-                    yield self.part_label(part), key_id
+                    yield label, key_id
 
+
+_HISTORY = (("error", ERROR), ("traceback", TRACEBACK))
+_CORRECTION = (("args", ARGS), ("kwargs", KWARGS))
 
 #: Every field that may hold a ciphertext, by table.
 ENCRYPTED_FIELDS: tuple[EncryptedField, ...] = (
-    EncryptedField("Job", "args", JSON, JOB_ARGS),
-    EncryptedField("Job", "kwargs", JSON, JOB_KWARGS),
-    EncryptedField("Job", "result", JSON, JOB_RESULT),
-    EncryptedField("Job", "last_error", TEXT, JOB_LAST_ERROR),
-    EncryptedField("Job", "progress", JSON, JOB_PROGRESS),
-    EncryptedField("Job", "checkpoints", JSON, JOB_CHECKPOINTS),
-    EncryptedField("Job", "attempt_history", ENTRIES, JOB_ATTEMPT_HISTORY, ("error", "traceback")),
-    EncryptedField("DeadLetter", "args", JSON, DEAD_LETTER_ARGS),
-    EncryptedField("DeadLetter", "kwargs", JSON, DEAD_LETTER_KWARGS),
-    EncryptedField("DeadLetter", "error_message", TEXT, DEAD_LETTER_ERROR_MESSAGE),
-    EncryptedField("DeadLetter", "traceback", TEXT, DEAD_LETTER_TRACEBACK),
-    EncryptedField("DeadLetter", "replay_args", JSON, DEAD_LETTER_REPLAY_ARGS),
-    EncryptedField("DeadLetter", "replay_kwargs", JSON, DEAD_LETTER_REPLAY_KWARGS),
-    EncryptedField("ReplayEvent", "data", ENTRIES, REPLAY_EVENT_DATA, ("args", "kwargs")),
-    EncryptedField("IdempotencyKey", "result", JSON, IDEMPOTENCY_KEY_RESULT),
-    EncryptedField("Schedule", "args", JSON, SCHEDULE_ARGS),
-    EncryptedField("Schedule", "kwargs", JSON, SCHEDULE_KWARGS),
+    EncryptedField("Job", "args", JSON, ARGS),
+    EncryptedField("Job", "kwargs", JSON, KWARGS),
+    EncryptedField("Job", "result", JSON, RESULT),
+    EncryptedField("Job", "last_error", TEXT, ERROR),
+    EncryptedField("Job", "progress", ENTRIES, parts=(("message", PROGRESS),)),
+    EncryptedField("Job", "checkpoints", JSON, CHECKPOINTS),
+    EncryptedField("Job", "attempt_history", ENTRIES, parts=_HISTORY),
+    EncryptedField("DeadLetter", "args", JSON, ARGS),
+    EncryptedField("DeadLetter", "kwargs", JSON, KWARGS),
+    EncryptedField("DeadLetter", "error_message", TEXT, ERROR),
+    EncryptedField("DeadLetter", "traceback", TEXT, TRACEBACK),
+    EncryptedField("DeadLetter", "replay_args", JSON, ARGS),
+    EncryptedField("DeadLetter", "replay_kwargs", JSON, KWARGS),
+    EncryptedField("ReplayEvent", "data", ENTRIES, parts=_CORRECTION),
+    EncryptedField("IdempotencyKey", "result", JSON, RESULT),
+    EncryptedField("Schedule", "args", JSON, ARGS),
+    EncryptedField("Schedule", "kwargs", JSON, KWARGS),
 )
 
 
