@@ -225,6 +225,10 @@ JOBGUARD: dict[str, Any] = {
 # some lock with a deliberately short TTL; the checks that say so are tested in
 # tests/integration/checks/test_checks.py, which calls them directly (silencing does not apply there).
 SILENCED_SYSTEM_CHECKS = ["jobguard.W002", "jobguard.W003", "jobguard.W007", "jobguard.W033"]
+# Payload encryption: the suite's key, read from the environment as a deployment reads it
+# (JOBGUARD["ENCRYPTION"]["KEYS_ENV"]); a test rotates keys by setting the variable, in its
+# own process and for the workers it starts (tests/encryption).
+os.environ.setdefault("JOBGUARD_ENCRYPTION_KEYS", "test1:He6PP2eneiHvutGPst7EmMkJLhmitdYidp5RyKYzOt4")
 if os.environ.get("JOBGUARD_TEST_STRICT_QUEUES"):
     # Worker processes of the queue-refusal tests: undeclared queues refused, as in a project.
     JOBGUARD["ALLOW_UNDECLARED_QUEUES"] = False
