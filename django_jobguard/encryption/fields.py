@@ -15,9 +15,11 @@ Kinds:
 * ``TEXT``: the whole text column is the token.
 * ``ENTRIES``: a JSON list of objects (or one object) in which the values under ``parts``
   may each be a ciphertext, a text token or a ``{"$jobguard_encrypted": token}`` object,
-  each sealed under its part's label. The attempt history keeps each attempt's error and
-  traceback so, a job's progress its message, a replay event's ``data`` a correction's args
-  and kwargs.
+  each sealed under its part's label (a part may be a dotted path into a nested object).
+  The attempt history keeps each attempt's error and traceback so, a job's progress its
+  message, a replay event's ``data`` a correction's args and kwargs.
+* ``ENTRIES_BY_KEY``: a JSON object whose values are such entries: a workflow's callbacks,
+  by when they run, each with its prepared job's args and kwargs.
 """
 
 from __future__ import annotations
@@ -44,10 +46,11 @@ __all__ = [
     "fields_of",
 ]
 
-Kind = Literal["json", "text", "entries"]
+Kind = Literal["json", "text", "entries", "entries_by_key"]
 JSON: Final = "json"
 TEXT: Final = "text"
 ENTRIES: Final = "entries"
+ENTRIES_BY_KEY: Final = "entries_by_key"
 
 # The labels: the associated data each kind of value is sealed under. Changing one makes every
 # value already stored under it undecryptable, so they are fixed once released.
@@ -68,7 +71,7 @@ class EncryptedField:
     field: str
     kind: Kind
     label: str = ""
-    #: ENTRIES: (key in each entry, its label).
+    #: ENTRIES, ENTRIES_BY_KEY: (key in each entry, a dotted path for a nested one, its label).
     parts: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -131,35 +134,66 @@ class EncryptedField:
         def one(entry: Any) -> Any:
             if not isinstance(entry, dict):
                 return entry
-            changed = dict(entry)
+            changed = entry
             for part, label in self.parts:
-                if part not in entry:
+                value = _get(entry, part)
+                if value is _ABSENT:
                     continue
-                value = entry[part]
                 if isinstance(value, str) and (sealing or value.startswith(TOKEN_PREFIX)):
-                    changed[part] = on_text(value, field=label)
+                    changed = _put(changed, part, on_text(value, field=label))
                 elif sealing or (isinstance(value, dict) and JSON_MARKER in value):
-                    changed[part] = on_json(value, field=label)
+                    changed = _put(changed, part, on_json(value, field=label))
             return changed
 
-        if isinstance(stored, list):
-            return [one(entry) for entry in stored]
-        return one(stored)
+        return _each(self.kind, stored, one)
 
     def _tokens(self, stored: Any) -> Iterator[tuple[str, str]]:
         """(label, key id) of each ciphertext in ``stored``."""
-        if self.kind != ENTRIES:
+        if self.kind in (JSON, TEXT):
             key_id = key_id_of(stored)
             if key_id is not None:
                 yield self.label, key_id
             return
-        for entry in stored if isinstance(stored, list) else [stored]:
-            if not isinstance(entry, dict):
-                continue
-            for part, label in self.parts:
-                key_id = key_id_of(entry.get(part))
-                if key_id is not None:
-                    yield label, key_id
+        found: list[tuple[str, str]] = []
+
+        def one(entry: Any) -> Any:
+            if isinstance(entry, dict):
+                for part, label in self.parts:
+                    key_id = key_id_of(_get(entry, part))
+                    if key_id is not None:
+                        found.append((label, key_id))
+            return entry
+
+        _each(self.kind, stored, one)
+        yield from found
+
+
+_ABSENT: Any = object()
+
+
+def _get(entry: dict[str, Any], path: str) -> Any:
+    """The value at dotted ``path`` in ``entry`` ("fields.args"), or _ABSENT."""
+    value: Any = entry
+    for step in path.split("."):
+        if not isinstance(value, dict) or step not in value:
+            return _ABSENT
+        value = value[step]
+    return value
+
+
+def _put(entry: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """A copy of ``entry`` with ``value`` at dotted ``path`` (the dicts on the way copied)."""
+    head, _, rest = path.partition(".")
+    return {**entry, head: _put(entry[head], rest, value) if rest else value}
+
+
+def _each(kind: str, stored: Any, one: Callable[[Any], Any]) -> Any:
+    """``one`` applied to each entry of an ENTRIES (a list, or one object) or ENTRIES_BY_KEY value."""
+    if isinstance(stored, list):
+        return [one(entry) for entry in stored]
+    if kind == ENTRIES_BY_KEY and isinstance(stored, dict):
+        return {key: one(entry) for key, entry in stored.items()}
+    return one(stored)
 
 
 _HISTORY = (("error", ERROR), ("traceback", TRACEBACK))
@@ -184,6 +218,10 @@ ENCRYPTED_FIELDS: tuple[EncryptedField, ...] = (
     EncryptedField("IdempotencyKey", "result", JSON, RESULT),
     EncryptedField("Schedule", "args", JSON, ARGS),
     EncryptedField("Schedule", "kwargs", JSON, KWARGS),
+    # A workflow keeps each callback's prepared job, by when it runs, until it is enqueued.
+    EncryptedField(
+        "Workflow", "callbacks", ENTRIES_BY_KEY, parts=(("fields.args", ARGS), ("fields.kwargs", KWARGS))
+    ),
 )
 
 
