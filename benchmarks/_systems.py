@@ -344,6 +344,10 @@ class System:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
         env.pop("DJANGO_SETTINGS_MODULE", None)
+        # Compiled modules are cached as a deployment's are: with PYTHONDONTWRITEBYTECODE set,
+        # every worker would compile the package from source again, and a larger tree would
+        # read as slower per job.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         env.update(self.base_env())
         env.update(overrides)
         return env

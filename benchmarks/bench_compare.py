@@ -282,6 +282,71 @@ def report(
     return text, data
 
 
+def _calls_per_job(paths: list[Path], jobs: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Calls per job and own CPU microseconds per job by function (``path:function``, the path
+    from its package on), all workers summed."""
+    import pstats
+
+    calls: dict[str, float] = {}
+    own: dict[str, float] = {}
+    for path in paths:
+        if not path.exists():
+            continue
+        for (filename, _line, function), row in pstats.Stats(str(path)).stats.items():  # type: ignore[attr-defined]
+            parts = Path(filename).parts
+            anchor = next((i for i, part in enumerate(parts) if part in ("django_jobguard", "django")), None)
+            where = "/".join(parts[anchor:]) if anchor is not None else Path(filename).name
+            key = f"{where}:{function}"
+            calls[key] = calls.get(key, 0.0) + row[1] / jobs  # row[1]: all calls, recursive ones too
+            own[key] = own.get(key, 0.0) + row[2] * 1e6 / jobs  # row[2]: time in the function itself
+    return calls, own
+
+
+def calls_report(
+    systems: list[tuple[Checkout, Jobguard]],
+    configs: list[Config],
+    capable: dict[str, dict[str, Any]],
+    workdir: Path,
+    args: argparse.Namespace,
+) -> str:
+    """``--calls``: one profiled run per commit and configuration; calls per job, old against new."""
+    sections = []
+    for config in configs:
+        counted: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
+        for checkout, system in systems:
+            if config.needs and capable[checkout.name].get(config.needs, ""):
+                continue
+            configure(system, config)
+            log(f"  calls: {config.name} {checkout.label} under cProfile")
+            values = throughput_run(system, workdir, args.jobs, profile=True)
+            counted[checkout.name] = _calls_per_job([Path(p) for p in values["profiles"]], args.jobs)  # type: ignore[arg-type]
+        if len(counted) != 2:
+            continue
+        (old, old_us), (new, new_us) = counted["old"], counted["new"]
+        changed = sorted(set(old) | set(new), key=lambda k: -abs(new.get(k, 0.0) - old.get(k, 0.0)))
+        rows = []
+        for k in changed[: args.calls]:
+            before, after = old.get(k, 0.0), new.get(k, 0.0)
+            rows.append([k, f"{before:.2f}", f"{after:.2f}", f"{after - before:+.2f}"])
+        total_old, total_new = sum(old.values()), sum(new.values())
+        sections.append(
+            f"\n\n### Python calls per job in the workers, {config.name} (cProfile, one run each)\n\n"
+            f"All functions: {total_old:.1f} old, {total_new:.1f} new ({total_new - total_old:+.1f}). "
+            f"The {args.calls} that changed most:\n\n" + table(["function", "old", "new", "change"], rows)
+        )
+        slower = sorted(set(old_us) | set(new_us), key=lambda k: -(new_us.get(k, 0.0) - old_us.get(k, 0.0)))
+        rows = []
+        for k in slower[: args.calls]:
+            before, after = old_us.get(k, 0.0), new_us.get(k, 0.0)
+            rows.append([k, f"{before:.2f}", f"{after:.2f}", f"{after - before:+.2f}"])
+        sections.append(
+            f"\n\nOwn CPU time, microseconds per job under cProfile (its overhead inflates call-heavy "
+            f"code; one run, so noisy): {sum(old_us.values()):.1f} old, {sum(new_us.values()):.1f} new. "
+            f"The {args.calls} that grew most:\n\n" + table(["function", "old us", "new us", "change"], rows)
+        )
+    return "".join(sections)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=(__doc__ or "").split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -306,6 +371,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="the workers connect through a counting proxy: round trips and statements per job "
         "(what they send does not depend on the host's load, so this runs on a busy host too)",
+    )
+    parser.add_argument(
+        "--calls",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the rounds, one run per commit and configuration under cProfile: Python calls per "
+        "job in the workers, old against new, and the N functions whose calls per job changed most "
+        "(counts, not times: they do not depend on the host's load)",
     )
     args = parser.parse_args(argv)
     if args.runs < 1 or args.jobs < 1:
@@ -379,10 +453,12 @@ def main(argv: list[str] | None = None) -> int:
                             f"  {config.name} {checkout.label}: {values['processing_rate']:,.0f} jobs/s, "
                             f"worker CPU {values['worker_cpu_ms_per_job']:.3f} ms/job"
                         )
+            calls_text = calls_report(systems, configs, capable, workdir, args) if args.calls else ""
         for config in configs:
             for checkout in (old, new):
                 runs.setdefault((config.name, checkout.name), [])
         text, data = report([old, new], configs, runs, args.jobs, notes)
+        text += calls_text
     servers.close()
     stamp = datetime.datetime.now(datetime.UTC)
     sdk = all(found.get("sdk") for found in capable.values())
