@@ -124,16 +124,18 @@ class Options:
     def template(self, option: str, default: str | None = None, *, fields: frozenset[str]) -> str:
         """A ``str.format`` template using only ``fields`` (``{key}``, ``{destination}``)."""
         value = self.text(option, default)
+        allowed = ", ".join("{" + name + "}" for name in sorted(fields))
         try:
-            used = {field for _, field, spec, conv in string.Formatter().parse(value) if field is not None}
-            value.format(**dict.fromkeys(fields, "x"))
-        except (ValueError, KeyError, IndexError, AttributeError) as exc:
+            used = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
+        except ValueError as exc:
             raise self.error(
-                option,
-                f"is not a valid template ({exc}); it may use "
-                f"{', '.join('{' + f + '}' for f in sorted(fields))} and {{{{ }}}} for braces",
+                option, f"is not a valid template ({exc}); it may use {allowed}, and {{{{ }}}} for braces"
             ) from None
         wrong = used - fields
         if wrong:
-            raise self.error(option, f"uses unknown field {sorted(wrong)}; allowed: {sorted(fields)}")
+            raise self.error(option, f"uses unknown field {sorted(wrong)}; it may use {allowed}")
+        try:
+            value.format(**dict.fromkeys(fields, "x"))
+        except (ValueError, KeyError, IndexError, AttributeError) as exc:
+            raise self.error(option, f"is not a valid template ({exc})") from None
         return value

@@ -202,7 +202,16 @@ class NatsDestination:
         try:
             loop.run_forever()
         finally:
-            loop.close()
+            # What the client left running (its reader, pinger, flusher) ends before the loop.
+            try:
+                pending = asyncio.all_tasks(loop)
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
 
     def _submit(self, coroutine: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
         with self._lock:
@@ -244,7 +253,8 @@ class NatsDestination:
             logger.debug("nats_error destination=%r error=%r", name, exc)
 
         async def on_disconnected() -> None:
-            logger.warning("nats_disconnected destination=%r", name)
+            if not client.is_closed:  # a lost connection, not close() (which calls this too)
+                logger.warning("nats_disconnected destination=%r", name)
 
         async def on_reconnected() -> None:
             logger.info("nats_reconnected destination=%r", name)
@@ -265,7 +275,7 @@ class NatsDestination:
             )
         except BaseException:
             try:
-                await asyncio.shield(client.close())
+                await asyncio.wait_for(asyncio.shield(client.close()), timeout=self.timeout)
             except Exception as exc:  # the attempt failed already; this only stops its tasks
                 logger.debug("nats_close_failed destination=%r error=%r", name, exc)
             raise

@@ -15,6 +15,8 @@ permanent (the endpoint will answer the same again).
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import threading
 import urllib.parse
 from collections.abc import Mapping
@@ -38,11 +40,31 @@ DEFAULT_TIMEOUT_SECONDS = 10.0
 #: How much of a refusing answer's body is read, and how much of it an error message quotes.
 ERROR_BODY_READ_BYTES = 4096
 ERROR_BODY_QUOTED_CHARS = 200
+#: The longest ``Retry-After`` honoured, in seconds: an endpoint asking for more (a typo, a
+#: date years ahead) gets its key retried after an hour rather than stalled for good.
+MAX_RETRY_AFTER_SECONDS = 3600.0
 #: Answers the endpoint may change its mind about: a timeout, a rate limit, its own failures.
 _TRANSIENT_STATUSES = frozenset({408, 425, 429})
 _OPTIONS = frozenset({"URL", "SECRETS", "SECRETS_ENV", "TIMEOUT", "HEADERS"})
 # The headers this backend writes itself: a static or publisher's header of the same name loses.
 _RESERVED = frozenset({"webhook-id", "webhook-timestamp", "webhook-signature", "content-type"})
+
+
+def _retry_after_seconds(value: str | None) -> float | None:
+    """A ``Retry-After`` header in seconds from now (delay-seconds or an HTTP date), or None."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        return min(float(value), MAX_RETRY_AFTER_SECONDS)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # an HTTP date is GMT; a zoneless one is read as such
+        when = when.replace(tzinfo=datetime.UTC)
+    seconds = (when - datetime.datetime.now(tz=datetime.UTC)).total_seconds()
+    return min(max(0.0, seconds), MAX_RETRY_AFTER_SECONDS)
 
 
 class WebhookDestination:
@@ -121,9 +143,7 @@ class WebhookDestination:
                 import httpx
 
                 # No redirects: a signed POST is not re-sent elsewhere; a 3xx is reported.
-                self._client = httpx.Client(
-                    timeout=httpx.Timeout(self.timeout), follow_redirects=False, trust_env=False
-                )
+                self._client = httpx.Client(timeout=httpx.Timeout(self.timeout), follow_redirects=False)
             return self._client
 
     def request_headers(self, envelope: Envelope, body: bytes) -> dict[str, str]:
@@ -145,9 +165,12 @@ class WebhookDestination:
         try:
             with client.stream("POST", self.url, content=body, headers=headers) as response:
                 status = response.status_code
+                # The body is read (up to a bound) even when only the status counts: a
+                # connection goes back to the pool only once its answer was read to the end.
+                head = self._read_some(response)
                 if 200 <= status < 300:
                     return
-                excerpt = self._excerpt(response)
+                excerpt = self._excerpt(response, head)
         except httpx.TimeoutException as exc:
             raise TransientDeliveryError(
                 f"webhook {self.name!r}: no answer from {self.shown_url} within {self.timeout:g} s "
@@ -164,15 +187,18 @@ class WebhookDestination:
             retry_after = response.headers.get("retry-after")
             if retry_after:
                 reason += f" (Retry-After: {retry_after[:40]})"
-            raise TransientDeliveryError(reason)
+            error = TransientDeliveryError(reason)
+            # The relay waits this long, rather than its own backoff, when the endpoint said.
+            error.retry_after = _retry_after_seconds(retry_after)  # type: ignore[attr-defined]
+            raise error
         if 300 <= status < 400:
             location = response.headers.get("location", "")
             reason += f" (a redirect to {location[:200]!r}: set URL to the address that answers 2xx)"
         raise PermanentDeliveryError(reason)
 
     @staticmethod
-    def _excerpt(response: httpx.Response) -> str:
-        """The first characters of the answer's body, read no further than needed."""
+    def _read_some(response: httpx.Response) -> bytes:
+        """The answer's first ``ERROR_BODY_READ_BYTES`` or so, read no further."""
         import httpx
 
         chunks: list[bytes] = []
@@ -184,8 +210,13 @@ class WebhookDestination:
                 if size >= ERROR_BODY_READ_BYTES:
                     break
         except httpx.HTTPError:
-            pass  # the status decides; a body cut short only shortens the message
-        text = b"".join(chunks)[:ERROR_BODY_READ_BYTES].decode(response.encoding or "utf-8", "replace")
+            pass  # the status decides; a body cut short only shortens an error's message
+        return b"".join(chunks)[:ERROR_BODY_READ_BYTES]
+
+    @staticmethod
+    def _excerpt(response: httpx.Response, head: bytes) -> str:
+        """The first characters of a refusing answer's body, on one line."""
+        text = head.decode(response.encoding or "utf-8", "replace")
         return " ".join(text.split())[:ERROR_BODY_QUOTED_CHARS]
 
     def close(self) -> None:
