@@ -37,6 +37,12 @@ if __import__("os").environ.get("BENCH_WAIT"):
 if __import__("os").environ.get("BENCH_KEYED"):
     from .tasks_keyed import noop_keyed  # noqa: F401 - benchmarks/bench_compare.py's keyed configuration
 
+if __import__("os").environ.get("BENCH_ENCRYPTION"):
+    from .tasks_encryption import payload  # noqa: F401 - benchmarks/bench_encryption.py's task
+
+if __import__("os").environ.get("BENCH_ATOMIC"):
+    from .tasks_atomic import insert_atomic  # noqa: F401 - benchmarks/bench_atomic.py's task
+
 
 @task(name="bench.http_get")
 async def http_get(host: str, port: int, i: int) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -240,3 +241,40 @@ def test_deep_report_shows_the_server_work_per_job_beside_the_rates() -> None:
     text = Report(results, QUICK, ["jobguard"]).build(["deep"])
     row = next(line for line in text.splitlines() if line.startswith(f"| {base}") and "812" in line)
     assert "| 0.25 " in row and "| 40% " in row
+
+
+def _atomic_run(rate: float, commits: float = 1.0) -> dict[str, Any]:
+    return {
+        "rate": rate,
+        "commits_per_job": commits,
+        "client_cpu_ms": 0.4,
+        "postgres_cpu_ms": 0.3,
+        "total_cpu_ms": 0.7,
+        "busy": 0.9,
+    }
+
+
+def test_atomic_report_gives_each_rounds_ratio_and_what_the_workers_sent() -> None:
+    from benchmarks import bench_atomic
+
+    runs = {
+        "jobguard": [_atomic_run(1000.0, 1.1), _atomic_run(600.0, 1.1), _atomic_run(900.0, 1.2)],
+        "pgbench": [_atomic_run(2000.0), _atomic_run(1000.0), _atomic_run(2000.0)],
+    }
+    counted = {
+        "round_trips_per_job": 3.1,
+        "statements_per_job": 4.1,
+        "commits_per_job": 1.12,
+        "kinds_per_job": {"BEGIN": 1.0, "EXECUTE ack_0(7)": 0.5, "EXECUTE ack_0(8)": 0.5, "SELECT 1": 0.0001},
+    }
+    text = bench_atomic.report(runs, counted, ["jobguard", "pgbench"])
+    rate_row = next(line for line in text.splitlines() if line.startswith("| jobs/s"))
+    assert "900 [600-1,000]" in rate_row
+    assert "2,000 [1,000-2,000]" in rate_row
+    # Each round against its own pgbench run (0.5, 0.6, 0.45), not the ratio of the medians (0.45).
+    assert "0.500, 0.600, 0.450; median **0.500**" in text
+    assert "3.100 round trips, 4.100 statements, 1.120 commits" in text
+    assert "| `BEGIN` " in text
+    assert re.search(r"\| `EXECUTE ack_0\(N\)` +\| 1\.000 ", text)  # one statement, whichever job's id
+    assert "SELECT 1" not in text  # under a thousandth of a statement per job: counted as the rest
+    assert re.search(r"\| everything else +\| 0\.000 ", text)
