@@ -32,6 +32,7 @@ from .locks import lock
 from .task import Signature, Task, task
 
 if TYPE_CHECKING:
+    from .outbox.publisher import publish
     from .workflows import Batch, chain, group
 
 __version__ = "0.1.0"
@@ -65,6 +66,7 @@ __all__ = [
     "chain",
     "group",
     "lock",
+    "publish",
     "task",
 ]
 
@@ -79,4 +81,8 @@ def __getattr__(name: str) -> Any:
         from . import workflows
 
         return getattr(workflows, name)
+    if name == "publish":
+        from .outbox.publisher import publish
+
+        return publish
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -242,3 +242,15 @@ class JobNotFound(WaitError, LookupError):  # noqa: N818 - reads as a state, lik
 
 class WaitTimeout(WaitError, TimeoutError):  # noqa: N818 - a TimeoutError, as callers catch it
     """The job did not settle within the timeout; it may still run (nothing was changed)."""
+
+
+class InvalidPublishError(InvalidArgumentsError):
+    """A ``publish()`` was refused before anything was written; the message names the part and the limit."""
+
+
+class UnknownDestinationError(InvalidPublishError, LookupError):
+    """The destination is not declared in ``JOBGUARD["OUTBOX"]["DESTINATIONS"]``."""
+
+
+class OutboxError(JobguardError):
+    """An outbox message cannot be replayed or skipped as asked (wrong state, no reason given)."""

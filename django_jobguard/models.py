@@ -1105,3 +1105,119 @@ class BreakerEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} {self.from_state} -> {self.to_state} by {self.actor_name or 'system'}"
+
+
+class OutboxState(models.TextChoices):
+    """Life cycle of an outbox message: pending → delivered | dead (→ pending again, or skipped)."""
+
+    PENDING = "pending", _("pending")
+    DELIVERED = "delivered", _("delivered")
+    #: Out of attempts, or refused for good by its destination: waits for an operator
+    #: (replay or skip) with ON_FAILURE "hold"; set aside with "skip".
+    DEAD = "dead", _("dead")
+    #: A dead message an operator chose not to deliver: its key moved on.
+    SKIPPED = "skipped", _("skipped")
+
+
+class OutboxMessage(models.Model):
+    """One message ``publish()`` wrote in its caller's transaction, for the relay to deliver.
+
+    ``seq`` is the message's place in its (destination, key) commit order: 1, 2, 3, ... with
+    no gap, since the number is taken under the key's row lock and a rolled-back publish takes
+    its number back with it. ``message_id`` never changes: a consumer deduplicates on it.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    message_id = models.UUIDField(unique=True, editable=False)
+    destination = models.CharField(max_length=100)
+    key = models.CharField(max_length=200)
+    seq = models.BigIntegerField()
+    payload = models.JSONField()
+    headers = models.JSONField(default=dict, blank=True)
+    published_at = models.DateTimeField(db_default=Now(), editable=False)
+    state = models.CharField(max_length=16, choices=OutboxState.choices, default=OutboxState.PENDING)
+    #: Sends tried so far (the next one's Envelope.attempt is this plus one).
+    attempts = models.IntegerField(default=0)
+    #: A retry's earliest time (database clock); None: at once.
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    #: The operator's last decision on a dead message ("replayed" or "skipped"), who and why.
+    resolution = models.CharField(max_length=16, blank=True, default="")
+    resolved_by = models.CharField(max_length=150, blank=True, default="")
+    resolution_reason = models.TextField(blank=True, default="")
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("outbox message")
+        verbose_name_plural = _("outbox messages")
+        constraints = [
+            models.UniqueConstraint(fields=["destination", "key", "seq"], name="jobguard_outbox_seq_uniq"),
+        ]
+        indexes = [
+            # The relay's claim finds keys with work from their pending messages (oldest first):
+            # an index as small as the backlog, however many delivered messages are kept.
+            models.Index(
+                fields=["destination", "key", "id"],
+                name="jobguard_outbox_pending",
+                condition=Q(state="pending"),
+            ),
+        ]
+        permissions = [("operate_outbox", _("Can replay and skip outbox messages"))]
+
+    def __str__(self) -> str:
+        return f"{self.destination}/{self.key}#{self.seq} ({self.state})"
+
+
+class OutboxKey(models.Model):
+    """The publish side of a (destination, key): the last ``seq`` given out.
+
+    ``publish()`` increments it with one upsert and holds the row's lock until its transaction
+    ends, so a key's publishers commit one after the other, in ``seq`` order; other keys' never
+    wait. The relay never writes this row, so it never blocks a publisher.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    destination = models.CharField(max_length=100)
+    key = models.CharField(max_length=200)
+    last_seq = models.BigIntegerField(default=0)
+
+    class Meta:
+        verbose_name = _("outbox key")
+        verbose_name_plural = _("outbox keys")
+        constraints = [
+            models.UniqueConstraint(fields=["destination", "key"], name="jobguard_outbox_key_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.destination}/{self.key}@{self.last_seq}"
+
+
+class OutboxCursor(models.Model):
+    """The relay side of a (destination, key): how far it was delivered, its lease, its hold.
+
+    Created by the relay the first time it takes the key. ``delivered_seq`` is the last
+    message settled (delivered, or dead and passed over); ``held_seq`` the dead message that
+    holds the key, if any; a lease (owner token and expiry, database clock) gives the key to
+    one relay thread at a time; ``retry_at`` is the earliest time the next message may be tried.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    destination = models.CharField(max_length=100)
+    key = models.CharField(max_length=200)
+    delivered_seq = models.BigIntegerField(default=0)
+    held_seq = models.BigIntegerField(null=True, blank=True)
+    lease_token = models.CharField(max_length=64, blank=True, default="")
+    lease_until = models.DateTimeField(null=True, blank=True)
+    retry_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("outbox cursor")
+        verbose_name_plural = _("outbox cursors")
+        constraints = [
+            models.UniqueConstraint(fields=["destination", "key"], name="jobguard_outbox_cursor_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        held = f" held at {self.held_seq}" if self.held_seq is not None else ""
+        return f"{self.destination}/{self.key}@{self.delivered_seq}{held}"

@@ -266,6 +266,11 @@ if os.environ.get("JOBGUARD_TEST_RETENTION"):
     import json as _json
 
     JOBGUARD["RETENTION"] = _json.loads(os.environ["JOBGUARD_TEST_RETENTION"])
+if os.environ.get("JOBGUARD_TEST_OUTBOX"):
+    # Process tests of the outbox relay (tests/outbox): a JSON object of JOBGUARD["OUTBOX"] keys.
+    import json as _json
+
+    JOBGUARD["OUTBOX"] = _json.loads(os.environ["JOBGUARD_TEST_OUTBOX"])
 if os.environ.get("JOBGUARD_TEST_LIVENESS_FILE"):
     JOBGUARD["LIVENESS_FILE"] = os.environ["JOBGUARD_TEST_LIVENESS_FILE"]
 if os.environ.get("JOBGUARD_TEST_WAKEUP_CACHE"):

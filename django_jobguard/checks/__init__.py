@@ -5,10 +5,11 @@ IDs are listed in docs/reference/checks.md; a retired ID is never reused.
 Each module registers its checks with Django when it is imported (the app's ``ready()``
 imports this package): :mod:`.settings` (the setting itself, the API, replay approval),
 :mod:`.database` (the job store's database and poolers), :mod:`.caches` (locks, the wake-up,
-durable invalidation), :mod:`.declared_schedules` (recurring jobs) and :mod:`.tasks` (the registered
+durable invalidation), :mod:`.declared_schedules` (recurring jobs), :mod:`.outbox` (the outbox's
+destinations) and :mod:`.tasks` (the registered
 tasks and the checklist).
 """
 
-from . import caches, database, declared_schedules, settings, tasks
+from . import caches, database, declared_schedules, outbox, settings, tasks
 
-__all__ = ["caches", "database", "declared_schedules", "settings", "tasks"]
+__all__ = ["caches", "database", "declared_schedules", "outbox", "settings", "tasks"]

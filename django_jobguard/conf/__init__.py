@@ -15,7 +15,8 @@ checks: :mod:`.queue_settings` (queues and retries), :mod:`.limits` (shared limi
 budgets), :mod:`.workers` (the worker process, its databases, ``TUNING``), :mod:`.services`
 (``LOCKS``, ``IDEMPOTENCY``, ``REPLAY``, ``CACHE``), :mod:`.horizon` (``HORIZON``, the vacuum
 horizon), :mod:`.retention` (``RETENTION``, how long finished jobs are kept), :mod:`.api`,
-:mod:`.payloads` and :mod:`.schedule_settings`. Import every name from ``django_jobguard.conf``.
+:mod:`.payloads`, :mod:`.schedule_settings` and :mod:`.outbox` (``OUTBOX``). Import every
+name from ``django_jobguard.conf``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from .limits import (
     NamedLimit,
     RetryBudgetSpec,
 )
+from .outbox import DestinationConfig, OutboxSettings
 from .payloads import MAX_PAYLOAD_DEPTH_CEILING
 from .queue_settings import (
     QUEUE_ONLY_OPTIONS,
@@ -80,11 +82,13 @@ __all__ = [
     "ApiSettings",
     "BreakerSpec",
     "CacheSettings",
+    "DestinationConfig",
     "EncryptionSettings",
     "HorizonSettings",
     "IdempotencySettings",
     "LockSettings",
     "NamedLimit",
+    "OutboxSettings",
     "QueueConfig",
     "ReplaySettings",
     "RetentionPolicy",

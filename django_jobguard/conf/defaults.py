@@ -294,6 +294,32 @@ DEFAULTS: dict[str, Any] = {
         # Encrypt every task's data, not only that of tasks declared with @task(encrypt=True).
         "ALL_TASKS": False,
     },
+    "OUTBOX": {
+        # Destinations that django_jobguard.outbox.publish() may name: {"orders": {"BACKEND":
+        # "redis", "URL": "redis://...", "STREAM": "orders"}}. BACKEND is "webhook", "rabbitmq",
+        # "nats", "redis" or a dotted path to a class; ON_FAILURE is "hold" (the default: a
+        # message that cannot be delivered holds the messages behind it of its key until an
+        # operator replays or skips it) or "skip" (it is set aside and the key moves on);
+        # MAX_ATTEMPTS (20) attempts a message gets; RETRY ({"base", "max", "jitter"} over the
+        # global RETRY) spaces them. The other keys are the backend's own options; the system
+        # check builds every destination at startup (jobguard.E060). A name has at most 100
+        # characters.
+        "DESTINATIONS": {},
+        # Run the relay, which delivers published messages, inside every jobguard_worker that
+        # is not --burst (when a destination is declared).
+        "RELAY": True,
+        # Messages of one key a relay thread delivers (one at a time, in order) before it gives
+        # the key back and takes another: a busy key cannot keep a thread from the others.
+        "RELAY_BATCH_SIZE": 100,
+        # Seconds an idle relay waits before it looks for undelivered messages again.
+        "RELAY_POLL_INTERVAL": 0.5,
+        # Seconds a relay holds a key without renewing its lease (renewed before each send).
+        # A relay killed mid-key leaves it this long; a send must take less (a destination's
+        # timeout well below it), or another relay may send the key's next messages meanwhile.
+        "RELAY_LEASE": 60.0,
+        # Threads of each worker's relay: keys delivered at once by one worker process.
+        "RELAY_CONCURRENCY": 4,
+    },
     "TESTING": {
         # How enqueued jobs run, for tests (django_jobguard.testing) and eager setups: "manual"
         # (the default: a job is stored and waits for a worker, or for the test's run_jobs())

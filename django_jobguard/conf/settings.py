@@ -22,6 +22,7 @@ from .defaults import DEFAULTS
 from .encryption import EncryptionSettings, parse_encryption_settings
 from .horizon import HorizonSettings, parse_horizon_settings
 from .limits import NamedLimit, parse_limits
+from .outbox import OutboxSettings, parse_outbox_settings
 from .payloads import parse_depth, parse_redact
 from .queue_settings import (
     QueueConfig,
@@ -145,6 +146,8 @@ class Settings:
     testing_mode: str = "manual"
     #: ``ENCRYPTION``: the keys payloads at rest are encrypted with (see :mod:`django_jobguard.encryption`).
     encryption: EncryptionSettings = EncryptionSettings()  # noqa: RUF009 (frozen)
+    #: ``OUTBOX``: the destinations publish() may name, and the relay (see :mod:`django_jobguard.outbox`).
+    outbox: OutboxSettings = OutboxSettings()  # noqa: RUF009 (frozen)
 
     def queue(self, name: str) -> QueueConfig:
         """The configuration of queue ``name`` (global defaults for queues not listed)."""
@@ -208,6 +211,7 @@ def parse(raw: Any) -> Settings:
     horizon = merged_group(raw, "HORIZON")
     testing = merged_group(raw, "TESTING")
     encryption = merged_group(raw, "ENCRYPTION")
+    outbox = merged_group(raw, "OUTBOX")
 
     return Settings(
         database_alias=string(merged["DATABASE_ALIAS"], ("DATABASE_ALIAS",)),
@@ -260,6 +264,7 @@ def parse(raw: Any) -> Settings:
         retention=retention,
         testing_mode=_testing_mode(testing),
         encryption=parse_encryption_settings(encryption),
+        outbox=parse_outbox_settings(outbox, retry),
     )
 
 

@@ -16,6 +16,9 @@ One process runs:
 - unless ``--burst`` (or with ``RETENTION["INTERVAL"]`` 0), a **retention thread**
   (:mod:`django_jobguard.maintenance.job_pruner`) that deletes finished jobs past their
   retention while this worker is the one elected to;
+- unless ``--burst`` (or with ``OUTBOX["RELAY"]`` off, or no destination declared), the
+  **outbox relay** (:mod:`django_jobguard.outbox.relay`): a thread that claims keys with
+  messages to deliver and ``OUTBOX["RELAY_CONCURRENCY"]`` threads that deliver them;
 - with ``ACK_WINDOW`` above 0, an **ack thread** that writes the acks of non-atomic tasks
   in batches (:meth:`.completer.Completer.run_acks`), and writes what is left before the exit.
 
@@ -46,6 +49,7 @@ from ..conf import WORKER_ID_MAX_LENGTH, get_settings
 from ..flow import Throttle
 from ..maintenance import Maintenance
 from ..monitoring import beats
+from ..outbox import relay as outbox_relay
 from ..outcome import Tally
 from ..registry import registry
 from ..store import schema
@@ -305,13 +309,19 @@ class Worker:
         for index in range(self.concurrency):
             self._start_executor(index)
         heartbeat = self._spawn(self.heartbeat.run, "jobguard-heartbeat")
+        relay = None
         if not self.burst:
             self.maintenance.start_pruning(self._spawn)  # finished jobs past their retention
+            relay = outbox_relay.start(self._spawn, self.alias, self.worker_id)  # published messages
         try:
             self._loop(listener)
         finally:
             listener.close()
+            if relay is not None:
+                relay.stop()  # each delivery thread finishes its send, records it, gives its key back
             self.maintenance.resign()
+            if relay is not None:
+                relay.join()
             self._stopping = True
             abandoned = self._shutdown.run(self._threads, self.shutdown_grace, lambda: self._forced)
             if aio is not None:

@@ -1,0 +1,110 @@
+"""``OUTBOX``: the destinations :func:`django_jobguard.outbox.publish` may name, and the relay.
+
+A destination's entry holds the relay's options for it (upper case: ``BACKEND``,
+``ON_FAILURE``, ``MAX_ATTEMPTS``, ``RETRY``) and its backend's own options (every other key,
+handed to the backend's ``from_options``, which the system check calls at startup). The
+backend itself is resolved above this package (:mod:`django_jobguard.outbox.destinations`):
+settings only check that it is named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from ._values import boolean, fail, integer, mapping, number, stored_text, string
+from .queue_settings import RetryPolicy
+
+__all__ = [
+    "DESTINATION_OPTIONS",
+    "MAX_DESTINATION_NAME_LENGTH",
+    "ON_FAILURE_CHOICES",
+    "DestinationConfig",
+    "OutboxSettings",
+    "parse_outbox_settings",
+]
+
+#: The width of the outbox tables' destination columns.
+MAX_DESTINATION_NAME_LENGTH = 100
+#: What a destination does with a message that cannot be delivered (see the how-to).
+ON_FAILURE_CHOICES = ("hold", "skip")
+#: The relay's own options of a destination; every other key is the backend's.
+DESTINATION_OPTIONS = ("BACKEND", "ON_FAILURE", "MAX_ATTEMPTS", "RETRY")
+#: Attempts of one message before it is dead, when a destination does not say.
+DEFAULT_DESTINATION_MAX_ATTEMPTS = 20
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DestinationConfig:
+    """One entry of ``OUTBOX["DESTINATIONS"]``, parsed."""
+
+    name: str
+    #: A name of ``django_jobguard.outbox.destinations.BACKENDS`` or a dotted path to a class.
+    backend: str
+    #: "hold": a dead message holds its key's later messages until replayed or skipped;
+    #: "skip": it is set aside and the key moves on.
+    on_failure: str
+    max_attempts: int
+    retry: RetryPolicy
+    #: The backend's own options (the entry's other keys), as given.
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutboxSettings:
+    """``JOBGUARD["OUTBOX"]``, parsed."""
+
+    destinations: Mapping[str, DestinationConfig] = dataclasses.field(default_factory=dict)
+    relay: bool = True
+    relay_batch_size: int = 100
+    relay_poll_interval: float = 0.5
+    relay_lease: float = 60.0
+    relay_concurrency: int = 4
+
+    def destination(self, name: str) -> DestinationConfig | None:
+        return self.destinations.get(name)
+
+
+def _destination(name: Any, value: Any, retry: RetryPolicy) -> DestinationConfig:
+    path = ("OUTBOX", "DESTINATIONS", str(name))
+    stored_text(
+        string(name, path),
+        path,
+        MAX_DESTINATION_NAME_LENGTH,
+        f"the {MAX_DESTINATION_NAME_LENGTH}-character destination column of each outbox message",
+    )
+    entry = mapping(value, path)
+    backend = string(entry.get("BACKEND"), (*path, "BACKEND"))
+    on_failure = entry.get("ON_FAILURE", "hold")
+    if on_failure not in ON_FAILURE_CHOICES:
+        raise fail((*path, "ON_FAILURE"), f'must be "hold" or "skip", not {on_failure!r}.')
+    return DestinationConfig(
+        name=name,
+        backend=backend,
+        on_failure=on_failure,
+        max_attempts=integer(
+            entry.get("MAX_ATTEMPTS", DEFAULT_DESTINATION_MAX_ATTEMPTS), (*path, "MAX_ATTEMPTS"), minimum=1
+        ),
+        retry=RetryPolicy.parse(entry.get("RETRY", {}), (*path, "RETRY"), retry),
+        options={key: option for key, option in entry.items() if key not in DESTINATION_OPTIONS},
+    )
+
+
+def parse_outbox_settings(group: Mapping[str, Any], retry: RetryPolicy) -> OutboxSettings:
+    """``JOBGUARD["OUTBOX"]`` (merged over its defaults); ``retry`` is the global ``RETRY``."""
+    path = ("OUTBOX",)
+    destinations = {
+        name: _destination(name, entry, retry)
+        for name, entry in mapping(group["DESTINATIONS"], (*path, "DESTINATIONS")).items()
+    }
+    return OutboxSettings(
+        destinations=destinations,
+        relay=boolean(group["RELAY"], (*path, "RELAY")),
+        relay_batch_size=integer(group["RELAY_BATCH_SIZE"], (*path, "RELAY_BATCH_SIZE"), minimum=1),
+        relay_poll_interval=number(
+            group["RELAY_POLL_INTERVAL"], (*path, "RELAY_POLL_INTERVAL"), allow_zero=False
+        ),
+        relay_lease=number(group["RELAY_LEASE"], (*path, "RELAY_LEASE"), minimum=1),
+        relay_concurrency=integer(group["RELAY_CONCURRENCY"], (*path, "RELAY_CONCURRENCY"), minimum=1),
+    )
