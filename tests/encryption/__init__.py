@@ -1,0 +1,1 @@
+"""Payloads encrypted at rest (issue 62)."""
