@@ -6,10 +6,11 @@ Each module registers its checks with Django when it is imported (the app's ``re
 imports this package): :mod:`.settings` (the setting itself, the API, replay approval),
 :mod:`.database` (the job store's database and poolers), :mod:`.caches` (locks, the wake-up,
 durable invalidation), :mod:`.declared_schedules` (recurring jobs), :mod:`.outbox` (the outbox's
-destinations) and :mod:`.tasks` (the registered
-tasks and the checklist).
+destinations), :mod:`.tasks` (the registered
+tasks and the checklist) and :mod:`.encryption` (keys for the tasks that encrypt, and for
+the values stored).
 """
 
-from . import caches, database, declared_schedules, outbox, settings, tasks
+from . import caches, database, declared_schedules, encryption, outbox, settings, tasks
 
-__all__ = ["caches", "database", "declared_schedules", "outbox", "settings", "tasks"]
+__all__ = ["caches", "database", "declared_schedules", "encryption", "outbox", "settings", "tasks"]
