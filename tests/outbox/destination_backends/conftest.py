@@ -107,6 +107,8 @@ class Received:
     headers: dict[str, str]
     body: bytes
     client_port: int
+    #: Every header name as sent, lower-cased, repeats included.
+    raw_headers: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -134,6 +136,7 @@ def _handler(receiver: Receiver) -> type[http.server.BaseHTTPRequestHandler]:
                     headers={name.lower(): value for name, value in self.headers.items()},
                     body=body,
                     client_port=self.client_address[1],
+                    raw_headers=[name.lower() for name in self.headers],
                 )
             )
             status, text, delay = receiver.answers.popleft() if receiver.answers else (204, b"", 0.0)

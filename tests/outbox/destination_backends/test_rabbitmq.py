@@ -205,6 +205,31 @@ def test_a_connection_closed_by_the_broker_is_transient_then_the_next_send_recon
     assert ids == [first.id, third.id]
 
 
+def test_a_connection_left_idle_is_replaced_before_use(
+    rabbitmq_url: str, broker: Broker, destinations
+) -> None:
+    # With a 2 s heartbeat nobody answers while the destination is idle, the broker drops the
+    # connection after a few seconds; the next send must not find it dead.
+    if shutil.which("rabbitmqctl") is None:
+        pytest.skip("needs rabbitmqctl (the broker's own tool) to see the broker drop a connection")
+    if (probe := _rabbitmqctl("list_connections", "--no-table-headers", "pid")).returncode != 0:
+        pytest.skip(f"rabbitmqctl cannot reach the broker's node here: {probe.stderr.strip()[:200]}")
+    exchange = broker.exchange(unique("jobguard-test-x"))
+    queue = broker.queue(exchange)
+    destination = rabbitmq(rabbitmq_url + "?heartbeat=2", destinations, EXCHANGE=exchange)
+    first, second = envelope(seq=1), envelope(seq=2)
+    destination.send(first)
+
+    def dropped() -> bool:
+        out = _rabbitmqctl("list_connections", "--no-table-headers", "client_properties")
+        return out.returncode == 0 and destination.connection_name not in out.stdout
+
+    wait_for(dropped, timeout=60, interval=1, message="the broker drops the idle connection")
+    destination.send(second)
+    ids = [properties.message_id for _, properties, _ in broker.drain(queue)]
+    assert ids == [first.id, second.id]
+
+
 def test_an_unreachable_broker_is_transient(destinations) -> None:
     destination = rabbitmq(f"amqp://guest:guest@127.0.0.1:{closed_port()}/%2F", destinations, TIMEOUT=2)
     with pytest.raises(TransientDeliveryError, match="cannot connect or declare: AMQPConnectionError"):

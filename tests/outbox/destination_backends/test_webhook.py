@@ -201,6 +201,16 @@ def test_a_publisher_header_that_http_cannot_carry_is_permanent(receiver: Receiv
     assert receiver.requests == []
 
 
+def test_a_publisher_header_replaces_a_static_one_of_any_case(receiver: Receiver, closing) -> None:
+    destination = webhook(receiver.url, HEADERS={"X-Tenant": "static", "Authorization": "Bearer abc"})
+    closing.append(destination)
+    destination.send(envelope(headers={"x-tenant": "acme"}))
+    [request] = receiver.requests
+    assert request.headers["x-tenant"] == "acme"
+    assert request.headers["authorization"] == "Bearer abc"
+    assert request.raw_headers.count("x-tenant") == 1
+
+
 def test_a_publisher_header_cannot_replace_the_signature(receiver: Receiver, closing) -> None:
     destination = webhook(receiver.url)
     closing.append(destination)
