@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import store
 from ._json import normalize_json
+from .encryption.payloads import CHECKPOINTS, PROGRESS, open_json, seal_json, seal_text
 from .exceptions import InvalidTaskError, LeaseLost
 
 if TYPE_CHECKING:
@@ -77,9 +78,11 @@ class ProgressReport:
     around a write, so an older value never lands after a newer one.
     """
 
-    __slots__ = ("lock", "reported", "value", "written", "written_at")
+    __slots__ = ("lock", "reported", "sealed", "value", "written", "written_at")
 
-    def __init__(self) -> None:
+    def __init__(self, sealed: bool = False) -> None:
+        #: The job's data is stored encrypted: the message is stored sealed (the numbers stay clear).
+        self.sealed = sealed
         #: ``(done, total, message, time.time() of the report)``, replaced whole by each report.
         self.value: tuple[float, float | None, str, float] = (0, None, "", 0.0)
         #: Reports made, and the count the store holds the value of.
@@ -103,6 +106,8 @@ class ProgressReport:
         count = self.reported
         done, total, message, at = self.value
         when = datetime.datetime.fromtimestamp(at, tz=datetime.UTC).isoformat()
+        if self.sealed and message:
+            message = seal_text(message, PROGRESS)
         return count, {"done": done, "total": total, "message": message, "at": when}
 
     def mark_written(self, count: int, now: float) -> None:
@@ -183,6 +188,8 @@ class JobContext:
     signals: RunSignals = dataclasses.field(default_factory=RunSignals, repr=False)
     #: Made by the first report_progress(): a job that never reports costs nothing.
     _progress: ProgressReport | None = dataclasses.field(default=None, repr=False)
+    #: The job's data is stored encrypted (its task's ``encrypt``): checkpoints and progress too.
+    _sealed: bool = dataclasses.field(default=False, repr=False)
 
     @classmethod
     def detached(cls, task: Task[Any, Any]) -> JobContext:
@@ -226,7 +233,9 @@ class JobContext:
     def checkpoints(self) -> dict[str, Any]:
         """Recovery points recorded by earlier attempts of this job (name → data)."""
         if self._checkpoints is None:
-            self._checkpoints = store.read_checkpoints(self._alias, self.job_id) if self.job_id else {}
+            stored = store.read_checkpoints(self._alias, self.job_id) if self.job_id else {}
+            # Opened whatever the task says now: an earlier attempt may have sealed them.
+            self._checkpoints = dict(open_json(stored, CHECKPOINTS, "job.checkpoints"))
         return dict(self._checkpoints)
 
     def get_checkpoint(self, name: str, default: Any = None) -> Any:
@@ -250,7 +259,8 @@ class JobContext:
         current = self.checkpoints
         current[name] = data
         if self.job_id is not None:
-            if not store.write_checkpoints(self._alias, self.job_id, self._lease_token, current):
+            stored = seal_json(current, CHECKPOINTS) if self._sealed else current
+            if not store.write_checkpoints(self._alias, self.job_id, self._lease_token, stored):
                 self.signals.lease_lost.set()
                 raise LeaseLost(f"job {self.job_id}: lease lost before checkpoint {name!r}")
         self._checkpoints = current
@@ -284,7 +294,7 @@ class JobContext:
             check_progress(done, total, message)
         progress = self._progress
         if progress is None:
-            progress = self._progress = ProgressReport()
+            progress = self._progress = ProgressReport(self._sealed)
         progress.value = (done, total, message, time.time())
         progress.reported += 1
 

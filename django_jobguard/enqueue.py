@@ -17,6 +17,7 @@ from django.db import transaction
 from . import _dispatch, events, idempotency, signals, store
 from ._json import validate_payload
 from .conf import get_settings
+from .encryption.payloads import seals
 from .exceptions import IdempotencyConflict, InvalidArgumentsError, TaskNotExposedError, UnknownQueueError
 from .registry import registry
 from .task import MAX_IDEMPOTENCY_KEY_LENGTH
@@ -73,6 +74,10 @@ def prepare(task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
     }
     if conf.opentelemetry:
         fields["trace_context"] = _tracing().carrier()
+    if (task.encrypt or conf.encryption.all_tasks) and store.memory_store() is None:
+        # Kept in clear here (the idempotency fingerprint and the returned Job read them);
+        # the store seals them as it writes the row. The in-memory store (tests) keeps them clear.
+        fields["encrypt"] = seals(task, conf)
     return fields
 
 

@@ -14,6 +14,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
+from .encryption.payloads import open_progress
 from .exceptions import ErrorCategory, JobNotFound, WaitTimeout
 
 
@@ -313,7 +314,8 @@ class Job(models.Model):
         """After one read: the progress to yield (None: nothing new), and whether the job finished."""
         if found is None:
             raise JobNotFound(f"Job {self.pk} was deleted while watched.", job_id=self.pk)
-        status, progress = found
+        status, stored = found
+        progress = open_progress(stored)  # a message stored encrypted is yielded in clear
         fresh = progress if progress is not None and progress != seen else None
         if fresh is not None:
             self.progress = fresh
@@ -336,7 +338,7 @@ class Job(models.Model):
         from .results import watch_wakeup
 
         deadline = None if timeout is None else time.monotonic() + timeout
-        seen = self.progress
+        seen = open_progress(self.progress)
         if seen is not None:
             yield seen
         wakeup = watch_wakeup(rows.db, self.pk, math.inf if timeout is None else timeout)
@@ -363,7 +365,7 @@ class Job(models.Model):
         from .results import awatch_wakeup
 
         deadline = None if timeout is None else time.monotonic() + timeout
-        seen = self.progress
+        seen = open_progress(self.progress)
         if seen is not None:
             yield seen
         wakeup = await awatch_wakeup(rows.db, self.pk, math.inf if timeout is None else timeout)

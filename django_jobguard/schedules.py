@@ -31,13 +31,15 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from cronsim import CronSim, CronSimError
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.db import connections, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
 from django.db.models.functions import Now
 
 from . import _faults, events, store
 from .conf import ScheduleConfig, get_settings
+from .encryption import DecryptionError, is_encrypted
+from .encryption.payloads import ARGS, KWARGS, open_json, seal_json, seals
 from .exceptions import IdempotencyConflict, InvalidArgumentsError, InvalidScheduleError
 from .models import Schedule
 from .registry import registry
@@ -71,6 +73,8 @@ __all__ = [
 MAX_TICKS_SCANNED = 10_000
 #: Ticks looked at to find a schedule's shortest interval (for the expected-duration check).
 INTERVAL_SAMPLES = 50
+#: Compares unequal to every definition's value (a stored value the sync must write again).
+_CHANGED = object()
 
 
 # -- pure tick computation ---------------------------------------------------------------
@@ -235,6 +239,34 @@ def _definition(spec: ScheduleConfig) -> dict[str, Any]:
     }
 
 
+def _seals(task_name: str) -> bool:
+    """Whether a schedule's arguments are stored sealed: its task encrypts (and keys exist;
+    without them the system checks say so, and the scheduler keeps running)."""
+    try:
+        return seals(registry.find(task_name), get_settings())
+    except ImproperlyConfigured:
+        return False
+
+
+def _stored(row: Schedule, field: str, sealed: bool) -> Any:
+    """A schedule row's field as compared with its definition: arguments opened; a row
+    sealed otherwise than it should be compares unequal, so the sync writes it again."""
+    value = getattr(row, field)
+    if field not in ("args", "kwargs"):
+        return value
+    if is_encrypted(value) != sealed:
+        return _CHANGED
+    try:
+        return open_json(value, field, f"schedule.{field}")
+    except DecryptionError:
+        return _CHANGED
+
+
+def _arguments(row: Schedule) -> tuple[Any, Any]:
+    """A schedule's arguments to enqueue with, opened if they are stored sealed."""
+    return open_json(row.args, ARGS, "schedule.args"), open_json(row.kwargs, KWARGS, "schedule.kwargs")
+
+
 def _first_tick(name: str, cron: str, timezone: str, now: datetime.datetime) -> datetime.datetime | None:
     try:
         return next_tick(cron, timezone, now)
@@ -274,15 +306,24 @@ def sync(*, using: str | None = None) -> SyncResult:
     for name, spec in declared.items():
         assert now is not None  # noqa: S101 - declared is not empty here
         fields = _definition(spec)
+        sealed = _seals(spec.task)
         row = rows.get(name)
         if row is None:
+            if sealed:
+                fields["args"], fields["kwargs"] = (
+                    seal_json(fields["args"], ARGS),
+                    seal_json(fields["kwargs"], KWARGS),
+                )
             first = _first_tick(name, spec.cron, spec.timezone, now)
             # Another worker starting at the same moment may insert it first: that is fine.
             schedules.bulk_create([Schedule(name=name, next_tick_at=first, **fields)], ignore_conflicts=True)
             result.created.append(name)
             logger.info("schedule_created name=%s cron=%r next_tick_at=%s", name, spec.cron, first)
             continue
-        changes = {field: value for field, value in fields.items() if getattr(row, field) != value}
+        changes = {field: value for field, value in fields.items() if _stored(row, field, sealed) != value}
+        for field, kind in (("args", ARGS), ("kwargs", KWARGS)):
+            if field in changes and sealed:
+                changes[field] = seal_json(changes[field], kind)
         if row.removed_at is not None:
             changes["removed_at"] = None
             result.restored.append(name)
@@ -447,9 +488,10 @@ def _locked_now(
 
 def _enqueue_ticks(row: Schedule, task: Task, plan: TickPlan, alias: str) -> list[Job]:
     """One job per tick of ``plan`` (idempotent per tick); the schedule remembers the last."""
+    args, kwargs = _arguments(row)
     jobs = [
         task.using(idempotency_key=tick_key(row.name, tick), queue_name=row.queue_name or None).enqueue(
-            *row.args, **row.kwargs
+            *args, **kwargs
         )
         for tick in plan.ticks
     ]
@@ -562,9 +604,8 @@ def run_now(schedule: Schedule, *, user: Any) -> Job:
         )
     task = registry.get(schedule.task_name)
     key = f"schedule:{schedule.name}:manual:{uuid.uuid4().hex}"
-    job = task.using(idempotency_key=key, queue_name=schedule.queue_name or None).enqueue(
-        *schedule.args, **schedule.kwargs
-    )
+    args, kwargs = _arguments(schedule)
+    job = task.using(idempotency_key=key, queue_name=schedule.queue_name or None).enqueue(*args, **kwargs)
     logger.info(
         "schedule_run_now name=%s user=%r job_id=%s key=%r",
         schedule.name,

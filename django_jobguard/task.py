@@ -158,6 +158,9 @@ class Task(Generic[P, R]):
     #: Seconds a job's result may be waited for (``Job.wait()``) after it finished; 0: nobody
     #: waits on this task's results; None: ``JOBGUARD["RETENTION"]["RESULTS"]``.
     result_retention: float | None = None
+    #: Store this task's arguments, results, errors, tracebacks, progress and checkpoints
+    #: encrypted with ``JOBGUARD["ENCRYPTION"]["KEYS"]`` (see :mod:`django_jobguard.encryption`).
+    encrypt: bool = False
     # Per-call overrides set by using():
     run_after: datetime.datetime | datetime.timedelta | None = None
     idempotency_key: str | None = None
@@ -197,6 +200,8 @@ class Task(Generic[P, R]):
                 f"result_retention must be a number of seconds, 0 or more (or None for "
                 f'JOBGUARD["RETENTION"]["RESULTS"]), not {retention!r}.'
             )
+        if not isinstance(self.encrypt, bool):
+            raise InvalidTaskError(f"encrypt must be True or False, not {self.encrypt!r}.")
         limit = self.max_result_bytes
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise InvalidTaskError(
@@ -806,6 +811,7 @@ def task(
     limit: str | None = None,
     max_result_bytes: int | None = None,
     result_retention: float | None = None,
+    encrypt: bool = False,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -841,6 +847,7 @@ def task(
     limit: str | None = None,
     max_result_bytes: int | None = None,
     result_retention: float | None = None,
+    encrypt: bool = False,
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a function as a task. Options left unset fall back to the queue, then globals.
 
@@ -880,6 +887,9 @@ def task(
     - ``result_retention``: seconds a job's result can be waited for (``Job.wait()``) after it
       finished; 0 when nobody waits on this task's results (``wait()`` refuses at once); None:
       ``JOBGUARD["RETENTION"]["RESULTS"]``. See docs/how-to/wait-for-a-result.md.
+    - ``encrypt``: its jobs' arguments, results, errors, tracebacks, progress and checkpoints
+      are stored encrypted (AES-256-GCM under ``JOBGUARD["ENCRYPTION"]["KEYS"]``); see
+      docs/how-to/encrypt-payloads.md.
     """
 
     def decorate(func: Callable[P, R]) -> Task[P, R]:
@@ -920,6 +930,7 @@ def task(
             limit=limit,
             max_result_bytes=max_result_bytes,
             result_retention=result_retention,
+            encrypt=encrypt,
         )
         created.signature  # noqa: B018 - validates takes_context against the signature now
         registry.register(created)

@@ -25,6 +25,7 @@ from .. import enqueue as enqueue_service
 from .. import signals
 from ..checks.tasks import check_tasks_backend
 from ..conf import get_settings
+from ..encryption.payloads import ARGS, KWARGS, RESULT, open_history, open_json
 from ..exceptions import InvalidArgumentsError, InvalidTaskError
 from ..models import Job, JobStatus
 from ..registry import registry
@@ -149,7 +150,8 @@ class JobGuardBackend(_compat.BaseTaskBackend):
         return task.using(priority=job.priority, queue_name=job.queue_name, run_after=run_after)
 
     def _result(self, job: Job, task: Any) -> Any:
-        history = job.attempt_history or []
+        # A TaskResult is its caller's own job: its encrypted values are read in clear.
+        history = open_history(job.attempt_history or [])
         starts = [_history_time(entry.get("started_at")) for entry in history]
         errors = [
             _compat.TaskError(
@@ -169,14 +171,14 @@ class JobGuardBackend(_compat.BaseTaskBackend):
             started_at=starts[0] if starts else None,
             finished_at=job.finished_at if finished else None,
             last_attempted_at=starts[-1] if starts else None,
-            args=list(job.args),
-            kwargs=dict(job.kwargs),
+            args=list(open_json(job.args, ARGS, "job.args")),
+            kwargs=dict(open_json(job.kwargs, KWARGS, "job.kwargs")),
             backend=self.alias,
             errors=errors,
             worker_ids=[str(entry.get("worker_id", "")) for entry in history],
         )
         if status == _compat.TaskResultStatus.SUCCESSFUL:
-            object.__setattr__(result, "_return_value", job.result)
+            object.__setattr__(result, "_return_value", open_json(job.result, RESULT, "job.result"))
         return result
 
 

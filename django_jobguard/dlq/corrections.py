@@ -14,6 +14,9 @@ from django.utils.crypto import salted_hmac
 from .. import idempotency
 from .._annotations import mismatches
 from .._json import validate_payload
+from ..conf import get_settings
+from ..encryption import DecryptionError, is_encrypted
+from ..encryption.payloads import ARGS, KWARGS, open_json, seals
 from ..exceptions import InvalidArgumentsError, ReplayError
 from ..flow import template_fields
 from ..models import DeadLetter
@@ -28,7 +31,9 @@ __all__ = [
     "FieldChange",
     "correction_digest",
     "digest_matches",
+    "original_payload",
     "review_correction",
+    "sealed_letter",
     "validated_payload",
 ]
 
@@ -52,8 +57,12 @@ def validated_payload(
             f"Task {letter.task_name!r} is not registered in this process, so the payload cannot be "
             "checked against its handler; deploy the task first."
         )
-    args = letter.args if args is None else args
-    kwargs = letter.kwargs if kwargs is None else kwargs
+    try:
+        # Stored values may be sealed (the letter's own, or a stored correction): opened here.
+        args = open_json(letter.args if args is None else args, ARGS, "dead_letter.args")
+        kwargs = open_json(letter.kwargs if kwargs is None else kwargs, KWARGS, "dead_letter.kwargs")
+    except DecryptionError as exc:
+        raise ReplayError(f"{exc}; configure that key again to replay it.") from None
     if not isinstance(args, list | tuple):
         raise InvalidArgumentsError(f"args must be a JSON array, not {type(args).__name__}.")
     if not isinstance(kwargs, dict):
@@ -68,6 +77,26 @@ def validated_payload(
         raise InvalidArgumentsError(f"Arguments do not fit {task.name}'s annotations: {'; '.join(wrong)}.")
     task.lock_key_for(bound)
     return clean_args, clean_kwargs
+
+
+def original_payload(letter: DeadLetter) -> tuple[Any, Any]:
+    """The dead letter's own ``args`` and ``kwargs``, opened if they are stored encrypted
+    (:class:`ReplayError` naming the key when it is not configured)."""
+    try:
+        return (
+            open_json(letter.args, ARGS, "dead_letter.args"),
+            open_json(letter.kwargs, KWARGS, "dead_letter.kwargs"),
+        )
+    except DecryptionError as exc:
+        raise ReplayError(f"{exc}; configure that key again to replay it.") from None
+
+
+def sealed_letter(letter: DeadLetter) -> bool:
+    """Whether what is stored of ``letter``'s payload (its corrections, its replay's job) is
+    sealed: its payload is encrypted already, or its task encrypts."""
+    if is_encrypted(letter.args) or is_encrypted(letter.kwargs):
+        return True
+    return seals(registry.find(letter.task_name), get_settings())
 
 
 def correction_digest(letter: DeadLetter) -> str:
@@ -169,17 +198,18 @@ def review_correction(
     :class:`ReplayError` as :func:`request_replay` would for a payload it refuses.
     """
     letter = dead_letter
+    original_args, original_kwargs = original_payload(letter)
     if args is None and kwargs is None:
         args, kwargs = letter.replay_args, letter.replay_kwargs
     if args is None and kwargs is None:
-        new_args, new_kwargs = letter.args, letter.kwargs
+        new_args, new_kwargs = original_args, original_kwargs
     else:
         new_args, new_kwargs = validated_payload(letter, args, kwargs)
     task = registry.find(letter.task_name)
-    changes = _changes(task, letter.args, letter.kwargs, new_args, new_kwargs)
+    changes = _changes(task, original_args, original_kwargs, new_args, new_kwargs)
     key = letter.idempotency_key or ""
     key_affected = bool(key) and idempotency.replay_fingerprint(
-        task, letter.task_name, letter.args, letter.kwargs
+        task, letter.task_name, original_args, original_kwargs
     ) != idempotency.replay_fingerprint(task, letter.task_name, new_args, new_kwargs)
     template = task.lock if task is not None else None
     lock_fields: tuple[str, ...] = ()

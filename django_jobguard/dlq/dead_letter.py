@@ -10,6 +10,7 @@ from django.utils import timezone
 from .. import _dispatch, events, exceptions, idempotency, signals, store, workflows
 from .._text import clip
 from ..conf import get_settings
+from ..encryption.payloads import ERROR, seal_history_entry, seal_text
 from ..exceptions import LeaseLost
 from ..models import DeadLetter
 
@@ -29,6 +30,7 @@ def dead_letter(
     worker_id: str = "",
     idempotency_scope: str | None = None,
     last_attempt_error: tuple[str, str] | None = None,
+    encrypt: bool = False,
 ) -> DeadLetter:
     """Mark the job dead and store its dead letter in one transaction, fenced by the lease.
 
@@ -42,12 +44,18 @@ def dead_letter(
     limit = get_settings().max_error_chars
     error_message, traceback = clip(error_message, limit), clip(traceback, limit)
     summary = f"{error_class}: {error_message}" if error_class else error_message
+    last_error = (clip(last_attempt_error[1], limit), "") if last_attempt_error is not None else None
+    if encrypt:
+        summary = seal_text(summary, ERROR)
+        error_message, traceback = seal_history_entry(error_message, traceback)
+        if last_error is not None:
+            last_error = seal_history_entry(*last_error)
     # On the in-memory store the job and its letter are the store's (store.atomic, load_job,
     # save_dead_letter): the same steps, in its transaction.
     with store.atomic(alias):
         attempt_error = (
-            (_class_path(last_attempt_error[0]), clip(last_attempt_error[1], limit), "")
-            if last_attempt_error is not None
+            (_class_path(last_attempt_error[0]), *last_error)
+            if last_attempt_error is not None and last_error is not None
             else (_class_path(error_class), error_message, traceback)
         )
         if not store.mark_dead(alias, job_id, lease_token, summary, attempt_error):

@@ -26,6 +26,8 @@ from django.db.models.functions import Now
 
 from .. import events, idempotency, workflows
 from ..conf import get_settings
+from ..encryption import DecryptionError, is_encrypted
+from ..encryption.payloads import ARGS, KWARGS, open_json, seal_json
 from ..enqueue import prepare as prepare_fields
 from ..exceptions import InvalidArgumentsError
 from ..models import DeadLetter, Job, Lock, ReplayAction, ReplayEvent, ReplayState
@@ -234,8 +236,15 @@ class _SkipRedriveError(Exception):
 def _redrive_one(alias: str, letter: DeadLetter, worker_id: str) -> Job | None:
     """The replay's new job, or None when the dead letter is left for a later pass."""
     task = registry.find(letter.task_name)
-    args = letter.replay_args if letter.replay_args is not None else letter.args
-    kwargs = letter.replay_kwargs if letter.replay_kwargs is not None else letter.kwargs
+    stored_args = letter.replay_args if letter.replay_args is not None else letter.args
+    stored_kwargs = letter.replay_kwargs if letter.replay_kwargs is not None else letter.kwargs
+    try:
+        args = open_json(stored_args, ARGS, "dead_letter.args")
+        kwargs = open_json(stored_kwargs, KWARGS, "dead_letter.kwargs")
+    except DecryptionError:
+        # Its key is not configured here: the replay's job carries the payload as stored, and
+        # the worker that claims it dead-letters it again, naming the key, unless it has it.
+        args, kwargs = stored_args, stored_kwargs
     try:
         # A savepoint per dead letter: one that fails does not undo the others of the pass.
         with transaction.atomic(using=alias):
@@ -303,6 +312,13 @@ def _job_fields(task: Task[Any, Any] | None, letter: DeadLetter, args: Any, kwar
     fields["idempotency_key"] = letter.idempotency_key
     # The replay's run links to the original's enqueue and attempts (with tracing on).
     fields["trace_context"] = letter.trace_context
+    # Saved through the ORM, not the store's insert: sealed here, as the letter's were or as
+    # the task asks now.
+    if fields.pop("encrypt", False) or is_encrypted(letter.args) or is_encrypted(letter.kwargs):
+        fields["args"], fields["kwargs"] = (
+            seal_json(fields["args"], ARGS),
+            seal_json(fields["kwargs"], KWARGS),
+        )
     return fields
 
 

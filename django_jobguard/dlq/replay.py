@@ -11,6 +11,8 @@ from django.db.models.functions import Now
 
 from ..actors import User
 from ..conf import get_settings
+from ..encryption import DecryptionError
+from ..encryption.payloads import ARGS, KWARGS, open_json, seal_json
 from ..exceptions import (
     InvalidArgumentsError,
     ReplayConflict,
@@ -19,7 +21,13 @@ from ..exceptions import (
     ReplayReviewRequired,
 )
 from ..models import DeadLetter
-from .corrections import correction_digest, digest_matches, validated_payload
+from .corrections import (
+    correction_digest,
+    digest_matches,
+    original_payload,
+    sealed_letter,
+    validated_payload,
+)
 from .patch import PatchOperation, apply_patch
 from .permissions import VIEW_PAYLOAD, can_view_payload, check_permission
 from .transitions import (
@@ -79,8 +87,11 @@ def request_replay(
         check_state(letter, REQUEST)
         new_args, new_kwargs = validated_payload(letter, args, kwargs)
         # A "correction" identical to the original is no correction: the replay runs the original.
-        corrected = (new_args, new_kwargs) != (letter.args, letter.kwargs)
+        corrected = (new_args, new_kwargs) != original_payload(letter)
         data: dict[str, Any] = {"payload_corrected": corrected}
+        if corrected and sealed_letter(letter):
+            # The correction is payload too: stored sealed, in the letter and in its event.
+            new_args, new_kwargs = seal_json(new_args, ARGS), seal_json(new_kwargs, KWARGS)
         if corrected:
             data.update(args=new_args, kwargs=new_kwargs)
         transition(
@@ -258,7 +269,7 @@ def _decide_chunk(
             check_state(letter, step)
             if step == REQUEST:
                 args, kwargs = validated_payload(letter)
-                if (args, kwargs) != (letter.args, letter.kwargs):
+                if (args, kwargs) != original_payload(letter):
                     raise ReplayError(
                         f"Dead letter #{letter.pk}'s payload needs a correction: request it alone."
                     )
@@ -345,7 +356,11 @@ def request_many_corrected(
     refused: list[tuple[int, str]] = []
     for pk in sorted(set(ids)):
         try:
-            kwargs = DeadLetter.objects.using(alias).values_list("kwargs", flat=True).get(pk=pk)
+            stored = DeadLetter.objects.using(alias).values_list("kwargs", flat=True).get(pk=pk)
+            try:
+                kwargs = open_json(stored, KWARGS, "dead_letter.kwargs")
+            except DecryptionError as exc:
+                raise ReplayError(str(exc)) from None
             corrected = apply_patch(list(patch), kwargs if isinstance(kwargs, dict) else {})
             request_replay(pk, user, reason, kwargs=corrected)
         except DeadLetter.DoesNotExist:

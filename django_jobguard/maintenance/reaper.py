@@ -7,6 +7,8 @@ import logging
 from typing import Any
 
 from .. import dlq, events, retry, store
+from ..encryption import DecryptionError, is_encrypted, keyring
+from ..encryption.payloads import ERROR, TRACEBACK, open_text
 from ..exceptions import LeaseLost
 from ..log import job_fields
 from ..models import DeadLetterReason, Job
@@ -72,6 +74,7 @@ class Reaper:
 
     def _dead_letter(self, job_id: int, token: str, history: list[Any]) -> bool:
         handler = _handler_error(history)
+        encrypt = False
         if handler is None:
             error = ("LeaseExpired", LEASE_EXPIRED_MESSAGE, "")
             last_attempt = None
@@ -80,6 +83,7 @@ class Reaper:
             # letters, in the admin and Sentry); the lost lease stays its reason and is named
             # in its message, and the last attempt's history entry records the lost lease.
             attempt, error_class, message, traceback = handler
+            encrypt, message, traceback = _opened(message, traceback)
             error = (
                 error_class,
                 f"{message}\n\n[The handler's error on attempt {attempt}; then LeaseExpired: "
@@ -99,6 +103,7 @@ class Reaper:
                 traceback=error[2],
                 worker_id="",
                 last_attempt_error=last_attempt,
+                encrypt=encrypt,
             )
         except LeaseLost:
             return False  # its worker acked it just in time
@@ -112,6 +117,22 @@ class Reaper:
             extra={**job_fields(letter, self.worker_id, outcome="dead"), "job_id": job_id},
         )
         return True
+
+
+def _opened(message: str, traceback: str) -> tuple[bool, str, str]:
+    """A sealed handler error from the history, opened to be filed (and sealed again) with the
+    letter's notes: ``(sealed, message, traceback)``. Without its key, the letter says so."""
+    if not (is_encrypted(message) or is_encrypted(traceback)):
+        return False, message, traceback
+    where = "job.attempt_history"
+    try:
+        opened = (
+            open_text(message, ERROR, f"{where}.error"),
+            open_text(traceback, TRACEBACK, f"{where}.traceback"),
+        )
+    except DecryptionError as exc:
+        return keyring().enabled, f"(the error is encrypted: {exc})", ""
+    return True, *opened
 
 
 def _handler_error(history: list[Any]) -> tuple[int, str, str, str] | None:

@@ -34,6 +34,7 @@ from django.db.models.functions import Now
 from django.db.transaction import TransactionManagementError
 
 from ..conf import get_settings
+from ..encryption.payloads import ERROR, RESULT, open_json, open_text
 from ..exceptions import (
     InvalidArgumentsError,
     JobCancelled,
@@ -150,7 +151,7 @@ def _outcome(alias: str, job_id: int, row: dict[str, Any] | None, loaded: bool) 
                     'JOBGUARD["RETENTION"]["RESULTS"]).',
                     job_id=job_id,
                 )
-        return row["result"]
+        return open_json(row["result"], RESULT, "job.result")
     if status == JobStatus.DEAD:
         letter = (
             DeadLetter.objects.using(alias)
@@ -159,16 +160,18 @@ def _outcome(alias: str, job_id: int, row: dict[str, Any] | None, loaded: bool) 
             .first()
         )
         if letter is None:  # pruned, or a row settled by hand: the job's own last error
-            raise JobFailed(job_id, error_class="", error_message=row["last_error"])
+            raise JobFailed(
+                job_id, error_class="", error_message=open_text(row["last_error"], ERROR, "job.last_error")
+            )
         raise JobFailed(
             job_id,
             error_class=letter["error_class"],
-            error_message=letter["error_message"],
+            error_message=open_text(letter["error_message"], ERROR, "dead_letter.error_message"),
             reason=letter["reason"],
             dead_letter_id=letter["id"],
             replay_job_id=letter["replay_job_id"],
         )
-    why = row["last_error"] or "cancelled"
+    why = open_text(row["last_error"], ERROR, "job.last_error") or "cancelled"
     raise JobCancelled(f"Job {job_id} was cancelled, so it has no result ({why}).", job_id=job_id)
 
 

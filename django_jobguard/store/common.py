@@ -15,6 +15,8 @@ from django.db import connections
 from django.db.models import Case, JSONField, Q, Value, When
 from django.utils.dateparse import parse_datetime
 
+from ..encryption.payloads import seal_json
+
 if TYPE_CHECKING:
     from ..models import Job
 
@@ -154,6 +156,9 @@ class ClaimedJob:
     #: as a limited claim found them: it counted the job under none of them, and the worker
     #: dead-letters it (see ``flow.stored_flow_keys``). None otherwise.
     unreadable_flow_keys: str | None = None
+    #: Its data is stored encrypted: the worker decrypted its arguments (``args`` and
+    #: ``kwargs`` hold them in clear now) and seals what it stores of the run.
+    sealed: bool = False
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> ClaimedJob:
@@ -183,11 +188,23 @@ def placeholders(values: Sequence[Any]) -> str:
 def row_values(row: dict[str, Any]) -> list[Any]:
     """The INSERT_FIELDS of one job row, ``args``/``kwargs``/``flow_keys``/``trace_context`` as JSON text."""
     values = [row.get(field) for field in INSERT_FIELDS]
-    values[2] = json.dumps(values[2])
-    values[3] = json.dumps(values[3])
+    if row.get("encrypt"):
+        values[2], values[3] = payload_json(row, "args"), payload_json(row, "kwargs")
+    else:  # the plain path: no call more than before
+        values[2] = json.dumps(values[2])
+        values[3] = json.dumps(values[3])
     values[10] = json.dumps(values[10] or [])
     values[11] = trace_context_json(row)
     return values
+
+
+def payload_json(row: dict[str, Any], name: str) -> str:
+    """A job row's ``args`` or ``kwargs`` as the JSON text stored: sealed when the row says
+    ``encrypt`` (see :func:`django_jobguard.enqueue.prepare`), which the caller's row keeps in clear."""
+    value = row.get(name)
+    if row.get("encrypt"):
+        value = seal_json(value, name)
+    return json.dumps(value)
 
 
 def trace_context_json(row: dict[str, Any]) -> str | None:

@@ -44,6 +44,7 @@ from .common import (
     DurationRow,
     History,
     Inserted,
+    payload_json,
     row_values,
     sqlite_datetime,
     trace_context_json,
@@ -312,8 +313,12 @@ def insert_jobs(
             return list(cursor.fetchall())
         # One statement whatever the count: one array parameter per column, unnested server-side.
         arrays = [[row.get(field) for row in rows] for field in INSERT_FIELDS]
-        arrays[2] = [json.dumps(value) for value in arrays[2]]
-        arrays[3] = [json.dumps(value) for value in arrays[3]]
+        if any(row.get("encrypt") for row in rows):  # each row sealed as it says
+            arrays[2] = [payload_json(row, "args") for row in rows]
+            arrays[3] = [payload_json(row, "kwargs") for row in rows]
+        else:
+            arrays[2] = [json.dumps(value) for value in arrays[2]]
+            arrays[3] = [json.dumps(value) for value in arrays[3]]
         arrays[10] = [json.dumps(value or []) for value in arrays[10]]
         arrays[11] = [trace_context_json(row) for row in rows]
         cursor.execute(

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..conf import get_settings
+from ..encryption.payloads import ARGS, KWARGS, open_json
 from ..registry import registry
 from . import _state
 from ._stores import all_jobs
@@ -82,8 +83,9 @@ class _Criteria:
                     elif named[key] != value:
                         found.append(f"kwargs[{key!r}]: expected {value!r}, got {named[key]!r}")
             elif name == "args":
-                if list(job.args) != list(expected):
-                    found.append(f"args: expected {list(expected)!r}, got {list(job.args)!r}")
+                args = list(_payload(job)[0])
+                if args != list(expected):
+                    found.append(f"args: expected {list(expected)!r}, got {args!r}")
             elif name == "run_after":
                 if not _run_after_matches(job, expected):
                     got = job.run_after.isoformat()
@@ -100,12 +102,13 @@ def named_arguments(job: Job) -> dict[str, Any]:
     defaults filled in, ``**kwargs`` spread out (only its ``kwargs`` if the task is unknown)."""
     found = registry.resolve(job.task_name)
     signature = getattr(found, "signature", None)
+    args, kwargs = _payload(job)
     if not isinstance(signature, inspect.Signature):
-        return dict(job.kwargs)
+        return dict(kwargs)
     try:
-        bound = signature.bind(*job.args, **job.kwargs)
+        bound = signature.bind(*args, **kwargs)
     except TypeError:
-        return dict(job.kwargs)
+        return dict(kwargs)
     bound.apply_defaults()
     named: dict[str, Any] = {}
     for key, value in bound.arguments.items():
@@ -141,10 +144,16 @@ def _run_after_matches(job: Job, expected: Any) -> bool:
     return abs((job.run_after - target).total_seconds()) <= RUN_AFTER_TOLERANCE_SECONDS
 
 
+def _payload(job: Job) -> tuple[Any, Any]:
+    """A job's arguments as the test wrote them: opened if its task encrypts them."""
+    return open_json(job.args, ARGS, "job.args"), open_json(job.kwargs, KWARGS, "job.kwargs")
+
+
 def _line(job: Job) -> str:
+    args, kwargs = _payload(job)
     return (
-        f"job {job.pk} {job.task_name} queue={job.queue_name!r} args={list(job.args)!r} "
-        f"kwargs={pprint.pformat(job.kwargs, width=200, compact=True)} priority={job.priority} "
+        f"job {job.pk} {job.task_name} queue={job.queue_name!r} args={list(args)!r} "
+        f"kwargs={pprint.pformat(kwargs, width=200, compact=True)} priority={job.priority} "
         f"run_after={job.run_after.isoformat()} status={job.status}"
     )
 

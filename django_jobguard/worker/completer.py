@@ -29,6 +29,7 @@ from .. import _dispatch, _faults, breakers, dlq, events, idempotency, signals, 
 from .._redact import payload_secrets, redact
 from .._text import clip
 from ..conf import BreakerSpec, get_settings
+from ..encryption.payloads import ERROR, RESULT, seal_history_entry, seal_json, seal_text
 from ..exceptions import LeaseLost
 from ..log import job_fields
 from ..outcome import (
@@ -134,7 +135,7 @@ class Completer:
         """
         job = held.job
         if scope and job.idempotency_key:
-            idempotency.record_success(self.alias, scope, job.idempotency_key, job.id, result)
+            idempotency.record_success(self.alias, scope, job.idempotency_key, job.id, _stored(job, result))
         if _faults.ENABLED:
             _faults.maybe_crash("in_complete")
         # A workflow's bookkeeping commits with the ack, so the ack may not send the COMMIT.
@@ -292,7 +293,7 @@ class Completer:
                 # Only for acked jobs: a key must not read succeeded for a job that lost its lease.
                 if outcome.scope and job.idempotency_key and job.id in done:
                     idempotency.record_success(
-                        self.alias, outcome.scope, job.idempotency_key, job.id, outcome.result
+                        self.alias, outcome.scope, job.idempotency_key, job.id, _stored(job, outcome.result)
                     )
                 if job.workflow_id is not None and job.id in done:
                     members.append((job.id, job.workflow_id, "succeeded", outcome.ack_json or "null"))
@@ -381,7 +382,7 @@ class Completer:
     def _duplicate(self, held: Held, outcome: Duplicate) -> None:
         job = held.job
         with store.atomic(self.alias):
-            result_json = json.dumps(outcome.result)
+            result_json = json.dumps(_stored(job, outcome.result))
             acked = store.complete(self.alias, job.id, job.lease_token, result_json)
             if acked:
                 idempotency.record_duplicate(self.alias, outcome.scope, job.idempotency_key or "")
@@ -413,12 +414,16 @@ class Completer:
             _faults.maybe_crash("in_retry")
         error = outcome.error
         message, traceback = _redacted(job, outcome.message, outcome.traceback)
+        summary = f"{outcome.error_class}: {message}"
+        if job.sealed:
+            summary = seal_text(summary, ERROR)
+            message, traceback = seal_history_entry(message, traceback)
         if not store.requeue(
             self.alias,
             job.id,
             job.lease_token,
             delay=outcome.delay,
-            error=f"{outcome.error_class}: {message}",
+            error=summary,
             attempt_error=(f"{type(error).__module__}.{type(error).__qualname__}", message, traceback),
         ):
             events.emit(events.LeaseLost(job.queue_name, job.task_name, "retry"))
@@ -475,6 +480,7 @@ class Completer:
                 traceback=traceback,
                 worker_id=self.worker_id,
                 idempotency_scope=outcome.scope,
+                encrypt=job.sealed,
             )
         except LeaseLost:
             events.emit(events.LeaseLost(job.queue_name, job.task_name, "dead_letter"))
@@ -517,7 +523,7 @@ class Completer:
             job.id,
             job.lease_token,
             delay=outcome.delay,
-            error=None if outcome.error is None else _redacted(job, outcome.error)[0],
+            error=None if outcome.error is None else _sealed_error(job, _redacted(job, outcome.error)[0]),
             refund_attempt=True,
             contention=cause is PutBackCause.LOCK_CONTENDED,
         )
@@ -624,6 +630,15 @@ class Completer:
             job.id,
             extra=job_fields(job, self.worker_id, outcome="stale"),
         )
+
+
+def _stored(job: store.ClaimedJob, result: Any) -> Any:
+    """A result as an idempotency key stores it: sealed for a job whose data is encrypted."""
+    return seal_json(result, RESULT) if job.sealed and result is not None else result
+
+
+def _sealed_error(job: store.ClaimedJob, error: str) -> str:
+    return seal_text(error, ERROR) if job.sealed else error
 
 
 def _redacted(job: store.ClaimedJob, *texts: str) -> list[str]:

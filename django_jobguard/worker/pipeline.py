@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import async_to_sync
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 
 from .. import _dispatch, _faults, idempotency, locks, retry, signals, store
@@ -25,6 +26,8 @@ from .._redact import payload_secrets, redact
 from .._text import clip
 from ..conf import RetryPolicy, get_settings
 from ..context import JobContext
+from ..encryption import JSON_MARKER, DecryptionError
+from ..encryption.payloads import ARGS, KWARGS, RESULT, open_json, seal_json, seals
 from ..exceptions import InvalidArgumentsError, LeaseLost, LockNotAcquired, LockUnavailable
 from ..locks.holders import job_owner
 from ..log import job_fields
@@ -109,7 +112,8 @@ def prepare(held: Held, rt: Runtime) -> Outcome | tuple[Task[Any, Any], str]:
             unknown_task_error(job.task_name),
         )
     invalid = (
-        check_flow_keys(job, task)
+        open_payload(job, task)
+        or check_flow_keys(job, task)
         or validate_payload(job, task, rt.valid_shapes)
         or check_rate_key(job, task)
     )
@@ -134,6 +138,36 @@ def prepare(held: Held, rt: Runtime) -> Outcome | tuple[Task[Any, Any], str]:
 def resolve_task(name: str) -> Task[Any, Any] | None:
     """The task to run for this name: registered, or found by a resolver (see the registry)."""
     return registry.resolve(name)
+
+
+def open_payload(job: store.ClaimedJob, task: Task[Any, Any]) -> Dead | None:
+    """Decrypt encrypted arguments in place, and say whether the run's data is stored sealed.
+
+    A job whose arguments cannot be decrypted (their key is not configured, or the stored
+    ciphertext was altered) never runs on garbage: it is dead-lettered as permanent, its
+    error naming the key, and its stored payload is left as it is (a replay works once the
+    key is back). Its error holds no payload, so it is stored in clear.
+    """
+    encrypted = isinstance(job.args, dict) or (isinstance(job.kwargs, dict) and JSON_MARKER in job.kwargs)
+    if not encrypted and not task.encrypt and not get_settings().encryption.all_tasks:
+        return None  # the plain path: one cached attribute read
+    if not encrypted and store.memory_store() is not None:
+        return None  # the in-memory store (tests only) keeps every value in clear
+    try:
+        sealed = encrypted or seals(task, get_settings())
+        if encrypted:
+            job.args = open_json(job.args, ARGS, "job.args")
+            job.kwargs = open_json(job.kwargs, KWARGS, "job.kwargs")
+    except (DecryptionError, ImproperlyConfigured) as exc:
+        return Dead(
+            DeadLetterReason.INVALID_PAYLOAD,
+            retry.PERMANENT,
+            f"{type(exc).__module__}.{type(exc).__qualname__}",
+            str(exc),
+            scope=idempotency.scope_of(task),
+        )
+    job.sealed = sealed
+    return None
 
 
 def validate_payload(
@@ -330,6 +364,7 @@ def make_context(rt: Runtime, held: Held, task: Task[Any, Any]) -> JobContext:
         signals=held.signals,
         _lease_token=job.lease_token,
         _alias=rt.alias,
+        _sealed=job.sealed,
     )
     return held.context
 
@@ -435,6 +470,8 @@ def checked_result(rt: Runtime, held: Held, result: Any) -> tuple[Any, str]:
         result_json = json.dumps(result)
         if len(result_json) > _result_limit(job.task_name):  # ASCII: one byte per character
             raise _ResultTooLargeError(_too_large(job.task_name, len(result_json)))
+        if job.sealed:  # measured in clear above: the limit is the user's data, not the cipher's
+            result_json = json.dumps(seal_json(result, RESULT))
     return result, result_json
 
 

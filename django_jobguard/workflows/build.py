@@ -20,6 +20,7 @@ from django.db.models.functions import Now
 
 from .. import enqueue, events, idempotency, store
 from ..conf import get_settings
+from ..encryption.payloads import ARGS, KWARGS, seal_json
 from ..exceptions import InvalidArgumentsError
 from ..models import (
     WORKFLOW_COUNTER_SHARDS,
@@ -95,6 +96,18 @@ def _alias() -> str:
 MAX_WORKFLOW_NAME_LENGTH = 255
 
 
+def _sealed_callback(fields: dict[str, Any]) -> dict[str, Any]:
+    """A callback's prepared row as the workflow keeps it: its arguments sealed when its task
+    encrypts (the store seals them again, for the job, when the callback is enqueued)."""
+    if fields.get("encrypt"):
+        fields = {
+            **fields,
+            "args": seal_json(fields["args"], ARGS),
+            "kwargs": seal_json(fields["kwargs"], KWARGS),
+        }
+    return fields
+
+
 def _create(alias: str, kind: str, state: str, callbacks: dict[str, Signature], name: str = "") -> Workflow:
     if not isinstance(name, str) or len(name) > MAX_WORKFLOW_NAME_LENGTH:
         raise InvalidArgumentsError(
@@ -103,7 +116,7 @@ def _create(alias: str, kind: str, state: str, callbacks: dict[str, Signature], 
         )
     stored = {
         when: {
-            "fields": signature.prepared(),
+            "fields": _sealed_callback(signature.prepared()),
             "result_as": signature.result_as,
             "results_as": signature.results_as,
         }

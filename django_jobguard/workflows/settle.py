@@ -22,6 +22,8 @@ from django.db import transaction
 from django.db.models.functions import Now, Substr
 
 from .. import events, store
+from ..encryption import is_encrypted
+from ..encryption.payloads import ARGS, ERROR, KWARGS, RESULT, open_json, open_text, seal_json
 from ..models import (
     WORKFLOW_COUNTER_SHARDS,
     DeadLetter,
@@ -119,19 +121,27 @@ def jobs_settled(
 def _release(alias: str, parent_id: int, children: list[tuple[int, str]], result_json: str | None) -> None:
     receivers = [(child, name) for child, name in children if name]
     if receivers and result_json is not None:
-        result = json.loads(result_json)
+        # An encrypted parent's result is opened here and handed on sealed if the parent's
+        # was, or if the child's own arguments are (so the child keeps them encrypted).
+        stored = json.loads(result_json)
+        result = open_json(stored, RESULT, "job.result")
         for child, name in receivers:
             row = Job.objects.using(alias).filter(pk=child).values_list("args", "kwargs").first()
             if row is None:
                 continue
-            args, kwargs = row
+            stored_args, stored_kwargs = row
+            sealed = is_encrypted(stored) or is_encrypted(stored_args) or is_encrypted(stored_kwargs)
+            args = open_json(stored_args, ARGS, "job.args")
+            kwargs = open_json(stored_kwargs, KWARGS, "job.kwargs")
             waiting = Job.objects.using(alias).filter(pk=child, status=JobStatus.WAITING)
             if name == POSITIONAL:
                 # The step was stored with a placeholder there (Signature.prepared), so a
                 # replayed parent's result replaces the first one rather than adding another.
-                waiting.update(args=[result, *args[1:]])
+                args = [result, *args[1:]]
+                waiting.update(args=seal_json(args, ARGS) if sealed else args)
             else:
-                waiting.update(kwargs={**kwargs, name: result})
+                kwargs = {**kwargs, name: result}
+                waiting.update(kwargs=seal_json(kwargs, KWARGS) if sealed else kwargs)
     dependants.release(alias, [child for child, _ in children])
 
 
@@ -184,15 +194,22 @@ def _maybe_finish(alias: str, workflow_id: int) -> None:
         WorkflowCallback.objects.using(alias).filter(workflow_id=workflow_id).values_list("when", flat=True)
     )
     members: list[Any] | None = None
+    sealed_members: bool | None = None
     for when in whens:
         stored = workflow.callbacks.get(when)
         if stored is None or when in done:
             continue
         fields = dict(stored["fields"])
+        fields["args"] = open_json(fields["args"], ARGS, "workflow.callbacks.args")
+        fields["kwargs"] = open_json(fields["kwargs"], KWARGS, "workflow.callbacks.kwargs")
         if stored.get("results_as"):
             results = members if members is not None else _member_results(alias, workflow_id)
             members = results  # a second callback asking for them reads them once
             _give(fields, stored["results_as"], results)
+            if sealed_members is None:
+                sealed_members = _any_sealed(alias, workflow_id)
+            if sealed_members:
+                fields["encrypt"] = True  # the members' results stay encrypted in the callback's job
         if stored.get("result_as"):
             _give(fields, stored["result_as"], summary.as_dict())
         (inserted,) = store.insert_jobs(alias, [fields])
@@ -250,8 +267,26 @@ def _member_results(alias: str, workflow_id: int) -> list[Any]:
         while replaced.get(last) in by_id and replaced[last] != member:
             last = replaced[last]
         _, status, result, error = by_id[last]
-        results.append(result if status == JobStatus.SUCCEEDED else failed_member(last, status, error))
+        if status == JobStatus.SUCCEEDED:
+            results.append(open_json(result, RESULT, "job.result"))
+        else:
+            results.append(failed_member(last, status, _member_error(alias, last, error)))
     return results
+
+
+def _member_error(alias: str, job_id: int, clipped: str) -> str:
+    """A failed member's error as its callback sees it: an encrypted one (which the clipped read
+    cut through) read whole, opened, then clipped."""
+    if not is_encrypted(clipped):
+        return clipped
+    whole = Job.objects.using(alias).filter(pk=job_id).values_list("last_error", flat=True).first() or ""
+    return open_text(whole, ERROR, "job.last_error")[:FAILED_MEMBER_ERROR_CHARS]
+
+
+def _any_sealed(alias: str, workflow_id: int) -> bool:
+    """Whether a member of the workflow stores its data encrypted (its results are payload too)."""
+    rows = Job.objects.using(alias).filter(workflow_id=workflow_id).values_list("result", "last_error")
+    return any(is_encrypted(result) or is_encrypted(error) for result, error in rows)
 
 
 def failed_member(job_id: int, status: str, error: str) -> dict[str, Any]:

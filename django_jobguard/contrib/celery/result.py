@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ...encryption.payloads import ERROR, RESULT, open_history, open_json, open_progress, open_text
 from ...exceptions import InvalidArgumentsError, JobguardError
 from ...models import Job, JobStatus
 
@@ -143,9 +144,9 @@ class AsyncResult:
         if job is None or state in (PENDING, STARTED):
             return None
         if state == SUCCESS:
-            return job.result
+            return open_json(job.result, RESULT, "job.result")
         if state == REVOKED:
-            return TaskRevokedError(job.last_error or "revoked")
+            return TaskRevokedError(open_text(job.last_error, ERROR, "job.last_error") or "revoked")
         return _failure(job)
 
     @property
@@ -153,7 +154,7 @@ class AsyncResult:
         """As :attr:`result`; while the job runs, the progress it last reported (``update_state``)."""
         job = self._job()
         if job is not None and state_of(job) == STARTED:
-            return job.progress
+            return open_progress(job.progress)
         return self.result
 
     @property
@@ -161,7 +162,7 @@ class AsyncResult:
         job = self._job()
         if job is None or not job.attempt_history:
             return None
-        last = job.attempt_history[-1]
+        last = open_history(job.attempt_history[-1:])[0]
         return last.get("traceback") if isinstance(last, dict) else None
 
     @property
@@ -242,7 +243,9 @@ def _failure(job: Job) -> TaskFailed:
         last = job.attempt_history[-1]
         if isinstance(last, dict):
             error_class = str(last.get("error_class") or "")
-    return TaskFailed(job.last_error or "the job was dead-lettered", error_class)
+    return TaskFailed(
+        open_text(job.last_error, ERROR, "job.last_error") or "the job was dead-lettered", error_class
+    )
 
 
 def _wait(job: Job, timeout: float | None) -> Any:
