@@ -32,6 +32,7 @@ from django.utils.translation import ngettext
 
 from .. import dlq
 from ..conf import get_settings
+from ..encryption.payloads import ARGS, ERROR, KWARGS, TRACEBACK, readable_json, readable_text
 from ..exceptions import InvalidArgumentsError, ReplayError, ReplayPermissionDenied
 from ..models import DeadLetter, ReplayRateChange
 from . import diff
@@ -119,7 +120,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         "Dead-letter ids, task names, error classes, lock keys or idempotency keys, whole; "
         "an idempotency key's start followed by * (order-50012*) with jobguard.view_payload."
     )
-    payload_derived_fields = ["error_message", "idempotency_key"]
+    payload_derived_fields = ["error_message", "error_message_text", "idempotency_key"]
     date_hierarchy = "created_at"
     ordering = ["-id"]
     show_full_result_count = False
@@ -138,6 +139,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         "traceback_text",
         "replay_job_link",
         "idempotency_status",
+        "error_message_text",
     ]
 
     # -- detail page -----------------------------------------------------------------------
@@ -166,7 +168,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                 {
                     "fields": [
                         "error_class",
-                        "error_message",
+                        "error_message_text",
                         "first_failed_at",
                         "last_failed_at",
                         "created_at",
@@ -263,19 +265,25 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         except ObjectDoesNotExist:
             return "-"
 
+    # Payload fields, shown only with jobguard.view_payload: each opened here if encrypted.
+
     @admin.display(description=_("payload"))
     def payload_json(self, obj: DeadLetter) -> SafeString:
-        return pretty_json(obj.payload)
+        return pretty_json(_payload(obj.args, obj.kwargs))
 
     @admin.display(description=_("corrected payload"))
     def replay_payload_json(self, obj: DeadLetter) -> SafeString | str:
         if obj.replay_args is None and obj.replay_kwargs is None:
             return "-"
-        return pretty_json({"args": obj.replay_args, "kwargs": obj.replay_kwargs})
+        return pretty_json(_payload(obj.replay_args, obj.replay_kwargs))
 
     @admin.display(description=_("traceback"))
     def traceback_text(self, obj: DeadLetter) -> SafeString:
-        return pre(obj.traceback or "-")
+        return pre(readable_text(obj.traceback, TRACEBACK, "dead_letter.traceback") or "-")
+
+    @admin.display(description=_("error message"))
+    def error_message_text(self, obj: DeadLetter) -> str:
+        return readable_text(obj.error_message, ERROR, "dead_letter.error_message") or "-"
 
     @admin.display(description=_("replay job"))
     def replay_job_link(self, obj: DeadLetter) -> SafeString | str:
@@ -435,7 +443,10 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                     )
                     return HttpResponseRedirect(url)
         else:
-            initial = {"args": dumps(letter.args), "kwargs": dumps(letter.kwargs)} if show_payload else {}
+            initial = {}
+            if show_payload:
+                shown = _payload(letter.args, letter.kwargs)
+                initial = {"args": dumps(shown["args"]), "kwargs": dumps(shown["kwargs"])}
             form = form_class(initial=initial)
         return self._replay_form(request, letter, action, form, review, show_payload, confirm)
 
@@ -460,7 +471,9 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             "button": _LABELS[action],
             "show_payload": can_view_payload(request),
             "corrected": letter.replay_args is not None or letter.replay_kwargs is not None,
-            "replay_payload": dumps({"args": letter.replay_args, "kwargs": letter.replay_kwargs}),
+            "replay_payload": dumps(_payload(letter.replay_args, letter.replay_kwargs))
+            if show_payload
+            else "",
             "requested_at": format_time(letter.replay_requested_at),
             "confirm_correction": confirm,
             # Django refuses a bigger request before any view runs (a bare 400 page): the
@@ -699,6 +712,14 @@ def _reviewed(request: HttpRequest) -> dict[int, str]:
 def _payload_token(payload: dict[str, Any]) -> str:
     """Names the payload whose warnings the requester saw (not a secret: a form round-trip)."""
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _payload(args: Any, kwargs: Any) -> dict[str, Any]:
+    """A payload as shown to a user who may see payloads: opened where it is encrypted."""
+    return {
+        "args": readable_json(args, ARGS, "dead_letter.args"),
+        "kwargs": readable_json(kwargs, KWARGS, "dead_letter.kwargs"),
+    }
 
 
 def _review(letter: DeadLetter, payload: dict[str, Any]) -> dlq.CorrectionReview | None:

@@ -27,6 +27,16 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from ..conf import get_settings
+from ..encryption.payloads import (
+    ARGS,
+    CHECKPOINTS,
+    ERROR,
+    KWARGS,
+    RESULT,
+    readable_json,
+    readable_progress,
+    readable_text,
+)
 from ..maintenance import retention
 from ..models import TERMINAL_STATUSES, IdempotencyKey, Job, JobQuerySet, JobStatus
 from ..operations import jobs
@@ -361,7 +371,13 @@ class JobAdmin(ReadOnlyAdmin):
     payload_search_fields = ["idempotency_key"]
     search_whole_values = True
     search_help_text = _("Job ids, lock keys or idempotency keys, whole (the task: the filter on the right).")
-    payload_derived_fields = ["idempotency_key", "last_error", "error_preview", "progress_message"]
+    payload_derived_fields = [
+        "idempotency_key",
+        "last_error",
+        "last_error_text",
+        "error_preview",
+        "progress_message",
+    ]
     # The lock admin links to the running jobs holding a lock key.
     # The workers page links to a worker's jobs.
     # A workflow's page links to all its members.
@@ -386,6 +402,7 @@ class JobAdmin(ReadOnlyAdmin):
         "run_time",
         "progress_bar",
         "progress_message",
+        "last_error_text",
     ]
 
     def __init__(self, model: type[Job], admin_site: admin.AdminSite) -> None:
@@ -482,7 +499,7 @@ class JobAdmin(ReadOnlyAdmin):
             ),
             (
                 _("Failures"),
-                {"fields": ["first_failed_at", "last_error", "dead_letter_link", "replayed_from_link"]},
+                {"fields": ["first_failed_at", "last_error_text", "dead_letter_link", "replayed_from_link"]},
             ),
         ]
         if can_view_payload(request):
@@ -529,32 +546,40 @@ class JobAdmin(ReadOnlyAdmin):
             return "-"
         return format_html('<span title="{}">{}</span>', obj.worker_id, Truncator(obj.worker_id).chars(24))
 
+    # Payload fields, shown only with jobguard.view_payload (payload_derived_fields, _PAYLOAD):
+    # each is opened here if it is stored encrypted.
+
     @admin.display(description=_("last error"))
     def error_preview(self, obj: Job) -> SafeString | str:
-        if not obj.last_error:
+        text = readable_text(obj.last_error, ERROR, "job.last_error")
+        if not text:
             return "-"
-        first_line = obj.last_error.strip().splitlines()[0] if obj.last_error.strip() else obj.last_error
+        first_line = text.strip().splitlines()[0] if text.strip() else text
         return format_html(
             '<span title="{}">{}</span>',
-            Truncator(obj.last_error).chars(500),
+            Truncator(text).chars(500),
             Truncator(first_line).chars(ERROR_PREVIEW_CHARS),
         )
 
+    @admin.display(description=_("last error"))
+    def last_error_text(self, obj: Job) -> str:
+        return readable_text(obj.last_error, ERROR, "job.last_error") or "-"
+
     @admin.display(description=_("args"))
     def args_json(self, obj: Job) -> SafeString:
-        return pretty_json(obj.args)
+        return pretty_json(readable_json(obj.args, ARGS, "job.args"))
 
     @admin.display(description=_("kwargs"))
     def kwargs_json(self, obj: Job) -> SafeString:
-        return pretty_json(obj.kwargs)
+        return pretty_json(readable_json(obj.kwargs, KWARGS, "job.kwargs"))
 
     @admin.display(description=_("result"))
     def result_json(self, obj: Job) -> SafeString:
-        return pretty_json(obj.result)
+        return pretty_json(readable_json(obj.result, RESULT, "job.result"))
 
     @admin.display(description=_("checkpoints"))
     def checkpoints_json(self, obj: Job) -> SafeString:
-        return pretty_json(obj.checkpoints)
+        return pretty_json(readable_json(obj.checkpoints, CHECKPOINTS, "job.checkpoints"))
 
     @admin.display(description=_("progress"))
     def progress_bar(self, obj: Job) -> SafeString | str:
@@ -563,7 +588,7 @@ class JobAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("progress message"))
     def progress_message(self, obj: Job) -> str:
-        progress = obj.progress
+        progress = readable_progress(obj.progress)
         message = progress.get("message") if isinstance(progress, dict) else None
         return message if isinstance(message, str) and message else "-"
 
@@ -834,4 +859,4 @@ class IdempotencyKeyAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("stored result"))
     def result_json(self, obj: IdempotencyKey) -> SafeString:
-        return pretty_json(obj.result)
+        return pretty_json(readable_json(obj.result, RESULT, "idempotency_key.result"))

@@ -18,6 +18,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from .. import schedules
+from ..encryption.payloads import ARGS, KWARGS, readable_json
 from ..exceptions import JobguardError
 from ..maintenance import retention
 from ..models import Schedule
@@ -114,11 +115,11 @@ class ScheduleAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("args"))
     def args_json(self, obj: Schedule) -> SafeString:
-        return pretty_json(obj.args)
+        return pretty_json(readable_json(obj.args, ARGS, "schedule.args"))
 
     @admin.display(description=_("kwargs"))
     def kwargs_json(self, obj: Schedule) -> SafeString:
-        return pretty_json(obj.kwargs)
+        return pretty_json(readable_json(obj.kwargs, KWARGS, "schedule.kwargs"))
 
     def _each(self, request: HttpRequest, queryset: QuerySet[Schedule], verb: str, do: Any) -> None:
         done, failed = 0, []

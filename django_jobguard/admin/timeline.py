@@ -19,6 +19,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from ..encryption.payloads import ERROR, readable_history, readable_text
 from ..exceptions import LeaseLost
 from ..models import DeadLetter, Job, JobStatus, ReplayAction, ReplayEvent
 from .base import admin_link, can_view_payload, format_time
@@ -138,6 +139,8 @@ def build(job: Job, request: HttpRequest, now: datetime.datetime | None = None) 
     if origin is not None:
         steps.append(_origin_step(origin, trails.get(origin.pk, []), show_replay))
     history = list(job.attempt_history or [])
+    if show_traceback:  # errors and tracebacks are opened for those who may see them, only
+        history = readable_history(history)
     steps.extend(_enqueued_steps(job, history))
     steps.extend(_attempt_steps(job, history, show_traceback, now))
     if job.status == JobStatus.CANCELLED and not any(step.outcome == "cancelled" for step in steps):
@@ -234,7 +237,7 @@ def _settle_last(job: Job, step: Step, now: datetime.datetime, show_error: bool)
         step.outcome = "cancelled"
     elif job.status == JobStatus.DEAD:
         step.outcome = "dead"
-        step.error = _first_line(job.last_error) if show_error else ""
+        step.error = _first_line(readable_text(job.last_error, ERROR, "job.last_error")) if show_error else ""
     else:
         step.outcome = "unknown"
         return None

@@ -19,6 +19,17 @@ from rest_framework import serializers
 
 from .. import dlq
 from ..conf import get_settings
+from ..encryption import is_encrypted
+from ..encryption.payloads import (
+    ARGS,
+    ERROR,
+    KWARGS,
+    PROGRESS,
+    RESULT,
+    TRACEBACK,
+    readable_json,
+    readable_text,
+)
 from ..models import DeadLetter, Job, JobStatus, ReplayEvent
 from ..task import MAX_PRIORITY, MIN_PRIORITY, valid_datetime
 from .problems import json_depth
@@ -195,7 +206,32 @@ class _PayloadHiding(serializers.Serializer):
         if not self.context.get("show_payload", False):
             for name in self.payload_fields:
                 data.pop(name, None)
+        elif isinstance(instance, Job | DeadLetter):
+            # Encrypted at rest: opened for those who may see payloads, and only for them.
+            for name in self.payload_fields:
+                stored = getattr(instance, name, None)
+                if name in data and name in _SEALED_KINDS and is_encrypted(stored):
+                    field, kind = _SEALED_KINDS[name]
+                    where = f"{instance._meta.model_name}.{name}"
+                    data[name] = (
+                        readable_json(stored, field, where)
+                        if kind == "json"
+                        else readable_text(str(stored), field, where)
+                    )
         return data
+
+
+#: The payload fields that may be stored encrypted: the value's kind, and JSON or text.
+_SEALED_KINDS = {
+    "args": (ARGS, "json"),
+    "kwargs": (KWARGS, "json"),
+    "replay_args": (ARGS, "json"),
+    "replay_kwargs": (KWARGS, "json"),
+    "result": (RESULT, "json"),
+    "last_error": (ERROR, "text"),
+    "error_message": (ERROR, "text"),
+    "traceback": (TRACEBACK, "text"),
+}
 
 
 @extend_schema_field({"type": "number", "minimum": 0})
@@ -227,10 +263,18 @@ class JobProgressSerializer(_PayloadHiding, serializers.Serializer):
         report = {
             "done": instance["done"],
             "total": total if _is_amount(total) else None,
-            "message": instance["message"] if isinstance(instance.get("message"), str) else "",
+            "message": _progress_message(instance, self.context.get("show_payload", False)),
             "at": instance["at"] if isinstance(instance.get("at"), str) else None,
         }
         return super().to_representation(report)
+
+
+def _progress_message(progress: dict[str, Any], show_payload: bool) -> str:
+    """The reported message: opened (if encrypted) only for those who may see it."""
+    message = progress.get("message")
+    if not isinstance(message, str):
+        return ""
+    return readable_text(message, PROGRESS, "job.progress.message") if show_payload else message
 
 
 def _is_amount(value: Any) -> bool:

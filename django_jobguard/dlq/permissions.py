@@ -6,6 +6,7 @@ from typing import Any
 
 from ..actors import User
 from ..conf import get_settings
+from ..encryption.payloads import ARGS, KWARGS, readable_json
 from ..exceptions import InvalidArgumentsError, ReplayError, ReplayPermissionDenied
 from ..models import DeadLetter
 from .corrections import CORRECTION_DIGEST_LENGTH, validated_payload
@@ -42,7 +43,12 @@ def visible_event_data(data: dict[str, Any] | None, show_payload: bool) -> dict[
     payload (16 hex characters), which a few guesses reverse: it is payload, and hidden too.
     """
     visible = dict(data or {})
-    if not show_payload:
+    if show_payload:
+        # A correction of an encrypted payload is recorded sealed: opened for those who may see it.
+        for key, field in (("args", ARGS), ("kwargs", KWARGS)):
+            if key in visible:
+                visible[key] = readable_json(visible[key], field, f"replay_event.{key}")
+    else:
         for key in PAYLOAD_EVENT_KEYS:
             visible.pop(key, None)
         digest = visible.get("correction_digest")
