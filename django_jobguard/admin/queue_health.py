@@ -123,6 +123,31 @@ class QueueHealthAdmin(OperatorPageAdmin):
             "events": [(event, format_time(event.created_at)) for event in events],
             "generated_at": format_time(report.generated_at),
             "horizon": report.horizon,
+            "outbox": [
+                {
+                    "stats": stats,
+                    "severity": _SEVERITY_CLASS.get(
+                        max(
+                            (c.severity for c in report.outbox_causes.get(stats.destination, [])), default=-1
+                        ),
+                        "",
+                    ),
+                    "causes": [
+                        (cause, _cause_url(cause), _SEVERITY_CLASS[cause.severity])
+                        for cause in report.outbox_causes.get(stats.destination, [])
+                    ],
+                    "links": {
+                        "pending": _list_url(
+                            "outbox", {"destination": stats.destination, "state__exact": "pending"}
+                        ),
+                        "held": _list_url("outbox", {"destination": stats.destination, "holds": "yes"}),
+                        "dead": _list_url(
+                            "outbox", {"destination": stats.destination, "state__exact": "dead"}
+                        ),
+                    },
+                }
+                for stats in report.outbox
+            ],
             "refresh_seconds": _refresh_seconds(request),
             "can_pause": queues.can_pause(request.user),
             **(extra_context or {}),
@@ -177,6 +202,7 @@ _LISTS = {
     "dead_letters": "admin:jobguard_deadletter_changelist",
     "breakers": "admin:jobguard_breaker_changelist",
     "locks": "admin:jobguard_lock_changelist",
+    "outbox": "admin:jobguard_outboxmessage_changelist",
 }
 
 

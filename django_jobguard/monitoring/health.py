@@ -12,6 +12,12 @@ open breaker (when it probes next), a full concurrency limit, a lock its waiting
 running into while its holder is gone. Each cause has a severity, a sentence, the runbook to
 follow and the filtered list that shows its jobs; :meth:`Health.triaged` ranks the queues by
 them. The causes cost a few grouped reads (:data:`CAUSE_QUERIES` at most), never one per queue.
+
+The outbox's destinations get causes of their own (:func:`outbox_causes`), from
+:func:`django_jobguard.outbox.stats.destination_stats`: a key held by a dead message (critical:
+nothing behind it is delivered), an oldest undelivered message older than
+``JOBGUARD["OUTBOX"]["WARN_AFTER"]`` (a warning: the relay falls behind or does not run),
+dead messages passed over and not yet settled, messages of a destination no longer declared.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from ..exceptions import LockUnavailable
 from ..flow import family
 from ..locks.holders import held_locks
 from ..models import Breaker, BreakerState, Job, JobStatus, QueueMinute, QueueState, WorkerBeat
+from ..outbox import stats as outbox_stats
 from ..registry import registry
 from ..store.horizon import Holder, holders
 from . import beats
@@ -47,6 +54,7 @@ __all__ = [
     "Cause",
     "Health",
     "Pause",
+    "outbox_causes",
     "queue_health",
 ]
 
@@ -87,6 +95,10 @@ class Health:
     #: What has held PostgreSQL's vacuum horizon past ``HORIZON["WARN_AFTER"]``, oldest first:
     #: a cause of the whole cluster, not of one queue (the page shows it above the queues).
     horizon: list[HorizonHold] = dataclasses.field(default_factory=list)
+    #: Each outbox destination's backlog (none when no destination is declared).
+    outbox: list[outbox_stats.DestinationStats] = dataclasses.field(default_factory=list)
+    #: Why each destination needs a look, most severe first (empty: nothing found).
+    outbox_causes: dict[str, list[Cause]] = dataclasses.field(default_factory=dict)
 
     def severity(self, queue: str) -> int:
         """The queue's most severe cause (-1 with none)."""
@@ -157,6 +169,7 @@ def queue_health(alias: str | None = None, *, queue: str | None = None) -> Healt
         row.queue_name: Pause(row.changed_by_name, row.changed_at, row.reason)
         for row in QueueState.objects.using(alias).filter(paused=True)
     }
+    destinations = outbox_stats.destination_stats(alias) if get_settings().outbox.destinations else []
     return Health(
         queues=rows,
         live_workers=live_workers,
@@ -167,6 +180,8 @@ def queue_health(alias: str | None = None, *, queue: str | None = None) -> Healt
         causes=_causes(alias, rows, live_workers, stuck, pauses, now),
         pauses=pauses,
         horizon=horizon_holds(alias),
+        outbox=destinations,
+        outbox_causes=outbox_causes(destinations),
     )
 
 
@@ -599,6 +614,79 @@ def horizon_holds(alias: str) -> list[HorizonHold]:
     return found
 
 
-#: The most queries :func:`queue_health` runs, whatever the number of queues and rows (with
-#: the horizon's, on PostgreSQL).
-QUERIES = BASE_QUERIES + CAUSE_QUERIES + 1
+# -- the outbox: destinations whose messages wait ------------------------------------------
+
+#: The runbooks of the outbox's causes.
+HELD_KEY_RUNBOOK = "held-outbox-key"
+OUTBOX_LAG_RUNBOOK = "outbox-lag"
+
+
+def outbox_causes(rows: list[outbox_stats.DestinationStats]) -> dict[str, list[Cause]]:
+    """Why each destination needs a look, most severe first: no query (the statistics hold it all).
+
+    A held key is critical (its messages stop until an operator acts); an oldest undelivered
+    message past ``OUTBOX["WARN_AFTER"]`` with no held key to explain it, a warning; dead
+    messages passed over (``ON_FAILURE`` "skip") and not yet settled, a note.
+    """
+    warn_after = outbox_stats.warn_after()
+    found: dict[str, list[Cause]] = {}
+    for stats in rows:
+        name = stats.destination
+        causes = found.setdefault(name, [])
+        messages = (("destination", name),)
+        if not stats.declared and stats.pending:
+            causes.append(
+                Cause(
+                    "outbox_undeclared",
+                    CRITICAL,
+                    f"not declared in JOBGUARD['OUTBOX']['DESTINATIONS']: "
+                    f"{_plural(stats.pending, 'message')} wait for no relay",
+                    OUTBOX_LAG_RUNBOOK,
+                    "outbox",
+                    (*messages, ("state__exact", "pending")),
+                )
+            )
+        if stats.held_keys:
+            causes.append(
+                Cause(
+                    "outbox_held",
+                    CRITICAL,
+                    f"{_plural(stats.held_keys, 'key')} held by a dead message: nothing behind it is "
+                    f"delivered until it is replayed or skipped (oldest undelivered "
+                    f"{_duration(stats.oldest_age_seconds)}, {stats.pending:,} pending)",
+                    HELD_KEY_RUNBOOK,
+                    "outbox",
+                    (*messages, ("holds", "yes")),
+                )
+            )
+        elif stats.declared and stats.pending and stats.oldest_age_seconds >= warn_after:
+            causes.append(
+                Cause(
+                    "outbox_lag",
+                    WARNING,
+                    f"the oldest undelivered message has waited {_duration(stats.oldest_age_seconds)}, "
+                    f"past {_duration(warn_after)} ({_plural(stats.pending, 'message')} pending)",
+                    OUTBOX_LAG_RUNBOOK,
+                    "outbox",
+                    (*messages, ("state__exact", "pending")),
+                )
+            )
+        passed = stats.dead - stats.held_keys
+        if passed > 0:
+            causes.append(
+                Cause(
+                    "outbox_dead",
+                    NOTE,
+                    f"{_plural(passed, 'dead message')} passed over, neither replayed nor skipped yet",
+                    HELD_KEY_RUNBOOK,
+                    "outbox",
+                    (*messages, ("state__exact", "dead")),
+                )
+            )
+        causes.sort(key=lambda cause: -cause.severity)
+    return found
+
+
+#: The most queries :func:`queue_health` runs, whatever the number of queues, rows and
+#: destinations (with the horizon's, on PostgreSQL, and the outbox's when a destination is declared).
+QUERIES = BASE_QUERIES + CAUSE_QUERIES + 1 + outbox_stats.QUERIES

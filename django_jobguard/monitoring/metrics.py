@@ -15,7 +15,8 @@ Two kinds of metrics, served by different processes:
 Everything is a no-op when ``prometheus_client`` is not installed (the ``metrics`` extra),
 so the hot path never has to ask. Labels stay bounded: queue, task, status, category,
 reason, where, operation, action, cache (a cache alias), schedule (a declared schedule's
-name: bounded by configuration). Never a job id or a key.
+name: bounded by configuration), destination (a declared outbox destination's). Never a job
+id, a message id or a key.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ except ImportError:  # pragma: no cover - exercised only without the metrics ext
 
 from .. import events
 from ..conf import get_settings
+from ..outbox import events as outbox_events
+from ..outbox.stats import destination_stats
 from .stats import breaker_stats, limit_stats, queue_stats, workflow_stats
 
 logger = logging.getLogger("django_jobguard.metrics")
@@ -85,7 +88,8 @@ DURATION_BUCKETS_SECONDS = (
 #: The only label names a jobguard metric may carry (each with a small, bounded set of values).
 ALLOWED_LABELS = frozenset(
     # limit: a declared flow-control limit's name (never one of its keys); kind: concurrency or rate,
-    # or a workflow's kind (chain, group, batch, graph); when: a callback's (success, complete, dead).
+    # or a workflow's kind (chain, group, batch, graph); when: a callback's (success, complete, dead);
+    # destination: a name declared in JOBGUARD["OUTBOX"]["DESTINATIONS"] (never a message's key).
     {
         "queue",
         "task",
@@ -100,6 +104,7 @@ ALLOWED_LABELS = frozenset(
         "limit",
         "kind",
         "when",
+        "destination",
     }
 )
 
@@ -286,6 +291,38 @@ BREAKER_TRANSITIONS = _counter(
     ("limit", "status"),
     source="worker and web (admin, API)",
 )
+OUTBOX_DELIVERED = _counter(
+    "jobguard_outbox_delivered_total",
+    "Outbox messages the relay delivered (each counted once, when its delivery was recorded).",
+    ("destination",),
+)
+OUTBOX_FAILED = _counter(
+    "jobguard_outbox_failed_total",
+    "Outbox sends that failed, by error category (transient or permanent).",
+    ("destination", "category"),
+)
+OUTBOX_RETRIED = _counter(
+    "jobguard_outbox_retried_total",
+    "Failed outbox sends whose message waits out the destination's backoff for another attempt.",
+    ("destination",),
+)
+OUTBOX_DEAD = _counter(
+    "jobguard_outbox_dead_total",
+    "Outbox messages that ran out of attempts or were refused for good; status held: the message "
+    "holds its key (ON_FAILURE hold), passed: the key moved on (ON_FAILURE skip).",
+    ("destination", "status"),
+)
+OUTBOX_RESOLVED = _counter(
+    "jobguard_outbox_resolved_total",
+    "Dead outbox messages an operator settled, by action (replayed, skipped).",
+    ("destination", "action"),
+    source="web (admin) or wherever replay() and skip() are called",
+)
+OUTBOX_DELIVERY_LAG = _histogram(
+    "jobguard_outbox_delivery_lag_seconds",
+    "Seconds from an outbox message's publish (its transaction's time) to its recorded delivery.",
+    ("destination",),
+)
 SCHEDULE_LAG = _histogram(
     "jobguard_schedule_lag_seconds",
     "Seconds from a tick's time to the enqueue of its job (database clock).",
@@ -411,6 +448,37 @@ WORKFLOW_OLDEST_OPEN_AGE = _gauge(
     ("kind",),
 )
 _WORKFLOW_FIELDS = ((WORKFLOWS_OPEN, "open"), (WORKFLOW_OLDEST_OPEN_AGE, "oldest_age_seconds"))
+# Outbox gauges: computed from the database at scrape time by QueueCollector, when a destination
+# is declared (django_jobguard.outbox.stats: three queries on the pending messages' partial index,
+# their first rows and the dead messages). One series per destination, never per key.
+OUTBOX_PENDING = _gauge(
+    "jobguard_outbox_pending",
+    "Outbox messages waiting for delivery: due, waiting out a retry, or behind a message that holds its key.",
+    ("destination",),
+)
+OUTBOX_OLDEST_AGE = _gauge(
+    "jobguard_outbox_oldest_age_seconds",
+    "Seconds the oldest undelivered outbox message has waited since its publish (the first pending "
+    "one, or one that holds its key, whichever is older; 0 with none).",
+    ("destination",),
+)
+OUTBOX_HELD_KEYS = _gauge(
+    "jobguard_outbox_held_keys",
+    "Keys a dead outbox message holds (ON_FAILURE hold): nothing behind it is delivered until an "
+    "operator replays or skips it.",
+    ("destination",),
+)
+OUTBOX_DEAD_MESSAGES = _gauge(
+    "jobguard_outbox_dead_messages",
+    "Dead outbox messages no operator replayed or skipped yet (holding their key or passed over).",
+    ("destination",),
+)
+_OUTBOX_FIELDS = (
+    (OUTBOX_PENDING, "pending"),
+    (OUTBOX_OLDEST_AGE, "oldest_age_seconds"),
+    (OUTBOX_HELD_KEYS, "held_keys"),
+    (OUTBOX_DEAD_MESSAGES, "dead"),
+)
 # Breaker gauges: one series per named limit that declares a breaker or a retry budget (the
 # budget's gauge only for a limit that declares one).
 BREAKER_STATE = _gauge(
@@ -450,8 +518,14 @@ CATALOGUE: tuple[MetricInfo, ...] = tuple(_CATALOGUE)
 
 #: Prefix shared by the scrape-time gauges of queues and limits (none of them is served by a worker).
 QUEUE_GAUGE_PREFIX = "jobguard_queue_"
-#: Prefixes of every scrape-time gauge: the queues' and limits', the breakers' and the budgets'.
-SCRAPE_GAUGE_PREFIXES = (QUEUE_GAUGE_PREFIX, "jobguard_breaker_", "jobguard_retry_budget_")
+#: Prefixes of every scrape-time gauge: the queues' and limits', the breakers' and the budgets',
+#: the outbox's (named whole: the outbox's counters, served by workers, share their prefix).
+SCRAPE_GAUGE_PREFIXES = (
+    QUEUE_GAUGE_PREFIX,
+    "jobguard_breaker_",
+    "jobguard_retry_budget_",
+    *(info.name for info, _ in _OUTBOX_FIELDS),
+)
 
 
 _children: dict[tuple[int, tuple[str, ...]], Any] = {}
@@ -616,11 +690,12 @@ class QueueCollector:
         # (monotonic time, rows) of the last computation; scrapers queue on the lock, so
         # concurrent scrapes run one set of queries and share it.
         self._lock = threading.Lock()
-        self._computed: tuple[float, tuple[list[Any], list[Any], list[Any], list[Any]]] | None = None
+        self._computed: tuple[float, tuple[list[Any], ...]] | None = None
 
-    def _queue_stats(self, alias: str) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+    def _queue_stats(self, alias: str) -> tuple[list[Any], ...]:
         """The queues' statistics, the flow-control limits', the breakers' (none, with no query,
-        if none is declared) and the workflows'."""
+        if none is declared), the workflows' and the outbox destinations' (none, with no query,
+        if none is declared)."""
         ttl = get_settings().metrics_cache_seconds
         with self._lock:
             now = time.monotonic()
@@ -631,6 +706,7 @@ class QueueCollector:
                 limit_stats(alias),
                 breaker_stats(alias),
                 workflow_stats(alias),
+                destination_stats(alias) if get_settings().outbox.destinations else [],
             )
             self._computed = (time.monotonic(), computed)
             return computed
@@ -639,7 +715,14 @@ class QueueCollector:
         # Registering calls describe(), or collect() if there is none: keep the
         # registration free of database queries.
         return [
-            _family(info) for info, _ in (*_QUEUE_FIELDS, *_LIMIT_FIELDS, *_BREAKER_FIELDS, *_WORKFLOW_FIELDS)
+            _family(info)
+            for info, _ in (
+                *_QUEUE_FIELDS,
+                *_LIMIT_FIELDS,
+                *_BREAKER_FIELDS,
+                *_WORKFLOW_FIELDS,
+                *_OUTBOX_FIELDS,
+            )
         ] + [
             _family(QUEUE_STATS_UP),
             _family(QUEUE_STATS_DURATION),
@@ -661,7 +744,7 @@ class QueueCollector:
             # poison it; in autocommit a failed query harms nothing.
             guard = transaction.atomic(using=alias) if connection.in_atomic_block else nullcontext()
             with guard:
-                rows, limits, breakers, flows = self._queue_stats(alias)
+                rows, limits, breakers, flows, outboxes = self._queue_stats(alias)
             for queue, values in _by_label(rows).items():
                 for family, field in families:
                     family.add_metric([queue], values[field])
@@ -682,6 +765,11 @@ class QueueCollector:
                     if value is not None:  # a limit with a breaker and no budget: no budget series
                         family.add_metric([breaker.limit], float(value))
             families += breaker_families
+            outbox_families = [(_family(info), field) for info, field in _OUTBOX_FIELDS] if outboxes else []
+            for outbox in outboxes:
+                for family, field in outbox_families:
+                    family.add_metric([outbox.destination], float(getattr(outbox, field)))
+            families += outbox_families
         except Exception:
             # Whatever went wrong (database down, no database access at all), the rest of the
             # page must still be served: the scrape reports the gauges as down instead.
@@ -917,6 +1005,19 @@ def refill_loaded(cache: str, status: str) -> None:
     _child(CACHE_REFILL_LOADS, cache, status).inc()
 
 
+def outbox_delivered(destination: str, lag: float) -> None:
+    """Count a delivered outbox message and observe its publish-to-delivery lag."""
+    _child(OUTBOX_DELIVERED, destination).inc()
+    _child(OUTBOX_DELIVERY_LAG, destination).observe(max(0.0, lag))
+
+
+def outbox_failed(destination: str, category: str, *, retried: bool) -> None:
+    """Count a failed outbox send, and its retry when the message waits for another attempt."""
+    _child(OUTBOX_FAILED, destination, category).inc()
+    if retried:
+        _child(OUTBOX_RETRIED, destination).inc()
+
+
 # -- the events sink --------------------------------------------------------------------------
 
 _REPORTS: dict[type, Callable[[Any], None]] = {
@@ -948,6 +1049,12 @@ _REPORTS: dict[type, Callable[[Any], None]] = {
     events.RefillLeaseTaken: lambda e: refill_lease_taken(e.cache),
     events.RefillWaited: lambda e: refill_waited(e.cache, e.status),
     events.RefillLoaded: lambda e: refill_loaded(e.cache, e.status),
+    outbox_events.OutboxDelivered: lambda e: outbox_delivered(e.destination, e.lag),
+    outbox_events.OutboxFailed: lambda e: outbox_failed(e.destination, e.category, retried=e.retried),
+    outbox_events.OutboxDead: lambda e: _child(
+        OUTBOX_DEAD, e.destination, "held" if e.held else "passed"
+    ).inc(),
+    outbox_events.OutboxResolved: lambda e: _child(OUTBOX_RESOLVED, e.destination, e.action).inc(),
 }
 
 

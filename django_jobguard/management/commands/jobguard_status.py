@@ -10,6 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from ...conf import get_settings
 from ...models import WorkerBeat
 from ...monitoring import beats
 from ...monitoring.beats import STALE_AFTER_SECONDS
@@ -26,6 +27,7 @@ from ...monitoring.stats import (
     queue_stats,
     schedule_stats,
 )
+from ...outbox.stats import DestinationStats, HeldKey, destination_stats, held_keys, warn_after
 from ._options import add_database_argument, check_queues, database_alias, positive_float, positive_int
 
 #: Seconds between refreshes of ``--watch`` when none is given.
@@ -198,6 +200,50 @@ def render_breakers(rows: list[BreakerStats]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_outbox(rows: list[DestinationStats], held: list[HeldKey]) -> str:
+    """The outbox destinations as a fixed-width text table, then each held key with its blocking message."""
+    headers = ["DESTINATION", "ON FAILURE", "PENDING", "OLDEST UNDELIVERED", "HELD KEYS", "DEAD"]
+    cells = [
+        [
+            row.destination,
+            row.on_failure if row.declared else "NOT DECLARED",
+            str(row.pending),
+            format_age(row.oldest_age_seconds),
+            str(row.held_keys),
+            str(row.dead),
+        ]
+        for row in rows
+    ]
+    widths = [max(len(headers[i]), *(len(line[i]) for line in cells)) for i in range(len(headers))]
+    lines = [
+        "  ".join(
+            v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(line, widths, strict=True))
+        ).rstrip()
+        for line in [headers, *cells]
+    ]
+    for key in held:
+        error = key.last_error.splitlines()[0] if key.last_error else "no error recorded"
+        lines.append(
+            f"held: {key.destination} key {key.key!r} by message #{key.message_pk} (seq {key.seq}, "
+            f"id {key.message_id}), dead after {key.attempts} attempt(s), published "
+            f"{format_age(key.age_seconds)} ago, {key.waiting} waiting behind it: {error}"
+        )
+    shown = sum(row.held_keys for row in rows)
+    if held:
+        more = f" ({shown - len(held)} more not listed)" if shown > len(held) else ""
+        lines.append(
+            "replay or skip a held key's message in the admin (Outbox messages, filter 'holds its key')"
+            f"{more}: see docs/runbooks/held-outbox-key.md"
+        )
+    late = [row.destination for row in rows if row.pending and row.oldest_age_seconds >= warn_after()]
+    if late:
+        lines.append(
+            f"undelivered past JOBGUARD['OUTBOX']['WARN_AFTER'] ({format_age(warn_after())}): "
+            f"{', '.join(late)}: see docs/runbooks/outbox-lag.md"
+        )
+    return "\n".join(lines) + "\n"
+
+
 class Command(BaseCommand):
     help = (
         "Show each queue: jobs due (depth), scheduled and in flight, the oldest due job's age, "
@@ -206,8 +252,10 @@ class Command(BaseCommand):
         "then each flow-control limit: its bound, the jobs running under it, its full keys and the "
         "due jobs waiting on it; then each circuit breaker and retry budget: its state, its window's "
         "calls and failures, the retries it still allows and the jobs waiting behind it; then each "
-        "live worker with async slots: slots in use and its event loop's lag. On PostgreSQL, a line "
-        "above the table names what has held the vacuum horizon past JOBGUARD['HORIZON']['WARN_AFTER']."
+        "live worker with async slots: slots in use and its event loop's lag; then each outbox "
+        "destination: messages pending, the oldest undelivered one's age, the keys a dead message "
+        "holds and the dead messages, and each held key with its blocking message. On PostgreSQL, a "
+        "line above the table names what has held the vacuum horizon past JOBGUARD['HORIZON']['WARN_AFTER']."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -256,6 +304,8 @@ class Command(BaseCommand):
                 loops = event_loop_stats(alias, live_within=STALE_AFTER_SECONDS)
                 guards = breaker_stats(alias)
                 horizon = horizon_holds(alias)
+                outbox = destination_stats(alias) if get_settings().outbox.destinations else []
+                held = held_keys(alias) if any(row.held_keys for row in outbox) else []
                 self._show(
                     rows,
                     timetable,
@@ -264,6 +314,8 @@ class Command(BaseCommand):
                     loops,
                     guards,
                     horizon,
+                    outbox,
+                    held,
                     as_json=options["json"],
                     clear=watch is not None and not options["json"],
                 )
@@ -283,6 +335,8 @@ class Command(BaseCommand):
         loops: list[EventLoopStats],
         guards: list[BreakerStats],
         horizon: list[HorizonHold],
+        outbox: list[DestinationStats],
+        held: list[HeldKey],
         *,
         as_json: bool,
         clear: bool,
@@ -301,6 +355,10 @@ class Command(BaseCommand):
                     {**{k: v for k, v in hold.holder.as_dict().items() if k != "query"}, "text": hold.text}
                     for hold in horizon
                 ],
+                "outbox": {
+                    "destinations": [row.as_dict() for row in outbox],
+                    "held_keys": [key.as_dict() for key in held],
+                },
             }
             self.stdout.write(json.dumps(document, sort_keys=True))
             return
@@ -332,3 +390,6 @@ class Command(BaseCommand):
         if loops:
             self.stdout.write("")
             self.stdout.write(render_event_loops(loops), ending="")
+        if outbox:
+            self.stdout.write("")
+            self.stdout.write(render_outbox(outbox, held), ending="")
