@@ -188,7 +188,7 @@ def writes_until(context, marker: str, path: str) -> int:
     return os.getpid()
 
 
-from . import tasks_cache, tasks_dlq, tasks_faults, tasks_idem, tasks_locks, tasks_otel  # noqa: E402, F401
+from . import tasks_cache, tasks_dlq, tasks_encrypted, tasks_faults, tasks_idem, tasks_locks, tasks_otel  # noqa: E402, F401
 
 if os.environ.get("JOBGUARD_TEST_FLOW"):
     from . import tasks_flow  # noqa: F401 - worker processes of the flow-control tests
