@@ -164,7 +164,10 @@ def receiver() -> Iterator[Receiver]:
     host, port = server.server_address[:2]
     state = Receiver(url=f"http://{host}:{port}/hooks/orders")
     server.RequestHandlerClass = _handler(state)
-    thread = threading.Thread(target=server.serve_forever, name="webhook-receiver", daemon=True)
+    # A short poll: shutdown() waits for the loop's next look (0.5 s by default, per test).
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="webhook-receiver", daemon=True
+    )
     thread.start()
     yield state
     state.release.set()
