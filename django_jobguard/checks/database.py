@@ -292,6 +292,14 @@ KEY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("jobguard_flowrate", "key"),
     ("jobguard_breaker", "name"),
     ("jobguard_breakerevent", "name"),
+    # Migration 0030's: the outbox's destinations, keys and lease tokens.
+    ("jobguard_outboxmessage", "destination"),
+    ("jobguard_outboxmessage", "key"),
+    ("jobguard_outboxkey", "destination"),
+    ("jobguard_outboxkey", "key"),
+    ("jobguard_outboxcursor", "destination"),
+    ("jobguard_outboxcursor", "key"),
+    ("jobguard_outboxcursor", "lease_token"),
 )
 #: utf8mb4's NO PAD binary collations: MariaDB's (10.2+) and MySQL's (8.0.17+).
 NO_PAD_BINARY_COLLATIONS = ("utf8mb4_nopad_bin", "utf8mb4_0900_bin")

@@ -53,6 +53,12 @@ def test_a_message_without_a_key_has_one_of_its_own(outbox: Path) -> None:
     assert (a.seq, b.seq) == (1, 1)
 
 
+def test_keys_are_compared_exactly_on_every_database(outbox: Path) -> None:
+    # MariaDB/MySQL compare them with a NO PAD binary collation (migration 0030), as PostgreSQL does.
+    seqs = [publish("events", {}, key=key).seq for key in ("order:1", "ORDER:1", "order:1 ", "order:1")]
+    assert seqs == [1, 1, 1, 2]
+
+
 def test_publish_is_exported_from_the_package() -> None:
     assert django_jobguard.publish is publish
     assert "publish" in django_jobguard.__all__
