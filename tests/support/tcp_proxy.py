@@ -102,6 +102,8 @@ class TcpProxy:
         self.cut()
 
     def restore(self) -> None:
+        """Listen again (after :meth:`cut` or :meth:`drop`) and forward what new connections send."""
+        self._dropped = False
         if self._listener is None:
             self._listen()
 
