@@ -232,7 +232,8 @@ class Cause:
     """One reason a queue is held back or needs a look, in words, with where to look next."""
 
     #: ``dead_lettered``, ``dead_letters``, ``stuck``, ``no_worker``, ``paused``, ``breaker``,
-    #: ``limit``, ``lock``, ``backlog`` or ``approvals``.
+    #: ``limit``, ``lock``, ``backlog`` or ``approvals``; an outbox destination's:
+    #: ``outbox_held``, ``outbox_lag``, ``outbox_undeclared`` or ``outbox_dead``.
     kind: str
     #: :data:`CRITICAL`, :data:`WARNING` or :data:`NOTE`.
     severity: int
@@ -240,8 +241,8 @@ class Cause:
     text: str
     #: The runbook under ``docs/runbooks/`` (its file name without ``.md``).
     runbook: str
-    #: The list that shows the jobs behind the cause: ``jobs``, ``dead_letters``, ``breakers``
-    #: or ``locks`` (the admin's change lists), and its query-string filters.
+    #: The list that shows the jobs behind the cause: ``jobs``, ``dead_letters``, ``breakers``,
+    #: ``locks`` or ``outbox`` (the admin's change lists), and its query-string filters.
     target: str
     params: tuple[tuple[str, str], ...] = ()
 
