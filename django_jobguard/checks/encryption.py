@@ -11,7 +11,6 @@ from django.db import DatabaseError
 from ..conf import get_settings
 from ..encryption.rotation import SURVEY_ROWS, survey
 from ..registry import registry
-from .tasks import WORKER_START_TAG
 
 
 @checks.register()
@@ -43,11 +42,11 @@ def check_encryption_keys(app_configs: Any = None, **kwargs: Any) -> list[checks
             id="jobguard.E080",
         )
         for name in registry.names()
-        if (task := registry.find(name)) is not None and getattr(task, "encrypt", False) is True
+        if (task := registry.find(name)) is not None and task.encrypt
     ]
 
 
-@checks.register(checks.Tags.database, WORKER_START_TAG)
+@checks.register(checks.Tags.database)
 def check_stored_keys(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
@@ -56,7 +55,9 @@ def check_stored_keys(
 
     Reads the oldest and newest rows of each table only (bounded, see
     :func:`~django_jobguard.encryption.rotation.survey`). Tagged ``database``: Django runs it for
-    ``check --database ALIAS`` and ``migrate``; each worker runs it as it starts.
+    ``check --database ALIAS`` and ``migrate``, so a deploy that lost a key still in use stops
+    there. A worker does not refuse to start on it: it dead-letters each job it cannot decrypt,
+    naming the key, payload intact, and runs the others.
     """
     try:
         conf = get_settings()

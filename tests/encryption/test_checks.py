@@ -1,9 +1,8 @@
 """The encryption checks: a task that encrypts has a key (E080), stored values have theirs
-(E081, also as each worker starts), and values under a retired key are announced (W080)."""
+(E081, for check --database and migrate), and values under a retired key are announced (W080)."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable, Iterator
 from io import StringIO
 from typing import Any
@@ -20,8 +19,7 @@ from django_jobguard.encryption.fields import ENCRYPTED_FIELDS
 from django_jobguard.encryption.rotation import SURVEY_ROWS, survey
 from django_jobguard.models import Job
 from django_jobguard.registry import registry
-from tests.conftest import ROOT, worker_command, worker_env
-from tests.support.rotation import ENV, K1, K2, K3, keys_restored, set_keys
+from tests.support.rotation import K1, K2, K3, keys_restored, set_keys
 
 
 @pytest.fixture(autouse=True)
@@ -50,6 +48,20 @@ def define() -> Iterator[Callable[..., Any]]:
 def _seal_job(args: list[Any]) -> Job:
     args_field = next(f for f in ENCRYPTED_FIELDS if f.model_name == "Job" and f.field == "args")
     return Job.objects.create(task_name="tests.charge", args=args_field.encrypt(args))
+
+
+def test_a_task_that_encrypts_needs_a_key(define):
+    sealed = define("sealed", encrypt=True)
+    plain = define("plain")
+    assert check_encryption_keys() == []
+
+    set_keys()
+    messages = check_encryption_keys()
+
+    mine = [m for m in messages if m.obj in (sealed, plain)]
+    assert [(m.id, m.obj) for m in mine] == [("jobguard.E080", sealed)]
+    assert all(m.id == "jobguard.E080" and m.obj.encrypt for m in messages)  # the test app's too
+    assert "jobguard_encryption_key" in (mine[0].hint or "")
 
 
 def test_all_tasks_needs_a_key(settings):
@@ -125,16 +137,11 @@ def test_the_survey_reads_a_bounded_window_of_a_big_table():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_worker_refuses_to_start_when_stored_values_name_a_missing_key():
+def test_migrate_stops_a_deploy_that_lost_a_key_still_in_use():
+    # Where a deploy meets it first: migrate runs the database checks before anything else.
     _seal_job(["card"])
-    env = worker_env(**{ENV: K2})
-    result = subprocess.run(
-        worker_command("--burst", "--queue", "default"),
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode != 0
-    assert b"jobguard.E081" in result.stderr and b"'k1'" in result.stderr
+    set_keys(K2)
+    with pytest.raises(SystemCheckError, match=r"jobguard\.E081"):
+        call_command("migrate", verbosity=0, skip_checks=False, stdout=StringIO(), stderr=StringIO())
+    set_keys(K2, K1)
+    call_command("migrate", verbosity=0, skip_checks=False, stdout=StringIO(), stderr=StringIO())  # W080 only

@@ -141,11 +141,8 @@ class Command(BaseCommand):
             raise CommandError(f"--metrics-port {port}: a port is 0 to 65535.")
         _check_worker_id(options["worker_id"])
         if not options["skip_checks"]:
-            # The checklist's warnings that other commands leave to `check --deploy` (W003), and
-            # the stored values' encryption keys (E081), read from the jobs' database.
-            self.check(
-                tags=[WORKER_START_TAG], include_deployment_checks=True, databases=[database_alias(options)]
-            )
+            # The checklist's warnings that other commands leave to `check --deploy` (W003).
+            self.check(tags=[WORKER_START_TAG], include_deployment_checks=True)
         if options["verbosity"] >= 2:
             logging.getLogger("django_jobguard").setLevel(logging.DEBUG)
         worker = Worker(
