@@ -24,7 +24,7 @@ import datetime
 import hmac
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,7 @@ from django.utils.crypto import salted_hmac
 from . import events, store
 from ._json import normalize_json
 from .conf import get_settings
+from .encryption.indexes import blinds_keys, pick
 from .exceptions import IdempotencyConflict, IdempotencyScheduleConflict, InvalidArgumentsError
 from .models import DeadLetter, IdempotencyKey, IdempotencyStatus, Job, JobStatus
 from .store import key_rows
@@ -159,6 +160,20 @@ def _canonical_call(task: Task[Any, Any], args: Any, kwargs: Any) -> str:
     return json.dumps(payload, sort_keys=True, separators=(",", ":"))
 
 
+def blind_key(value: str, scope: str, alias: str) -> str:
+    """Idempotency key ``value`` as a task with encrypt=True stores it: its blind index under
+    the current key, or under an older one whose key row of ``scope`` exists (a rotation)."""
+
+    def in_use(older: Sequence[str]) -> str | None:
+        memory = store.memory_store(alias)
+        if memory is not None:
+            return next((key for key in older if memory.key_model(alias, scope, key) is not None), None)
+        rows = IdempotencyKey.objects.using(alias).filter(scope=scope, key__in=older)
+        return rows.values_list("key", flat=True).first()
+
+    return pick(value, in_use)
+
+
 def _expiry() -> datetime.datetime:
     return timezone.now() + datetime.timedelta(seconds=get_settings().idempotency.ttl)
 
@@ -221,8 +236,11 @@ def enqueue_once(
     before a conflict is known, so a conflict writes nothing and leaves the caller's
     transaction usable.
     """
-    key = fields["idempotency_key"]
     scope = scope_of(task)
+    if blinds_keys(task.encrypt):
+        # Stored as its blind index: the job, its key row and its dead letter never show it.
+        fields["idempotency_key"] = blind_key(fields["idempotency_key"], scope, alias)
+    key = fields["idempotency_key"]
     digest = fingerprint(task, fields["args"], fields["kwargs"])
     # The usual case, a key never seen: the key and its job inserted together (in one
     # statement on PostgreSQL).

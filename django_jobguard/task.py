@@ -18,6 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 from ._json import validate_payload
 from .conf import MAX_SCHEDULE_NAME_LENGTH, RetryOverrides, RetryPolicy, get_settings
 from .context import JobContext
+from .encryption.indexes import blinds_keys, pick
 from .exceptions import InvalidArgumentsError, InvalidTaskError
 from .flow import (
     MAX_LIMIT_KEY_LENGTH,
@@ -107,6 +108,22 @@ def _valid_run_after(value: datetime.datetime | datetime.timedelta) -> bool:
         return valid_datetime(value)
     except OverflowError:
         return False
+
+
+def blind_lock_key(value: str, alias: str) -> str:
+    """Lock key ``value`` as a task with encrypt=True stores it: its blind index under the
+    current key, or under an older one while a queued or running job still holds or waits for
+    that one (a key rotation), so that the two jobs still exclude each other."""
+
+    def in_use(older: Sequence[str]) -> str | None:
+        from .models import Job, JobStatus
+
+        jobs = Job.objects.using(alias).filter(
+            lock_key__in=older, status__in=(JobStatus.QUEUED, JobStatus.RUNNING)
+        )
+        return jobs.values_list("lock_key", flat=True).first()
+
+    return pick(value, in_use)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,6 +380,9 @@ class Task(Generic[P, R]):
                 f"lock template {self.lock!r} gave a key ending with {_RESERVED_LOCK_SUFFIX!r}, "
                 "which the lock back ends reserve."
             )
+        if blinds_keys(self.encrypt):
+            # Stored (job, dead letter, lock row, Redis) as its blind index, not the business value.
+            return blind_lock_key(key, get_settings().database_alias)
         return key
 
     def flow_keys_for(self, bound: inspect.BoundArguments) -> list[str]:

@@ -31,6 +31,7 @@ from django.utils.translation import ngettext
 
 from .. import dlq
 from ..conf import get_settings
+from ..encryption.indexes import search_filter
 
 #: Query-string parameters Django's own list filters send for a field: exact and null (choice
 #: and all-values filters), and a date range (date filters).
@@ -304,10 +305,19 @@ class ReadOnlyAdmin(admin.ModelAdmin):
                 word = unescape_string_literal(word)
             if word.isdigit() and int(word) < 2**63:
                 matches.append(models.Q(pk=int(word)))
-            matches += [models.Q(**{field: word}) for field in fields]
+            # A key stored as its blind index (a task with encrypt=True) is found by its value.
+            matches += [
+                search_filter(field, word) if field in BLIND_SEARCH_FIELDS else models.Q(**{field: word})
+                for field in fields
+            ]
         if not matches:
             return queryset.none(), False
         return queryset.filter(functools.reduce(operator.or_, matches)), False
+
+
+#: Key fields that a task with encrypt=True stores as blind indexes: a whole-value search for
+#: a business value matches its index too.
+BLIND_SEARCH_FIELDS = frozenset({"idempotency_key", "lock_key", "key"})
 
 
 def done_level(done: int) -> int:

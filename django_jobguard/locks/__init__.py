@@ -28,6 +28,7 @@ def lock(
     using: str | None = None,
     cache_alias: str | None = None,
     owner: str = "",
+    blind: bool = False,
 ) -> BaseLock:
     """A lock on business resource ``key``, stored as ``JOBGUARD["LOCKS"]["PREFIX"] + key``.
 
@@ -42,8 +43,15 @@ def lock(
       ``JOBGUARD["LOCKS"]["CACHE_ALIAS"]``).
     - ``owner``: who holds it, written at the start of each owner token (letters, digits,
       ``.-_``, at most 47): a worker passes the job's claim, so the lock names its holder.
+    - ``blind``: store the key as its blind index under ``JOBGUARD["ENCRYPTION"]["KEYS"]``
+      (a keyed HMAC), not in clear: the lock a task with ``encrypt=True`` and ``lock=`` takes
+      for the same business value (see docs/how-to/encrypt-payloads.md).
     """
     conf = get_settings().locks
+    if blind:
+        from ..task import blind_lock_key
+
+        key = blind_lock_key(key, using or get_settings().database_alias)
     backend = backend or conf.backend
     ttl = conf.ttl if ttl is None else ttl
     if backend == "redis":
