@@ -250,6 +250,26 @@ def test_the_health_page_shows_each_destination_with_its_causes(outbox: Path, cl
     assert "runbook: held-outbox-key" in row
 
 
+def test_the_outbox_adds_three_queries_to_the_health_page_whatever_the_keys(outbox: Path, client) -> None:
+    force_login(client, "viewer", "view_job")
+    held_scenario(outbox)
+    client.get("/admin/jobguard/queuestate/")  # session and permission caches warm alike for both runs
+    with CaptureQueriesContext(connection) as few:
+        client.get("/admin/jobguard/queuestate/")
+    flag = outbox / "refuse-more"
+    flag.touch()
+    for n in range(20):
+        publish("events", {"n": n, "fail_while": str(flag)}, key=f"more-{n}")
+        publish("events", {"n": n}, key=f"more-{n}")
+    drain()  # 20 more held keys, 20 more messages behind them
+    with CaptureQueriesContext(connection) as many:
+        html = client.get("/admin/jobguard/queuestate/").content.decode()
+    assert "21 keys held by a dead message" in html
+    assert len(many.captured_queries) == len(few.captured_queries)
+    outbox_reads = [q["sql"] for q in many.captured_queries if "jobguard_outboxmessage" in q["sql"]]
+    assert len(outbox_reads) == outbox_stats.QUERIES, "\n".join(outbox_reads)
+
+
 # -- jobguard_status --------------------------------------------------------------------------
 
 
