@@ -56,6 +56,9 @@ def test_the_held_keys_filter_lists_each_blocking_message(outbox: Path, client: 
     assert ids_listed(pending) == {behind.pk}
     # The error can echo the payload: withheld without jobguard.view_payload.
     assert "flag file exists" not in page
+    blocked_page = client.get(f"{URL}{blocked.pk}/change/").content.decode()
+    assert str(blocked.message_id) in blocked_page
+    assert "fail_while" not in blocked_page and "flag file exists" not in blocked_page
 
 
 def test_the_error_and_payload_show_with_view_payload(outbox: Path, client: Client) -> None:
