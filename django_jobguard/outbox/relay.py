@@ -8,7 +8,9 @@ A claim leases a key (owner token, expiry on the database clock, see
 :mod:`django_jobguard.store.outbox`). The thread holding it then, for each message after the
 key's ``delivered_seq``:
 
-1. renews the lease (a key whose lease another relay took is dropped at once);
+1. makes sure of its lease: renewed before the key's first send, then by each delivery's
+   record, and again before a send whenever a third of it has passed since (a key whose lease
+   another relay took is dropped at once);
 2. sends the message (:class:`~.destinations.base.Envelope`, its ``id`` stable across attempts);
 3. records the outcome in one transaction that matches the lease token and the key's
    ``delivered_seq``, so a relay that lost its key can record nothing:
@@ -31,8 +33,10 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -195,6 +199,8 @@ class Relay:
 
     def deliver_key(self, claimed: ClaimedKey, token: str, own: dict[str, Destination]) -> None:
         """Deliver ``claimed``'s messages in order until it has none, must wait, is held, or is lost."""
+        from ..models import OutboxState
+
         config = get_settings().outbox.destination(claimed.destination)
         if config is None:  # undeclared since the claim (settings changed in a test): leave it
             outbox_rows.release_lease(self.alias, claimed.cursor_id, token, BROKEN_DESTINATION_RETRY_SECONDS)
@@ -210,15 +216,25 @@ class Relay:
                 )
                 return
         seq = claimed.delivered_seq
+        lease = get_settings().outbox.relay_lease
+        renewed = -math.inf  # the first send renews the lease: the claim may have waited
         for _ in range(get_settings().outbox.relay_batch_size):
             if self._stop.is_set():
                 break
             message = self._next(claimed, seq + 1)
             if message is None:
                 break
+            # Each delivery's record renews the lease; a send starts with at least two thirds
+            # of it left, or after renewing it (and not at all if another relay holds the key).
+            if time.monotonic() - renewed > lease / 3:
+                if not outbox_rows.extend_lease(self.alias, claimed.cursor_id, token, lease):
+                    return
+                renewed = time.monotonic()
             step = self._step(claimed, token, config, destination, message)
             if step != "next":
                 return  # the key is given back (retry, held) or no longer ours
+            if message.state == OutboxState.PENDING:
+                renewed = time.monotonic()  # delivered: its record renewed the lease
             seq += 1
         outbox_rows.release_lease(self.alias, claimed.cursor_id, token)
 
@@ -247,10 +263,6 @@ class Relay:
             # its key moves on, or stays held behind a dead one of a "hold" destination.
             hold = message.state == OutboxState.DEAD and config.on_failure == "hold"
             return self._settle(claimed, token, message, hold=hold, changes=None)
-        if not outbox_rows.extend_lease(
-            self.alias, claimed.cursor_id, token, get_settings().outbox.relay_lease
-        ):
-            return "lost"
         try:
             destination.send(message_envelope(message))
         except Exception as exc:
@@ -258,15 +270,11 @@ class Relay:
         return self._delivered(claimed, token, message)
 
     def _delivered(self, claimed: ClaimedKey, token: str, message: OutboxMessage) -> str:
-        from ..models import OutboxCursor, OutboxMessage, OutboxState
+        from ..models import OutboxMessage, OutboxState
 
+        lease = get_settings().outbox.relay_lease
         with transaction.atomic(using=self.alias):
-            won = (
-                OutboxCursor.objects.using(self.alias)
-                .filter(pk=claimed.cursor_id, lease_token=token, delivered_seq=message.seq - 1)
-                .update(delivered_seq=message.seq)
-            )
-            if not won:
+            if not outbox_rows.record_delivered(self.alias, claimed.cursor_id, token, message.seq, lease):
                 return "lost"
             OutboxMessage.objects.using(self.alias).filter(pk=message.pk).update(
                 state=OutboxState.DELIVERED,

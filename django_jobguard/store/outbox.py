@@ -26,7 +26,7 @@ from django.db import connections
 
 from . import dialect_of
 
-__all__ = ["ClaimedKey", "claim_keys", "extend_lease", "next_seq", "release_lease"]
+__all__ = ["ClaimedKey", "claim_keys", "extend_lease", "next_seq", "record_delivered", "release_lease"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -148,6 +148,20 @@ def extend_lease(alias: str, cursor_id: int, token: str, lease: float) -> bool:
         cursor.execute(
             f"UPDATE {cursor_table} SET lease_until = {clock.later} WHERE id = %s AND lease_token = %s",
             [clock.seconds(lease), cursor_id, token],
+        )
+        return bool(cursor.rowcount)
+
+
+def record_delivered(alias: str, cursor_id: int, token: str, seq: int, lease: float) -> bool:
+    """Move the key's ``delivered_seq`` to ``seq`` and renew its lease, if the key is still ours
+    and ``seq`` is its next message; call in the transaction that marks the message delivered."""
+    _, cursor_table, _ = _tables()
+    clock = dialect_of(alias).CLOCK
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {cursor_table} SET delivered_seq = %s, lease_until = {clock.later} "
+            "WHERE id = %s AND lease_token = %s AND delivered_seq = %s",
+            [seq, clock.seconds(lease), cursor_id, token, seq - 1],
         )
         return bool(cursor.rowcount)
 
