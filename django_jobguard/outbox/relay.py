@@ -199,8 +199,6 @@ class Relay:
 
     def deliver_key(self, claimed: ClaimedKey, token: str, own: dict[str, Destination]) -> None:
         """Deliver ``claimed``'s messages in order until it has none, must wait, is held, or is lost."""
-        from ..models import OutboxState
-
         config = get_settings().outbox.destination(claimed.destination)
         if config is None:  # undeclared since the claim (settings changed in a test): leave it
             outbox_rows.release_lease(self.alias, claimed.cursor_id, token, BROKEN_DESTINATION_RETRY_SECONDS)
@@ -231,10 +229,10 @@ class Relay:
                     return
                 renewed = time.monotonic()
             step = self._step(claimed, token, config, destination, message)
-            if step != "next":
+            if step == "delivered":
+                renewed = time.monotonic()  # its record renewed the lease
+            elif step != "next":
                 return  # the key is given back (retry, held) or no longer ours
-            if message.state == OutboxState.PENDING:
-                renewed = time.monotonic()  # delivered: its record renewed the lease
             seq += 1
         outbox_rows.release_lease(self.alias, claimed.cursor_id, token)
 
@@ -255,7 +253,7 @@ class Relay:
         destination: Destination,
         message: OutboxMessage,
     ) -> str:
-        """Send one message and record what happened: "next", "wait" (retry, held) or "lost"."""
+        """Send one message and record it: "delivered", "next" (passed over), "wait" or "lost"."""
         from ..models import OutboxState
 
         if message.state != OutboxState.PENDING:
@@ -294,7 +292,7 @@ class Relay:
             message.seq,
             message.message_id,
         )
-        return "next"
+        return "delivered"
 
     def _failed(
         self,
