@@ -132,8 +132,9 @@ class Relay:
         finally:
             for _ in threads:
                 self._keys.put(None)
+            deadline = time.monotonic() + JOIN_SECONDS  # one wait for all: shutdown stays bounded
             for thread in threads:
-                thread.join(timeout=JOIN_SECONDS)
+                thread.join(timeout=max(deadline - time.monotonic(), 0.0))
             connections[self.alias].close()
 
     def claim(self, token: str, limit: int) -> list[ClaimedKey]:
