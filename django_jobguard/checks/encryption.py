@@ -15,7 +15,7 @@ from ..registry import registry
 
 @checks.register()
 def check_encryption_keys(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """jobguard.E080: a task asks for encryption (or ALL_TASKS does) and no key is configured."""
+    """jobguard.E080: a task asks for encryption and no key is configured; E082: ALL_TASKS does."""
     try:
         conf = get_settings()
     except ImproperlyConfigured:
@@ -30,7 +30,7 @@ def check_encryption_keys(app_configs: Any = None, **kwargs: Any) -> list[checks
                 "job could be stored.",
                 hint="Generate a key with manage.py jobguard_encryption_key and put it in "
                 f"JOBGUARD['ENCRYPTION']['KEYS'] or the environment variable {env} names.",
-                id="jobguard.E080",
+                id="jobguard.E082",
             )
         ]
     return [

@@ -68,7 +68,7 @@ def test_all_tasks_needs_a_key(settings):
     set_keys()
     settings.JOBGUARD = {**settings.JOBGUARD, "ENCRYPTION": {"ALL_TASKS": True}}
     messages = check_encryption_keys()
-    assert [m.id for m in messages] == ["jobguard.E080"]
+    assert [m.id for m in messages] == ["jobguard.E082"]
     assert "ALL_TASKS" in messages[0].msg
 
 
