@@ -3,8 +3,9 @@
 The worker reaches RabbitMQ, NATS or the webhook receiver through a TCP forwarder
 (tests/support/tcp_proxy.py) that the test cuts (connections closed, new ones refused) and
 then breaks harder (what is in flight held, then every connection reset), restoring it each
-time: from the worker's side, a broker gone and back. Only the test's own connections go
-through it, so the shared servers and other runs carry on.
+time, while the test keeps publishing (before, during and after each break, so the relay is
+busy when the link goes): from the worker's side, a broker gone and back. Only the test's own
+connections go through it, so the shared servers and other runs carry on.
 """
 
 from __future__ import annotations
@@ -48,18 +49,30 @@ def _run_with_cuts(
 ) -> None:
     destinations = {name: {**options, **FAST_RETRY}}
     settings.JOBGUARD = {**settings.JOBGUARD, "OUTBOX": {"DESTINATIONS": destinations}}
-    for n in range(TOTAL):
-        publish(name, {"n": n}, key=f"order:{n % KEYS}")
+    published = 0
+
+    def publish_some(count: int) -> None:
+        nonlocal published
+        for n in range(published, published + count):
+            publish(name, {"n": n}, key=f"order:{n % KEYS}")
+        published += count
+
+    batch = TOTAL // 5
+    publish_some(batch)
     env = {"JOBGUARD_TEST_OUTBOX": json.dumps({"DESTINATIONS": destinations, **RELAY})}
     proc = workers.start("--queue", "outbox-none", env=env)
-
-    for breaking, after in ((proxy.cut, TOTAL // 5), (lambda: (proxy.hold(), proxy.drop()), TOTAL // 2)):
-        wait_for(lambda after=after: _delivered() >= after, 180, message=f"{after} delivered")
+    wait_for(lambda: _delivered() > 0, 180, message="the relay to deliver")
+    for breaking in (proxy.cut, lambda: (proxy.hold(), proxy.drop())):
         failed_before = _failures()
         breaking()
+        # Published while the link is down: the relay must try them, so it sees the break
+        # however fast it was until now.
+        publish_some(batch)
         wait_for(lambda f=failed_before: _failures() > f, 120, message="the relay to see the link down")
         proxy.restore()
+        publish_some(batch)
 
+    assert published == TOTAL
     wait_for(lambda: _delivered() == TOTAL, 300, message=f"all {TOTAL} delivered after the cuts")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0, workers.log(proc)
