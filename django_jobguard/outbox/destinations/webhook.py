@@ -147,11 +147,16 @@ class WebhookDestination:
             return self._client
 
     def request_headers(self, envelope: Envelope, body: bytes) -> dict[str, str]:
-        """A request's headers: the static ones, the publisher's, jobguard's, then the signature's."""
-        headers = dict(self.headers)
+        """A request's headers: the static ones, the publisher's, jobguard's, then the signature's.
+
+        A later one replaces an earlier one of the same name, whatever the case of its letters.
+        """
+        headers: dict[str, str] = {}
+        for header, value in self.headers.items():
+            headers[header.lower()] = value
         for header, value in _message.text_headers(envelope).items():
             if header.lower() not in _RESERVED:
-                headers[header] = value
+                headers[header.lower()] = value
         headers["content-type"] = "application/json"
         headers.update(signing.signature_headers(self.secrets, envelope.id, body))
         return headers
