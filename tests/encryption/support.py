@@ -62,9 +62,9 @@ def tampered(sealed: dict[str, str]) -> dict[str, str]:
     """``sealed`` (a JSON field's ciphertext) with one byte of its ciphertext changed."""
     ((marker, token),) = sealed.items()
     head, _, body = token.rpartition(":")
-    raw = bytearray(base64.urlsafe_b64decode(body))
+    raw = bytearray(base64.b64decode(body))
     raw[-20] ^= 0x01  # a byte of the ciphertext, before the tag
-    return {marker: f"{head}:{base64.urlsafe_b64encode(bytes(raw)).decode()}"}
+    return {marker: f"{head}:{base64.b64encode(bytes(raw)).decode()}"}
 
 
 def drain(rounds: int = 20) -> None:
