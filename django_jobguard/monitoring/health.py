@@ -16,7 +16,7 @@ them. The causes cost a few grouped reads (:data:`CAUSE_QUERIES` at most), never
 The outbox's destinations get causes of their own (:func:`outbox_causes`), from
 :func:`django_jobguard.outbox.stats.destination_stats`: a key held by a dead message (critical:
 nothing behind it is delivered), an oldest undelivered message older than
-``JOBGUARD["OUTBOX"]["WARN_AFTER"]`` (a warning: the relay falls behind or does not run),
+:func:`~django_jobguard.outbox.stats.warn_after` (300 s; a warning: the relay falls behind or does not run),
 dead messages passed over and not yet settled, messages of a destination no longer declared.
 """
 
@@ -626,8 +626,8 @@ def outbox_causes(rows: list[outbox_stats.DestinationStats]) -> dict[str, list[C
     """Why each destination needs a look, most severe first: no query (the statistics hold it all).
 
     A held key is critical (its messages stop until an operator acts); an oldest undelivered
-    message past ``OUTBOX["WARN_AFTER"]`` with no held key to explain it, a warning; dead
-    messages passed over (``ON_FAILURE`` "skip") and not yet settled, a note.
+    message past :func:`~django_jobguard.outbox.stats.warn_after` with no held key to explain
+    it, a warning; dead messages passed over (``ON_FAILURE`` "skip") and not yet settled, a note.
     """
     warn_after = outbox_stats.warn_after()
     found: dict[str, list[Cause]] = {}

@@ -50,13 +50,16 @@ QUERIES = 3
 HELD_QUERIES = 2
 #: Held keys listed at most by default (the oldest hold first): enough to act on, bounded to read.
 HELD_KEYS_LISTED = 20
-#: Seconds the oldest undelivered message of a destination may wait before it is flagged, when
-#: ``JOBGUARD["OUTBOX"]["WARN_AFTER"]`` is not set.
+#: Seconds the oldest undelivered message of a destination may wait before the health page and
+#: ``jobguard_status`` flag it (the ``JobguardOutboxLagging`` alert uses the same 300 s).
 DEFAULT_WARN_AFTER_SECONDS = 300.0
 
 
 def warn_after() -> float:
-    """Seconds past which a destination's oldest undelivered message is flagged (``OUTBOX["WARN_AFTER"]``)."""
+    """Seconds past which a destination's oldest undelivered message is flagged.
+
+    :data:`DEFAULT_WARN_AFTER_SECONDS`, or the outbox settings' ``warn_after`` once they declare one.
+    """
     return float(getattr(get_settings().outbox, "warn_after", DEFAULT_WARN_AFTER_SECONDS))
 
 

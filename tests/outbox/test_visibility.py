@@ -217,7 +217,7 @@ def test_the_relay_and_the_operations_are_counted_per_destination(outbox: Path) 
 
 def test_health_flags_a_held_key_as_critical_and_a_late_destination_as_a_warning(outbox: Path) -> None:
     messages = held_scenario(outbox)
-    age(messages["fresh"], 900)  # older than WARN_AFTER's default (300 s)
+    age(messages["fresh"], 900)  # older than the 300 s past which a destination is flagged
     # A late destination: "feed" gets a pending message nobody relayed for 15 minutes.
     late = publish("feed", {"n": 3}, key="late")
     age(late, 900)

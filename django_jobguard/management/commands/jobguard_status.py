@@ -238,7 +238,7 @@ def render_outbox(rows: list[DestinationStats], held: list[HeldKey]) -> str:
     late = [row.destination for row in rows if row.pending and row.oldest_age_seconds >= warn_after()]
     if late:
         lines.append(
-            f"undelivered past JOBGUARD['OUTBOX']['WARN_AFTER'] ({format_age(warn_after())}): "
+            f"undelivered for more than {format_age(warn_after())}: "
             f"{', '.join(late)}: see docs/runbooks/outbox-lag.md"
         )
     return "\n".join(lines) + "\n"
