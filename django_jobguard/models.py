@@ -1164,6 +1164,13 @@ class OutboxMessage(models.Model):
                 name="jobguard_outbox_pending",
                 condition=Q(state="pending"),
             ),
+            # Dead messages by destination, for the metrics and the health page: a scrape
+            # reads these few rows, not the whole table of delivered ones.
+            models.Index(
+                fields=["destination", "id"],
+                name="jobguard_outbox_dead",
+                condition=Q(state="dead"),
+            ),
         ]
         permissions = [("operate_outbox", _("Can replay and skip outbox messages"))]
 

@@ -86,7 +86,7 @@ class Migration(migrations.Migration):
                 'verbose_name': 'outbox message',
                 'verbose_name_plural': 'outbox messages',
                 'permissions': [('operate_outbox', 'Can replay and skip outbox messages')],
-                'indexes': [models.Index(condition=models.Q(('state', 'pending')), fields=['destination', 'key', 'id'], name='jobguard_outbox_pending')],
+                'indexes': [models.Index(condition=models.Q(('state', 'pending')), fields=['destination', 'key', 'id'], name='jobguard_outbox_pending'), models.Index(condition=models.Q(('state', 'dead')), fields=['destination', 'id'], name='jobguard_outbox_dead')],
                 'constraints': [models.UniqueConstraint(fields=('destination', 'key', 'seq'), name='jobguard_outbox_seq_uniq')],
             },
         ),
