@@ -148,7 +148,12 @@ def open_payload(job: store.ClaimedJob, task: Task[Any, Any]) -> Dead | None:
     error naming the key, and its stored payload is left as it is (a replay works once the
     key is back). Its error holds no payload, so it is stored in clear.
     """
-    encrypted = isinstance(job.args, dict) or (isinstance(job.kwargs, dict) and JSON_MARKER in job.kwargs)
+    # Sealed arguments are an object holding the marker; other objects in args are malformed
+    # payloads, which the argument check dead-letters as such (in clear).
+    args, kwargs = job.args, job.kwargs
+    encrypted = (isinstance(args, dict) and JSON_MARKER in args) or (
+        isinstance(kwargs, dict) and JSON_MARKER in kwargs
+    )
     if not encrypted and not task.encrypt and not get_settings().encryption.all_tasks:
         return None  # the plain path: one cached attribute read
     if not encrypted and store.memory_store() is not None:

@@ -112,6 +112,18 @@ COLUMNS = {
     "BreakerEvent.reason": "text",
     "ReplayRateChange.actor_name": "user",
     "ReplayRateChange.reason": "text",
+    "OutboxMessage.destination": "settings",  # a name of JOBGUARD["OUTBOX"]["DESTINATIONS"]
+    "OutboxMessage.key": "probed",
+    "OutboxMessage.state": "choices",
+    "OutboxMessage.last_error": "clipped",
+    "OutboxMessage.resolution": "system",  # "replayed" or "skipped"
+    "OutboxMessage.resolved_by": "user",
+    "OutboxMessage.resolution_reason": "text",
+    "OutboxKey.destination": "settings",
+    "OutboxKey.key": "probed",  # the message's, by publish()
+    "OutboxCursor.destination": "settings",
+    "OutboxCursor.key": "probed",  # the message's, by publish()
+    "OutboxCursor.lease_token": "system",
 }
 
 
@@ -189,6 +201,23 @@ def test_task_name_handler_version_and_idempotency_scope(declare):
     job = declare(longest).enqueue()
     assert Job.objects.get(pk=job.pk).task_name == longest
     refused(lambda: declare(longest + "t"), InvalidTaskError, "name must be at most 255")
+
+
+def test_outbox_key(tmp_path):
+    from django_jobguard.models import OutboxCursor, OutboxKey, OutboxMessage
+    from django_jobguard.outbox import publish
+    from tests.outbox.conftest import outbox_settings
+
+    longest = "k" * width("OutboxMessage.key")
+    assert width("OutboxKey.key") == width("OutboxCursor.key") == len(longest)
+    with override_settings(JOBGUARD={**settings.JOBGUARD, "OUTBOX": outbox_settings(tmp_path)}):
+        message = publish("events", {"n": 1}, key=longest)
+        assert OutboxMessage.objects.get(pk=message.pk).key == longest
+        assert OutboxKey.objects.filter(destination="events", key=longest).exists()
+        assert OutboxCursor.objects.filter(destination="events", key=longest).exists()
+        with pytest.raises(InvalidArgumentsError, match=f"at most {len(longest)}"):
+            publish("events", {"n": 2}, key=longest + "k")
+    assert OutboxMessage.objects.count() == 1
 
 
 def test_queue_name(declare):
