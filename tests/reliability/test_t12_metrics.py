@@ -28,7 +28,9 @@ MISSING = [name for name in ("QueueCollector",) if not hasattr(metrics, name)]
 GAUGES = {
     "jobguard_queue_depth": lambda q: Job.objects.due().filter(queue_name=q).count(),
     "jobguard_queue_scheduled": lambda q: Job.objects.scheduled().filter(queue_name=q).count(),
-    "jobguard_queue_in_flight": lambda q: Job.objects.running().filter(queue_name=q).count(),
+    # Running with a live lease: a killed worker's job whose lease ran out while the workers are
+    # paused (no reaper runs) is stuck, not in flight, in the gauge as on the job list.
+    "jobguard_queue_in_flight": lambda q: Job.objects.leased().filter(queue_name=q).count(),
     "jobguard_queue_dead_letters": lambda q: DeadLetter.objects.filter(queue_name=q).count(),
 }
 
