@@ -58,6 +58,19 @@ def test_a_tampered_ciphertext_dead_letters_the_job_as_permanent_and_leaves_it_a
     assert stored(job.pk, "checkpoints")["checkpoints"] == {}
 
 
+def test_a_worker_started_without_a_key_stored_values_use_says_so_and_still_runs(workers):
+    with keys(OLD_KEY):
+        job = tasks_encrypted.stash.enqueue("proc-4", note={"pan": "4111"})
+    assert_sealed(stored(job.pk, "args")["args"], "old1")
+    worker = workers.start("--concurrency", "1", env={"JOBGUARD_ENCRYPTION_KEYS": SUITE_KEY})
+    workers.wait_started(worker)
+    wait_for(lambda: DeadLetter.objects.filter(job=job).exists(), 60, message="the job to be dead-lettered")
+    workers.stop_all()
+    log = workers.log(worker)
+    assert "encryption_key_missing check=jobguard.E081" in log
+    assert "key 'old1', which is not configured" in log
+
+
 def test_a_missing_key_dead_letters_the_job_naming_the_key_and_a_replay_runs_once_it_is_back(workers):
     # A worker started without key old1 (its start-up check passes: no row uses old1 yet) meets
     # a job an enqueuer sealed with old1, as after a key was dropped from one deployment only.

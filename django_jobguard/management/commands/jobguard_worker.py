@@ -143,6 +143,7 @@ class Command(BaseCommand):
         if not options["skip_checks"]:
             # The checklist's warnings that other commands leave to `check --deploy` (W003).
             self.check(tags=[WORKER_START_TAG], include_deployment_checks=True)
+            _report_missing_keys(database_alias(options))
         if options["verbosity"] >= 2:
             logging.getLogger("django_jobguard").setLevel(logging.DEBUG)
         worker = Worker(
@@ -260,3 +261,19 @@ def _db_worker_queues(
     if selected is not None and not [name for name in selected if name not in exclude]:
         raise CommandError("--exclude-queues leaves no queue to take jobs from.")
     return selected, exclude
+
+
+def _report_missing_keys(alias: str) -> None:
+    """Say at start, as an error, that stored values name a key this worker lacks (jobguard.E081).
+
+    The worker still starts: it dead-letters each job it cannot decrypt, naming the key, with
+    its payload intact, and runs the others; refusing to start would stop every queue over one
+    lost key. ``migrate`` and ``check --database`` refuse on the same check.
+    """
+    from ...checks.encryption import check_stored_keys
+
+    for message in check_stored_keys(databases=[alias]):
+        if message.id == "jobguard.E081":
+            logging.getLogger("django_jobguard.worker").error(
+                "encryption_key_missing check=%s %s HINT: %s", message.id, message.msg, message.hint
+            )
