@@ -7,9 +7,9 @@ Real I/O, readable from the test's process whatever process relayed: a line is a
 - ``{"transient_while": "/path/flag"}``: ``TransientDeliveryError`` while that file exists;
 - ``{"fail_attempts": n}``: ``TransientDeliveryError`` for the first ``n`` attempts;
 - ``{"raise": "ValueError"}``: an error nobody classified;
-- ``{"sleep": seconds}``: a slow destination (so a worker can be killed mid-run);
-- ``{"sleep_after": seconds}``: a pause after the line is written, before the relay records
-  the delivery: a worker killed then sends the message again (a duplicate, same id).
+- ``{"sleep_after": seconds}``: the destination's own work after the line is written, before the
+  relay records the delivery (it waits on no other process): a worker killed then sends the
+  message again (a duplicate, same id). The test waits on the delivered lines, not on time.
 """
 
 from __future__ import annotations
@@ -58,8 +58,6 @@ class FileDestination:
             raise TransientDeliveryError(f"attempt {envelope.attempt} fails on purpose")
         if payload.get("raise") == "ValueError":
             raise ValueError("an error nobody classified")
-        if payload.get("sleep"):
-            time.sleep(float(payload["sleep"]))
         line = json.dumps(
             {
                 "id": envelope.id,
