@@ -186,16 +186,21 @@ def test_stop_signals_that_keep_coming_while_the_worker_exits_leave_its_exit_cle
     assert "worker_stopped" in workers.log(proc)
 
 
-def test_jobs_not_yet_started_are_handed_back_on_sigterm(workers):
-    blocker = tasks.short_lease.enqueue("blocker", seconds=3)
-    Job.objects.filter(pk=blocker.pk).update(visibility_timeout=60)  # about hand-backs, not leases
+def test_jobs_not_yet_started_are_handed_back_on_sigterm(workers, tmp_path):
+    # "running" is set at the claim, before the handler starts: wait on the handler's own
+    # marker, or a SIGTERM landing between the claim and the start hands back both jobs.
+    release = tmp_path / "blocker"
+    blocker = tasks.blocks_plain.enqueue("blocker", path=str(release))
     waiting = tasks.add.enqueue(1)
-    proc = workers.start("--concurrency", "1", "--batch-size", "2", "--shutdown-grace", "20")
+    proc = workers.start("--concurrency", "1", "--batch-size", "2", "--shutdown-grace", "60")
     wait_for(
-        lambda: status_of(blocker) == "running" and status_of(waiting) == "running", message="both claimed"
+        lambda: Path(f"{release}.started").exists() and status_of(waiting) == "running",
+        message="the blocker to start and the other job to be claimed",
     )
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0
+    wait_for(lambda: "worker_stopping" in workers.log(proc), message="the SIGTERM to be seen")
+    release.touch()
+    assert proc.wait(timeout=60) == 0, workers.log(proc)[-2000:]
     assert status_of(blocker) == "succeeded"
     waiting.refresh_from_db()
     assert (waiting.status, waiting.attempts) == ("queued", 0)
