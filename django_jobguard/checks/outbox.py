@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
@@ -35,3 +36,25 @@ def check_outbox_destinations(app_configs: Any = None, **kwargs: Any) -> list[ch
             continue
         destination.close()
     return errors
+
+
+# Reads settings only, so it runs with every command (as check_database does).
+@checks.register()
+def check_outbox_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.E065: ``OUTBOX["DATABASE_ALIAS"]`` names no database of ``DATABASES``."""
+    try:
+        conf = get_settings()
+    except ImproperlyConfigured:
+        return []  # reported by the settings check
+    alias = conf.outbox.database_alias
+    if alias is None or alias in settings.DATABASES:
+        return []
+    return [
+        checks.Error(
+            f"JOBGUARD['OUTBOX']['DATABASE_ALIAS'] is {alias!r}, which is not in DATABASES.",
+            hint="Name the application's database (where publish() and enqueue_via_outbox() write), "
+            "or leave it None to keep the outbox beside the jobs.",
+            obj="JOBGUARD['OUTBOX']['DATABASE_ALIAS']",
+            id="jobguard.E065",
+        )
+    ]

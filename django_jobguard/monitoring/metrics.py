@@ -706,7 +706,7 @@ class QueueCollector:
                 limit_stats(alias),
                 breaker_stats(alias),
                 workflow_stats(alias),
-                destination_stats(alias) if get_settings().outbox.destinations else [],
+                destination_stats() if get_settings().outbox.destinations else [],
             )
             self._computed = (time.monotonic(), computed)
             return computed

@@ -1,6 +1,7 @@
 """``publish()``: an outbox message written in the caller's transaction, refused before any write if bad.
 
-The message is a row on ``JOBGUARD["DATABASE_ALIAS"]``: written inside the caller's
+The message is a row on the outbox's alias (``JOBGUARD["OUTBOX"]["DATABASE_ALIAS"]``, else
+``JOBGUARD["DATABASE_ALIAS"]``): written inside the caller's
 ``transaction.atomic()`` it exists only if that transaction commits, exactly as an enqueued
 job does. Its key's next sequence number is taken in the same transaction
 (:func:`django_jobguard.store.outbox.next_seq`), under the key's row lock: publishers of one
@@ -150,7 +151,7 @@ def publish(
     from ..models import OutboxMessage  # app registry: importable before it is ready
 
     destination, payload, key, headers = validate(destination, payload, key, headers)
-    alias = get_settings().database_alias
+    alias = get_settings().outbox_alias
     store.needs_database(alias, "Outbox messages")
     message_id = uuid.uuid4()
     key = key if key is not None else str(message_id)
