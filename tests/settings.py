@@ -266,11 +266,6 @@ if os.environ.get("JOBGUARD_TEST_RETENTION"):
     import json as _json
 
     JOBGUARD["RETENTION"] = _json.loads(os.environ["JOBGUARD_TEST_RETENTION"])
-if os.environ.get("JOBGUARD_TEST_LIMITS"):
-    # Process tests of limits on outbox destinations: a JSON object of JOBGUARD["LIMITS"] entries.
-    import json as _json
-
-    JOBGUARD["LIMITS"] = {**JOBGUARD["LIMITS"], **_json.loads(os.environ["JOBGUARD_TEST_LIMITS"])}
 if os.environ.get("JOBGUARD_TEST_OUTBOX"):
     # Process tests of the outbox relay (tests/outbox): a JSON object of JOBGUARD["OUTBOX"] keys.
     import json as _json

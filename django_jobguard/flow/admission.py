@@ -40,7 +40,6 @@ __all__ = [
     "Throttle",
     "count_running",
     "count_waiting",
-    "gates_of",
     "hot_keys",
     "next_start",
     "note_throttle",
@@ -153,18 +152,11 @@ def read_gates(plan: FlowPlan, breaker_rows: Iterable[Sequence[Any]], now: float
     An open breaker whose time is up half-opens here, and a half-open one whose probes all
     went out ``open_for`` ago with no verdict (their workers died) starts a new probe round.
     """
-    return gates_of(plan.guards, breaker_rows, now)
-
-
-def gates_of(
-    guards: Mapping[str, BreakerGate], breaker_rows: Iterable[Sequence[Any]], now: float
-) -> dict[str, GateState]:
-    """:func:`read_gates` for the named limits ``guards`` (the outbox relay's, which has no plan)."""
-    names = sorted(guards)
+    names = sorted(plan.guards)
     rows = {row[0]: row for row in breaker_rows}
     gates: dict[str, GateState] = {}
     for name in names:
-        declared = guards[name]
+        declared = plan.guards[name]
         gate = gates[name] = GateState(name, declared)
         row = rows.get(name)
         if row is None:

@@ -361,11 +361,7 @@ def write_gates(
     """Write what this claim moved; the breakers it half-opened, as ``(name, from, to)``."""
     from ..models import Breaker, BreakerEvent, BreakerState
 
-    moved = [
-        gate
-        for gate in gates.values()
-        if gate.budget_moved or gate.half_opened or gate.new_round or gate.probes_taken
-    ]
+    moved = [gate for gate in gates.values() if gate.budget_moved or gate.half_opened or gate.new_round]
     if not moved:
         return []
     sql.ensure_breakers(alias, cursor, [gate.name for gate in moved])
