@@ -5,6 +5,8 @@ writes (:mod:`.publisher`); the relay inside ``jobguard_worker`` delivers it to 
 destination, at least once, one at a time per key (:mod:`.relay`); an operator replays or
 skips a dead message (:mod:`.operations`). Destinations are declared in
 ``JOBGUARD["OUTBOX"]["DESTINATIONS"]`` and built by :mod:`.loading` from :mod:`.destinations`.
+``enqueue_via_outbox(task, ...)`` enqueues through the outbox, for jobs kept in a database of
+their own (:mod:`.bridge`).
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .bridge import enqueue_via_outbox
     from .operations import replay, skip
     from .publisher import publish
 
-__all__ = ["publish", "replay", "skip"]
+__all__ = ["enqueue_via_outbox", "publish", "replay", "skip"]
 
 
 def __getattr__(name: str) -> Any:
@@ -25,6 +28,10 @@ def __getattr__(name: str) -> Any:
         from .publisher import publish
 
         return publish
+    if name == "enqueue_via_outbox":
+        from .bridge import enqueue_via_outbox
+
+        return enqueue_via_outbox
     if name in {"replay", "skip"}:
         from . import operations
 

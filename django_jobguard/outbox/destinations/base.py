@@ -32,6 +32,8 @@ BACKENDS: dict[str, str] = {
     "rabbitmq": "django_jobguard.outbox.destinations.rabbitmq.RabbitMQDestination",
     "nats": "django_jobguard.outbox.destinations.nats.NatsDestination",
     "redis": "django_jobguard.outbox.destinations.redis_streams.RedisStreamDestination",
+    # Jobs in JOBGUARD["DATABASE_ALIAS"], for a jobs database of their own (enqueue_via_outbox()).
+    "jobs": "django_jobguard.outbox.destinations.jobs.JobsDestination",
 }
 
 
