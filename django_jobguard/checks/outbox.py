@@ -1,4 +1,5 @@
-"""Checks of the outbox: every declared destination is built at startup, not at its first message."""
+"""Checks of the outbox: every declared destination is built at startup, not at its first message,
+and every model's ``publishes()`` declaration is checked against its model and the settings."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import get_settings
+from ..outbox.declarations import declarations, problems
 from ..outbox.loading import build
 
 
@@ -35,6 +37,30 @@ def check_outbox_destinations(app_configs: Any = None, **kwargs: Any) -> list[ch
             )
             continue
         destination.close()
+    return errors
+
+
+@checks.register()
+def check_declared_events(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.E061: a model's ``publishes()`` names an undeclared destination, a field it lacks, ..."""
+    try:
+        get_settings()
+    except ImproperlyConfigured:
+        return []  # reported by the settings check
+    errors: list[checks.CheckMessage] = []
+    for declaration in declarations():
+        if app_configs is not None and declaration.model._meta.app_config not in app_configs:
+            continue
+        errors += [
+            checks.Error(
+                f"{declaration.label}: {problem}.",
+                hint="Fix the declaration (see docs/how-to/publish-events.md, Publish on save) or the "
+                "settings it names.",
+                obj=declaration.model,
+                id="jobguard.E061",
+            )
+            for problem in problems(declaration)
+        ]
     return errors
 
 
