@@ -32,7 +32,6 @@ from .locks import lock
 from .task import Signature, Task, task
 
 if TYPE_CHECKING:
-    from .outbox.bridge import enqueue_via_outbox
     from .outbox.publisher import publish
     from .workflows import Batch, chain, group
 
@@ -65,7 +64,6 @@ __all__ = [
     "WaitTimeout",
     "__version__",
     "chain",
-    "enqueue_via_outbox",
     "group",
     "lock",
     "publish",
@@ -87,8 +85,4 @@ def __getattr__(name: str) -> Any:
         from .outbox.publisher import publish
 
         return publish
-    if name == "enqueue_via_outbox":
-        from .outbox.bridge import enqueue_via_outbox
-
-        return enqueue_via_outbox
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,9 +18,7 @@ DEFAULT_MAX_RESULT_BYTES = 1024 * 1024
 #: Every setting with its default. The settings reference in docs/ is generated from this.
 DEFAULTS: dict[str, Any] = {
     # Database alias that stores jobs, keys and dead letters. Enqueue joins the caller's
-    # transaction only when it runs on this alias; with the jobs in a database of their own,
-    # enqueue through the outbox to keep it in the application's transaction (OUTBOX
-    # DATABASE_ALIAS and the "jobs" destination: the how-to "Run jobs in their own database").
+    # transaction only when it runs on this alias.
     "DATABASE_ALIAS": "default",
     # What holds the jobs of DATABASE_ALIAS: "database" (its tables) or, for tests only,
     # "memory": an in-memory store in this process (django_jobguard.store.memory), so a test
@@ -307,12 +305,6 @@ DEFAULTS: dict[str, Any] = {
         # check builds every destination at startup (jobguard.E060). A name has at most 100
         # characters.
         "DESTINATIONS": {},
-        # The database alias of the outbox tables: publish() writes its message there, in the
-        # caller's transaction on that database, and the relay reads them there. None: the jobs'
-        # DATABASE_ALIAS. Name the application's database when the jobs have their own, and
-        # declare a destination with BACKEND "jobs": enqueue_via_outbox() then enqueues in the
-        # application's transaction (the how-to "Run jobs in their own database").
-        "DATABASE_ALIAS": None,
         # Run the relay, which delivers published messages, inside every jobguard_worker that
         # is not --burst (when a destination is declared).
         "RELAY": True,
