@@ -32,6 +32,7 @@ from .locks import lock
 from .task import Signature, Task, task
 
 if TYPE_CHECKING:
+    from .outbox.bridge import enqueue_via_outbox
     from .outbox.publisher import publish
     from .workflows import Batch, chain, group
 
@@ -64,6 +65,7 @@ __all__ = [
     "WaitTimeout",
     "__version__",
     "chain",
+    "enqueue_via_outbox",
     "group",
     "lock",
     "publish",
@@ -85,4 +87,8 @@ def __getattr__(name: str) -> Any:
         from .outbox.publisher import publish
 
         return publish
+    if name == "enqueue_via_outbox":
+        from .outbox.bridge import enqueue_via_outbox
+
+        return enqueue_via_outbox
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

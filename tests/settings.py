@@ -77,6 +77,21 @@ else:
         }
     }
 
+# A second database for the jobs (tests/outbox/test_bridge*.py): the same server, a database of
+# its own, created only for the tests that ask for it (databases=["default", "jobs"]).
+DATABASES["jobs"] = {**DATABASES["default"], "TEST": dict(DATABASES["default"].get("TEST", {}))}
+if DATABASES["jobs"]["ENGINE"].endswith("sqlite3"):
+    DATABASES["jobs"]["NAME"] = str(DB_DIR / "jobguard_jobs.sqlite3")
+    DATABASES["jobs"]["TEST"]["NAME"] = str(
+        DB_DIR / f"test_jobguard_jobs_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.sqlite3"
+    )
+else:
+    DATABASES["jobs"]["NAME"] = f"{DATABASES['default']['NAME']}_jobs"
+    if "NAME" in DATABASES["jobs"]["TEST"]:
+        DATABASES["jobs"]["TEST"]["NAME"] = f"{DATABASES['default']['NAME']}_jobs_test"
+if os.environ.get("JOBGUARD_TEST_JOBS_DB_NAME"):
+    DATABASES["jobs"]["NAME"] = os.environ["JOBGUARD_TEST_JOBS_DB_NAME"]
+
 if os.environ.get("JOBGUARD_TEST_CLOCK_OFFSET"):
     # Reliability suite (T6): this process's wall clock runs N seconds off, to show that
     # leases and run_after follow the database clock only. Test processes only.
@@ -266,6 +281,9 @@ if os.environ.get("JOBGUARD_TEST_RETENTION"):
     import json as _json
 
     JOBGUARD["RETENTION"] = _json.loads(os.environ["JOBGUARD_TEST_RETENTION"])
+if os.environ.get("JOBGUARD_TEST_DATABASE_ALIAS"):
+    # Process tests of a jobs database of its own (tests/outbox/test_bridge*.py): "jobs".
+    JOBGUARD["DATABASE_ALIAS"] = os.environ["JOBGUARD_TEST_DATABASE_ALIAS"]
 if os.environ.get("JOBGUARD_TEST_OUTBOX"):
     # Process tests of the outbox relay (tests/outbox): a JSON object of JOBGUARD["OUTBOX"] keys.
     import json as _json

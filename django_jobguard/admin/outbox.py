@@ -137,7 +137,7 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
         ]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[OutboxMessage]:
-        return super().get_queryset(request).using(get_settings().database_alias)
+        return super().get_queryset(request).using(get_settings().outbox_alias)
 
     @admin.display(description=_("last error"))
     def error_short(self, obj: OutboxMessage) -> str:
@@ -183,7 +183,7 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
                 else:
                     done.append(pk)
             log_to_history(
-                request, OutboxMessage, done, f"{title}: {reason}", using=get_settings().database_alias
+                request, OutboxMessage, done, f"{title}: {reason}", using=get_settings().outbox_alias
             )
             summary = f"{title}: {len(done)} done"
             if refused:

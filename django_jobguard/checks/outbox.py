@@ -1,13 +1,16 @@
-"""Checks of the outbox: every declared destination is built at startup, not at its first message."""
+"""Checks of the outbox: every declared destination is built at startup, not at its first message,
+and every model's ``publishes()`` declaration is checked against its model and the settings."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import get_settings
+from ..outbox.declarations import declarations, problems
 from ..outbox.loading import build
 
 
@@ -35,3 +38,49 @@ def check_outbox_destinations(app_configs: Any = None, **kwargs: Any) -> list[ch
             continue
         destination.close()
     return errors
+
+
+@checks.register()
+def check_declared_events(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.E061: a model's ``publishes()`` names an undeclared destination, a field it lacks, ..."""
+    try:
+        get_settings()
+    except ImproperlyConfigured:
+        return []  # reported by the settings check
+    errors: list[checks.CheckMessage] = []
+    for declaration in declarations():
+        if app_configs is not None and declaration.model._meta.app_config not in app_configs:
+            continue
+        errors += [
+            checks.Error(
+                f"{declaration.label}: {problem}.",
+                hint="Fix the declaration (see docs/how-to/publish-events.md, Publish on save) or the "
+                "settings it names.",
+                obj=declaration.model,
+                id="jobguard.E061",
+            )
+            for problem in problems(declaration)
+        ]
+    return errors
+
+
+# Reads settings only, so it runs with every command (as check_database does).
+@checks.register()
+def check_outbox_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.E065: ``OUTBOX["DATABASE_ALIAS"]`` names no database of ``DATABASES``."""
+    try:
+        conf = get_settings()
+    except ImproperlyConfigured:
+        return []  # reported by the settings check
+    alias = conf.outbox.database_alias
+    if alias is None or alias in settings.DATABASES:
+        return []
+    return [
+        checks.Error(
+            f"JOBGUARD['OUTBOX']['DATABASE_ALIAS'] is {alias!r}, which is not in DATABASES.",
+            hint="Name the application's database (where publish() and enqueue_via_outbox() write), "
+            "or leave it None to keep the outbox beside the jobs.",
+            obj="JOBGUARD['OUTBOX']['DATABASE_ALIAS']",
+            id="jobguard.E065",
+        )
+    ]

@@ -18,7 +18,9 @@ DEFAULT_MAX_RESULT_BYTES = 1024 * 1024
 #: Every setting with its default. The settings reference in docs/ is generated from this.
 DEFAULTS: dict[str, Any] = {
     # Database alias that stores jobs, keys and dead letters. Enqueue joins the caller's
-    # transaction only when it runs on this alias.
+    # transaction only when it runs on this alias; with the jobs in a database of their own,
+    # enqueue through the outbox to keep it in the application's transaction (OUTBOX
+    # DATABASE_ALIAS and the "jobs" destination: the how-to "Run jobs in their own database").
     "DATABASE_ALIAS": "default",
     # What holds the jobs of DATABASE_ALIAS: "database" (its tables) or, for tests only,
     # "memory": an in-memory store in this process (django_jobguard.store.memory), so a test
@@ -270,6 +272,14 @@ DEFAULTS: dict[str, Any] = {
         # it, wait() raises ResultExpired instead of returning it. None: as long as the job's row
         # is kept (SUCCEEDED above). A task's own @task(result_retention=...) comes first.
         "RESULTS": None,
+        # Seconds a delivered outbox message is kept after its delivery; then the same pass
+        # deletes it. A pending, dead or held message is never deleted, nor one its key's relay
+        # has not passed yet; a key's own rows stay (its sequence goes on), except those of a
+        # message published without a key, which go with it. None keeps them.
+        "OUTBOX_DELIVERED": 24 * 3600.0,
+        # Seconds an outbox message an operator skipped is kept after the decision (its who and
+        # why are on it). None keeps them.
+        "OUTBOX_SKIPPED": 7 * 24 * 3600.0,
     },
     # Recurring jobs declared in settings: {"name": {"task": "app.tasks.f", "cron": "0 2 * * *",
     # "timezone": "UTC", "args": [], "kwargs": {}, "queue_name": None, "missed": "run_once"}}.
@@ -305,6 +315,12 @@ DEFAULTS: dict[str, Any] = {
         # check builds every destination at startup (jobguard.E060). A name has at most 100
         # characters.
         "DESTINATIONS": {},
+        # The database alias of the outbox tables: publish() writes its message there, in the
+        # caller's transaction on that database, and the relay reads them there. None: the jobs'
+        # DATABASE_ALIAS. Name the application's database when the jobs have their own, and
+        # declare a destination with BACKEND "jobs": enqueue_via_outbox() then enqueues in the
+        # application's transaction (the how-to "Run jobs in their own database").
+        "DATABASE_ALIAS": None,
         # Run the relay, which delivers published messages, inside every jobguard_worker that
         # is not --burst (when a destination is declared).
         "RELAY": True,

@@ -56,6 +56,10 @@ class OutboxSettings:
     """``JOBGUARD["OUTBOX"]``, parsed."""
 
     destinations: Mapping[str, DestinationConfig] = dataclasses.field(default_factory=dict)
+    #: The alias of the outbox tables (where publish() writes and the relay reads) when it is
+    #: not the jobs' ``JOBGUARD["DATABASE_ALIAS"]``: the application's database when the jobs
+    #: have their own. Read it resolved, as ``Settings.outbox_alias``.
+    database_alias: str | None = None
     relay: bool = True
     relay_batch_size: int = 100
     relay_poll_interval: float = 0.5
@@ -91,6 +95,11 @@ def _destination(name: Any, value: Any, retry: RetryPolicy) -> DestinationConfig
     )
 
 
+def _alias(value: Any, path: tuple[str, ...]) -> str | None:
+    """``OUTBOX["DATABASE_ALIAS"]``: None (the jobs' alias) or a non-empty string."""
+    return None if value is None else string(value, path)
+
+
 def parse_outbox_settings(group: Mapping[str, Any], retry: RetryPolicy) -> OutboxSettings:
     """``JOBGUARD["OUTBOX"]`` (merged over its defaults); ``retry`` is the global ``RETRY``."""
     path = ("OUTBOX",)
@@ -100,6 +109,7 @@ def parse_outbox_settings(group: Mapping[str, Any], retry: RetryPolicy) -> Outbo
     }
     return OutboxSettings(
         destinations=destinations,
+        database_alias=_alias(group["DATABASE_ALIAS"], (*path, "DATABASE_ALIAS")),
         relay=boolean(group["RELAY"], (*path, "RELAY")),
         relay_batch_size=integer(group["RELAY_BATCH_SIZE"], (*path, "RELAY_BATCH_SIZE"), minimum=1),
         relay_poll_interval=number(

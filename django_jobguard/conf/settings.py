@@ -113,6 +113,11 @@ class Settings:
         package's own (``CACHE["QUEUE"]``, where durable invalidations wait)."""
         return sorted({*self.queues, self.default_queue, self.cache.queue})
 
+    @property
+    def outbox_alias(self) -> str:
+        """The alias of the outbox tables: ``OUTBOX["DATABASE_ALIAS"]``, else ``DATABASE_ALIAS``."""
+        return self.outbox.database_alias or self.database_alias
+
     def undeclared_queue(self, name: str) -> str | None:
         """Why ``name`` is refused as a queue, or None when it is accepted.
 

@@ -169,7 +169,7 @@ def queue_health(alias: str | None = None, *, queue: str | None = None) -> Healt
         row.queue_name: Pause(row.changed_by_name, row.changed_at, row.reason)
         for row in QueueState.objects.using(alias).filter(paused=True)
     }
-    destinations = outbox_stats.destination_stats(alias) if get_settings().outbox.destinations else []
+    destinations = outbox_stats.destination_stats() if get_settings().outbox.destinations else []
     return Health(
         queues=rows,
         live_workers=live_workers,

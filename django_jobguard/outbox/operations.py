@@ -35,7 +35,7 @@ __all__ = ["replay", "skip"]
 def _locked(message: OutboxMessage | int) -> tuple[OutboxMessage, str]:
     from ..models import OutboxMessage, OutboxState
 
-    alias = get_settings().database_alias
+    alias = get_settings().outbox_alias
     pk = message if isinstance(message, int) else message.pk
     found = OutboxMessage.objects.using(alias).select_for_update().filter(pk=pk).first()
     if found is None:
@@ -61,7 +61,7 @@ def replay(message: OutboxMessage | int, *, by: str, reason: str) -> OutboxMessa
     from ..models import OutboxCursor, OutboxState
 
     reason = _check_reason(reason)
-    alias = get_settings().database_alias
+    alias = get_settings().outbox_alias
     with store.atomic(alias):
         found, alias = _locked(message)
         cursor = (
@@ -113,7 +113,7 @@ def skip(message: OutboxMessage | int, *, by: str, reason: str) -> OutboxMessage
     from ..models import OutboxCursor, OutboxState
 
     reason = _check_reason(reason)
-    alias = get_settings().database_alias
+    alias = get_settings().outbox_alias
     with store.atomic(alias):
         found, alias = _locked(message)
         OutboxCursor.objects.using(alias).filter(

@@ -139,7 +139,7 @@ def destination_stats(alias: str | None = None) -> list[DestinationStats]:
     from ..models import OutboxMessage, OutboxState
 
     conf = get_settings()
-    alias = alias or conf.database_alias
+    alias = alias or conf.outbox_alias
     declared = conf.outbox.destinations
     rows: dict[str, DestinationStats] = {
         name: DestinationStats(name, on_failure=config.on_failure) for name, config in declared.items()
@@ -191,7 +191,7 @@ def held_keys(
     """Keys a dead message holds, the oldest hold first: at most ``limit``, of ``destination`` or all."""
     from ..models import OutboxMessage, OutboxState
 
-    alias = alias or get_settings().database_alias
+    alias = alias or get_settings().outbox_alias
     holding = (
         OutboxMessage.objects.using(alias)
         .filter(state=OutboxState.DEAD, resolution="")

@@ -312,7 +312,9 @@ class Worker:
         relay = None
         if not self.burst:
             self.maintenance.start_pruning(self._spawn)  # finished jobs past their retention
-            relay = outbox_relay.start(self._spawn, self.alias, self.worker_id)  # published messages
+            # Published messages, read where they are written (the application's database when the
+            # jobs have their own).
+            relay = outbox_relay.start(self._spawn, get_settings().outbox_alias, self.worker_id)
         try:
             self._loop(listener)
         finally:

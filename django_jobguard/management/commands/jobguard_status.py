@@ -304,8 +304,8 @@ class Command(BaseCommand):
                 loops = event_loop_stats(alias, live_within=STALE_AFTER_SECONDS)
                 guards = breaker_stats(alias)
                 horizon = horizon_holds(alias)
-                outbox = destination_stats(alias) if get_settings().outbox.destinations else []
-                held = held_keys(alias) if any(row.held_keys for row in outbox) else []
+                outbox = destination_stats() if get_settings().outbox.destinations else []
+                held = held_keys() if any(row.held_keys for row in outbox) else []
                 self._show(
                     rows,
                     timetable,

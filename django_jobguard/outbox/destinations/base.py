@@ -3,7 +3,10 @@
 A destination backend is a class with ``from_options(name, options)`` (which raises
 ``ValueError`` naming the bad option: the system check reports it at startup),
 ``send(envelope)`` (returns once the destination has the message; raises
-:class:`TransientDeliveryError` or :class:`PermanentDeliveryError` otherwise) and ``close()``.
+:class:`TransientDeliveryError` or :class:`PermanentDeliveryError` otherwise) and ``close()``;
+optionally ``message_problem(key, headers)``, which ``publish()`` calls so that a message the
+destination would refuse whatever its payload (a key that cannot make its subject, a header
+it writes itself) is refused before it is written, not dead at delivery.
 Backends are named in ``JOBGUARD["OUTBOX"]["DESTINATIONS"][name]["BACKEND"]``: one of
 :data:`BACKENDS`' keys, or a dotted path to a class.
 """
@@ -29,6 +32,8 @@ BACKENDS: dict[str, str] = {
     "rabbitmq": "django_jobguard.outbox.destinations.rabbitmq.RabbitMQDestination",
     "nats": "django_jobguard.outbox.destinations.nats.NatsDestination",
     "redis": "django_jobguard.outbox.destinations.redis_streams.RedisStreamDestination",
+    # Jobs in JOBGUARD["DATABASE_ALIAS"], for a jobs database of their own (enqueue_via_outbox()).
+    "jobs": "django_jobguard.outbox.destinations.jobs.JobsDestination",
 }
 
 
@@ -69,3 +74,6 @@ class Destination(Protocol):
     def send(self, envelope: Envelope) -> None: ...
 
     def close(self) -> None: ...
+
+    # Optional: def message_problem(self, key: str, headers: Mapping[str, str]) -> str | None
+    # (why a message of this key and these headers would be refused; None: it would not).

@@ -184,6 +184,18 @@ class NatsDestination:
             )
         return subject
 
+    def message_problem(self, key: str, headers: Mapping[str, str]) -> str | None:
+        """Why ``publish()`` must refuse a message of ``key`` and ``headers``: a subject the key
+        makes invalid, or a ``Nats-*`` header (the server reads those as instructions)."""
+        subject = self.subject.format(key=key, destination=self.name)
+        problem = subject_problem(subject)
+        if problem:
+            return f"the key {key!r} makes the NATS subject {subject!r}, which {problem}"
+        for name in headers:
+            if name.lower().startswith("nats-"):
+                return f"header {name!r}: NATS reads Nats-* headers as instructions to the server"
+        return None
+
     def stream_subjects(self) -> list[str]:
         """The subjects of the stream DECLARE creates: SUBJECT, from its ``{key}`` token on as ``>``."""
         fixed = self.subject.replace("{destination}", self.name)

@@ -202,6 +202,17 @@ class RabbitMQDestination:
             except Exception:  # noqa: S110 - it is being thrown away; a dead one cannot close cleanly
                 pass
 
+    def message_problem(self, key: str, headers: Mapping[str, str]) -> str | None:
+        """Why ``publish()`` must refuse a message of ``key``: a routing key over 255 bytes."""
+        routing_key = self.routing_key.format(key=key, destination=self.name)
+        size = len(routing_key.encode())
+        if size > MAX_ROUTING_KEY_BYTES:
+            return (
+                f"the key makes a routing key of {size} bytes as UTF-8, over AMQP's "
+                f"{MAX_ROUTING_KEY_BYTES}: {routing_key[:80]!r}..."
+            )
+        return None
+
     def routing_key_for(self, envelope: Envelope) -> str:
         """The routing key ``envelope`` is published with."""
         return self.routing_key.format(key=envelope.key, destination=envelope.destination)

@@ -60,6 +60,11 @@ def _passing_errors() -> tuple[type[Exception], ...]:
     )
 
 
+# The entry's fields written after the publisher's headers (send()): a header of one of
+# these names would be lost.
+_ENTRY_FIELDS = frozenset({"id", "published-at", "payload"})
+
+
 class RedisStreamDestination:
     """``XADD`` to a stream; one redis-py client (a connection pool, thread-safe) per instance."""
 
@@ -118,6 +123,14 @@ class RedisStreamDestination:
                     self.url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout
                 )
             return self._client
+
+    def message_problem(self, key: str, headers: Mapping[str, str]) -> str | None:
+        """Why ``publish()`` must refuse a message: a header named as one of the entry's own fields."""
+        for name in headers:
+            if name in _ENTRY_FIELDS:
+                fields = ", ".join(sorted(_ENTRY_FIELDS))
+                return f"header {name!r} is one of the fields the stream entry carries itself ({fields})"
+        return None
 
     def stream_for(self, envelope: Envelope) -> str:
         """The stream ``envelope`` goes to (the ``STREAM`` template filled in)."""

@@ -137,6 +137,13 @@ class WebhookDestination:
             headers=headers,
         )
 
+    def message_problem(self, key: str, headers: Mapping[str, str]) -> str | None:
+        """Why ``publish()`` must refuse a message: a header the destination writes itself."""
+        for name in headers:
+            if name.lower() in _RESERVED:
+                return f"header {name!r} is written by the webhook destination itself"
+        return None
+
     def _http(self) -> httpx.Client:
         with self._lock:
             if self._client is None:
