@@ -284,6 +284,11 @@ if os.environ.get("JOBGUARD_TEST_RETENTION"):
 if os.environ.get("JOBGUARD_TEST_DATABASE_ALIAS"):
     # Process tests of a jobs database of its own (tests/outbox/test_bridge*.py): "jobs".
     JOBGUARD["DATABASE_ALIAS"] = os.environ["JOBGUARD_TEST_DATABASE_ALIAS"]
+if os.environ.get("JOBGUARD_TEST_LIMITS"):
+    # Process tests of limits on outbox destinations: a JSON object of JOBGUARD["LIMITS"] entries.
+    import json as _json
+
+    JOBGUARD["LIMITS"] = {**JOBGUARD["LIMITS"], **_json.loads(os.environ["JOBGUARD_TEST_LIMITS"])}
 if os.environ.get("JOBGUARD_TEST_OUTBOX"):
     # Process tests of the outbox relay (tests/outbox): a JSON object of JOBGUARD["OUTBOX"] keys.
     import json as _json

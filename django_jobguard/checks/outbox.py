@@ -12,6 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from ..conf import get_settings
 from ..outbox.declarations import declarations, problems
 from ..outbox.loading import build
+from ..registry import registry
 
 
 @checks.register()
@@ -83,4 +84,43 @@ def check_outbox_database(app_configs: Any = None, **kwargs: Any) -> list[checks
             obj="JOBGUARD['OUTBOX']['DATABASE_ALIAS']",
             id="jobguard.E065",
         )
+    ]
+
+
+@checks.register()
+def check_outbox_limits(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.E064: a limit with a ``concurrency`` named by tasks and by outbox destinations.
+
+    A limit's concurrency counts either the running jobs of its tasks (at claim) or the keys
+    in flight to its destinations (at the relay's claim), not both: shared, it would hold
+    neither bound. A rate, a breaker and a retry budget may be shared.
+    """
+    try:
+        conf = get_settings()
+    except ImproperlyConfigured:
+        return []  # reported by the settings check
+    by_limit: dict[str, list[str]] = {}
+    for name, config in sorted(conf.outbox.destinations.items()):
+        limit = conf.limits.get(config.limit or "")
+        if limit is not None and limit.concurrency is not None:
+            by_limit.setdefault(limit.name, []).append(name)
+    if not by_limit:
+        return []
+    tasks: dict[str, list[str]] = {}
+    for task_name in registry.names():
+        limit_name = getattr(registry.get(task_name), "limit", None)
+        if limit_name in by_limit:
+            tasks.setdefault(limit_name, []).append(task_name)
+    return [
+        checks.Error(
+            f"JOBGUARD['LIMITS'][{limit_name!r}] has a concurrency, and both tasks "
+            f"({', '.join(sorted(tasks[limit_name]))}) and outbox destinations "
+            f"({', '.join(by_limit[limit_name])}) name it: one concurrency cannot count running "
+            "jobs and keys in flight together.",
+            hint="Give the destinations a limit of their own for the concurrency (a rate, a breaker "
+            "and a retry budget may be shared); see docs/how-to/publish-events.md.",
+            obj=f"JOBGUARD['LIMITS'][{limit_name!r}]",
+            id="jobguard.E064",
+        )
+        for limit_name in sorted(tasks)
     ]

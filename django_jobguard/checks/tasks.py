@@ -314,6 +314,8 @@ def check_unused_breakers(app_configs: Any = None, **kwargs: Any) -> list[checks
     except ImproperlyConfigured:
         return []
     named = {getattr(registry.get(name), "limit", None) for name in registry.names()}
+    # An outbox destination's LIMIT guards its sends as a task's limit= guards its jobs.
+    named |= {destination.limit for destination in conf.outbox.destinations.values()}
     messages: list[checks.CheckMessage] = []
     for name, limit in sorted(conf.limits.items()):
         if (limit.breaker is None and limit.retry_budget is None) or name in named:
@@ -325,9 +327,10 @@ def check_unused_breakers(app_configs: Any = None, **kwargs: Any) -> list[checks
         )
         messages.append(
             checks.Warning(
-                f"JOBGUARD['LIMITS'][{name!r}] declares {what}, but no task names it with limit={name!r}: "
-                "it guards nothing.",
-                hint=f"Declare the dependency's tasks with @task(limit={name!r}), or remove the entry.",
+                f"JOBGUARD['LIMITS'][{name!r}] declares {what}, but no task names it with limit={name!r} "
+                "and no outbox destination with 'LIMIT': it guards nothing.",
+                hint=f"Declare the dependency's tasks with @task(limit={name!r}) (or its outbox "
+                f"destinations with 'LIMIT': {name!r}), or remove the entry.",
                 id="jobguard.W033",
             )
         )

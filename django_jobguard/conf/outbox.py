@@ -1,7 +1,7 @@
 """``OUTBOX``: the destinations :func:`django_jobguard.outbox.publish` may name, and the relay.
 
 A destination's entry holds the relay's options for it (upper case: ``BACKEND``,
-``ON_FAILURE``, ``MAX_ATTEMPTS``, ``RETRY``) and its backend's own options (every other key,
+``ON_FAILURE``, ``MAX_ATTEMPTS``, ``RETRY``, ``LIMIT``) and its backend's own options (every other key,
 handed to the backend's ``from_options``, which the system check calls at startup). The
 backend itself is resolved above this package (:mod:`django_jobguard.outbox.destinations`):
 settings only check that it is named.
@@ -10,7 +10,7 @@ settings only check that it is named.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from ._values import boolean, fail, integer, mapping, number, stored_text, string
@@ -30,7 +30,7 @@ MAX_DESTINATION_NAME_LENGTH = 100
 #: What a destination does with a message that cannot be delivered (see the how-to).
 ON_FAILURE_CHOICES = ("hold", "skip")
 #: The relay's own options of a destination; every other key is the backend's.
-DESTINATION_OPTIONS = ("BACKEND", "ON_FAILURE", "MAX_ATTEMPTS", "RETRY")
+DESTINATION_OPTIONS = ("BACKEND", "ON_FAILURE", "MAX_ATTEMPTS", "RETRY", "LIMIT")
 #: Attempts of one message before it is dead, when a destination does not say.
 DEFAULT_DESTINATION_MAX_ATTEMPTS = 20
 
@@ -47,6 +47,9 @@ class DestinationConfig:
     on_failure: str
     max_attempts: int
     retry: RetryPolicy
+    #: The entry of ``JOBGUARD["LIMITS"]`` whose concurrency, rate, breaker and retry budget
+    #: apply to this destination's sends, as ``@task(limit=...)`` applies them to a task's jobs.
+    limit: str | None = None
     #: The backend's own options (the entry's other keys), as given.
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -70,7 +73,23 @@ class OutboxSettings:
         return self.destinations.get(name)
 
 
-def _destination(name: Any, value: Any, retry: RetryPolicy) -> DestinationConfig:
+def _limit(value: Any, path: tuple[str, ...], limits: Collection[str]) -> str | None:
+    """A destination's ``LIMIT``: the name of an entry of ``JOBGUARD["LIMITS"]``, or None."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise fail(path, f"must name an entry of JOBGUARD['LIMITS'] (a string), not {value!r}.")
+    if value not in limits:
+        declared = ", ".join(repr(name) for name in sorted(limits)) or "none"
+        raise fail(
+            path,
+            f"names {value!r}, which JOBGUARD['LIMITS'] does not declare (declared: {declared}). "
+            "Declare it there, e.g. {'concurrency': 4, 'rate': '20/s', 'breaker': True}.",
+        )
+    return value
+
+
+def _destination(name: Any, value: Any, retry: RetryPolicy, limits: Collection[str]) -> DestinationConfig:
     path = ("OUTBOX", "DESTINATIONS", str(name))
     stored_text(
         string(name, path),
@@ -91,6 +110,7 @@ def _destination(name: Any, value: Any, retry: RetryPolicy) -> DestinationConfig
             entry.get("MAX_ATTEMPTS", DEFAULT_DESTINATION_MAX_ATTEMPTS), (*path, "MAX_ATTEMPTS"), minimum=1
         ),
         retry=RetryPolicy.parse(entry.get("RETRY", {}), (*path, "RETRY"), retry),
+        limit=_limit(entry.get("LIMIT"), (*path, "LIMIT"), limits),
         options={key: option for key, option in entry.items() if key not in DESTINATION_OPTIONS},
     )
 
@@ -100,11 +120,14 @@ def _alias(value: Any, path: tuple[str, ...]) -> str | None:
     return None if value is None else string(value, path)
 
 
-def parse_outbox_settings(group: Mapping[str, Any], retry: RetryPolicy) -> OutboxSettings:
-    """``JOBGUARD["OUTBOX"]`` (merged over its defaults); ``retry`` is the global ``RETRY``."""
+def parse_outbox_settings(
+    group: Mapping[str, Any], retry: RetryPolicy, limits: Collection[str] = ()
+) -> OutboxSettings:
+    """``JOBGUARD["OUTBOX"]`` (merged over its defaults); ``retry`` is the global ``RETRY``,
+    ``limits`` the names ``JOBGUARD["LIMITS"]`` declares (a destination's ``LIMIT`` names one)."""
     path = ("OUTBOX",)
     destinations = {
-        name: _destination(name, entry, retry)
+        name: _destination(name, entry, retry, limits)
         for name, entry in mapping(group["DESTINATIONS"], (*path, "DESTINATIONS")).items()
     }
     return OutboxSettings(

@@ -217,6 +217,7 @@ def parse(raw: Any) -> Settings:
     testing = merged_group(raw, "TESTING")
     encryption = merged_group(raw, "ENCRYPTION")
     outbox = merged_group(raw, "OUTBOX")
+    limits = parse_limits(merged["LIMITS"])
 
     return Settings(
         database_alias=string(merged["DATABASE_ALIAS"], ("DATABASE_ALIAS",)),
@@ -261,7 +262,7 @@ def parse(raw: Any) -> Settings:
         tuning=parse_tuning_settings(tuning),
         schedules=parse_schedules(merged["SCHEDULES"]),
         scheduler=parse_scheduler_settings(scheduler),
-        limits=parse_limits(merged["LIMITS"]),
+        limits=limits,
         opentelemetry=boolean(merged["OPENTELEMETRY"], ("OPENTELEMETRY",)),
         opentelemetry_parent=boolean(merged["OPENTELEMETRY_PARENT"], ("OPENTELEMETRY_PARENT",)),
         opentelemetry_baggage=_baggage_names(merged["OPENTELEMETRY_BAGGAGE"]),
@@ -269,7 +270,7 @@ def parse(raw: Any) -> Settings:
         retention=retention,
         testing_mode=_testing_mode(testing),
         encryption=parse_encryption_settings(encryption),
-        outbox=parse_outbox_settings(outbox, retry),
+        outbox=parse_outbox_settings(outbox, retry, limits),
     )
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "Throttle",
     "count_running",
     "count_waiting",
+    "gates_of",
     "hot_keys",
     "next_start",
     "note_throttle",
@@ -152,11 +153,18 @@ def read_gates(plan: FlowPlan, breaker_rows: Iterable[Sequence[Any]], now: float
     An open breaker whose time is up half-opens here, and a half-open one whose probes all
     went out ``open_for`` ago with no verdict (their workers died) starts a new probe round.
     """
-    names = sorted(plan.guards)
+    return gates_of(plan.guards, breaker_rows, now)
+
+
+def gates_of(
+    guards: Mapping[str, BreakerGate], breaker_rows: Iterable[Sequence[Any]], now: float
+) -> dict[str, GateState]:
+    """:func:`read_gates` for the named limits ``guards`` (the outbox relay's, which has no plan)."""
+    names = sorted(guards)
     rows = {row[0]: row for row in breaker_rows}
     gates: dict[str, GateState] = {}
     for name in names:
-        declared = plan.guards[name]
+        declared = guards[name]
         gate = gates[name] = GateState(name, declared)
         row = rows.get(name)
         if row is None:

@@ -487,24 +487,33 @@ class BreakerStats:
 
 
 def breaker_stats(alias: str | None = None) -> list[BreakerStats]:
-    """Every named limit with a breaker or a retry budget: two reads (their rows, their waiting jobs).
+    """Every named limit with a breaker or a retry budget that a task or an outbox destination
+    names: two reads (their rows, their waiting jobs).
 
     Empty, with no query, when none is declared.
     """
     plan = registry.flow_plan()
-    if plan is None or not plan.guards:
+    guards = dict(plan.guards) if plan is not None else {}
+    guarded_tasks = plan.guarded_tasks if plan is not None else {}
+    conf = get_settings()
+    for destination in conf.outbox.destinations.values():
+        # A destination's LIMIT guards its sends with the same breaker and budget.
+        limit = conf.limits.get(destination.limit or "")
+        if limit is not None and (limit.breaker is not None or limit.retry_budget is not None):
+            guards.setdefault(limit.name, flow.BreakerGate(limit.breaker, limit.retry_budget))
+    if not guards:
         return []
-    alias = alias or get_settings().database_alias
+    alias = alias or conf.database_alias
     now = store.database_now(alias).timestamp()
-    rows = {row.name: row for row in Breaker.objects.using(alias).filter(name__in=list(plan.guards))}
+    rows = {row.name: row for row in Breaker.objects.using(alias).filter(name__in=list(guards))}
     waiting = (
         Job.objects.using(alias)
-        .filter(status=JobStatus.QUEUED, run_after__lte=Now(), task_name__in=list(plan.guarded_tasks))
+        .filter(status=JobStatus.QUEUED, run_after__lte=Now(), task_name__in=list(guarded_tasks))
         .values("task_name")
         .annotate(total=Count("id"), retries=Count("id", filter=Q(attempts__gt=0)))
     )
     result: dict[str, BreakerStats] = {}
-    for name, guard in sorted(plan.guards.items()):
+    for name, guard in sorted(guards.items()):
         stats = result[name] = BreakerStats(name)
         row = rows.get(name)
         if guard.breaker is not None:
@@ -530,7 +539,7 @@ def breaker_stats(alias: str | None = None) -> list[BreakerStats]:
                 stats.first_attempts, stats.retries = row.first_attempts, row.retries
             stats.budget_remaining = max(0, budget.allowed(stats.first_attempts) - stats.retries)
     for entry in waiting:
-        stats_of = result.get(plan.guarded_tasks.get(entry["task_name"], ""))
+        stats_of = result.get(guarded_tasks.get(entry["task_name"], ""))
         if stats_of is not None:
             stats_of.waiting += entry["total"]
             stats_of.waiting_retries += entry["retries"]

@@ -24,6 +24,15 @@ key's ``delivered_seq``:
      "hold" holds the key (nothing behind it is sent) until an operator replays or skips it
      (:mod:`.operations`); "skip" passes over it.
 
+A destination that names a limit (``LIMIT``: an entry of ``JOBGUARD["LIMITS"]``, as
+``@task(limit=...)``) is held to it as that limit's tasks are, with their state: at most its
+``concurrency`` keys of the destinations naming it in flight across the fleet (counted at
+claim), at most its ``rate`` of sends, and its ``breaker``: each send is a call (a transient
+failure a failed one); open, the relay claims none of its keys and sends nothing; after
+``open_for``, ``probes`` sends go out, and the first to succeed closes it. A send the limit
+does not admit now gives its key back, with no attempt counted and the message untouched
+(its key's order holds); other destinations are not held up.
+
 A crash between a send and its record sends the message again once the lease expires, with
 the same id: at least once, never lost, and a duplicate carries the first one's id. A key is
 given back after ``RELAY_BATCH_SIZE`` messages, so one busy key cannot keep a thread from the others.
@@ -45,11 +54,12 @@ from django.db import DatabaseError, InterfaceError, connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from .. import events
+from .. import breakers, events
 from ..conf import DestinationConfig, get_settings
+from ..flow import BreakerGate, NamedLimit, RateSpec
 from ..retry import PERMANENT, TRANSIENT, backoff, requested_delay
 from ..store import outbox as outbox_rows
-from ..store.outbox import ClaimedKey
+from ..store.outbox import Bound, ClaimedKey, SendAdmission
 from .destinations.base import Destination, Envelope, PermanentDeliveryError, TransientDeliveryError
 from .events import OutboxDead, OutboxDelivered, OutboxFailed
 from .loading import build
@@ -69,6 +79,10 @@ BROKEN_DESTINATION_RETRY_SECONDS = 60.0
 JOIN_SECONDS = 15.0
 #: Characters of a delivery error stored on the message.
 MAX_ERROR_CHARS = 2000
+#: Seconds a breaker's successes are gathered before they are counted (one count, not one
+#: transaction per message: the breaker's row would be the fleet's busiest); a failure, and
+#: any answer while the breaker is not closed, is counted at once.
+BREAKER_SUCCESSES_HELD = 1.0
 
 
 def _error_text(exc: BaseException) -> str:
@@ -92,6 +106,11 @@ class Relay:
         self._lock = threading.Lock()
         #: Messages delivered by this relay (for tests and the worker's summary).
         self.delivered = 0
+        #: Sends a limit did not admit, by reason ("breaker", "budget", "rate"; for tests).
+        self.throttled: dict[str, int] = {}
+        # Successes of closed breakers not counted yet, by limit, and since when.
+        self._successes_held: dict[str, int] = {}
+        self._successes_since: dict[str, float] = {}
         self.thread: threading.Thread | None = None
 
     # -- the claiming thread -----------------------------------------------------------------
@@ -138,9 +157,21 @@ class Relay:
             connections[self.alias].close()
 
     def claim(self, token: str, limit: int) -> list[ClaimedKey]:
-        """Lease up to ``limit`` keys that have messages to deliver (under ``token``)."""
+        """Lease up to ``limit`` keys that have messages to deliver (under ``token``).
+
+        Not those of a destination whose limit admits no send now (breaker open, rate ahead),
+        nor more keys of the destinations of a limit than its concurrency leaves room for.
+        """
         lease = get_settings().outbox.relay_lease
-        return outbox_rows.claim_keys(self.alias, self.destinations, token, lease, limit)
+        limits = destination_limits()
+        names = self.destinations
+        if limits:
+            named = {limit.name: limit for limit in limits.values()}
+            guards = {name: gate for name, limit in named.items() if (gate := _gate(limit)) is not None}
+            rates = {name: RateSpec.of(limit.rate) for name, limit in named.items() if limit.rate is not None}
+            closed = outbox_rows.closed_limits(_limits_alias(), guards, rates)
+            names = [name for name in names if name not in limits or limits[name].name not in closed]
+        return outbox_rows.claim_keys(self.alias, names, token, lease, limit, bounds(limits))
 
     def stop(self) -> None:
         """Stop claiming; delivery threads give their keys back after their current send."""
@@ -262,11 +293,78 @@ class Relay:
             # its key moves on, or stays held behind a dead one of a "hold" destination.
             hold = message.state == OutboxState.DEAD and config.on_failure == "hold"
             return self._settle(claimed, token, message, hold=hold, changes=None)
+        limit = get_settings().limits.get(config.limit) if config.limit else None
+        state = "closed"
+        if limit is not None:
+            admission = self._admit(limit, message)
+            if not admission.admitted:
+                return self._throttled(claimed, token, message, admission)
+            state = admission.state
         try:
             destination.send(message_envelope(message))
         except Exception as exc:
-            return self._failed(claimed, token, config, message, exc)
-        return self._delivered(claimed, token, message)
+            step = self._failed(claimed, token, config, message, exc)
+            if limit is not None:
+                self._call(limit, state, exc)
+            return step
+        step = self._delivered(claimed, token, message)
+        if limit is not None:
+            self._call(limit, state, None)
+        return step
+
+    def _admit(self, limit: NamedLimit, message: OutboxMessage) -> SendAdmission:
+        """Pass ``limit``'s breaker, retry budget and rate for one send of ``message``."""
+        rate = RateSpec.of(limit.rate) if limit.rate is not None else None
+        admission = outbox_rows.admit_send(_limits_alias(), limit.name, _gate(limit), rate, message.attempts)
+        for name, before, after in admission.changes:
+            breakers.report_change(name, before, after, "system", "open time over: probing the dependency")
+        return admission
+
+    def _throttled(
+        self, claimed: ClaimedKey, token: str, message: OutboxMessage, admission: SendAdmission
+    ) -> str:
+        """Give the key back unsent: no attempt counted, the message as it was."""
+        with self._lock:
+            self.throttled[admission.reason] = self.throttled.get(admission.reason, 0) + 1
+        logger.debug(
+            "outbox_throttled destination=%s key=%r seq=%d reason=%s retry_in=%s",
+            message.destination,
+            message.key,
+            message.seq,
+            admission.reason,
+            "-" if admission.retry_in is None else f"{admission.retry_in:.2f}",
+        )
+        if not outbox_rows.release_lease(self.alias, claimed.cursor_id, token, admission.retry_in):
+            return "lost"
+        return "wait"
+
+    def _call(self, limit: NamedLimit, state: str, error: Exception | None) -> None:
+        """Count one send as a call of ``limit``'s breaker (a transient failure is a failed one).
+
+        Successes while the breaker is closed are gathered for ``BREAKER_SUCCESSES_HELD``
+        seconds and counted with the next count; a lost count only delays a trip.
+        """
+        spec = limit.breaker
+        if spec is None:
+            return
+        failed = error is not None and (
+            isinstance(error, TransientDeliveryError)
+            or breakers.is_failed_call(error, _category(error), None, spec)
+        )
+        name, now = limit.name, time.monotonic()
+        with self._lock:
+            held = self._successes_held.get(name, 0)
+            since = self._successes_since.get(name, now)
+            if not failed and state == "closed" and now - since < BREAKER_SUCCESSES_HELD:
+                self._successes_held[name] = held + 1
+                self._successes_since.setdefault(name, now)
+                return
+            self._successes_held.pop(name, None)
+            self._successes_since.pop(name, None)
+        try:
+            breakers.record(_limits_alias(), name, spec, failed=failed, earlier_successes=held)
+        except (DatabaseError, InterfaceError):
+            logger.warning("breaker_count_failed limit=%s", name, exc_info=True)
 
     def _delivered(self, claimed: ClaimedKey, token: str, message: OutboxMessage) -> str:
         from ..models import OutboxMessage, OutboxState
@@ -305,12 +403,8 @@ class Relay:
     ) -> str:
         from ..models import OutboxMessage, OutboxState
 
-        if isinstance(exc, PermanentDeliveryError):
-            category = PERMANENT
-        elif isinstance(exc, TransientDeliveryError):
-            category = TRANSIENT
-        else:
-            category = get_settings().unclassified_errors
+        category = _category(exc)
+        if not isinstance(exc, PermanentDeliveryError | TransientDeliveryError):
             logger.warning(
                 "outbox_send_raised destination=%s key=%r seq=%d error_class=%s treated_as=%s",
                 message.destination,
@@ -398,6 +492,50 @@ class Relay:
             if changes:
                 OutboxMessage.objects.using(self.alias).filter(pk=message.pk).update(**changes)
         return "wait" if hold else "next"
+
+
+def _category(exc: BaseException) -> str:
+    """A send's error as the relay classifies it: permanent, transient, or the settings' default."""
+    if isinstance(exc, PermanentDeliveryError):
+        return PERMANENT
+    if isinstance(exc, TransientDeliveryError):
+        return TRANSIENT
+    return get_settings().unclassified_errors
+
+
+def _limits_alias() -> str:
+    # Breakers and rates live with the jobs (where the tasks' claims, the admin and the
+    # metrics read them), wherever the outbox's own tables are.
+    return get_settings().database_alias
+
+
+def _gate(limit: NamedLimit) -> BreakerGate | None:
+    if limit.breaker is None and limit.retry_budget is None:
+        return None
+    return BreakerGate(limit.breaker, limit.retry_budget)
+
+
+def destination_limits() -> dict[str, NamedLimit]:
+    """The limit each destination that names one is held to, by destination."""
+    conf = get_settings()
+    return {
+        name: conf.limits[config.limit]
+        for name, config in conf.outbox.destinations.items()
+        if config.limit is not None and config.limit in conf.limits
+    }
+
+
+def bounds(limits: dict[str, NamedLimit]) -> list[Bound]:
+    """The concurrency of each limit with one, over the destinations that name it."""
+    grouped: dict[str, list[str]] = {}
+    for destination, limit in sorted(limits.items()):
+        if limit.concurrency is not None:
+            grouped.setdefault(limit.name, []).append(destination)
+    return [
+        Bound(name, concurrency, tuple(names))
+        for name, names in grouped.items()
+        if (concurrency := get_settings().limits[name].concurrency) is not None
+    ]
 
 
 def _close_all(own: dict[str, Destination]) -> None:

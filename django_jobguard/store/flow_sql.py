@@ -361,7 +361,11 @@ def write_gates(
     """Write what this claim moved; the breakers it half-opened, as ``(name, from, to)``."""
     from ..models import Breaker, BreakerEvent, BreakerState
 
-    moved = [gate for gate in gates.values() if gate.budget_moved or gate.half_opened or gate.new_round]
+    moved = [
+        gate
+        for gate in gates.values()
+        if gate.budget_moved or gate.half_opened or gate.new_round or gate.probes_taken
+    ]
     if not moved:
         return []
     sql.ensure_breakers(alias, cursor, [gate.name for gate in moved])

@@ -7,6 +7,10 @@ Real I/O, readable from the test's process whatever process relayed: a line is a
 - ``{"transient_while": "/path/flag"}``: ``TransientDeliveryError`` while that file exists;
 - ``{"fail_attempts": n}``: ``TransientDeliveryError`` for the first ``n`` attempts;
 - ``{"raise": "ValueError"}``: an error nobody classified;
+- ``{"trace": "/path/file", "hold": seconds}``: each attempt (failing ones too) appends a
+  ``start`` line to that file as it begins and an ``end`` line as it ends, ``hold`` seconds
+  later (the destination's own work): the receiver's view of how many sends overlapped, how
+  often they came, and when;
 - ``{"sleep_after": seconds}``: the destination's own work after the line is written, before the
   relay records the delivery (it waits on no other process): a worker killed then sends the
   message again (a duplicate, same id). The test waits on the delivered lines, not on time.
@@ -50,6 +54,33 @@ class FileDestination:
 
     def send(self, envelope: Envelope) -> None:
         payload = envelope.payload if isinstance(envelope.payload, dict) else {}
+        trace = payload.get("trace")
+        if not trace:
+            self._send(envelope, payload)
+            return
+        _append(trace, self._trace_line(envelope, "start"))
+        try:
+            if payload.get("hold"):
+                time.sleep(float(payload["hold"]))
+            self._send(envelope, payload)
+        finally:
+            _append(trace, self._trace_line(envelope, "end"))
+
+    @staticmethod
+    def _trace_line(envelope: Envelope, phase: str) -> str:
+        return json.dumps(
+            {
+                "phase": phase,
+                "t": time.time(),
+                "destination": envelope.destination,
+                "key": envelope.key,
+                "seq": envelope.seq,
+                "attempt": envelope.attempt,
+                "pid": os.getpid(),
+            }
+        )
+
+    def _send(self, envelope: Envelope, payload: dict[str, Any]) -> None:
         if "fail_while" in payload and Path(payload["fail_while"]).exists():
             raise PermanentDeliveryError("refused: the flag file exists")
         if "transient_while" in payload and Path(payload["transient_while"]).exists():
@@ -70,16 +101,30 @@ class FileDestination:
                 "pid": os.getpid(),
             }
         )
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (line + "\n").encode())
-        finally:
-            os.close(fd)
+        _append(self.path, line)
         if payload.get("sleep_after"):
             time.sleep(float(payload["sleep_after"]))
 
     def close(self) -> None:
         self.closed = True
+
+
+def _append(path: str, line: str) -> None:
+    # One write of a whole line with O_APPEND: lines of several processes never interleave.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def most_at_once(trace: list[dict[str, Any]]) -> int:
+    """The most sends under way at once in a ``trace`` file's lines (in the order written)."""
+    running = most = 0
+    for line in trace:
+        running += 1 if line["phase"] == "start" else -1
+        most = max(most, running)
+    return most
 
 
 def read(path: Path) -> list[dict[str, Any]]:

@@ -216,6 +216,6 @@ def test_the_check_warns_of_a_breaker_no_task_names():
         (
             "jobguard.W033",
             "JOBGUARD['LIMITS']['mail'] declares a breaker and a retry budget, but no task names it "
-            "with limit='mail': it guards nothing.",
+            "with limit='mail' and no outbox destination with 'LIMIT': it guards nothing.",
         )
     ]

@@ -111,6 +111,20 @@ def test_after_its_open_time_the_claim_admits_the_probes_only_and_a_success_clos
     ]
 
 
+def test_probes_taken_by_later_claims_of_a_round_count_toward_it(flow_tasks, settings):
+    # A breaker without a retry budget: the budget's own write used to carry the probes' count.
+    limits = dict(settings.JOBGUARD["LIMITS"])
+    limits[DEP] = {key: value for key, value in limits[DEP].items() if key != "retry_budget"}
+    settings.JOBGUARD = {**settings.JOBGUARD, "LIMITS": limits}
+    [tasks_flow.call_dependency.enqueue(n) for n in range(4)]
+    calls(6, failed=True)
+    time_up()
+    assert len(claim(batch_size=1)) == 1  # half-opens it: the round's first probe
+    assert len(claim(batch_size=1)) == 1  # its second, by a claim of the half-open breaker
+    assert claim() == []  # both probes are out
+    assert Breaker.objects.get(name=DEP).probes == 2
+
+
 def test_a_failed_probe_opens_it_again(flow_tasks):
     [tasks_flow.call_dependency.enqueue(n) for n in range(4)]
     calls(6, failed=True)
