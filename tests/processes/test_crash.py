@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from django_jobguard.models import Job
 from tests.conftest import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Execution, LedgerEntry
