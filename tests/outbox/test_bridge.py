@@ -135,7 +135,7 @@ def test_each_call_is_its_own_job_even_with_the_same_arguments(bridge: None) -> 
 
     assert _relay().drain() == 3
 
-    assert sorted(job.idempotency_key for job in _jobs()) == sorted(
+    assert sorted(str(job.idempotency_key) for job in _jobs()) == sorted(
         f"outbox:{message.message_id}" for message in messages
     )
 
@@ -293,3 +293,11 @@ def test_an_outbox_alias_not_in_databases_is_a_check_error(settings: Any) -> Non
     assert error.msg == "JOBGUARD['OUTBOX']['DATABASE_ALIAS'] is 'app', which is not in DATABASES."
     with override_settings(JOBGUARD=base):
         assert check_outbox_database() == []
+
+
+def test_enqueue_via_outbox_is_exported_from_the_package() -> None:
+    import django_jobguard
+    from django_jobguard import outbox
+
+    assert django_jobguard.enqueue_via_outbox is outbox.enqueue_via_outbox is enqueue_via_outbox
+    assert "enqueue_via_outbox" in django_jobguard.__all__
