@@ -359,6 +359,9 @@ def problems(declaration: EventDeclaration) -> list[str]:
 
     found: list[str] = []
     model = declaration.model
+    if model._meta.abstract:
+        # Signals name the class saved: an abstract model's subclasses would never publish.
+        found.append(f"{model.__name__} is abstract: declare the events on each model that is saved")
     declared = get_settings().outbox.destinations
     for name in declaration.destinations:
         if name not in declared:

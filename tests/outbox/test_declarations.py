@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from django.core import checks
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 from django.test import override_settings
 
 from django_jobguard.checks.outbox import check_declared_events
@@ -23,6 +23,16 @@ from tests.testapp.models import Account, Tag
 pytestmark = pytest.mark.django_db(transaction=True)
 
 FIELDS = ["id", "owner", "balance"]
+
+
+class Named(models.Model):
+    """An abstract model: its subclasses' saves send their own signals, never its own."""
+
+    name = models.CharField(max_length=20)
+
+    class Meta:
+        abstract = True
+        app_label = "testapp"
 
 
 @pytest.fixture
@@ -226,9 +236,15 @@ def test_the_system_check_names_the_model_and_the_bad_part(declared, settings: A
     declared(Account, "events", key="account:{acount_id}", payload=["owner", "ballance", "tags"])
     declared(Account, "events", payload="as_event", headers={"bad name": "v"})
     declared(Tag, "events", payload=["name"])  # a good one: no error
+    declared(Named, "events", payload=["name"])
 
     errors = check_declared_events()
     assert all(isinstance(e, checks.Error) and e.id == "jobguard.E061" for e in errors)
+    abstract = [e for e in errors if e.obj is Named]
+    assert [e.msg for e in abstract] == [
+        "publishes(testapp.Named): Named is abstract: declare the events on each model that is saved."
+    ]
+    errors = [e for e in errors if e.obj is not Named]
     assert all(e.obj is Account for e in errors)
     found = sorted(e.msg for e in errors)
     assert found == sorted(
