@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from django.db.models import Count, F, Max, Min, Q, Sum
@@ -54,6 +55,7 @@ __all__ = [
     "Cause",
     "Health",
     "Pause",
+    "destination_breakers",
     "outbox_causes",
     "queue_health",
 ]
@@ -170,6 +172,7 @@ def queue_health(alias: str | None = None, *, queue: str | None = None) -> Healt
         for row in QueueState.objects.using(alias).filter(paused=True)
     }
     destinations = outbox_stats.destination_stats() if get_settings().outbox.destinations else []
+    gates = destination_breakers(alias) if destinations else {}
     return Health(
         queues=rows,
         live_workers=live_workers,
@@ -181,7 +184,7 @@ def queue_health(alias: str | None = None, *, queue: str | None = None) -> Healt
         pauses=pauses,
         horizon=horizon_holds(alias),
         outbox=destinations,
-        outbox_causes=outbox_causes(destinations),
+        outbox_causes=outbox_causes(destinations, gates),
     )
 
 
@@ -233,7 +236,7 @@ class Cause:
 
     #: ``dead_lettered``, ``dead_letters``, ``stuck``, ``no_worker``, ``paused``, ``breaker``,
     #: ``limit``, ``lock``, ``backlog`` or ``approvals``; an outbox destination's:
-    #: ``outbox_held``, ``outbox_lag``, ``outbox_undeclared`` or ``outbox_dead``.
+    #: ``outbox_held``, ``outbox_breaker``, ``outbox_lag``, ``outbox_undeclared`` or ``outbox_dead``.
     kind: str
     #: :data:`CRITICAL`, :data:`WARNING` or :data:`NOTE`.
     severity: int
@@ -622,19 +625,97 @@ HELD_KEY_RUNBOOK = "held-outbox-key"
 OUTBOX_LAG_RUNBOOK = "outbox-lag"
 
 
-def outbox_causes(rows: list[outbox_stats.DestinationStats]) -> dict[str, list[Cause]]:
-    """Why each destination needs a look, most severe first: no query (the statistics hold it all).
+@dataclasses.dataclass(frozen=True, slots=True)
+class DestinationBreaker:
+    """The breaker of the limit a destination names (``LIMIT``), as one read found it."""
 
-    A held key is critical (its messages stop until an operator acts); an oldest undelivered
-    message past :func:`~django_jobguard.outbox.stats.warn_after` with no held key to explain
-    it, a warning; dead messages passed over (``ON_FAILURE`` "skip") and not yet settled, a note.
+    limit: str
+    state: str
+    manual: bool
+    changed_by: str
+    reason: str
+    #: Seconds until an open breaker lets a probe through (0 when it may now).
+    opens_in: float
+
+
+def destination_breakers(alias: str) -> dict[str, DestinationBreaker]:
+    """The breakers of the limits destinations name that are not closed, by destination: one
+    read, none when no destination names a limit with a breaker."""
+    conf = get_settings()
+    named = {
+        name: config.limit
+        for name, config in conf.outbox.destinations.items()
+        if config.limit is not None and (guard := conf.limits.get(config.limit)) and guard.breaker
+    }
+    if not named:
+        return {}
+    rows = {
+        row.name: row
+        for row in Breaker.objects.using(alias)
+        .annotate(db_now=Now())
+        .filter(name__in=sorted(set(named.values())))
+        .exclude(state=BreakerState.CLOSED)
+    }
+    found: dict[str, DestinationBreaker] = {}
+    for destination, limit_name in named.items():
+        row = rows.get(limit_name)
+        if row is not None:
+            now = row.db_now.timestamp()
+            opens_in = max(0.0, (row.open_until or now) - now)
+            found[destination] = DestinationBreaker(
+                limit_name, row.state, row.manual, row.changed_by_name, row.reason, opens_in
+            )
+    return found
+
+
+def outbox_causes(
+    rows: list[outbox_stats.DestinationStats], breakers: Mapping[str, DestinationBreaker] | None = None
+) -> dict[str, list[Cause]]:
+    """Why each destination needs a look, most severe first: no query (the statistics and
+    ``breakers``, from :func:`destination_breakers`, hold it all).
+
+    A held key is critical (its messages stop until an operator acts), and so is the open
+    breaker of the limit it names (half-open, a warning); an oldest undelivered message past
+    :func:`~django_jobguard.outbox.stats.warn_after` with no held key or breaker to explain it,
+    a warning; dead messages passed over (``ON_FAILURE`` "skip") and not yet settled, a note.
     """
     warn_after = outbox_stats.warn_after()
     found: dict[str, list[Cause]] = {}
+    breakers = breakers or {}
     for stats in rows:
         name = stats.destination
         causes = found.setdefault(name, [])
         messages = (("destination", name),)
+        gate = breakers.get(name) if stats.declared else None
+        if gate is not None:
+            pending = _plural(stats.pending, "message")
+            if gate.state == BreakerState.HALF_OPEN:
+                text, severity = (
+                    f"breaker {gate.limit} half-open: probing the receiver ({pending} pending)",
+                    WARNING,
+                )
+            elif gate.manual:
+                by = gate.changed_by or "an operator"
+                text = f"breaker {gate.limit} open by hand by {by}" + (
+                    f": {gate.reason}" if gate.reason else ""
+                )
+                text, severity = f"{text} (nothing is sent until it is closed; {pending} pending)", CRITICAL
+            else:
+                text, severity = (
+                    f"breaker {gate.limit} open: nothing is sent, next probe in {_duration(gate.opens_in)} "
+                    f"({pending} pending)",
+                    CRITICAL,
+                )
+            causes.append(
+                Cause(
+                    "outbox_breaker",
+                    severity,
+                    text,
+                    "open-breaker",
+                    "breakers",
+                    (("", f"breaker-{gate.limit}"),),
+                )
+            )
         if not stats.declared and stats.pending:
             causes.append(
                 Cause(
@@ -660,7 +741,7 @@ def outbox_causes(rows: list[outbox_stats.DestinationStats]) -> dict[str, list[C
                     (*messages, ("holds", "yes")),
                 )
             )
-        elif stats.declared and stats.pending and stats.oldest_age_seconds >= warn_after:
+        elif stats.declared and stats.pending and stats.oldest_age_seconds >= warn_after and gate is None:
             causes.append(
                 Cause(
                     "outbox_lag",
@@ -690,4 +771,4 @@ def outbox_causes(rows: list[outbox_stats.DestinationStats]) -> dict[str, list[C
 
 #: The most queries :func:`queue_health` runs, whatever the number of queues, rows and
 #: destinations (with the horizon's, on PostgreSQL, and the outbox's when a destination is declared).
-QUERIES = BASE_QUERIES + CAUSE_QUERIES + 1 + outbox_stats.QUERIES
+QUERIES = BASE_QUERIES + CAUSE_QUERIES + 1 + outbox_stats.QUERIES + 1

@@ -17,6 +17,7 @@ from django_jobguard.checks.outbox import check_outbox_destinations, check_outbo
 from django_jobguard.checks.tasks import check_unused_breakers
 from django_jobguard.conf import get_settings
 from django_jobguard.models import Breaker, BreakerEvent, FlowRate, OutboxMessage
+from django_jobguard.monitoring.health import queue_health
 from django_jobguard.monitoring.stats import breaker_stats
 from django_jobguard.outbox import publish
 from django_jobguard.outbox.relay import Relay
@@ -221,6 +222,11 @@ def test_a_breaker_opens_after_failures_stops_the_sends_then_a_probe_closes_it(
     assert len(read(tmp_path / "free.jsonl")) == 6  # the other destination is not held up
     assert relay.drain() == 0
     assert _attempts("hook") == 3
+    # The health page names the open breaker as the reason the destination's messages wait.
+    (cause,) = [cause for cause in queue_health().outbox_causes["hook"] if cause.kind == "outbox_breaker"]
+    assert cause.text.startswith("breaker hooks open: nothing is sent, next probe in ")
+    assert cause.text.endswith("(6 messages pending)")
+    assert queue_health().outbox_causes["free"] == []
 
     # Still down: after open_for, one probe, which fails and opens it again.
     wait_for(lambda: relay.drain() == 0 and _attempts("hook") == 4, 30, message="a probe")
