@@ -17,7 +17,10 @@ from django_jobguard.exceptions import InvalidPublishError
 from django_jobguard.models import OutboxMessage
 from django_jobguard.outbox import publishes
 from django_jobguard.outbox.declarations import EventDeclaration, declarations
+from django_jobguard.outbox.publisher import outbox_alias
+from django_jobguard.outbox.relay import Relay
 from tests.conftest import wait_for
+from tests.outbox.destinations import read
 from tests.testapp.models import Account, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -314,3 +317,24 @@ def test_concurrent_saves_of_a_row_publish_in_commit_order(declared) -> None:
         (2, "a"),
         (3, "b"),
     ]
+
+
+def test_declared_events_reach_the_destination_in_the_order_of_the_saves(declared, outbox: Path) -> None:
+    declared(Account, "events", payload=["balance"])
+    account = Account.objects.create(owner="kim")
+    for balance in (1, 2, 3):
+        with transaction.atomic():
+            account.balance = balance
+            account.save()
+    account.delete()
+    assert Relay(outbox_alias(), "test-relay").drain() == 5
+
+    lines = read(outbox / "events.jsonl")
+    assert [(line["seq"], line["headers"]["jobguard-event"], line["payload"]) for line in lines] == [
+        (1, "created", {"balance": 0}),
+        (2, "updated", {"balance": 1}),
+        (3, "updated", {"balance": 2}),
+        (4, "updated", {"balance": 3}),
+        (5, "deleted", {"balance": 3}),
+    ]
+    assert {line["headers"]["jobguard-model"] for line in lines} == {"testapp.account"}
