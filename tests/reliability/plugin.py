@@ -3,6 +3,7 @@
 ``--reliability-seed N`` replays a run's random choices (which worker is killed when,
 which fault point fires, which enqueue is rolled back); every artifact records its
 seed. ``--reliability-soak`` multiplies job counts and chaos time by 5.
+``--reliability-outbox-full`` runs T14 (the outbox under SIGKILLs) at the issue's full size.
 ``--reliability-pg-restart-cmd CMD`` enables T3's PostgreSQL restart step (it restarts
 the server the suite runs on: never point it at a shared server).
 """
@@ -38,6 +39,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         default=False,
         help=f"Soak size: {SOAK_FACTOR}x the jobs and chaos time of each scenario.",
+    )
+    group.addoption(
+        "--reliability-outbox-full",
+        action="store_true",
+        default=False,
+        help="T14 at the outbox issue's size: 50,000 messages over 1,000 keys, 20 SIGKILLs per destination.",
     )
     group.addoption(
         "--reliability-pg-restart-cmd",

@@ -102,6 +102,13 @@ def headline(scenario: str, f: dict[str, Any]) -> str:
             f"{f['connections_cut']} idle connections cut; "
             f"attempts of the next jobs {f['attempts_after_cut']}"
         ]
+    elif scenario.startswith("T14"):
+        parts = [
+            f"{f['expected']} messages: lost {f['lost']}, unknown {f['unknown']}",
+            f"order violations {f['order_violations']}",
+            f"duplicates {f['duplicates']} (same id), under another id {f['duplicates_under_another_id']}",
+            f"SIGKILLs {f['sigkills']}" if "sigkills" in f else f"restarts {f.get('restarts')}",
+        ]
     elif scenario == "T13":
         parts = [f"invariant violations {f['invariant_violations_found']}", f"steps {f['steps']}"]
     else:
