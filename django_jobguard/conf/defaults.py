@@ -272,6 +272,14 @@ DEFAULTS: dict[str, Any] = {
         # it, wait() raises ResultExpired instead of returning it. None: as long as the job's row
         # is kept (SUCCEEDED above). A task's own @task(result_retention=...) comes first.
         "RESULTS": None,
+        # Seconds a delivered outbox message is kept after its delivery; then the same pass
+        # deletes it. A pending, dead or held message is never deleted, nor one its key's relay
+        # has not passed yet; a key's own rows stay (its sequence goes on), except those of a
+        # message published without a key, which go with it. None keeps them.
+        "OUTBOX_DELIVERED": 24 * 3600.0,
+        # Seconds an outbox message an operator skipped is kept after the decision (its who and
+        # why are on it). None keeps them.
+        "OUTBOX_SKIPPED": 7 * 24 * 3600.0,
     },
     # Recurring jobs declared in settings: {"name": {"task": "app.tasks.f", "cron": "0 2 * * *",
     # "timezone": "UTC", "args": [], "kwargs": {}, "queue_name": None, "missed": "run_once"}}.

@@ -1,5 +1,8 @@
 """``RETENTION``: how long finished jobs are kept, per final status and per queue, and the pruning pass.
 
+The same pass deletes settled outbox messages: delivered ones ``OUTBOX_DELIVERED`` seconds
+after their delivery, skipped ones ``OUTBOX_SKIPPED`` seconds after the operator's decision.
+
 The worker that leads maintenance deletes finished jobs older than their status's retention
 (:mod:`django_jobguard.maintenance.job_pruner`); ``manage.py jobguard_prune`` applies the same
 rules by hand. A queue may set its own (``JOBGUARD["QUEUES"][name]["retention"]``, lower-case
@@ -64,13 +67,17 @@ class RetentionSettings:
     #: Seconds a succeeded job's result may be waited for after it finished (``RESULTS``);
     #: None: as long as the job's row is kept. A task's ``result_retention`` comes first.
     results: float | None = None
+    #: Seconds a delivered outbox message is kept after its delivery; None: kept.
+    outbox_delivered: float | None = DAY_SECONDS
+    #: Seconds a skipped outbox message is kept after an operator skipped it; None: kept.
+    outbox_skipped: float | None = 7 * DAY_SECONDS
 
 
-def _seconds(value: Any, path: tuple[str, ...]) -> float | None:
+def _seconds(value: Any, path: tuple[str, ...], what: str = "jobs") -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise fail(path, f"must be a number of seconds, or None to keep these jobs, not {value!r}.")
+        raise fail(path, f"must be a number of seconds, or None to keep these {what}, not {value!r}.")
     return number(value, path)
 
 
@@ -87,6 +94,8 @@ def parse_retention_settings(group: Mapping[str, Any]) -> RetentionSettings:
         interval=number(group["INTERVAL"], ("RETENTION", "INTERVAL")),
         batch_size=integer(group["BATCH_SIZE"], ("RETENTION", "BATCH_SIZE"), minimum=1),
         results=_seconds(group["RESULTS"], ("RETENTION", "RESULTS")),
+        outbox_delivered=_seconds(group["OUTBOX_DELIVERED"], ("RETENTION", "OUTBOX_DELIVERED"), "messages"),
+        outbox_skipped=_seconds(group["OUTBOX_SKIPPED"], ("RETENTION", "OUTBOX_SKIPPED"), "messages"),
     )
 
 

@@ -20,10 +20,15 @@ Now one worker at a time deletes them, by the rules of :mod:`.retention` and
 Each pass that deleted something logs ``jobs_pruned`` with its counts per status and its
 duration, and emits :class:`~django_jobguard.events.JobsPruned` per status (the
 ``jobguard_jobs_pruned_total`` counter).
+
+The same pass then deletes settled outbox messages past ``RETENTION["OUTBOX_DELIVERED"]`` and
+``["OUTBOX_SKIPPED"]`` (:func:`.retention.prune_outbox_messages`, on the outbox's database),
+within the same deadline, and logs ``outbox_messages_pruned`` when it deleted any.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -33,6 +38,7 @@ from django.db import DatabaseError, InterfaceError, connections
 
 from .. import events
 from ..conf import get_settings
+from ..outbox.publisher import outbox_alias
 from . import retention
 from .leadership import MaintenanceLeadership
 
@@ -62,6 +68,9 @@ class JobPruner:
         self._lease: MaintenanceLeadership | None = None
         #: Where each scope's sweep stands between passes (see retention.prune_retained_jobs).
         self._cursors: dict[retention.RetentionScope, retention.Cursor] = {}
+        self._outbox_sweeps: dict[retention.OutboxScope, retention.OutboxSweep] = {}
+        #: The outbox part of the last pass (None before the first).
+        self.last_outbox: retention.OutboxPrune | None = None
         self._stop = threading.Event()
 
     def elected(self) -> bool:
@@ -99,7 +108,31 @@ class JobPruner:
             result.more,
             extra={"worker_id": self.worker_id},
         )
+        outbox = self.prune_outbox(deadline)
+        if outbox.more and not result.more:
+            result = dataclasses.replace(result, more=True)
         return result
+
+    def prune_outbox(self, deadline: float | None = None) -> retention.OutboxPrune:
+        """The outbox part of a pass: settled messages past their retention, logged when any went."""
+        outbox = retention.prune_outbox_messages(
+            deadline=deadline, sweeps=self._outbox_sweeps, stop=self._stop.is_set
+        )
+        self.last_outbox = outbox
+        logger.log(
+            logging.INFO if outbox.total else logging.DEBUG,
+            "outbox_messages_pruned worker_id=%s delivered=%d skipped=%d keys=%d batches=%d seconds=%.3f "
+            "more=%s",
+            self.worker_id,
+            outbox.deleted.get("delivered", 0),
+            outbox.deleted.get("skipped", 0),
+            outbox.keys,
+            outbox.batches,
+            outbox.seconds,
+            outbox.more,
+            extra={"worker_id": self.worker_id},
+        )
+        return outbox
 
     def run(self) -> None:
         """The thread: a pass per interval while elected, until :meth:`stop`; closes its connection."""
@@ -111,6 +144,7 @@ class JobPruner:
             if self._lease is not None:
                 self._lease.resign()
             connections[self.alias].close()
+            connections[outbox_alias()].close()  # the outbox's, when it has a database of its own
 
     def _tick(self) -> float:
         """One pass if elected; the seconds until the next (none while a pass left work behind)."""
@@ -124,6 +158,7 @@ class JobPruner:
         except (DatabaseError, InterfaceError):
             logger.warning("jobs_prune_failed worker_id=%s", self.worker_id, exc_info=True)
             connections[self.alias].close()
+            connections[outbox_alias()].close()
             return min(interval, ERROR_BACKOFF_SECONDS)
         return 0.0 if result.more else interval
 

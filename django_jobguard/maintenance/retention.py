@@ -15,6 +15,10 @@ it is queued or running, and a finished job stays while a live key answers with 
 dead letter is not replayed yet, while it is a dead letter's replay, or while it belongs to a
 workflow that has not finished. What the admin may delete by hand is stricter
 (:func:`deletable_jobs`, :func:`deletable_keys`): no job any dead letter names.
+
+Settled outbox messages go by the same pass (:func:`prune_outbox_messages`): delivered and
+skipped ones past ``RETENTION["OUTBOX_DELIVERED"]`` / ``["OUTBOX_SKIPPED"]``, and only once
+their key's relay passed them; pending and dead messages (a held key's included) stay.
 """
 
 from __future__ import annotations
@@ -39,11 +43,16 @@ from ..models import (
     IdempotencyStatus,
     Job,
     JobStatus,
+    OutboxCursor,
+    OutboxKey,
+    OutboxMessage,
+    OutboxState,
     ReplayState,
     Schedule,
     Workflow,
     WorkflowState,
 )
+from ..outbox.publisher import outbox_alias
 from ..store import FLOW_TURN_KEY
 from ..store import locks as lock_rows
 from ..store.beats import CONSOLE_ROWS_KEPT_FOR_SECONDS, prune_console_rows
@@ -53,7 +62,10 @@ __all__ = [
     "JOB_DELETION_RULE",
     "KEY_DELETION_RULE",
     "LOCK_ROWS_KEPT_FOR",
+    "OUTBOX_RETENTION_RULE",
     "RETENTION_RULE",
+    "OutboxPrune",
+    "OutboxScope",
     "PruneReport",
     "RetainedPrune",
     "RetentionScope",
@@ -61,6 +73,7 @@ __all__ = [
     "deletable_keys",
     "delete_jobs",
     "delete_keys",
+    "outbox_scopes",
     "prunable_jobs",
     "prunable_keys",
     "prune",
@@ -68,6 +81,7 @@ __all__ = [
     "prune_console_rows",
     "prune_expired_keys",
     "prune_finished_jobs",
+    "prune_outbox_messages",
     "prune_retained_jobs",
     "retained",
     "retention_scopes",
@@ -106,6 +120,8 @@ class PruneReport:
     flow_rates: int = 0
     #: The finished jobs deleted, per final status (empty: not asked for).
     jobs_by_status: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: Settled outbox messages deleted, per state (delivered, skipped; None: not asked for).
+    outbox: dict[str, int] | None = None
 
 
 #: The rule of :func:`deletable_jobs`, for the surfaces that refuse a deletion.
@@ -523,15 +539,19 @@ def prune(
     jobs: bool = True,
     jobs_older_than: datetime.timedelta | None = None,
     history_older_than: datetime.timedelta | None = None,
+    outbox: bool = True,
+    outbox_older_than: datetime.timedelta | None = None,
     batch_size: int | None = None,
     dry_run: bool = False,
 ) -> PruneReport:
-    """Delete expired keys, idle lock and rate rows, finished jobs past their retention, and
-    attempt history if asked.
+    """Delete expired keys, idle lock and rate rows, finished jobs and settled outbox messages
+    past their retention, and attempt history if asked.
 
     Jobs go by ``JOBGUARD["RETENTION"]`` and each queue's ``retention``, as in the workers, or,
     with ``jobs_older_than``, once finished that long ago whatever their status and queue;
-    :func:`retained` keeps the same jobs either way. ``jobs=False`` deletes no job.
+    :func:`retained` keeps the same jobs either way. ``jobs=False`` deletes no job. Delivered
+    and skipped outbox messages go by ``RETENTION["OUTBOX_DELIVERED"]`` and
+    ``["OUTBOX_SKIPPED"]``, or ``outbox_older_than``; ``outbox=False`` deletes none.
     """
     alias = alias or get_settings().database_alias
     keys = prune_expired_keys(alias, batch_size=batch_size or KEY_BATCH_SIZE, dry_run=dry_run)
@@ -541,6 +561,11 @@ def prune(
     if jobs:
         scopes = retention_scopes(get_settings(), jobs_older_than)
         pruned = prune_retained_jobs(alias, scopes, batch_size=batch_size, dry_run=dry_run)
+    outbox_pruned = None
+    if outbox:
+        outbox_pruned = prune_outbox_messages(
+            scopes=outbox_scopes(get_settings(), outbox_older_than), batch_size=batch_size, dry_run=dry_run
+        )
     histories = None
     if history_older_than is not None:
         histories = prune_attempt_history(
@@ -554,6 +579,7 @@ def prune(
         histories=histories,
         flow_rates=flow_rates,
         jobs_by_status={} if pruned is None else pruned.deleted,
+        outbox=None if outbox_pruned is None else outbox_pruned.deleted,
     )
 
 
@@ -589,3 +615,213 @@ def delete_schedules(ids: Any, alias: str | None = None) -> int:
     with transaction.atomic(using=alias):
         _, per_model = deletable_schedules(alias).filter(pk__in=list(ids)).delete()
     return int(per_model.get(Schedule._meta.label, 0))
+
+
+# -- settled outbox messages -----------------------------------------------------------------
+
+#: What outbox retention never deletes, for the docs and the command's help.
+OUTBOX_RETENTION_RULE = (
+    "A pending or dead outbox message (one that holds its key included) is never deleted, nor "
+    "one its key's relay has not passed yet; a key keeps its own rows, so its sequence goes on."
+)
+
+#: Outbox states retention deletes, each with the time it counts from.
+_OUTBOX_SETTLED = ((OutboxState.DELIVERED, "delivered_at"), (OutboxState.SKIPPED, "resolved_at"))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutboxScope:
+    """Outbox messages of one settled state, kept ``seconds`` after they settled."""
+
+    state: str
+    seconds: float
+    #: The message's field the age is counted from.
+    settled_field: str
+
+    def messages(self, alias: str, now: datetime.datetime) -> Any:
+        """The scope's messages old enough to go, whether or not their key's relay passed them."""
+        return OutboxMessage.objects.using(alias).filter(
+            state=self.state,
+            **{f"{self.settled_field}__lt": now - datetime.timedelta(seconds=self.seconds)},
+        )
+
+    def prunable(self, alias: str, now: datetime.datetime) -> Any:
+        """:meth:`messages` that the relay passed: at or below their key's ``delivered_seq``.
+
+        A message above it is one the relay still reads (it steps over a skipped message in
+        sequence): deleting it would leave a gap the key could not pass.
+        """
+        passed = OutboxCursor.objects.filter(
+            destination=OuterRef("destination"), key=OuterRef("key"), delivered_seq__gte=OuterRef("seq")
+        )
+        return self.messages(alias, now).filter(Exists(passed))
+
+
+def outbox_scopes(settings: Settings, older_than: datetime.timedelta | None = None) -> list[OutboxScope]:
+    """The outbox scopes of a pass: delivered and skipped messages, by ``RETENTION`` or ``older_than``."""
+    retention = {
+        OutboxState.DELIVERED: settings.retention.outbox_delivered,
+        OutboxState.SKIPPED: settings.retention.outbox_skipped,
+    }
+    scopes = []
+    for state, field in _OUTBOX_SETTLED:
+        seconds = older_than.total_seconds() if older_than is not None else retention[state]
+        if seconds is not None:
+            scopes.append(OutboxScope(str(state), seconds, field))
+    return scopes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutboxPrune:
+    """What an outbox pruning pass deleted (or, in a dry run, would delete)."""
+
+    #: Messages per state (delivered, skipped).
+    deleted: dict[str, int]
+    #: Keys of messages published without a key whose rows went with their message.
+    keys: int = 0
+    seconds: float = 0.0
+    batches: int = 0
+    #: The pass stopped at its deadline: old messages may be left for the next one.
+    more: bool = False
+
+    @property
+    def total(self) -> int:
+        return sum(self.deleted.values())
+
+
+@dataclasses.dataclass(slots=True)
+class OutboxSweep:
+    """Where a scope's sweep stands between passes: below ``bound`` (None: no bound), after ``after``."""
+
+    bound: int | None
+    after: int = 0
+
+
+def _sweep_bound(alias: str, scope: OutboxScope, now: datetime.datetime) -> int | None:
+    """The first message published after the scope's cutoff: nothing from it on is old enough.
+
+    Messages are numbered as they are published, so a sweep walks the primary key from the
+    oldest up to here and never reads the day of recent messages; the read itself walks only
+    the old rows still stored (those it will delete, and those kept: pending, dead).
+    """
+    cutoff = now - datetime.timedelta(seconds=scope.seconds)
+    first: int | None = (
+        OutboxMessage.objects.using(alias)
+        .filter(published_at__gte=cutoff)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+        .first()
+    )
+    return first
+
+
+def _outbox_window(
+    alias: str, scope: OutboxScope, now: datetime.datetime, sweep: OutboxSweep, size: int
+) -> list[int]:
+    messages = scope.messages(alias, now).filter(pk__gt=sweep.after)
+    if sweep.bound is not None:
+        messages = messages.filter(pk__lt=sweep.bound)
+    return list(messages.order_by("pk").values_list("pk", flat=True)[:size])
+
+
+def _delete_outbox(alias: str, scope: OutboxScope, now: datetime.datetime, ids: list[int]) -> tuple[int, int]:
+    """Delete those of ``ids`` that ``scope`` still lets go, in one transaction; (messages, keys)."""
+    with transaction.atomic(using=alias):
+        # Conditions read again under the rows' locks; a row another transaction holds waits
+        # for the next pass.
+        rows = list(
+            scope.prunable(alias, now)
+            .filter(pk__in=ids)
+            .select_for_update(skip_locked=True)
+            .values_list("pk", "destination", "key", "message_id")
+        )
+        if not rows:
+            return 0, 0
+        deleted = int(
+            OutboxMessage.objects.using(alias).filter(pk__in=[row[0] for row in rows])._raw_delete(alias)  # noqa: SLF001
+        )
+        # A message published without a key had a key of its own (its id): no publisher will
+        # take it again, so its two rows go with it rather than pile up one pair per message.
+        own_keys = {(destination, key) for _, destination, key, message_id in rows if key == str(message_id)}
+        return deleted, _delete_own_keys(alias, own_keys) if own_keys else 0
+
+
+def _delete_own_keys(alias: str, pairs: set[tuple[str, str]]) -> int:
+    """Delete the key and cursor rows of ``pairs`` whose every message is gone and settled."""
+    keys = sorted({key for _, key in pairs})
+    cursors = {
+        (destination, key): (pk, delivered_seq)
+        for pk, destination, key, delivered_seq in OutboxCursor.objects.using(alias)
+        .filter(key__in=keys, held_seq__isnull=True)
+        .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=Now()))
+        .exclude(
+            Exists(OutboxMessage.objects.filter(destination=OuterRef("destination"), key=OuterRef("key")))
+        )
+        .select_for_update(skip_locked=True)
+        .values_list("pk", "destination", "key", "delivered_seq")
+        if (destination, key) in pairs
+    }
+    key_rows = {
+        (destination, key): pk
+        for pk, destination, key, last_seq in OutboxKey.objects.using(alias)
+        .filter(key__in=keys)
+        .select_for_update(skip_locked=True)
+        .values_list("pk", "destination", "key", "last_seq")
+        if (destination, key) in cursors and last_seq <= cursors[(destination, key)][1]
+    }
+    if not key_rows:
+        return 0
+    cursor_ids = [cursors[pair][0] for pair in key_rows]
+    OutboxCursor.objects.using(alias).filter(pk__in=cursor_ids)._raw_delete(alias)  # noqa: SLF001
+    return int(OutboxKey.objects.using(alias).filter(pk__in=list(key_rows.values()))._raw_delete(alias))  # noqa: SLF001
+
+
+def prune_outbox_messages(
+    alias: str | None = None,
+    scopes: list[OutboxScope] | None = None,
+    *,
+    batch_size: int | None = None,
+    deadline: float | None = None,
+    sweeps: dict[OutboxScope, OutboxSweep] | None = None,
+    stop: Callable[[], bool] | None = None,
+    dry_run: bool = False,
+) -> OutboxPrune:
+    """Delete delivered and skipped outbox messages past their retention, a batch per transaction.
+
+    ``alias`` defaults to the outbox's database. Never a pending or dead message, nor one its
+    key's relay has not passed (:meth:`OutboxScope.prunable`). ``deadline``, ``stop`` and
+    ``sweeps`` (kept by the caller across passes) work as for :func:`prune_retained_jobs`.
+    """
+    conf = get_settings()
+    alias = alias or outbox_alias()
+    scopes = outbox_scopes(conf) if scopes is None else scopes
+    size = batch_size or conf.retention.batch_size
+    started = time.monotonic()
+    now = timezone.now()
+    deleted = {str(state): 0 for state, _ in _OUTBOX_SETTLED}
+    if dry_run:
+        for scope in scopes:
+            deleted[scope.state] += int(scope.prunable(alias, now).count())
+        return OutboxPrune(deleted, seconds=time.monotonic() - started)
+    sweeps = {} if sweeps is None else sweeps
+    keys = batches = 0
+    active = list(scopes)
+    while active:
+        for scope in list(active):
+            if (deadline is not None and time.monotonic() >= deadline) or (stop is not None and stop()):
+                return OutboxPrune(deleted, keys, time.monotonic() - started, batches, more=True)
+            sweep = sweeps.get(scope)
+            if sweep is None:
+                sweep = sweeps[scope] = OutboxSweep(_sweep_bound(alias, scope, now))
+            ids = _outbox_window(alias, scope, now, sweep, size)
+            if len(ids) < size:
+                sweeps.pop(scope, None)  # the end: the next pass starts from the oldest again
+                active.remove(scope)
+            else:
+                sweep.after = ids[-1]
+            if ids:
+                messages, own_keys = _delete_outbox(alias, scope, now, ids)
+                deleted[scope.state] += messages
+                keys += own_keys
+                batches += 1 if messages else 0
+    return OutboxPrune(deleted, keys, time.monotonic() - started, batches)
