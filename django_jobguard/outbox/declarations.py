@@ -25,6 +25,7 @@ an undeclared destination, a field the model does not have, a bad key template o
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import itertools
 import string
 import threading
@@ -47,7 +48,9 @@ __all__ = [
     "MODEL_HEADER",
     "EventDeclaration",
     "declarations",
+    "problems",
     "publishes",
+    "template_fields",
 ]
 
 #: What a declaration may publish on: a row inserted, updated or deleted.
@@ -102,9 +105,12 @@ def template_fields(template: str) -> list[str]:
 
 
 def _plain(value: Any) -> Any:
-    """A field's value as JSON: DjangoJSONEncoder's forms (ISO dates, decimals as strings, UUIDs)."""
+    """A field's value as JSON: ISO 8601 times, decimals and UUIDs as strings (DjangoJSONEncoder's
+    forms, but times keep their microseconds: the encoder cuts them to milliseconds)."""
     if value is None or isinstance(value, str | int | float | bool | list | dict):
         return value
+    if isinstance(value, datetime.datetime | datetime.time):
+        return value.isoformat()
     if isinstance(value, FieldFile):
         return value.name or None
     try:
@@ -298,7 +304,7 @@ def publishes(
       key of its own: no order). The default, ``"app_label.modelname:{pk}"``, orders each
       row's events; events of one key are delivered in commit order.
     - ``payload``: field names (``["id", "status", "total"]``: a dict of their values as JSON,
-      dates as ISO 8601 and decimals as strings, a foreign key as its id), the name of a
+      dates and times in ISO 8601, decimals as strings, a foreign key as its id), the name of a
       method of the model (called with no argument), or a callable taking the instance.
     - ``headers``: a dict of strings, or a callable taking the instance. Each message also
       carries ``jobguard-event`` (``created``, ``updated`` or ``deleted``) and

@@ -21,7 +21,7 @@ from django_jobguard.outbox.publisher import outbox_alias
 from django_jobguard.outbox.relay import Relay
 from tests.conftest import wait_for
 from tests.outbox.destinations import read
-from tests.testapp.models import Account, Tag
+from tests.testapp.models import Account, Execution, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -338,3 +338,15 @@ def test_declared_events_reach_the_destination_in_the_order_of_the_saves(declare
         (5, "deleted", {"balance": 3}),
     ]
     assert {line["headers"]["jobguard-model"] for line in lines} == {"testapp.account"}
+
+
+def test_field_values_are_published_as_json_times_in_iso_8601(declared) -> None:
+    declared(Execution, "events", payload=["pk", "marker", "created_at"], key="marker:{marker}")
+    execution = Execution.objects.create(marker="m-1")
+    (message,) = messages()
+    assert message.key == "marker:m-1"
+    assert message.payload == {
+        "pk": execution.pk,
+        "marker": "m-1",
+        "created_at": execution.created_at.isoformat(),  # with its microseconds
+    }
