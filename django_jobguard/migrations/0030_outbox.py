@@ -45,6 +45,7 @@ class Migration(migrations.Migration):
                 'verbose_name': 'outbox cursor',
                 'verbose_name_plural': 'outbox cursors',
                 'constraints': [models.UniqueConstraint(fields=('destination', 'key'), name='jobguard_outbox_cursor_uniq')],
+                'indexes': [models.Index(condition=models.Q(('lease_token', ''), _negated=True), fields=['destination'], name='jobguard_outbox_leased')],
             },
         ),
         migrations.CreateModel(
