@@ -311,9 +311,10 @@ DEFAULTS: dict[str, Any] = {
         # message that cannot be delivered holds the messages behind it of its key until an
         # operator replays or skips it) or "skip" (it is set aside and the key moves on);
         # MAX_ATTEMPTS (20) attempts a message gets; RETRY ({"base", "max", "jitter"} over the
-        # global RETRY) spaces them. The other keys are the backend's own options; the system
-        # check builds every destination at startup (jobguard.E060). A name has at most 100
-        # characters.
+        # global RETRY) spaces them; LIMIT names an entry of LIMITS whose concurrency, rate,
+        # breaker and retry budget hold its sends, as @task(limit=...) holds a task's jobs. The
+        # other keys are the backend's own options; the system check builds every destination
+        # at startup (jobguard.E060). A name has at most 100 characters.
         "DESTINATIONS": {},
         # The database alias of the outbox tables: publish() writes its message there, in the
         # caller's transaction on that database, and the relay reads them there. None: the jobs'

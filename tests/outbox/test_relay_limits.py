@@ -12,7 +12,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from django_jobguard import task
+from django_jobguard import breakers, task
 from django_jobguard.checks.outbox import check_outbox_destinations, check_outbox_limits
 from django_jobguard.checks.tasks import check_unused_breakers
 from django_jobguard.conf import get_settings
@@ -273,3 +273,23 @@ def test_a_spent_retry_budget_holds_retries_and_lets_first_sends_through(
     assert sorted(OutboxMessage.objects.values_list("attempts", flat=True)) == [1, 1, 2]
     assert relay.throttled.get("budget", 0) >= 1
     assert read(tmp_path / "hook.jsonl") == []
+
+
+def test_an_operator_opens_and_closes_a_destinations_breaker_by_hand(limited: Any, tmp_path: Path) -> None:
+    limited({"hooks": {"breaker": True}}, hook={"LIMIT": "hooks"})
+    breakers.open_breaker("hooks", actor="alice", reason="receiver maintenance 02:00-03:00")
+    for n in range(3):
+        publish("hook", {"n": n}, key="k")
+    relay = _relay()
+
+    assert relay.drain() == 0  # open by hand: nothing is sent, however long it stays open
+    assert _attempts("hook") == 0
+    (cause,) = queue_health().outbox_causes["hook"]
+    assert cause.text == (
+        "breaker hooks open by hand by alice: receiver maintenance 02:00-03:00 "
+        "(nothing is sent until it is closed; 3 messages pending)"
+    )
+
+    breakers.close("hooks", actor="alice", reason="done")
+    assert relay.drain() == 3
+    assert check_order(read(tmp_path / "hook.jsonl")) == (3, 0)
