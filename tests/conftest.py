@@ -27,6 +27,14 @@ ON_SERVER_DB = ON_POSTGRES or ON_MYSQL
 HAS_REDIS = bool(os.environ.get("JOBGUARD_TEST_REDIS_URL"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if ON_POSTGRES:
+        # Transactional tests' cleanup deletes rows instead of truncating: see the module.
+        from tests.support import pg_flush
+
+        pg_flush.install()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     pg_url = "JOBGUARD_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/jobguard"
     my_url = "JOBGUARD_TEST_DATABASE_URL=mysql://root@127.0.0.1:3306/jobguard"
