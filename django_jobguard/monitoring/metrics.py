@@ -306,6 +306,12 @@ OUTBOX_RETRIED = _counter(
     "Failed outbox sends whose message waits out the destination's backoff for another attempt.",
     ("destination",),
 )
+OUTBOX_THROTTLED = _counter(
+    "jobguard_outbox_throttled_total",
+    "Outbox sends the destination's LIMIT did not admit then, by reason (breaker, budget, rate): "
+    "the key was given back unsent, with no attempt counted.",
+    ("destination", "reason"),
+)
 OUTBOX_DEAD = _counter(
     "jobguard_outbox_dead_total",
     "Outbox messages that ran out of attempts or were refused for good; status held: the message "
@@ -1055,6 +1061,7 @@ _REPORTS: dict[type, Callable[[Any], None]] = {
         OUTBOX_DEAD, e.destination, "held" if e.held else "passed"
     ).inc(),
     outbox_events.OutboxResolved: lambda e: _child(OUTBOX_RESOLVED, e.destination, e.action).inc(),
+    outbox_events.OutboxThrottled: lambda e: _child(OUTBOX_THROTTLED, e.destination, e.reason).inc(),
 }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["OutboxDead", "OutboxDelivered", "OutboxFailed", "OutboxResolved"]
+__all__ = ["OutboxDead", "OutboxDelivered", "OutboxFailed", "OutboxResolved", "OutboxThrottled"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -28,6 +28,15 @@ class OutboxFailed:
     destination: str
     category: str
     retried: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutboxThrottled:
+    """A send the destination's limit did not admit now (``reason``: breaker, budget or rate):
+    its key was given back unsent, with no attempt counted."""
+
+    destination: str
+    reason: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -61,7 +61,7 @@ from ..retry import PERMANENT, TRANSIENT, backoff, requested_delay
 from ..store import outbox as outbox_rows
 from ..store.outbox import Bound, ClaimedKey, SendAdmission
 from .destinations.base import Destination, Envelope, PermanentDeliveryError, TransientDeliveryError
-from .events import OutboxDead, OutboxDelivered, OutboxFailed
+from .events import OutboxDead, OutboxDelivered, OutboxFailed, OutboxThrottled
 from .loading import build
 
 if TYPE_CHECKING:
@@ -326,6 +326,7 @@ class Relay:
         """Give the key back unsent: no attempt counted, the message as it was."""
         with self._lock:
             self.throttled[admission.reason] = self.throttled.get(admission.reason, 0) + 1
+        events.emit(OutboxThrottled(message.destination, admission.reason))
         logger.debug(
             "outbox_throttled destination=%s key=%r seq=%d reason=%s retry_in=%s",
             message.destination,

@@ -12,7 +12,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from django_jobguard import breakers, task
+from django_jobguard import breakers, events, task
 from django_jobguard.checks.outbox import check_outbox_destinations, check_outbox_limits
 from django_jobguard.checks.tasks import check_unused_breakers
 from django_jobguard.conf import get_settings
@@ -20,6 +20,7 @@ from django_jobguard.models import Breaker, BreakerEvent, FlowRate, OutboxMessag
 from django_jobguard.monitoring.health import queue_health
 from django_jobguard.monitoring.stats import breaker_stats
 from django_jobguard.outbox import publish
+from django_jobguard.outbox.events import OutboxThrottled
 from django_jobguard.outbox.relay import Relay
 from django_jobguard.registry import registry
 from django_jobguard.store import outbox as outbox_rows
@@ -191,11 +192,18 @@ def test_a_rate_lets_sends_through_at_its_pace_and_a_waiting_send_costs_no_attem
         publish("hook", {"n": n}, key="k")
         publish("free", {"n": n}, key="k")
     relay = _relay()
-
-    delivered = relay.drain()
+    seen: list[object] = []
+    events.add_sink(seen.append)
+    try:
+        delivered = relay.drain()
+    finally:
+        events.remove_sink(seen.append)
 
     assert delivered == 4  # one send of the hour's one, and every message of the free destination
     assert relay.throttled == {"rate": 1}
+    assert [event for event in seen if isinstance(event, OutboxThrottled)] == [
+        OutboxThrottled("hook", "rate")
+    ]
     assert [m.attempts for m in OutboxMessage.objects.filter(destination="hook").order_by("seq")] == [1, 0, 0]
     assert FlowRate.objects.filter(key="rate:limit:slow").exists()  # the tasks' rate table and key
     assert relay.drain() == 0  # the key waits out the rate; no claim takes it meanwhile
