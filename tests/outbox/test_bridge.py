@@ -301,3 +301,16 @@ def test_enqueue_via_outbox_is_exported_from_the_package() -> None:
 
     assert django_jobguard.enqueue_via_outbox is outbox.enqueue_via_outbox is enqueue_via_outbox
     assert "enqueue_via_outbox" in django_jobguard.__all__
+
+
+def test_a_test_delivers_the_calls_then_runs_their_jobs(bridge: None) -> None:
+    from django_jobguard.testing import run_jobs
+
+    with transaction.atomic(using="default"):
+        message = enqueue_via_outbox(tasks.add, 20, b=22)
+
+    assert Relay(get_settings().outbox_alias).drain() == 1
+    run_jobs()
+
+    (job,) = _jobs()
+    assert (job.idempotency_key, job.status, job.result) == (f"outbox:{message.message_id}", "succeeded", 42)
