@@ -4,15 +4,16 @@
     benchmarks/bench_encryption.py                          # both parts, medians of 5 runs
     benchmarks/bench_encryption.py --runs 3 --jobs 1000     # smaller
     benchmarks/bench_encryption.py --no-worker              # the in-process part only
-    benchmarks/bench_encryption.py --database-url postgres://postgres@127.0.0.1:5432/jobguard_h2
+    benchmarks/bench_encryption.py --database-url postgres://postgres@127.0.0.1:5432/jg_bench_encryption
 
 Two parts, on and off interleaved run by run (on, off, off, on, ...), medians [min-max]:
 
-- **fields** (in process, no database): what encryption adds to one job's stored fields, the
-  way the write and read paths do it: the arguments (a ``payload`` string of the size given and
-  a few small values) and keyword arguments sealed at enqueue and opened by the worker, the
-  result, a progress message and one attempt's error and traceback sealed by the worker, against
-  the JSON encoding and decoding they get anyway. Microseconds per job.
+- **fields** (in process, no database): what encryption adds to one job's stored fields,
+  through the functions the write and read paths call: the arguments (a ``payload`` string of
+  the size given and a small number) and keyword arguments sealed as the store writes them at
+  enqueue and opened by the worker, and the result sealed by the worker, against the JSON
+  encoding and decoding they get anyway; one row adds a failed attempt (a progress message,
+  its error and traceback sealed). Microseconds per job.
 - **worker** (PostgreSQL): ``--jobs`` jobs of ``bench.payload`` (``jobguard_app/tasks_encryption.py``)
   enqueued one by one in this process while one ``jobguard_worker --concurrency 1`` process,
   started for the run and left to go idle first, drains them; ``JOBGUARD["ENCRYPTION"]["ALL_TASKS"]``
@@ -58,37 +59,40 @@ def spread(values: list[float]) -> str:
 # -- part 1: the fields, in process ---------------------------------------------------------------
 
 
-def fields_per_job(size: int, on: bool, repeat: int) -> float:
-    """Microseconds of CPU per job for its stored fields' encoding (and sealing, when ``on``)."""
-    from django_jobguard.encryption.fields import ENCRYPTED_FIELDS
+def fields_per_job(size: int, on: bool, repeat: int, failed: bool = False) -> float:
+    """Microseconds of CPU per job for its stored fields, encoded (and sealed and opened, when
+    ``on``) by the functions the write and read paths call: the store's JSON of the arguments
+    at enqueue, the worker's parse and opening of them, and its JSON of the result. ``failed``:
+    one failed attempt as well (a progress message, the error text and the traceback sealed)."""
+    from django_jobguard.encryption.payloads import (
+        ARGS,
+        KWARGS,
+        PROGRESS,
+        RESULT,
+        open_json,
+        seal_history_entry,
+        seal_json_text,
+        seal_text,
+    )
+    from django_jobguard.store.common import payload_json
 
-    by_name = {(f.model_name, f.field): f for f in ENCRYPTED_FIELDS}
-    args_f, kwargs_f = by_name["Job", "args"], by_name["Job", "kwargs"]
-    result_f, error_f = by_name["Job", "result"], by_name["Job", "last_error"]
-    progress_f, history_f = by_name["Job", "progress"], by_name["Job", "attempt_history"]
-    data = payload(size, 1)
+    row = {"args": [7, payload(size, 1)], "kwargs": {"currency": "EUR", "customer": 42}, "encrypt": on}
+    result = {"i": 7, "n": size}
+    error, traceback = "declined", "Traceback (most recent call last): ..." * 4
 
     def one_job() -> None:
-        args, kwargs = [7, data], {"currency": "EUR", "customer": 42}
-        result = {"i": 7, "n": size}
-        progress = {"done": 1, "total": 1, "message": "charging"}
-        entry = {"error": "declined", "traceback": "Traceback (most recent call last): ..." * 4}
+        stored_args, stored_kwargs = payload_json(row, "args"), payload_json(row, "kwargs")
+        args, kwargs = json.loads(stored_args), json.loads(stored_kwargs)  # the claim's parse
         if on:
-            stored = [args_f.encrypt(args), kwargs_f.encrypt(kwargs)]
-            wire = [json.dumps(value) for value in stored]
-            args_f.decrypt(json.loads(wire[0]))
-            kwargs_f.decrypt(json.loads(wire[1]))
-            json.dumps(result_f.encrypt(result))
-            json.dumps(progress_f.encrypt(progress))
-            json.dumps(error_f.encrypt(entry["error"]))
-            json.dumps(history_f.encrypt([entry]))
-        else:
-            wire = [json.dumps(args), json.dumps(kwargs)]
-            json.loads(wire[0])
-            json.loads(wire[1])
-            json.dumps(result)
-            json.dumps(progress)
-            json.dumps(entry["error"])
+            args, kwargs = open_json(args, ARGS, "job.args"), open_json(kwargs, KWARGS, "job.kwargs")
+        result_json = json.dumps(result)
+        if on:
+            result_json = seal_json_text(result, RESULT, result_json)
+        if failed:
+            entry = {"error": error, "traceback": traceback}
+            if on:
+                seal_text("charging", PROGRESS)
+                entry["error"], entry["traceback"] = seal_history_entry(error, traceback)
             json.dumps([entry])
 
     one_job()  # warm: the cipher objects are built once per process
@@ -196,7 +200,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--database-url",
-        default=os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/jobguard_h2"),
+        default=os.environ.get(
+            "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/jg_bench_encryption"
+        ),
         help="The PostgreSQL database the worker part uses (created if missing; its jobs are deleted).",
     )
     parser.add_argument("--no-worker", action="store_true", help="The in-process part only.")
@@ -211,9 +217,14 @@ def main() -> int:
     print("## Fields: CPU per job for its stored fields (µs), in process\n")
     print("| payload | off | on | on - off |")
     print("| --- | --- | --- | --- |")
-    for label, size in SIZES.items():
+    cases = [(label, size, False) for label, size in SIZES.items()]
+    cases.append(("1 KiB, a failed attempt too", 1024, True))
+    for label, size, failed in cases:
         repeat = args.repeat if size <= 1024 else max(args.repeat // 20, 50)
-        found = interleaved(args.runs, lambda on, size=size, repeat=repeat: fields_per_job(size, on, repeat))
+        found = interleaved(
+            args.runs,
+            lambda on, size=size, repeat=repeat, failed=failed: fields_per_job(size, on, repeat, failed),
+        )
         delta = statistics.median(found[True]) - statistics.median(found[False])
         print(f"| {label} | {spread(found[False])} | {spread(found[True])} | {delta:+.1f} |")
     sys.stdout.flush()

@@ -34,6 +34,7 @@ __all__ = [
     "decrypt_json",
     "decrypt_text",
     "encrypt_json",
+    "encrypt_json_text",
     "encrypt_text",
     "is_encrypted",
     "key_id_of",
@@ -46,6 +47,10 @@ JSON_MARKER = "$jobguard_encrypted"
 _NONCE_BYTES = 12
 # One encoder: json.dumps() with any option builds a new JSONEncoder per call (2-3 us).
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_DECODE = json.JSONDecoder().decode
+# json.dumps({JSON_MARKER: token}) up to the token: a token is "jg1:", a key id of letters,
+# digits, "_", "." or "-", ":" and standard base64, none of which JSON escapes.
+_JSON_HEAD = '{"' + JSON_MARKER + '": "'
 
 
 class DecryptionError(JobguardError):
@@ -70,18 +75,32 @@ class DecryptionError(JobguardError):
 
 # The open ciphers of the current settings' keys, rebuilt when the settings change (a test's
 # override, a reload): looked up by the settings object's identity, not by hashing the keys.
-_ciphers_for: tuple[EncryptionSettings | None, dict[str, Any]] = (None, {})
+# With them, the current key's token head ("jg1:<key id>:") and cipher, so that a seal reads
+# one cached tuple (building an AESGCM object costs more than sealing 1 KiB with it).
+_ciphers_for: tuple[EncryptionSettings | None, dict[str, Any], str, Any] = (None, {}, "", None)
 
 
-def _ciphers(ring: EncryptionSettings) -> dict[str, Any]:
+def _cached(ring: EncryptionSettings) -> tuple[EncryptionSettings | None, dict[str, Any], str, Any]:
     global _ciphers_for
-    cached_ring, ciphers = _ciphers_for
-    if cached_ring is not ring:
+    cached = _ciphers_for
+    if cached[0] is not ring:
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
         ciphers = {key_id: AESGCM(raw) for key_id, raw in ring.keys}
-        _ciphers_for = (ring, ciphers)
-    return ciphers
+        current = ring.keys[0][0] if ring.keys else ""
+        cached = _ciphers_for = (ring, ciphers, f"{TOKEN_PREFIX}{current}:", ciphers.get(current))
+    return cached
+
+
+# The associated data of each label, encoded once.
+_LABELS: dict[str, bytes] = {}
+
+
+def _label(field: str) -> bytes:
+    encoded = _LABELS.get(field)
+    if encoded is None:
+        encoded = _LABELS[field] = field.encode()
+    return encoded
 
 
 def keyring() -> EncryptionSettings:
@@ -90,24 +109,23 @@ def keyring() -> EncryptionSettings:
 
 
 def _encrypt(plain: bytes, field: str) -> str:
-    ring = keyring()
-    if not ring.enabled:
+    _, _, head, cipher = _cached(keyring())
+    if cipher is None:
         raise DecryptionError("", "missing key", field)  # pragma: no cover - callers check enabled
-    key_id = ring.keys[0][0]
     nonce = os.urandom(_NONCE_BYTES)
-    sealed = _ciphers(ring)[key_id].encrypt(nonce, plain, field.encode())
+    sealed = cipher.encrypt(nonce, plain, _label(field))
     # Standard base64: a JSON string holds it as is, and binascii's codec is the fastest.
-    return f"{TOKEN_PREFIX}{key_id}:{binascii.b2a_base64(nonce + sealed, newline=False).decode('ascii')}"
+    return head + binascii.b2a_base64(nonce + sealed, newline=False).decode("ascii")
 
 
 def _decrypt(token: str, field: str) -> bytes:
     key_id, _, body = token[len(TOKEN_PREFIX) :].partition(":")
-    cipher = _ciphers(keyring()).get(key_id)
+    cipher = _cached(keyring())[1].get(key_id)
     if cipher is None:
         raise DecryptionError(key_id, "missing key", field)
     try:
         raw = binascii.a2b_base64(body, strict_mode=True)
-        return bytes(cipher.decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], field.encode()))
+        return bytes(cipher.decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], _label(field)))
     except (_invalid_tag(), binascii.Error, ValueError):
         raise DecryptionError(key_id, "tampered", field) from None
 
@@ -140,11 +158,21 @@ def encrypt_json(value: Any, *, field: str) -> dict[str, str]:
     return {JSON_MARKER: _encrypt(plain, field)}
 
 
+def encrypt_json_text(value: Any, *, field: str, encoded: str | None = None) -> str:
+    """The JSON text of ``encrypt_json(value)``, as ``json.dumps`` writes it, built without
+    encoding the token a second time (it holds no character JSON escapes). ``encoded``: the
+    value's JSON text when the caller has it already (a result measured against its limit)."""
+    plain = (_ENCODE(value) if encoded is None else encoded).encode()
+    return _JSON_HEAD + _encrypt(plain, field) + '"}'
+
+
 def decrypt_json(stored: Any, *, field: str) -> Any:
     """The value of JSON field ``field``: decrypted when it is a ciphertext, else as stored."""
-    if not is_encrypted(stored) or isinstance(stored, str):
-        return stored
-    return json.loads(_decrypt(stored[JSON_MARKER], field))
+    if isinstance(stored, dict) and len(stored) == 1:
+        token = stored.get(JSON_MARKER)
+        if isinstance(token, str):  # is_encrypted(), inlined: the worker opens every sealed job's
+            return _DECODE(_decrypt(token, field).decode())
+    return stored
 
 
 def encrypt_text(value: str, *, field: str) -> str:

@@ -15,11 +15,20 @@ value copied into another kind of field (arguments into a result) still fails au
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.core.exceptions import ImproperlyConfigured
 
-from . import DecryptionError, decrypt_json, decrypt_text, encrypt_json, encrypt_text, is_encrypted
+from . import (
+    DecryptionError,
+    decrypt_json,
+    decrypt_text,
+    encrypt_json,
+    encrypt_json_text,
+    encrypt_text,
+    is_encrypted,
+)
 from .fields import ARGS, CHECKPOINTS, ERROR, KWARGS, PROGRESS, RESULT, TRACEBACK
 
 if TYPE_CHECKING:
@@ -43,6 +52,7 @@ __all__ = [
     "readable_text",
     "seal_history_entry",
     "seal_json",
+    "seal_json_text",
     "seal_text",
     "seals",
     "unreadable",
@@ -76,6 +86,14 @@ def seals(task: _Declared | None, conf: Settings) -> bool:
 def seal_json(value: Any, field: str) -> Any:
     """``value`` sealed for a JSON column holding ``field`` (a value sealed already stays so)."""
     return value if is_encrypted(value) else encrypt_json(value, field=field)
+
+
+def seal_json_text(value: Any, field: str, encoded: str | None = None) -> str:
+    """The JSON text a JSON column stores for ``value`` sealed: ``json.dumps(seal_json(value))``
+    without encoding the ciphertext again. ``encoded``: the value's JSON text, if made already."""
+    if is_encrypted(value):
+        return json.dumps(value)
+    return encrypt_json_text(value, field=field, encoded=encoded)
 
 
 def seal_text(value: str, field: str) -> str:

@@ -15,7 +15,7 @@ from django.db import connections
 from django.db.models import Case, JSONField, Q, Value, When
 from django.utils.dateparse import parse_datetime
 
-from ..encryption.payloads import seal_json
+from ..encryption.payloads import seal_json_text
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -202,9 +202,14 @@ def payload_json(row: dict[str, Any], name: str) -> str:
     """A job row's ``args`` or ``kwargs`` as the JSON text stored: sealed when the row says
     ``encrypt`` (see :func:`django_jobguard.enqueue.prepare`), which the caller's row keeps in clear."""
     value = row.get(name)
-    if row.get("encrypt"):
-        value = seal_json(value, name)
-    return json.dumps(value)
+    if not row.get("encrypt"):
+        return json.dumps(value)
+    if name == "kwargs" and value == {}:
+        # Nothing to hide, and its absence shows anyway (a ciphertext's length follows its
+        # value's): a call without keyword arguments is sealed and opened once, not twice.
+        # The arguments beside it are always sealed, which is how a row says it is encrypted.
+        return "{}"
+    return seal_json_text(value, name)
 
 
 def trace_context_json(row: dict[str, Any]) -> str | None:

@@ -135,7 +135,9 @@ class Completer:
         """
         job = held.job
         if scope and job.idempotency_key:
-            idempotency.record_success(self.alias, scope, job.idempotency_key, job.id, _stored(job, result))
+            idempotency.record_success(
+                self.alias, scope, job.idempotency_key, job.id, _stored(job, result, result_json)
+            )
         if _faults.ENABLED:
             _faults.maybe_crash("in_complete")
         # A workflow's bookkeeping commits with the ack, so the ack may not send the COMMIT.
@@ -293,7 +295,11 @@ class Completer:
                 # Only for acked jobs: a key must not read succeeded for a job that lost its lease.
                 if outcome.scope and job.idempotency_key and job.id in done:
                     idempotency.record_success(
-                        self.alias, outcome.scope, job.idempotency_key, job.id, _stored(job, outcome.result)
+                        self.alias,
+                        outcome.scope,
+                        job.idempotency_key,
+                        job.id,
+                        _stored(job, outcome.result, outcome.ack_json),
                     )
                 if job.workflow_id is not None and job.id in done:
                     members.append((job.id, job.workflow_id, "succeeded", outcome.ack_json or "null"))
@@ -632,9 +638,12 @@ class Completer:
         )
 
 
-def _stored(job: store.ClaimedJob, result: Any) -> Any:
-    """A result as an idempotency key stores it: sealed for a job whose data is encrypted."""
-    return seal_json(result, RESULT) if job.sealed and result is not None else result
+def _stored(job: store.ClaimedJob, result: Any, result_json: str | None = None) -> Any:
+    """A result as an idempotency key stores it: sealed for a job whose data is encrypted,
+    the job's own ciphertext when its ack has one (``result_json``): a result is sealed once."""
+    if not job.sealed or result is None:
+        return result
+    return json.loads(result_json) if result_json is not None else seal_json(result, RESULT)
 
 
 def _sealed_error(job: store.ClaimedJob, error: str) -> str:

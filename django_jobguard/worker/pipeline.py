@@ -27,7 +27,7 @@ from .._text import clip
 from ..conf import RetryPolicy, get_settings
 from ..context import JobContext
 from ..encryption import JSON_MARKER, DecryptionError
-from ..encryption.payloads import ARGS, KWARGS, RESULT, open_json, seal_json, seals
+from ..encryption.payloads import ARGS, KWARGS, RESULT, open_json, seal_json_text, seals
 from ..exceptions import InvalidArgumentsError, LeaseLost, LockNotAcquired, LockUnavailable
 from ..locks.holders import job_owner
 from ..log import job_fields
@@ -476,7 +476,7 @@ def checked_result(rt: Runtime, held: Held, result: Any) -> tuple[Any, str]:
         if len(result_json) > _result_limit(job.task_name):  # ASCII: one byte per character
             raise _ResultTooLargeError(_too_large(job.task_name, len(result_json)))
         if job.sealed:  # measured in clear above: the limit is the user's data, not the cipher's
-            result_json = json.dumps(seal_json(result, RESULT))
+            result_json = seal_json_text(result, RESULT, result_json)
     return result, result_json
 
 

@@ -7,6 +7,7 @@ process (tests/support/dlq.run_burst); tests/encryption/test_worker_processes.py
 from __future__ import annotations
 
 import datetime
+import json
 
 import pytest
 from django.conf import settings
@@ -14,8 +15,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from django_jobguard import dlq, schedules, store
-from django_jobguard.encryption import is_encrypted
-from django_jobguard.encryption.payloads import ARGS, ERROR, open_json, open_text
+from django_jobguard.encryption import DecryptionError, is_encrypted
+from django_jobguard.encryption.payloads import ARGS, ERROR, KWARGS, open_json, open_text, seal_json_text
 from django_jobguard.exceptions import JobFailed, PayloadTooLargeError
 from django_jobguard.models import DeadLetter, IdempotencyKey, Job, ReplayEvent, Schedule
 from django_jobguard.testing import assert_enqueued, frozen_time, run_jobs
@@ -113,6 +114,34 @@ def test_a_dead_letter_keeps_its_payload_and_errors_sealed_and_a_correction_is_s
     assert replay is not None and replay.status == "succeeded"
     assert_sealed(stored(replay.pk, "args")["args"])
     assert replay.wait(timeout=5) == {"reference": "ref-3-fixed", "note": None}
+
+
+def test_empty_keyword_arguments_stay_as_they_are_beside_sealed_arguments_and_a_result_is_sealed_once():
+    job = tasks_encrypted.echo.using(idempotency_key="echo-k").enqueue("ref-5")
+    row = stored(job.pk, "args", "kwargs")
+    assert_sealed(row["args"])  # how a row says it is encrypted: its arguments always are
+    assert row["kwargs"] == {}  # nothing to hide: not sealed, nor opened by the worker
+    drain()
+    assert Job.objects.get(pk=job.pk).wait(timeout=5) == "ref-5"
+    result = stored(job.pk, "result")["result"]
+    assert_sealed(result)
+    key = IdempotencyKey.objects.get(job_id=job.pk)
+    # The key stores the job's own ciphertext: the result was sealed once, not once per copy.
+    assert raw_row("jobguard_idempotencykey", key.pk, "result")["result"] == result
+
+
+def test_the_stored_json_text_of_a_sealed_value_is_what_json_dumps_writes_and_opens_to_the_value():
+    value = [7, "ünïcode", {"card": "4242"}]
+    text = seal_json_text(value, ARGS)
+    sealed = json.loads(text)
+    assert_sealed(sealed)
+    assert text == json.dumps(sealed)
+    assert open_json(sealed, ARGS, "job.args") == value
+    assert seal_json_text(sealed, ARGS) == text  # a value sealed already is kept, not sealed again
+    assert open_json(json.loads(seal_json_text(value, ARGS, json.dumps(value))), ARGS, "a") == value
+    with pytest.raises(DecryptionError, match="authentication tag does not match") as refused:
+        open_json(sealed, KWARGS, "job.kwargs")
+    assert refused.value.reason == "tampered"  # another kind of field: the label is authenticated
 
 
 def test_a_task_that_no_longer_encrypts_still_reads_its_sealed_rows():
