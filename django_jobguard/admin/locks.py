@@ -26,6 +26,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import get_settings
+from ..encryption.indexes import search_values
 from ..exceptions import LockReleaseError, LockReleasePermissionDenied, LockUnavailable
 from ..locks import holders, release
 from ..models import JobStatus, Lock, LockRelease
@@ -113,6 +114,16 @@ class LockAdmin(ReadOnlyAdmin):
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return _LockChangeList
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Lock], search_term: str
+    ) -> tuple[QuerySet[Lock], bool]:
+        found, duplicates = super().get_search_results(request, queryset, search_term)
+        # A task with encrypt=True stores its lock key as a blind index: a search for the
+        # clear key finds that lock too (as the job search does), by its index under each key.
+        prefix = get_settings().locks.prefix
+        names = [prefix + index for word in search_term.split() for index in search_values(word)[1:]]
+        return (found | queryset.filter(key__in=names), duplicates) if names else (found, duplicates)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         if get_settings().locks.backend == "redis":

@@ -19,6 +19,7 @@ from django_jobguard.idempotency import fingerprint
 from django_jobguard.locks import lock
 from django_jobguard.models import IdempotencyKey, Job, Lock
 from django_jobguard.registry import registry
+from tests.api.support import BASE, as_user
 from tests.support.factories import force_login
 from tests.support.rotation import K1, K2, keys_restored, set_keys
 
@@ -140,3 +141,37 @@ def test_the_console_finds_a_job_and_its_key_by_the_business_value(client, defin
     set_keys(K2, K1)
     assert found("job", f"charge:{CARD}") == 1  # indexed under k1, found during the rotation
     assert Job.objects.get(pk=job.pk).idempotency_key != f"charge:{CARD}"
+
+
+def test_the_lock_list_finds_a_blind_lock_by_the_business_value(client):
+    force_login(client, "support", "view_lock")
+
+    def found(term: str) -> int:
+        response = client.get(reverse("admin:jobguard_lock_changelist"), {"q": term})
+        assert response.status_code == 200
+        return int(response.context["cl"].result_count)
+
+    with lock(f"card:{CARD}", backend="database", blind=True), lock("plain:7", backend="database"):
+        assert found(f"card:{CARD}") == 1
+        assert found("plain:7") == 1  # a key stored in clear, as before
+        assert found("card:card-other") == 0
+        set_keys(K2, K1)
+        assert found(f"card:{CARD}") == 1  # indexed under k1, found during the rotation
+
+
+def test_the_api_filters_jobs_by_the_clear_idempotency_key_of_an_encrypting_task(define):
+    charge = define("api_keyed", encrypt=True, idempotency_key="charge:{card}")
+    job = charge.enqueue(CARD)
+    charge.enqueue("card-other")
+    client, _ = as_user("reader", "view_job", "view_payload")
+
+    def ids(key: str) -> list[int]:
+        response = client.get(BASE + "jobs/", {"idempotency_key": key})
+        assert response.status_code == 200
+        return [row["id"] for row in response.json()["results"]]
+
+    assert ids(f"charge:{CARD}") == [job.pk]
+    assert ids(Job.objects.get(pk=job.pk).idempotency_key) == [job.pk]  # the index itself, as stored
+    assert ids("charge:card-4242") == []
+    set_keys(K2, K1)
+    assert ids(f"charge:{CARD}") == [job.pk]
