@@ -14,7 +14,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from .encryption.payloads import open_progress
+from .encryption.payloads import ARGS, ERROR, KWARGS, TRACEBACK, open_json, open_progress, open_text
 from .exceptions import ErrorCategory, JobNotFound, WaitTimeout
 
 
@@ -577,7 +577,20 @@ class DeadLetter(models.Model):
 
     @property
     def payload(self) -> dict[str, Any]:
-        return {"args": self.args, "kwargs": self.kwargs}
+        """The job's arguments in clear, opened if its task stores them encrypted (the fields
+        hold what is stored: ciphertexts then). Raises DecryptionError without their key."""
+        return {
+            "args": open_json(self.args, ARGS, "dead_letter.args"),
+            "kwargs": open_json(self.kwargs, KWARGS, "dead_letter.kwargs"),
+        }
+
+    @property
+    def clear_error(self) -> tuple[str, str]:
+        """``(error_message, traceback)`` in clear, opened if they are stored encrypted."""
+        return (
+            open_text(self.error_message, ERROR, "dead_letter.error_message"),
+            open_text(self.traceback, TRACEBACK, "dead_letter.traceback"),
+        )
 
 
 class ReplayAction(models.TextChoices):

@@ -11,6 +11,11 @@ reported once, when the dead letter commits. Tags: ``jobguard.task``, ``jobguard
 ``jobguard.attempt``, ``jobguard.job_id``, ``jobguard.dead_letter_reason``; the payload is
 sent only with ``JobguardIntegration(send_payload=True)`` (with ``JOBGUARD["REDACT"]``
 values replaced).
+
+A dead letter of a task whose data is encrypted at rest (``@task(encrypt=True)``) sends none of
+it in clear: its error message, traceback and payload (even with ``send_payload=True``) are
+replaced by :data:`NOT_SENT`, and neither is its ciphertext sent. Its error class, tags and
+keys (blind indexes, ``h:...``) are, as for any other task.
 """
 
 from __future__ import annotations
@@ -23,11 +28,15 @@ from sentry_sdk.integrations import Integration
 
 from .. import signals
 from .._redact import payload_secrets, redact
+from ..encryption import is_encrypted
 
 if TYPE_CHECKING:
     from sentry_sdk._types import Event
 
-__all__ = ["JobguardIntegration"]
+__all__ = ["NOT_SENT", "JobguardIntegration"]
+
+#: What an event holds in place of a value stored encrypted (see the module's docstring).
+NOT_SENT = "(encrypted at rest: not sent to Sentry)"
 
 
 class JobguardIntegration(Integration):
@@ -65,14 +74,16 @@ def dead_letter_event(letter: Any, *, send_payload: bool = False) -> dict[str, A
         "handler_version": letter.handler_version,
         "idempotency_key": letter.idempotency_key,
         "lock_key": letter.lock_key,
-        "traceback": letter.traceback,
+        "traceback": _clear(letter.traceback),
     }
     secrets = payload_secrets(letter)
     if secrets:
         for key in ("idempotency_key", "lock_key"):
             if context[key]:
                 context[key] = redact(context[key], secrets)
-    if send_payload:
+    if send_payload and (is_encrypted(letter.args) or is_encrypted(letter.kwargs)):
+        context["payload"] = NOT_SENT  # the task's promise: its payload leaves nowhere in clear
+    elif send_payload:
         payload = json.dumps({"args": letter.args, "kwargs": letter.kwargs})
         context["payload"] = redact(payload, secrets) if secrets else payload
     trace_context = letter.trace_context if isinstance(letter.trace_context, dict) else {}
@@ -87,7 +98,7 @@ def dead_letter_event(letter: Any, *, send_payload: bool = False) -> dict[str, A
                 {
                     "type": name or letter.error_class or "DeadLetter",
                     "module": module or None,
-                    "value": letter.error_message,
+                    "value": _clear(letter.error_message),
                     "mechanism": {"type": "django_jobguard", "handled": False},
                 }
             ]
@@ -103,3 +114,9 @@ def dead_letter_event(letter: Any, *, send_payload: bool = False) -> dict[str, A
         # One issue per task and error class, however the messages vary.
         "fingerprint": ["django_jobguard", letter.task_name, letter.error_class],
     }
+
+
+def _clear(stored: str) -> str:
+    """A dead letter's text as an event may carry it: as stored, or :data:`NOT_SENT` when it is
+    encrypted (the ciphertext would tell Sentry nothing, and opening it would break the promise)."""
+    return NOT_SENT if is_encrypted(stored) else stored

@@ -3,6 +3,7 @@ and to nobody else: a user without it does not even make the server decrypt them
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,8 +11,10 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from django_jobguard import encryption
+from django_jobguard import encryption, signals
+from django_jobguard.encryption import TOKEN_PREFIX, is_encrypted
 from django_jobguard.models import DeadLetter, Job
+from django_jobguard.monitoring.sentry import NOT_SENT, dead_letter_event
 from tests.api.support import BASE, as_user
 from tests.encryption.support import NEW_KEY, drain, keys
 from tests.support.factories import force_login
@@ -101,3 +104,43 @@ def test_the_api_shows_payloads_in_clear_only_to_a_user_with_view_payload(settle
     assert CARD not in str(hidden)
     assert CARD not in str(outsider.get(f"{BASE}dead-letters/{letter.pk}/").json())
     assert decryptions == []
+
+
+def test_sentry_is_sent_neither_the_clear_values_nor_the_ciphertexts_of_an_encrypted_dead_letter(settled):
+    _, letter = settled
+    event = dead_letter_event(letter, send_payload=True)  # even when the payload is asked for
+    (error,) = event["exception"]["values"]
+    context = event["contexts"]["jobguard"]
+    assert (error["value"], context["traceback"], context["payload"]) == (NOT_SENT, NOT_SENT, NOT_SENT)
+    assert error["type"] == "PermanentError" and event["tags"]["jobguard.task"] == tasks_encrypted.stash.name
+    assert CARD not in json.dumps(event) and TOKEN_PREFIX not in json.dumps(event)
+
+    plain = tasks_encrypted.stash_plain.enqueue(f"{CARD}-plain", mode="fail")
+    drain()
+    shown = dead_letter_event(DeadLetter.objects.get(job=plain), send_payload=True)
+    assert shown["exception"]["values"][0]["value"] == f"cannot take {CARD}-plain"  # the control
+    assert f"{CARD}-plain" in shown["contexts"]["jobguard"]["payload"]
+
+
+def test_a_job_dead_lettered_receiver_gets_the_stored_letter_and_reads_it_in_clear_through_it():
+    received: list[DeadLetter] = []
+
+    def receiver(sender: Any, dead_letter: DeadLetter, **kwargs: Any) -> None:
+        received.append(dead_letter)
+
+    signals.job_dead_lettered.connect(receiver, dispatch_uid="test-encrypted-letter")
+    try:
+        tasks_encrypted.stash.enqueue(f"{CARD}-signal", mode="fail")
+        drain()
+    finally:
+        signals.job_dead_lettered.disconnect(dispatch_uid="test-encrypted-letter")
+    (letter,) = received
+    # The fields are what is stored (a receiver that saves the letter writes no clear value) ...
+    assert all(is_encrypted(value) for value in (letter.args, letter.kwargs, letter.error_message))
+    assert CARD not in str([letter.args, letter.kwargs, letter.error_message, letter.traceback])
+    # ... and the clear values are one property away, in a process that has the key.
+    assert letter.payload == {"args": [f"{CARD}-signal"], "kwargs": {"mode": "fail"}}
+    message, traceback = letter.clear_error
+    assert message == f"cannot take {CARD}-signal" and message in traceback
+    with keys(NEW_KEY), pytest.raises(encryption.DecryptionError, match="key 'test1'"):
+        letter.payload  # noqa: B018 - a property that raises
