@@ -149,7 +149,7 @@ def test_the_scrape_serves_the_outbox_gauges_per_destination(outbox: Path, clien
     assert samples[("jobguard_queue_stats_up", ())] == 1
     # No series carries a key or a message id: destinations, and bounded words.
     used = {label for name, labels in samples if name.startswith("jobguard_outbox") for label, _ in labels}
-    assert used <= {"destination", "category", "status", "action", "le"}
+    assert used <= {"destination", "category", "status", "action", "reason", "le"}
 
 
 def test_no_outbox_query_and_no_series_without_a_declared_destination(client) -> None:
