@@ -11,7 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import get_settings
 from ..outbox.declarations import declarations, problems
-from ..outbox.loading import build
+from ..outbox.loading import backend_class, build
 from ..registry import registry
 
 
@@ -85,6 +85,39 @@ def check_outbox_database(app_configs: Any = None, **kwargs: Any) -> list[checks
             id="jobguard.E065",
         )
     ]
+
+
+@checks.register()
+def check_jobs_destination(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobguard.W068: a "jobs" destination while the outbox is in the jobs' own database."""
+    try:
+        conf = get_settings()
+    except ImproperlyConfigured:
+        return []  # reported by the settings check
+    if conf.outbox_alias != conf.database_alias:
+        return []
+    from ..outbox.destinations.jobs import JobsDestination
+
+    warnings: list[checks.CheckMessage] = []
+    for name, config in sorted(conf.outbox.destinations.items()):
+        try:
+            backend = backend_class(config)
+        except ValueError:
+            continue  # jobguard.E060
+        if isinstance(backend, type) and issubclass(backend, JobsDestination):
+            warnings.append(
+                checks.Warning(
+                    f"Outbox destination {name!r} makes jobs in {conf.database_alias!r}, and the outbox "
+                    "is there too: enqueue_via_outbox() joins only transactions on that database, as "
+                    "task.enqueue() does, and adds a relay hop.",
+                    hint="With the jobs in a database of their own, set JOBGUARD['OUTBOX']['DATABASE_ALIAS'] "
+                    "to the application's alias (see the how-to 'Run jobs in their own database'); "
+                    "otherwise enqueue with task.enqueue() and remove the destination.",
+                    obj=f"JOBGUARD['OUTBOX']['DESTINATIONS'][{name!r}]",
+                    id="jobguard.W068",
+                )
+            )
+    return warnings
 
 
 @checks.register()

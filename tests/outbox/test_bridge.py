@@ -314,3 +314,17 @@ def test_a_test_delivers_the_calls_then_runs_their_jobs(bridge: None) -> None:
 
     (job,) = _jobs()
     assert (job.idempotency_key, job.status, job.result) == (f"outbox:{message.message_id}", "succeeded", 42)
+
+
+def test_a_jobs_destination_beside_the_jobs_is_a_check_warning(settings: Any) -> None:
+    from django_jobguard.checks.outbox import check_jobs_destination
+
+    base = bridge_settings(settings.JOBGUARD)
+    beside = {**base, "OUTBOX": {**base["OUTBOX"], "DATABASE_ALIAS": None}}
+    with override_settings(JOBGUARD=beside):
+        (warning,) = check_jobs_destination()
+    assert warning.id == "jobguard.W068"
+    assert warning.msg.startswith("Outbox destination 'jobs' makes jobs in 'jobs', and the outbox is there")
+    assert "JOBGUARD['OUTBOX']['DATABASE_ALIAS']" in warning.hint
+    with override_settings(JOBGUARD=base):
+        assert check_jobs_destination() == []
