@@ -54,7 +54,7 @@ from django.db import DatabaseError, InterfaceError, connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from .. import breakers, events
+from .. import breakers, events, store
 from ..conf import DestinationConfig, get_settings
 from ..flow import BreakerGate, NamedLimit, RateSpec
 from ..retry import PERMANENT, TRANSIENT, backoff, requested_delay
@@ -142,12 +142,9 @@ class Relay:
                     with self._lock:
                         self._busy += 1
                     self._keys.put((key, token))
-                if idle and len(claimed) < idle:
-                    # Nothing more to claim now: look again after the poll interval.
-                    self._stop.wait(get_settings().outbox.relay_poll_interval)
-                else:
-                    # Every thread busy (or maybe more work): claim again when one is free.
-                    self._freed.wait(get_settings().outbox.relay_poll_interval)
+                # Claim again when a thread frees (its key may have more, or others may wait),
+                # else after the poll interval; stop() sets the event too.
+                self._freed.wait(get_settings().outbox.relay_poll_interval)
         finally:
             for _ in threads:
                 self._keys.put(None)
@@ -248,11 +245,8 @@ class Relay:
         seq = claimed.delivered_seq
         lease = get_settings().outbox.relay_lease
         renewed = -math.inf  # the first send renews the lease: the claim may have waited
-        for _ in range(get_settings().outbox.relay_batch_size):
-            if self._stop.is_set():
-                break
-            message = self._next(claimed, seq + 1)
-            if message is None:
+        for message in self._pending(claimed, get_settings().outbox.relay_batch_size):
+            if self._stop.is_set() or message.seq != seq + 1:
                 break
             # Each delivery's record renews the lease; a send starts with at least two thirds
             # of it left, or after renewing it (and not at all if another relay holds the key).
@@ -268,13 +262,18 @@ class Relay:
             seq += 1
         outbox_rows.release_lease(self.alias, claimed.cursor_id, token)
 
-    def _next(self, claimed: ClaimedKey, seq: int) -> OutboxMessage | None:
+    def _pending(self, claimed: ClaimedKey, count: int) -> list[OutboxMessage]:
+        """The key's next ``count`` messages after its ``delivered_seq``, in order: one read per
+        key, not per message. While the key's lease is ours, only this relay settles them (an
+        operator acts on dead messages only, and a replay of a passed-over one publishes a copy
+        at the end), so what was read stays true; messages published since wait for the next claim.
+        """
         from ..models import OutboxMessage
 
-        return (
+        return list(
             OutboxMessage.objects.using(self.alias)
-            .filter(destination=claimed.destination, key=claimed.key, seq=seq)
-            .first()
+            .filter(destination=claimed.destination, key=claimed.key, seq__gt=claimed.delivered_seq)
+            .order_by("seq")[:count]
         )
 
     def _step(
@@ -372,6 +371,9 @@ class Relay:
 
         lease = get_settings().outbox.relay_lease
         with transaction.atomic(using=self.alias):
+            # A record lost to a database crash only sends the message again, with its id (at
+            # least once): the commit need not wait for the disk.
+            store.asynchronous_commit(self.alias)
             if not outbox_rows.record_delivered(self.alias, claimed.cursor_id, token, message.seq, lease):
                 return "lost"
             OutboxMessage.objects.using(self.alias).filter(pk=message.pk).update(

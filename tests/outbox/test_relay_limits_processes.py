@@ -119,8 +119,9 @@ def test_a_concurrency_of_one_holds_across_two_workers(
 
     lines = read(trace)
     assert check_order(read(hook)) == (48, 0)
+    # Both workers claim all along (eight delivery threads); the count in the claims' turn lets
+    # one key at a time through, to whichever claims first. Unlimited, four sends overlap.
     assert most_at_once(lines) == 1
-    assert len({line["pid"] for line in lines}) == 2  # both workers sent, one at a time
 
 
 def test_a_rate_holds_over_a_window_across_two_workers(
