@@ -21,7 +21,6 @@ __all__ = [
     "MAX_PROGRESS_AMOUNT",
     "MAX_PROGRESS_MESSAGE_CHARS",
     "PROGRESS_WRITE_SECONDS",
-    "Flag",
     "JobContext",
     "ProgressReport",
     "RunSignals",
@@ -36,37 +35,23 @@ MAX_PROGRESS_AMOUNT = 2**53
 MAX_PROGRESS_MESSAGE_CHARS = 500
 
 
-class Flag:
-    """A signal one thread raises and others read: ``set()`` and ``is_set()``, as an Event has.
+class RunSignals:
+    """What the worker learns about a running job and tells its handler (set by the heartbeat).
 
-    Nobody waits on it (a handler reads it between its steps), so it needs no lock and no
-    condition: a threading.Event allocates both, and a worker makes three per job.
+    Plain booleans one thread sets and others read between steps: nobody waits on them, so
+    they need no lock. The defaults are class attributes, so a worker makes one bare object
+    per job and no call (it makes one per job, whether the handler reads them or not).
     """
 
-    __slots__ = ("_set",)
-
-    def __init__(self) -> None:
-        self._set = False
-
-    def set(self) -> None:
-        self._set = True
-
-    def is_set(self) -> bool:
-        return self._set
+    lease_lost: bool = False
+    lock_lost: bool = False
+    cancel_requested: bool = False
 
     def __repr__(self) -> str:
-        return f"Flag({self._set})"
-
-
-class RunSignals:
-    """What the worker learns about a running job and tells its handler (set by the heartbeat)."""
-
-    __slots__ = ("cancel_requested", "lease_lost", "lock_lost")
-
-    def __init__(self) -> None:
-        self.lease_lost = Flag()
-        self.lock_lost = Flag()
-        self.cancel_requested = Flag()
+        return (
+            f"RunSignals(lease_lost={self.lease_lost}, lock_lost={self.lock_lost}, "
+            f"cancel_requested={self.cancel_requested})"
+        )
 
 
 class ProgressReport:
@@ -209,7 +194,7 @@ class JobContext:
     @property
     def lease_lost(self) -> bool:
         """True once the worker learnt that this job's lease expired and moved on."""
-        return self.signals.lease_lost.is_set()
+        return self.signals.lease_lost
 
     @property
     def cancel_requested(self) -> bool:
@@ -218,12 +203,12 @@ class JobContext:
         Nothing stops the handler: a long one checks this between steps and returns (or
         raises :class:`~django_jobguard.PermanentError`) where stopping is safe.
         """
-        return self.signals.cancel_requested.is_set()
+        return self.signals.cancel_requested
 
     @property
     def lock_lost(self) -> bool:
         """True once the worker failed to renew this job's lock."""
-        return self.signals.lock_lost.is_set()
+        return self.signals.lock_lost
 
     @property
     def is_last_attempt(self) -> bool:
@@ -261,7 +246,7 @@ class JobContext:
         if self.job_id is not None:
             stored = seal_json(current, CHECKPOINTS) if self._sealed else current
             if not store.write_checkpoints(self._alias, self.job_id, self._lease_token, stored):
-                self.signals.lease_lost.set()
+                self.signals.lease_lost = True
                 raise LeaseLost(f"job {self.job_id}: lease lost before checkpoint {name!r}")
         self._checkpoints = current
 

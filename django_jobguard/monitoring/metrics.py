@@ -567,6 +567,7 @@ def _forget_queue_labels(*, setting: str, **kwargs: Any) -> None:
         with _queue_labels_lock:
             _queue_labels.clear()
             _undeclared_labels.clear()
+            _succeeded_children.clear()
 
 
 setting_changed.connect(_forget_queue_labels)
@@ -600,11 +601,21 @@ def set_exemplar_source(source: Callable[[], dict[str, str] | None] | None) -> N
     _exemplar = source
 
 
+#: Per (queue, task): the children a success updates, so the hot path (one success per job)
+#: reads one dict instead of resolving the queue's label and two children.
+_succeeded_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+
 def job_succeeded(queue: str, task: str, duration: float) -> None:
-    label = queue_label(queue)
-    _child(SUCCEEDED, label, task).inc()
-    exemplar = _exemplar() if _exemplar is not None else None
-    _child(DURATION, label, task, "succeeded").observe(duration, exemplar)
+    children = _succeeded_children.get((queue, task))
+    if children is None:
+        label = queue_label(queue)
+        children = _succeeded_children[(queue, task)] = (
+            _child(SUCCEEDED, label, task),
+            _child(DURATION, label, task, "succeeded"),
+        )
+    children[0].inc()
+    children[1].observe(duration, _exemplar() if _exemplar is not None else None)
 
 
 def job_failed(queue: str, task: str, category: str, duration: float | None, *, retried: bool) -> None:

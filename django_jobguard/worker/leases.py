@@ -47,7 +47,7 @@ def renew_lock(held: Held, now: float, worker_id: str) -> None:
     if held.lock is not handle or held.lock_lost:
         return  # released by the executor meanwhile, or already reported
     held.lock_lost = True
-    held.signals.lock_lost.set()
+    held.signals.lock_lost = True
     events.emit(events.LockFailed(held.job.queue_name, held.job.task_name, "lost"))
     fields = job_fields(held.job, worker_id, outcome="lock_lost")
     logger.warning(
@@ -155,7 +155,7 @@ class LeaseKeeper:
             if h.job.id in renewed:
                 h.renewed_at = now
                 if h.job.id in cancels:
-                    h.signals.cancel_requested.set()
+                    h.signals.cancel_requested = True
             else:
                 self._lost(h)
         return held
@@ -168,7 +168,7 @@ class LeaseKeeper:
         """
         for h in stuck:
             h.lease_lost = True
-            h.signals.lease_lost.set()
+            h.signals.lease_lost = True
             logger.warning(
                 "lease_released job_id=%s task=%s stalled_for=%.2fs; the event loop it waits on is "
                 "blocked past the job's timeout: its lease is left to expire, for another worker",
@@ -180,7 +180,7 @@ class LeaseKeeper:
 
     def _lost(self, h: Held) -> None:
         h.lease_lost = True
-        h.signals.lease_lost.set()
+        h.signals.lease_lost = True
         events.emit(events.LeaseLost(h.job.queue_name, h.job.task_name, "heartbeat"))
         logger.warning(
             "lease_lost job_id=%s; another worker may run it now",
