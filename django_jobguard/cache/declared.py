@@ -5,35 +5,17 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.db import models
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
+from .._text import InstanceFields
 from .invalidation import invalidate
 
 KeySource = str | Callable[[Any], Iterable[str]]
 VersionSource = str | Callable[[Any], int] | None
-
-
-class _InstanceFields(Mapping[str, Any]):
-    """``{pk}``, ``{account_id}``...: a key template's fields, read from the instance."""
-
-    def __init__(self, instance: models.Model) -> None:
-        self.instance = instance
-
-    def __getitem__(self, name: str) -> Any:
-        try:
-            return getattr(self.instance, name)
-        except AttributeError:
-            raise KeyError(name) from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(())
-
-    def __len__(self) -> int:
-        return 0
 
 
 _uids = itertools.count(1)
@@ -59,7 +41,7 @@ class Invalidation:
         for source in self.keys:
             if isinstance(source, str):
                 try:
-                    found.append(source.format_map(_InstanceFields(instance)))
+                    found.append(source.format_map(InstanceFields(instance)))
                 except KeyError as exc:
                     raise ValueError(
                         f"cache key template {source!r}: {type(instance).__name__} has no attribute {exc}"

@@ -29,7 +29,7 @@ import datetime
 import itertools
 import string
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from django.core.exceptions import FieldDoesNotExist
@@ -38,6 +38,7 @@ from django.db import models, router, transaction
 from django.db.models.fields.files import FieldFile
 from django.db.models.signals import post_delete, post_save, pre_delete
 
+from .._text import InstanceFields
 from ..conf import get_settings
 from ..exceptions import InvalidPublishError
 
@@ -74,25 +75,6 @@ _MISSING = object()
 #: ``publishes()``'s default key: ``"app_label.modelname:{pk}"``, each row's events in order.
 DEFAULT_KEY: Any = object()
 _encoder = DjangoJSONEncoder()
-
-
-class _InstanceFields(Mapping[str, Any]):
-    """``{pk}``, ``{customer_id}``...: a key template's fields, read from the instance."""
-
-    def __init__(self, instance: models.Model) -> None:
-        self.instance = instance
-
-    def __getitem__(self, name: str) -> Any:
-        try:
-            return getattr(self.instance, name)
-        except AttributeError:
-            raise KeyError(name) from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(())
-
-    def __len__(self) -> int:
-        return 0
 
 
 def template_fields(template: str) -> list[str]:
@@ -143,7 +125,7 @@ class EventDeclaration:
             return None
         if isinstance(self.key, str):
             try:
-                return self.key.format_map(_InstanceFields(instance))
+                return self.key.format_map(InstanceFields(instance))
             except KeyError as exc:
                 raise InvalidPublishError(
                     f"{self.label}: key template {self.key!r}: "
