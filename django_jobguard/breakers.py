@@ -46,7 +46,9 @@ logger = logging.getLogger("django_jobguard.breakers")
 
 __all__ = [
     "PERMISSION",
+    "SUCCESSES_HELD_SECONDS",
     "BreakerChange",
+    "HeldSuccesses",
     "can_operate",
     "close",
     "is_failed_call",
@@ -86,6 +88,38 @@ class BreakerChange:
     changed: bool
     changed_by: str
     reason: str
+
+
+#: Seconds a closed breaker's successes are gathered before they are counted (:class:`HeldSuccesses`).
+SUCCESSES_HELD_SECONDS = 1.0
+
+
+class HeldSuccesses:
+    """The successes of closed breakers, gathered per limit and counted with its next count.
+
+    A transaction per success would make a breaker's row the fleet's busiest. A failure is
+    counted at once (it may open the breaker), and so is any outcome while the breaker is not
+    closed (a probe's answer closes or reopens it). Gathered successes lost in a crash only
+    delay a trip. Not thread-safe: the worker's completer and the outbox relay call it under
+    their own locks.
+    """
+
+    def __init__(self, hold_seconds: float = SUCCESSES_HELD_SECONDS) -> None:
+        self.hold_seconds = hold_seconds
+        self._count: dict[str, int] = {}
+        self._since: dict[str, float] = {}
+
+    def take(self, name: str, *, failed: bool, closed: bool, now: float) -> int | None:
+        """None if this outcome is gathered (nothing to write now); else the earlier successes
+        to count with it (in :func:`record`'s ``earlier_successes``)."""
+        held = self._count.get(name, 0)
+        if not failed and closed and now - self._since.get(name, now) < self.hold_seconds:
+            self._count[name] = held + 1
+            self._since.setdefault(name, now)
+            return None
+        self._count.pop(name, None)
+        self._since.pop(name, None)
+        return held
 
 
 def is_failed_call(

@@ -79,10 +79,6 @@ BROKEN_DESTINATION_RETRY_SECONDS = 60.0
 JOIN_SECONDS = 15.0
 #: Characters of a delivery error stored on the message.
 MAX_ERROR_CHARS = 2000
-#: Seconds a breaker's successes are gathered before they are counted (one count, not one
-#: transaction per message: the breaker's row would be the fleet's busiest); a failure, and
-#: any answer while the breaker is not closed, is counted at once.
-BREAKER_SUCCESSES_HELD = 1.0
 
 
 def _error_text(exc: BaseException) -> str:
@@ -109,8 +105,7 @@ class Relay:
         #: Sends a limit did not admit, by reason ("breaker", "budget", "rate"; for tests).
         self.throttled: dict[str, int] = {}
         # Successes of closed breakers not counted yet, by limit, and since when.
-        self._successes_held: dict[str, int] = {}
-        self._successes_since: dict[str, float] = {}
+        self._successes = breakers.HeldSuccesses()
         self.thread: threading.Thread | None = None
 
     # -- the claiming thread -----------------------------------------------------------------
@@ -341,8 +336,8 @@ class Relay:
     def _call(self, limit: NamedLimit, state: str, error: Exception | None) -> None:
         """Count one send as a call of ``limit``'s breaker (a transient failure is a failed one).
 
-        Successes while the breaker is closed are gathered for ``BREAKER_SUCCESSES_HELD``
-        seconds and counted with the next count; a lost count only delays a trip.
+        Successes while the breaker is closed are gathered and counted with the next count
+        (:class:`~django_jobguard.breakers.HeldSuccesses`); a lost count only delays a trip.
         """
         spec = limit.breaker
         if spec is None:
@@ -351,16 +346,11 @@ class Relay:
             isinstance(error, TransientDeliveryError)
             or breakers.is_failed_call(error, _category(error), None, spec)
         )
-        name, now = limit.name, time.monotonic()
+        name = limit.name
         with self._lock:
-            held = self._successes_held.get(name, 0)
-            since = self._successes_since.get(name, now)
-            if not failed and state == "closed" and now - since < BREAKER_SUCCESSES_HELD:
-                self._successes_held[name] = held + 1
-                self._successes_since.setdefault(name, now)
-                return
-            self._successes_held.pop(name, None)
-            self._successes_since.pop(name, None)
+            held = self._successes.take(name, failed=failed, closed=state == "closed", now=time.monotonic())
+        if held is None:
+            return
         try:
             breakers.record(_limits_alias(), name, spec, failed=failed, earlier_successes=held)
         except (DatabaseError, InterfaceError):

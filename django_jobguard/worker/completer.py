@@ -53,8 +53,6 @@ logger = logging.getLogger(LOGGER_NAME)
 __all__ = ["Completer"]
 
 _STALE_ACK = Stale("ack")
-#: Seconds a worker may hold the successes of a closed breaker before it counts them.
-BREAKER_SUCCESSES_HELD = 1.0
 #: Outcomes that spend an attempt: dropped for a job shutdown has taken over (see settle).
 _FAILURES = frozenset({Retry, Dead})
 #: Put on the ack queue by :meth:`Completer.flush`: write the batch gathered so far now.
@@ -101,8 +99,7 @@ class Completer:
         #: Each breaker's state as this worker's last limited claim read it (the worker sets it).
         self.breaker_states: dict[str, str] = {}
         #: Successes of closed breakers not counted yet, and since when they are held.
-        self._successes_held: dict[str, int] = {}
-        self._successes_since: dict[str, float] = {}
+        self._successes = breakers.HeldSuccesses()
         #: Outcomes of the jobs settled, for the summary on exit (see Worker.summary()).
         self.outcomes: dict[str, int] = {tally.value: 0 for tally in Tally}
         self._settlers: dict[type, Callable[[Held, Any], None]] = {
@@ -589,26 +586,18 @@ class Completer:
     def _call(self, job: store.ClaimedJob, *, failed: bool) -> None:
         """Count an attempt that reached its end under the task's breaker, if it has one.
 
-        A failure is counted at once (it may open the breaker), and so is any outcome while
-        the breaker was not closed at this worker's last claim (a probe's answer closes or
-        reopens it). The successes of a closed breaker are gathered and counted with the next
-        count, or after ``BREAKER_SUCCESSES_HELD`` seconds: a transaction per success would
-        make the breaker's row the fleet's busiest. Lost in a crash, they only delay a trip.
+        The breaker's state is the one this worker's last claim read; the successes of a
+        closed breaker are gathered (:class:`~django_jobguard.breakers.HeldSuccesses`).
         """
         guarded = self.breakers.get(job.task_name)
         if guarded is None:
             return
         name, spec = guarded
-        now = time.monotonic()
         with self.lock:
-            held = self._successes_held.get(name, 0)
-            quiet = self.breaker_states.get(name, "closed") == "closed"
-            if not failed and quiet and now - self._successes_since.get(name, now) < BREAKER_SUCCESSES_HELD:
-                self._successes_held[name] = held + 1
-                self._successes_since.setdefault(name, now)
-                return
-            self._successes_held.pop(name, None)
-            self._successes_since.pop(name, None)
+            closed = self.breaker_states.get(name, "closed") == "closed"
+            held = self._successes.take(name, failed=failed, closed=closed, now=time.monotonic())
+        if held is None:
+            return
         try:
             breakers.record(self.alias, name, spec, failed=failed, earlier_successes=held)
         except (DatabaseError, InterfaceError):
