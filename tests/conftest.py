@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection, connections
 
 # The reliability suite's options (--reliability-seed, --reliability-soak...) and fixtures.
 # The test kit's fixtures (jobguard, jobguard_settings, jobguard_worker), as a project enables them.
@@ -33,6 +33,24 @@ def pytest_configure(config: pytest.Config) -> None:
         from tests.support import pg_flush
 
         pg_flush.install()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sqlite_json_support_known(django_db_setup: Any, django_db_blocker: Any) -> None:
+    """Ask each SQLite alias once whether it supports JSONField, before any test runs.
+
+    Django 6.0+ runs ``check``'s model checks against every alias, and on SQLite a JSONField's
+    check asks the connection with a query. A test allowed only "default" (or no database)
+    that runs ``check`` would then be refused the query on "jobs". The answer is cached on
+    the connection's features.
+    """
+    with django_db_blocker.unblock():
+        for alias in connections:
+            if connections[alias].vendor == "sqlite":
+                try:
+                    connections[alias].features.supports_json_field  # noqa: B018 (cached on first read)
+                except DatabaseError:
+                    pass
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
