@@ -50,6 +50,8 @@ class PausingJobsDestination(JobsDestination):
             return  # sent before: this is the resend
         os.write(fd, str(os.getpid()).encode())
         os.close(fd)
+        # Until the test kills this process (or releases the send), within a generous deadline.
+        release = self.pause_dir / f"{envelope.id}.release"
         deadline = time.monotonic() + PAUSE_SECONDS
-        while time.monotonic() < deadline:
+        while not release.exists() and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -61,6 +61,8 @@ class FileDestination:
         _append(trace, self._trace_line(envelope, "start"))
         try:
             if payload.get("hold"):
+                # The send's own duration (a slow endpoint), so overlapping sends show in the
+                # trace: the work under test, not a wait on another process.
                 time.sleep(float(payload["hold"]))
             self._send(envelope, payload)
         finally:

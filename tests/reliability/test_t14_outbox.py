@@ -87,7 +87,7 @@ class Publisher(threading.Thread):
             while self.published < self.total:
                 ahead = started + self.published / self.rate - time.monotonic()
                 if ahead > 0:
-                    time.sleep(ahead)
+                    time.sleep(ahead)  # pacing to the publishing rate, not a wait on another process
                 with transaction.atomic():
                     for n in range(self.published, min(self.published + PUBLISH_CHUNK, self.total)):
                         publish(self.destination, {"n": n}, key=f"k{n % self.keys}")

@@ -278,8 +278,8 @@ class NatsConsumer(Consumer):
 
             client = await nats.connect(self.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
             await client.subscribe(self.subject + ".>", cb=received)
-            while not self._stop.is_set():
-                await asyncio.sleep(0.1)
+            # Until stop(): the stop event, waited on off the loop (the loop delivers meanwhile).
+            await asyncio.get_running_loop().run_in_executor(None, self._stop.wait)
             await client.close()
 
         asyncio.run(subscribe())
