@@ -144,20 +144,22 @@ def test_workers_ride_out_a_long_outage_with_one_log_line_per_interval_and_resum
         assert "worker_thread_died" not in during and "worker_started" not in during
 
 
-def test_a_worker_cut_off_from_the_database_does_not_ack_the_job_whose_lease_ran_out(cluster, workers):
+def test_a_worker_cut_off_from_the_database_does_not_ack_the_job_whose_lease_ran_out(cluster, workers, tmp_path):
     observer = Observer(cluster)
     proxy = TcpProxy(cluster.primary_port)
+    release = tmp_path / "release"
     try:
         stale = workers.start("stale", JOBGUARD_TEST_FAILOVER_PORTS=str(proxy.port))
-        # Not atomic: no transaction is open while it sleeps, so what fails is its ack.
-        enqueue(cluster, "tasks.short_lease_plain.enqueue('cut-off', seconds=15)")
+        # Not atomic: no transaction is open while it waits, so what fails is its ack. It waits
+        # for the release file, not a time: its ack must come after the link is back, however
+        # long the other worker takes to start on a loaded host.
+        enqueue(cluster, f"tasks.short_lease_plain.enqueue('cut-off', path={str(release)!r})")
         wait_until(
-            lambda: (
-                observer.query("SELECT worker_id FROM jobguard_job WHERE status = 'running'") == [("stale",)]
-            ),
+            lambda: Path(f"{release}.started").exists(),
             60,
-            "the job to run on the worker about to be cut off",
+            "the job's handler to start on the worker about to be cut off",
         )
+        assert observer.query("SELECT worker_id FROM jobguard_job WHERE status = 'running'") == [("stale",)]
         proxy.cut()
         workers.start("healthy")
         wait_until(
@@ -168,6 +170,7 @@ def test_a_worker_cut_off_from_the_database_does_not_ack_the_job_whose_lease_ran
             "the healthy worker to re-run the job once its 2 s lease ran out",
         )
         proxy.restore()
+        release.touch()
         wait_until(lambda: "ack_rejected" in workers.log("stale"), 60, "the cut-off worker's late ack")
         job = observer.query("SELECT status, worker_id, attempts, result FROM jobguard_job")
         runs = observer.query("SELECT attempt FROM testapp_execution ORDER BY attempt")

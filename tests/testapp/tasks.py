@@ -133,11 +133,15 @@ def short_lease(context, marker: str, seconds: float = 0.0, per_attempt: bool = 
 
 
 @task(takes_context=True, visibility_timeout=2)
-def short_lease_plain(context, marker: str, seconds: float = 0.0) -> int:
-    """Not atomic: holds no transaction while it sleeps (SQLite-friendly). First attempt sleeps."""
+def short_lease_plain(context, marker: str, seconds: float = 0.0, path: str = "") -> int:
+    """Not atomic: holds no transaction while it sleeps (SQLite-friendly). First attempt sleeps,
+    or with ``path`` waits until that file exists (a test's release, whatever the host's load)."""
     Execution.objects.create(marker=marker, job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
     if context.attempt == 1:
-        time.sleep(seconds)
+        if path:
+            _block_until(path)
+        else:
+            time.sleep(seconds)
     return context.attempt
 
 
