@@ -75,6 +75,7 @@ __all__ = [
     "Worker",
     "claim_size",
     "default_worker_id",
+    "finishes_to_wait",
 ]
 
 #: Back-off after a database error in the loop (the connection is reopened), doubling to the max,
@@ -143,6 +144,18 @@ def claim_size(capacity: int, free: int, *, holding: bool) -> int:
     holds nothing claims whatever room it has.
     """
     return free if free >= max(1, capacity // 2) or (free > 0 and not holding) else 0
+
+
+def finishes_to_wait(capacity: int, held: int) -> int | None:
+    """How many finishes can change the claimer's mind, with ``held`` of ``capacity`` jobs held.
+
+    Waking on every finish cost short jobs about half a loop round per job (issue 57), while a
+    claim waits for half the capacity (:func:`claim_size`). None: the room is there already and
+    what holds the claim back is acks awaited (their write wakes the claimer) or ``max_jobs``:
+    only the finish that leaves nothing held matters (an empty worker claims whatever it can).
+    """
+    short = max(1, capacity // 2) - (capacity - held)
+    return short if short > 0 else None
 
 
 class Worker:
@@ -502,6 +515,8 @@ class Worker:
         wait = self.poll_interval
         while not self._stopping:
             self.slots.clear_freed()
+            # Read before the room: a finish in between counts twice, which only wakes us early.
+            held = len(self.slots)
             try:
                 if not self.outage.healthy:
                     # A full worker asks for nothing, so it would never learn that the
@@ -534,8 +549,11 @@ class Worker:
             if self.burst and asked and claimed == 0 and not self.slots:
                 return
             if not asked or claimed == asked or self.burst:
-                # Full (or draining in burst mode): wait for an executor to free a slot.
-                self.slots.wait_freed(wait)
+                # Full (or draining in burst mode): wait for executors to free room worth a claim.
+                # Async slots' room is not what the threads hold, and a burst worker that found
+                # nothing due looks again at each finish: those wake on every finish, as before.
+                sync = self.async_slots is None and (claimed == asked or not self.burst)
+                self.slots.wait_freed(wait, finishes_to_wait(capacity, held + claimed) if sync else 1)
             else:
                 # Nothing more is due: sleep until a NOTIFY, the next maintenance pass or a poll,
                 # or until a rate that held jobs back admits the next start.

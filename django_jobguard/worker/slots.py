@@ -36,6 +36,10 @@ class Slots:
         self._held: dict[int, Held] = {}
         self._ready: queue.SimpleQueue[Held | None] = queue.SimpleQueue()
         self._freed = threading.Event()
+        #: Finishes since :meth:`clear_freed`, and how many of them wake the waiter (see
+        #: :meth:`wait_freed`; None: only the one that frees the last slot).
+        self._finishes = 0
+        self._wake_after: int | None = 1
         self._closed = False
         #: Jobs whose executor finished them (run, or handed back before starting).
         self.finished = 0
@@ -89,13 +93,24 @@ class Slots:
         """Say that room was made (a job finished, an ack was written, the worker stops)."""
         self._freed.set()
 
-    def wait_freed(self, timeout: float) -> bool:
-        """Wait until room is made, at most ``timeout`` seconds; whether it was."""
+    def wait_freed(self, timeout: float, finishes: int | None = 1) -> bool:
+        """Wait until room is made, at most ``timeout`` seconds; whether it was.
+
+        ``finishes``: how many finishes since :meth:`clear_freed` make room worth waking for
+        (None: only one that leaves no job held). :meth:`freed` and :meth:`abandon` always wake.
+        """
+        with self._lock:
+            self._wake_after = finishes
+            # Finishes between the look and now were judged by the previous count: judge them again.
+            if finishes is not None and self._finishes >= finishes:
+                return True
         return self._freed.wait(timeout)
 
     def clear_freed(self) -> None:
         """Forget earlier notices, before looking at the room there is."""
         self._freed.clear()
+        with self._lock:
+            self._finishes = 0
 
     # -- executors ----------------------------------------------------------------------
 
@@ -126,9 +141,12 @@ class Slots:
                 held.state = HeldState.DONE
             self._forget(held)
             self.finished += 1
+            self._finishes += 1
+            after = self._wake_after
+            wake = (after is not None and self._finishes >= after) or not self._held
         # The room was made above, before this check: a loop that clears the notice and then
         # looks at the room sees it, so an Event already set needs no set() (its lock, per job).
-        if not self._freed.is_set():
+        if wake and not self._freed.is_set():
             self._freed.set()
         return False
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from django_jobguard.worker.loop import ASYNC_REFILL_MIN_JOBS, Worker, claim_size
+from django_jobguard.worker.loop import ASYNC_REFILL_MIN_JOBS, Worker, claim_size, finishes_to_wait
 
 
 def test_a_worker_claims_once_half_its_capacity_is_free_or_whatever_it_has_room_for_when_empty():
@@ -12,6 +12,28 @@ def test_a_worker_claims_once_half_its_capacity_is_free_or_whatever_it_has_room_
     assert claim_size(16, 8, holding=True) == 8
     assert claim_size(16, 3, holding=False) == 3
     assert claim_size(16, 0, holding=False) == 0
+
+
+def test_a_full_worker_waits_for_as_many_finishes_as_a_claim_needs_not_one():
+    assert finishes_to_wait(128, 128) == 64
+    assert finishes_to_wait(128, 100) == 36
+    assert finishes_to_wait(16, 9) == 1
+    assert finishes_to_wait(1, 1) == 1
+    # The capacity shrank below what is held (the jobs got long): a claim needs room for one.
+    assert finishes_to_wait(2, 100) == 99
+    # The room is there (acks awaited hold it, or max_jobs): only acks written or an empty
+    # worker can change the claimer's mind, not a finish.
+    assert finishes_to_wait(16, 8) is None
+    assert finishes_to_wait(16, 0) is None
+    for capacity in (1, 2, 3, 16, 128):
+        for held in range(capacity + 1):
+            needed = finishes_to_wait(capacity, held)
+            if needed is None:
+                assert claim_size(capacity, capacity - held, holding=held > 0) > 0
+            else:
+                # One finish fewer leaves no claim; that many make one.
+                assert claim_size(capacity, capacity - held + needed - 1, holding=True) == 0
+                assert claim_size(capacity, capacity - held + needed, holding=True) > 0
 
 
 @pytest.mark.parametrize(("slots", "step"), [(500, 50), (2000, 200), (100, ASYNC_REFILL_MIN_JOBS)])

@@ -163,3 +163,53 @@ def test_routed_jobs_go_to_the_loop_and_are_counted_apart_from_the_threads():
     assert (len(slots), slots.on_loop, slots.on_threads) == (4, 1, 3)
     slots.remove(sent[2])
     assert (slots.on_loop, slots.on_threads) == (0, 3)
+
+
+def finish_one(slots: Slots) -> None:
+    held = slots.next()
+    assert held is not None and slots.start(held, object())
+    assert slots.finish(held) is False
+
+
+def test_finishes_wake_the_claimer_only_once_they_free_the_room_it_waits_for():
+    # Waking the claim loop on every finish cost short jobs half a loop round per job (issue 57).
+    slots = held_slots(*range(1, 9))
+    slots.clear_freed()
+    assert not slots.wait_freed(0, finishes=4)
+    for _ in range(3):
+        finish_one(slots)
+        assert not slots.wait_freed(0, finishes=4), "a finish short of the room asked for woke the claimer"
+    finish_one(slots)
+    assert slots.wait_freed(0, finishes=None), "the fourth finish gave no notice"
+    # A new look starts a new count.
+    slots.clear_freed()
+    assert not slots.wait_freed(0, finishes=2)
+    finish_one(slots)
+    assert not slots.wait_freed(0, finishes=2)
+
+
+def test_finishes_before_the_wait_count_toward_it():
+    # The claimer looks, then decides how many finishes to wait for: those in between count.
+    slots = held_slots(1, 2, 3, 4)
+    slots.clear_freed()
+    assert not slots.wait_freed(0, finishes=None)
+    finish_one(slots)
+    finish_one(slots)
+    assert not slots.wait_freed(0, finishes=3)
+    assert slots.wait_freed(0, finishes=2)
+
+
+def test_the_last_finish_and_written_acks_always_wake_the_claimer():
+    slots = held_slots(1, 2, 3)
+    slots.clear_freed()
+    assert not slots.wait_freed(0, finishes=None)  # only acks written, or nothing held, wake it
+    finish_one(slots)
+    finish_one(slots)
+    assert not slots.wait_freed(0, finishes=None)
+    slots.freed()  # what the ack thread calls once it wrote a batch
+    assert slots.wait_freed(0, finishes=None)
+    slots.clear_freed()
+    assert not slots.wait_freed(0, finishes=50)
+    finish_one(slots)
+    assert len(slots) == 0
+    assert slots.wait_freed(0, finishes=None), "an empty worker must look for jobs at once"
