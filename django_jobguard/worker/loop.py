@@ -526,9 +526,10 @@ class Worker:
                 self._look_for_paused_queues()
                 capacity, free = self._room()
                 if self.max_jobs is not None:
-                    free = min(free, self.max_jobs - self.claimed)
-                    if free <= 0 and not self.slots:
+                    # Done once it claimed them all: no room (acks awaited) is not the end.
+                    if self.claimed >= self.max_jobs and not self.slots:
                         return
+                    free = min(free, self.max_jobs - self.claimed)
                 asked = claim_size(capacity, free, holding=bool(self.slots))
                 if not asked and self._acks_hold_room(capacity, free):
                     self.completer.flush()  # its write frees the slots; wait_freed wakes on it

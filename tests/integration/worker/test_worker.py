@@ -1,5 +1,6 @@
 """The worker run in this process (burst mode), for outcomes that need no crash."""
 
+import threading
 import time
 
 import pytest
@@ -243,3 +244,22 @@ def test_a_burst_of_short_jobs_is_claimed_in_growing_batches(monkeypatch):
     assert asked[0] == 4  # a new worker asks for twice its concurrency
     assert max(asked) > 4 * 4, asked  # then, knowing the jobs are short, for many more at once
     assert len(asked) < 300 / 4, asked  # so far fewer claims than one per two jobs
+
+
+@pytest.mark.parametrize("ack_window", [0.0, 0.005])
+def test_a_full_worker_is_woken_by_the_finishes_that_make_room_not_by_its_poll(settings, ack_window):
+    # The claimer sleeps until enough jobs finished for a claim, or the last one, or acks were
+    # written. With a poll of ten minutes, a wake-up it missed would keep it idle past the
+    # deadline: 5 jobs of max_jobs take a claim of 4, one at half the room and one once empty.
+    settings.JOBGUARD = {**settings.JOBGUARD, "ACK_WINDOW": ack_window}
+    jobs = [tasks.add.enqueue(i, b=1) for i in range(10)]
+    worker = Worker(
+        burst=True, max_jobs=5, batch_size=4, concurrency=2, install_signal_handlers=False, poll_interval=600
+    )
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the worker sat idle with room and jobs waiting"
+    assert worker.exit_code == 0 and worker.processed == 5
+    statuses = sorted(Job.objects.filter(pk__in=[job.pk for job in jobs]).values_list("status", flat=True))
+    assert statuses == ["queued"] * 5 + ["succeeded"] * 5
