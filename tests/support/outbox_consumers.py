@@ -130,11 +130,15 @@ class WebhookConsumer(Consumer):
 
 
 class RabbitMQConsumer(Consumer):
-    """A topic exchange, a queue bound to it with ``#``, consumed as messages come (acked once recorded)."""
+    """A topic exchange, a queue bound to it with ``#``, consumed as messages come (acked once recorded).
+
+    ``durable``: both survive a broker restart (with the persistent messages the relay publishes);
+    otherwise a restart deletes them, and the queue's messages with them.
+    """
 
     backend = "rabbitmq"
 
-    def __init__(self, tag: str, url: str) -> None:
+    def __init__(self, tag: str, url: str, *, durable: bool = False) -> None:
         import pika
 
         super().__init__(tag)
@@ -142,8 +146,8 @@ class RabbitMQConsumer(Consumer):
         self.exchange, self.queue = f"jobguard-{tag}-x", f"jobguard-{tag}-q"
         connection = pika.BlockingConnection(pika.URLParameters(url))
         channel = connection.channel()
-        channel.exchange_declare(exchange=self.exchange, exchange_type="topic")
-        channel.queue_declare(queue=self.queue)
+        channel.exchange_declare(exchange=self.exchange, exchange_type="topic", durable=durable)
+        channel.queue_declare(queue=self.queue, durable=durable)
         channel.queue_bind(queue=self.queue, exchange=self.exchange, routing_key="#")
         connection.close()
 

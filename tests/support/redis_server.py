@@ -11,15 +11,21 @@ from tests.conftest import wait_for
 
 
 class RedisServer:
-    """redis-server on loopback without persistence: a restart comes back empty."""
+    """redis-server on loopback, in ``directory``.
 
-    def __init__(self, directory: Path, port: int | None = None) -> None:
+    Without persistence by default: a restart comes back empty. ``appendfsync`` turns the
+    append-only file on with that policy (``"always"``: every write is on disk before Redis
+    answers it, so a SIGKILL loses nothing it acknowledged and a restart reloads it).
+    """
+
+    def __init__(self, directory: Path, port: int | None = None, *, appendfsync: str | None = None) -> None:
         if port is None:
             with socket.socket() as probe:
                 probe.bind(("127.0.0.1", 0))
                 port = probe.getsockname()[1]
         self.port = port
         self.directory = directory
+        self.appendfsync = appendfsync
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -27,6 +33,7 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        appendonly = ["yes", "--appendfsync", self.appendfsync] if self.appendfsync else ["no"]
         self.proc = subprocess.Popen(
             [
                 "redis-server",
@@ -37,7 +44,7 @@ class RedisServer:
                 "--save",
                 "",
                 "--appendonly",
-                "no",
+                *appendonly,
             ],
             cwd=self.directory,
             stdout=subprocess.DEVNULL,
