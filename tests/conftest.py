@@ -53,6 +53,17 @@ def _sqlite_json_support_known(django_db_setup: Any, django_db_blocker: Any) -> 
                     pass
 
 
+@pytest.fixture
+def truncated_after() -> None:
+    """For a transactional test that writes a million rows: its cleanup truncates the tables
+    (on PostgreSQL; elsewhere the cleanup already deletes). Rolled back or deleted, the rows
+    would stay behind as dead tuples for every later test to read past."""
+    if ON_POSTGRES:
+        from tests.support import pg_flush
+
+        pg_flush.truncate_next_flush()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     pg_url = "JOBGUARD_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/jobguard"
     my_url = "JOBGUARD_TEST_DATABASE_URL=mysql://root@127.0.0.1:3306/jobguard"

@@ -90,6 +90,8 @@ def test_older_jobs_past_the_count_cap_are_reached_by_keyset(viewer, monkeypatch
 
 @pytest.mark.postgres
 @pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("truncated_after")  # committed, then truncated: no million dead rows left
 def test_a_million_jobs_cost_the_same_queries_and_the_window_reads_the_enqueued_index(viewer):
     tasks.add.enqueue(1)
     viewer.get(URL)
@@ -186,6 +188,8 @@ def test_the_search_bar_says_more_than_the_cap_not_the_capped_count(viewer, monk
 
 @pytest.mark.postgres
 @pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("truncated_after")  # committed, then truncated: no million dead rows left
 def test_show_counts_at_a_million_jobs_read_no_more_than_the_cap(viewer):
     tasks.add.enqueue(1)
     with connection.cursor() as cursor:

@@ -190,6 +190,8 @@ def test_a_beat_writes_the_per_minute_counts_the_charts_read():
 
 @pytest.mark.postgres
 @pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("truncated_after")  # committed, then truncated: no million dead rows left
 def test_a_million_finished_rows_cost_the_same_queries_and_the_buckets_use_the_finished_index(viewer):
     scenario()
     viewer.get(URL)

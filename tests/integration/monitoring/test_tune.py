@@ -187,6 +187,8 @@ def test_sqlite_reads_the_window_through_the_finished_index():
 
 @pytest.mark.postgres
 @pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("truncated_after")  # committed, then truncated: no million dead rows left
 def test_postgres_uses_the_finished_index_with_a_million_finished_rows():
     with connection.cursor() as cursor:
         # A million succeeded jobs over 30 days, the last day of them in the window.
