@@ -305,6 +305,21 @@ def _failures() -> int:
     )
 
 
+def _publish_one_per_key() -> None:
+    """One more message per key, published by the test during a round (the broker down, or its
+    connections just closed): the relay has sends to fail however far the run got, even if the
+    publisher finished during a long restart, and these must arrive once the broker is back.
+
+    Each in a transaction of its own: one taking several keys in another order than the
+    publisher's concurrent transaction deadlocks with it on PostgreSQL (each holds a key's
+    sequence the other waits for)."""
+    from django.db import transaction
+
+    for k in range(RESTART_KEYS):
+        with transaction.atomic():
+            publish("events", {"n": "during-the-outage"}, key=f"k{k}")
+
+
 def _run_restarts(
     scenario: Any,
     workers: WorkerProcesses,
@@ -330,10 +345,11 @@ def _run_restarts(
     assert publisher.error is None, publisher.error
     wait_for(lambda: _undelivered() == 0, 300, message="every message delivered after the restarts")
     exit_codes = _stop(workers, live)
+    total = OutboxMessage.objects.count()  # the publisher's and those published during the rounds
     # The last arrivals may still be on their way. Some that never come are lost: the figures
     # below count them (the assertion names how many, not a timeout).
     with contextlib.suppress(pytest.fail.Exception):
-        wait_for(lambda: consumer.count() >= RESTART_MESSAGES, 60, message="every message at the consumer")
+        wait_for(lambda: consumer.count() >= total, 60, message=f"{total} messages at the consumer")
     figures = consumers.check(consumer.records(), _expected())
     return {"figures": figures, "outages": outages, "exit_codes": exit_codes}
 
@@ -349,6 +365,7 @@ def _kill_and_restart(kill: Callable[[], None], start: Callable[[], None]) -> Ca
     def restart(_live: list[Any], relay_saw_it: Callable[[], bool]) -> dict[str, float]:
         down = time.monotonic()
         kill()
+        _publish_one_per_key()
         wait_for(relay_saw_it, 120, message="the relay to fail a send to the stopped server")
         starting = time.monotonic()
         start()
@@ -362,7 +379,13 @@ def _assert_nothing_lost(scenario: Any, run: dict[str, Any], label: str, how: st
     """Record the restart run's figures, then: 0 lost, 0 order violations, duplicates only under
     the same id, every worker stopped cleanly."""
     figures = run["figures"]
-    scenario.parameters = {"messages": RESTART_MESSAGES, "keys": RESTART_KEYS, "restarts": 2, "how": how}
+    scenario.parameters = {
+        "messages": RESTART_MESSAGES,
+        "keys": RESTART_KEYS,
+        "restarts": 2,
+        "how": how,
+        "published_during_each_round": f"one per key, {RESTART_KEYS}",
+    }
     scenario.finish(**figures.as_dict(), restarts=run["outages"], exit_codes=run["exit_codes"])
     print(f"T14 {label} {run['outages']}: {figures}")
     assert (figures.lost, figures.unknown, figures.order_violations) == (0, 0, 0), figures
@@ -484,6 +507,8 @@ def test_t14_rabbitmq_closing_the_relays_connections_mid_run_loses_nothing(
         while (not closed or not relay_saw_it()) and time.monotonic() < deadline:
             listed, closing = _close_rabbitmq_connections([proc.pid for proc in live])
             closed += closing
+            if closing:
+                _publish_one_per_key()
         assert closed and relay_saw_it(), (
             f"the relay never saw its connections closed ({closed} closed, {listed} listed)"
         )
