@@ -11,7 +11,7 @@ from django.db.migrations.recorder import MigrationRecorder
 
 from .. import store
 from ..conf import Settings, get_settings
-from ..store.horizon import server_timeouts
+from ..store.horizon import autovacuum_off, server_timeouts
 
 if TYPE_CHECKING:
     pass
@@ -481,5 +481,40 @@ def check_transaction_timeouts(
             "ALTER ROLE ... SET for the jobs' role; set them for the other roles of the cluster too. "
             "See docs/runbooks/vacuum-horizon-held.md.",
             id="jobguard.W063",
+        )
+    ]
+
+
+@checks.register(checks.Tags.database)
+def check_autovacuum(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """jobguard.W069: autovacuum cannot reach the jobs table (off on the server, or on the table).
+
+    Tagged ``database``: Django runs it for ``check --database ALIAS`` and ``migrate``.
+    """
+    try:
+        alias = get_settings().database_alias
+    except ImproperlyConfigured:
+        return []
+    if not databases or alias not in databases or connections[alias].vendor != "postgresql":
+        return []
+    from ..models import Job  # app registry: checks are imported while apps load
+
+    try:
+        off = autovacuum_off(alias, Job._meta.db_table)
+    except DatabaseError:
+        return []  # the other database checks report a server that does not answer
+    if not off:
+        return []
+    return [
+        checks.Warning(
+            f"Autovacuum does not reach the jobs table of {alias!r} ({', '.join(off)}): every finished, "
+            "pruned or retried job leaves a dead row that nothing reclaims, so the table and its "
+            "indexes only grow and claims read further past them.",
+            hint="Turn it back on (ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf(); or "
+            "ALTER TABLE jobguard_job RESET (autovacuum_enabled)), or VACUUM the jobguard tables on a "
+            "schedule. See docs/how-to/keep-the-queue-fast.md.",
+            id="jobguard.W069",
         )
     ]

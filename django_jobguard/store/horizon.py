@@ -168,6 +168,31 @@ def holders(alias: str) -> list[Holder]:
     return found
 
 
+def autovacuum_off(alias: str, table: str) -> list[str]:
+    """What keeps autovacuum from ``table`` on ``alias``'s server: the server's ``autovacuum`` or
+    ``track_counts`` off, the table's ``autovacuum_enabled`` storage parameter false. Empty when
+    nothing does (or ``alias`` is not PostgreSQL)."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting('autovacuum'), current_setting('track_counts'), "
+            "(SELECT reloptions FROM pg_class WHERE oid = to_regclass(%s))",
+            [connection.ops.quote_name(table)],
+        )
+        autovacuum, track_counts, options = cursor.fetchone()
+    off = [
+        f"{name} = off"
+        for name, value in (("autovacuum", autovacuum), ("track_counts", track_counts))
+        if value == "off"
+    ]
+    parameters = dict(option.lower().partition("=")[::2] for option in options or ())
+    if parameters.get("autovacuum_enabled") in ("false", "off", "no", "0", "f", "n"):
+        off.append(f"{table}'s autovacuum_enabled = false")
+    return off
+
+
 #: The server settings that end a transaction left open: (name, first server version with it).
 TIMEOUT_SETTINGS = (("idle_in_transaction_session_timeout", 90600), ("transaction_timeout", 170000))
 
