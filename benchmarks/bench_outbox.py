@@ -28,7 +28,14 @@ The relays:
   bench_polling_outbox WHERE delivered_at IS NULL ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED``,
   send each row, mark them delivered, commit; sleep 0.5 s when nothing is found. It sends through
   the same destination classes as jobguard's relay, so only the relaying differs; and it keeps
-  no per-key order across its two processes (the column says how often that showed).
+  no per-key order across its two processes (the column says how often that showed);
+- ``jaiminho``: the peer outbox library django-jaiminho (``requirements-jaiminho.txt``, installed
+  into ``benchmarks/.venv-jaiminho`` on first use), Redis destination only: its ``keep-order``
+  strategy (each event saved to its table in the caller's transaction) and
+  ``events_relay --run-in-loop --loop-interval 0.5`` x 2, whose event function XADDs to the same
+  stream with the fields jobguard's Redis destination writes (``benchmarks/peers/jaiminho_app``).
+  Its publisher is a process in that virtualenv (``jaiminho_app.publish``), which reports the
+  time each commit returned. Its relay sends one event per transaction, in ``created_at`` order.
 
 Prints a table of medians [min-max] over ``--runs`` and writes the JSON to
 ``benchmarks/results/outbox-<time>.json``. Needs PostgreSQL; the database is created and
@@ -53,13 +60,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 DESTINATIONS = ("webhook", "rabbitmq", "nats", "redis")
-RELAYS = ("jobguard", "polling")
+RELAYS = ("jobguard", "polling", "jaiminho")
 #: The relay's defaults, which the baseline matches: seconds between looks when idle, rows per pass.
 POLL_SECONDS = 0.5
 POLLING_BATCH = 100
 PUBLISH_CHUNK = 500
 PROCESSES = 2
 POLLING_TABLE = "bench_polling_outbox"
+JAIMINHO_VENV = ROOT / "benchmarks" / ".venv-jaiminho"
+JAIMINHO_SETTINGS = "benchmarks.peers.jaiminho_app.settings"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -76,6 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--latency-rate", type=float, default=20.0, help="messages/s of the latency part")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--jobguard", default="{}", help="JSON merged into JOBGUARD['OUTBOX'] (experiments)")
+    parser.add_argument("--skip-install", action="store_true", help="use benchmarks/.venv-jaiminho as it is")
     sub = parser.add_subparsers(dest="command")
     relay = sub.add_parser("polling-relay", help="(internal) one process of the hand-written baseline")
     relay.add_argument("--options", required=True, help="the destination's options, JSON")
@@ -136,6 +146,66 @@ def polling_relay(options: dict[str, Any], db_url: str) -> None:
     destination.close()
 
 
+# -- django-jaiminho, the peer ---------------------------------------------------------------------
+
+
+def jaiminho_python(skip_install: bool) -> str:
+    """``benchmarks/.venv-jaiminho``'s python (created once), with the project's Django, psycopg, redis."""
+    import django
+    import psycopg
+    import redis
+
+    from benchmarks.bench_peers import ensure_venv
+
+    pins = [
+        f"Django=={django.__version__}",
+        f"psycopg[binary]=={psycopg.__version__}",
+        f"redis=={redis.__version__}",
+    ]
+    return ensure_venv(JAIMINHO_VENV, ROOT / "benchmarks" / "requirements-jaiminho.txt", pins, skip_install)
+
+
+def jaiminho_env(db_url: str, options: dict[str, Any] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE=JAIMINHO_SETTINGS,
+        BENCH_DATABASE_URL=db_url,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")])),
+    )
+    if options is not None:
+        env["BENCH_JAIMINHO_REDIS"] = json.dumps(options)
+    return env
+
+
+class JaiminhoPublisher:
+    """``jaiminho_app.publish`` in the peer's virtualenv: one transaction per line sent."""
+
+    def __init__(self, python: str, db_url: str) -> None:
+        self.process = subprocess.Popen(
+            [python, "-m", "benchmarks.peers.jaiminho_app.publish"],
+            cwd=ROOT,
+            env=jaiminho_env(db_url),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def publish(self, rows: list[tuple[str, str, int, dict[str, Any]]]) -> float:
+        """Saves ``rows`` in one transaction; the time (``time.time()``) its commit returned."""
+        assert self.process.stdin and self.process.stdout
+        self.process.stdin.write(json.dumps(rows) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit("jaiminho's publisher exited (its error is above)")
+        return float(json.loads(line)["committed"])
+
+    def close(self) -> None:
+        assert self.process.stdin
+        self.process.stdin.close()
+        self.process.wait(60)
+
+
 # -- one run ----------------------------------------------------------------------------------------
 
 
@@ -157,8 +227,15 @@ def _consumer(name: str, args: argparse.Namespace) -> Any:
 class Publisher:
     """Publishes into the relay's table: ``publish()`` for jobguard, an INSERT for the baseline."""
 
-    def __init__(self, relay: str, options: dict[str, Any], extra: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        relay: str,
+        options: dict[str, Any],
+        extra: dict[str, Any],
+        jaiminho: JaiminhoPublisher | None = None,
+    ) -> None:
         self.relay = relay
+        self.jaiminho = jaiminho
         self.options = options
         self.extra = extra
         self.seqs: dict[str, int] = {}
@@ -180,6 +257,18 @@ class Publisher:
         from django_jobguard.outbox import publish
 
         written: list[str] = []
+        if self.jaiminho is not None:
+            rows = []
+            for n in numbers:
+                key = f"k{n % key_count}"
+                self.seqs[key] = seq = self.seqs.get(key, 0) + 1
+                message_id = str(uuid.uuid4())
+                rows.append((message_id, key, seq, {"n": n}))
+                self.expected[message_id] = (key, seq)
+            committed = self.jaiminho.publish(rows)
+            for row in rows:
+                self.committed[row[0]] = committed
+            return
         with transaction.atomic():
             if self.relay == "jobguard":
                 for n in numbers:
@@ -208,7 +297,11 @@ class Publisher:
 
 def _start(relay: str, options: dict[str, Any], extra: dict[str, Any], args: argparse.Namespace) -> list[Any]:
     env = dict(os.environ)
-    if relay == "jobguard":
+    if relay == "jaiminho":
+        env = jaiminho_env(args.db_url, options)
+        command = [args.jaiminho_python, "-m", "django", "events_relay", "--run-in-loop"]
+        command += ["--loop-interval", str(POLL_SECONDS)]
+    elif relay == "jobguard":
         env["BENCH_JOBGUARD"] = json.dumps({"OUTBOX": {"DESTINATIONS": {"bench": options}, **extra}})
         command = [sys.executable, "-m", "django", "jobguard_worker", "--queue", "bench-outbox-idle"]
         command += ["--concurrency", "1"]
@@ -235,10 +328,13 @@ def run_once(relay: str, destination: str, args: argparse.Namespace) -> dict[str
     from benchmarks._workloads import percentile
     from tests.support.outbox_consumers import check
 
-    empty(["jobguard_outboxmessage", "jobguard_outboxkey", "jobguard_outboxcursor", POLLING_TABLE])
+    tables = ["jobguard_outboxmessage", "jobguard_outboxkey", "jobguard_outboxcursor", POLLING_TABLE]
+    # jaiminho's table exists once its migration has run (main() runs it when jaiminho is asked for).
+    empty(tables + (["jaiminho_event"] if relay == "jaiminho" else []))
     consumer = _consumer(destination, args)
     extra = json.loads(args.jobguard)
-    publisher = Publisher(relay, consumer.options(), extra)
+    jaiminho = JaiminhoPublisher(args.jaiminho_python, args.db_url) if relay == "jaiminho" else None
+    publisher = Publisher(relay, consumer.options(), extra, jaiminho)
     processes: list[Any] = []
     try:
         consumer.start()
@@ -270,6 +366,8 @@ def run_once(relay: str, destination: str, args: argparse.Namespace) -> dict[str
             except subprocess.TimeoutExpired:
                 process.kill()
         consumer.close()
+        if jaiminho is not None:
+            jaiminho.close()
     seen: dict[str, float] = {}
     for record in first:
         seen.setdefault(record.id, record.at)
@@ -314,6 +412,20 @@ def main() -> None:
         cursor.execute(CREATE_POLLING_TABLE)
     destinations = [d for d in args.destinations.split(",") if d]
     relays = [r for r in args.relays.split(",") if r]
+    args.jaiminho_python = None
+    if "jaiminho" in relays:
+        if "redis" in destinations:
+            args.jaiminho_python = jaiminho_python(args.skip_install)
+            # jaiminho's table, by its own migrations (run_once empties it, whoever runs).
+            subprocess.run(
+                [args.jaiminho_python, "-m", "django", "migrate", "-v0", "jaiminho"],
+                cwd=ROOT,
+                env=jaiminho_env(args.db_url),
+                check=True,
+            )
+        else:
+            relays.remove("jaiminho")
+            print("bench_outbox: jaiminho runs with --destinations redis only; left out", file=sys.stderr)
     print(
         f"bench_outbox: {args.messages:,} messages over {args.keys} keys, {PROCESSES} processes, "
         f"latency {args.latency_messages} at {args.latency_rate:g}/s, {args.runs} runs; load {load()}",
@@ -324,6 +436,8 @@ def main() -> None:
         for destination in destinations:
             # Alternate which relay goes first, so neither always runs on the warmer host.
             for relay in relays if run % 2 == 0 else relays[::-1]:
+                if relay == "jaiminho" and destination != "redis":
+                    continue  # its event function writes to a Redis stream only
                 figures = run_once(relay, destination, args)
                 results.setdefault(destination, {}).setdefault(relay, []).append(figures)
                 print(
