@@ -144,7 +144,9 @@ def test_workers_ride_out_a_long_outage_with_one_log_line_per_interval_and_resum
         assert "worker_thread_died" not in during and "worker_started" not in during
 
 
-def test_a_worker_cut_off_from_the_database_does_not_ack_the_job_whose_lease_ran_out(cluster, workers, tmp_path):
+def test_a_worker_cut_off_from_the_database_does_not_ack_the_job_whose_lease_ran_out(
+    cluster, workers, tmp_path
+):
     observer = Observer(cluster)
     proxy = TcpProxy(cluster.primary_port)
     release = tmp_path / "release"
