@@ -325,6 +325,18 @@ def _padded_key_columns(connection: Any, cursor: Any) -> list[str]:
     ]
 
 
+def _checked_jobs_alias(databases: Any, vendor: str) -> str | None:
+    """The jobs' alias when a database-tagged check should read it: asked for (``check
+    --database``, ``migrate``) and on ``vendor``'s server; None otherwise."""
+    try:
+        alias = get_settings().database_alias
+    except ImproperlyConfigured:
+        return None
+    if not databases or alias not in databases or connections[alias].vendor != vendor:
+        return None
+    return alias
+
+
 @checks.register(checks.Tags.database)
 def check_mysql_server(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
@@ -333,11 +345,8 @@ def check_mysql_server(
 
     Tagged ``database``: Django runs it for ``check --database ALIAS`` and ``migrate``.
     """
-    try:
-        alias = get_settings().database_alias
-    except ImproperlyConfigured:
-        return []
-    if not databases or alias not in databases or connections[alias].vendor != "mysql":
+    alias = _checked_jobs_alias(databases, "mysql")
+    if alias is None:
         return []
     try:
         return _mysql_server(alias)
@@ -457,11 +466,8 @@ def check_transaction_timeouts(
 
     Tagged ``database``: Django runs it for ``check --database ALIAS`` and ``migrate``.
     """
-    try:
-        alias = get_settings().database_alias
-    except ImproperlyConfigured:
-        return []
-    if not databases or alias not in databases or connections[alias].vendor != "postgresql":
+    alias = _checked_jobs_alias(databases, "postgresql")
+    if alias is None:
         return []
     try:
         timeouts = server_timeouts(alias) or {}
@@ -493,11 +499,8 @@ def check_autovacuum(
 
     Tagged ``database``: Django runs it for ``check --database ALIAS`` and ``migrate``.
     """
-    try:
-        alias = get_settings().database_alias
-    except ImproperlyConfigured:
-        return []
-    if not databases or alias not in databases or connections[alias].vendor != "postgresql":
+    alias = _checked_jobs_alias(databases, "postgresql")
+    if alias is None:
         return []
     from ..models import Job  # app registry: checks are imported while apps load
 
